@@ -1,0 +1,77 @@
+"""Opening the SQLite file: apsw (bundled SQLite with FTS5 and extension loading), sqlite-vec, WAL.
+
+apsw is used instead of the stdlib `sqlite3` because many Pythons (this machine's,
+macOS system Python, some pyenv builds) cannot load extensions. Never load vec0
+through a second SQLite library in the same process: it crashes.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import apsw
+import sqlite_vec
+
+from .migrations import migrate
+
+log = logging.getLogger(__name__)
+
+BUSY_TIMEOUT_MS = 5000
+
+
+class DatabaseError(RuntimeError):
+    """The database cannot be opened or used; the message says what to do."""
+
+
+def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection:
+    """Open (creating if needed) the memory database, load sqlite-vec, apply migrations."""
+    path = str(path)
+    if path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        conn = apsw.Connection(path)
+    except apsw.Error as exc:
+        raise DatabaseError(f"cannot open database {path!r}: {exc}") from exc
+    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+    load_vec(conn)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA mmap_size=268435456")
+        if migrate_schema:
+            migrate(conn)
+    except apsw.NotADBError as exc:
+        raise DatabaseError(f"{path!r} is not a SQLite database; point MUNINN_DB_PATH (or --db) at another file") from exc
+    return conn
+
+
+def load_vec(conn: apsw.Connection) -> None:
+    try:
+        conn.enable_load_extension(True)
+        conn.load_extension(sqlite_vec.loadable_path())
+        conn.enable_load_extension(False)
+    except apsw.Error as exc:
+        raise DatabaseError(
+            f"cannot load sqlite-vec from {sqlite_vec.loadable_path()!r}: {exc}; "
+            "reinstall it with `pip install --force-reinstall sqlite-vec`") from exc
+
+
+def query_one(conn: apsw.Connection, sql: str, params=()):
+    for row in conn.execute(sql, params):
+        return row
+    return None
+
+
+def query_value(conn: apsw.Connection, sql: str, params=(), default=None):
+    row = query_one(conn, sql, params)
+    return default if row is None else row[0]
+
+
+def get_meta(conn: apsw.Connection, key: str, default: str | None = None) -> str | None:
+    return query_value(conn, "SELECT value FROM meta WHERE key = ?", (key,), default)
+
+
+def set_meta(conn: apsw.Connection, key: str, value: str) -> None:
+    conn.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                 (key, value))

@@ -1,0 +1,39 @@
+"""Ebbinghaus forgetting: retention R = exp(-Δt / S).
+
+Δt is the time in days since the memory was last recalled (or created, if never),
+S its stability in days. A new memory starts at S = base × (1 + 2 × importance), so
+an important memory fades three times slower; each recall multiplies S by the growth
+factor (spaced repetition: recalled memories fade ever more slowly) and resets Δt.
+Retrieval ranks keyword matches by relevance × strength × (1 + importance), where
+strength = floor + (1 - floor) × R, so a faded memory still counts a little.
+"""
+from __future__ import annotations
+
+import math
+
+SECONDS_PER_DAY = 86400.0
+STRENGTH_FLOOR = 0.3
+MAX_STABILITY_DAYS = 3650.0
+
+
+def initial_stability(importance: float, base_days: float) -> float:
+    return base_days * (1.0 + 2.0 * importance)
+
+
+def recalled_stability(stability: float, growth: float) -> float:
+    return min(stability * growth, MAX_STABILITY_DAYS)
+
+
+def retention(now: float, last_seen: float, stability: float) -> float:
+    elapsed_days = max(0.0, now - last_seen) / SECONDS_PER_DAY
+    return math.exp(-elapsed_days / stability)
+
+
+def strength(now: float, last_seen: float, stability: float) -> float:
+    return STRENGTH_FLOOR + (1.0 - STRENGTH_FLOOR) * retention(now, last_seen, stability)
+
+
+def strength_sql(now_param: str = ":now", alias: str = "m") -> str:
+    """The same strength as a SQL expression (SQLite's math functions)."""
+    return (f"({STRENGTH_FLOOR} + {1.0 - STRENGTH_FLOOR} * exp(-max(0.0, {now_param} - "
+            f"coalesce({alias}.last_accessed, {alias}.created_at)) / {SECONDS_PER_DAY} / {alias}.stability))")

@@ -1,0 +1,95 @@
+"""Numbered schema migrations, applied in order inside one transaction each.
+
+`PRAGMA user_version` records the last one applied. Append new migrations to
+MIGRATIONS; never edit one that has shipped. The vec0 table is not here: its
+dimension comes from the embedding model (see vectors.py).
+"""
+from __future__ import annotations
+
+import logging
+
+import apsw
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS: list[str] = [
+    # 1: memories, their FTS5 index (active memories only), links, key/value meta.
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+
+    CREATE TABLE memories (
+        id INTEGER PRIMARY KEY,
+        text TEXT NOT NULL CHECK (length(text) > 0),
+        scope TEXT NOT NULL CHECK (scope IN ('personal', 'room', 'global')),
+        owner_id INTEGER,            -- personal: whose memory it is; otherwise who taught it
+        channel_id INTEGER,          -- channel it was learned in (room scope: the room)
+        guild_id INTEGER,            -- guild it was learned in; NULL = a DM or local chat
+        vis_key TEXT NOT NULL,       -- visibility key from scope.memory_key()
+        importance REAL NOT NULL DEFAULT 0.5 CHECK (importance BETWEEN 0 AND 1),
+        stability REAL NOT NULL,     -- Ebbinghaus stability S in days (decay.py)
+        access_count INTEGER NOT NULL DEFAULT 0,
+        last_accessed REAL,          -- unix seconds; NULL = never recalled
+        created_at REAL NOT NULL,    -- unix seconds
+        updated_at REAL NOT NULL,
+        archived_at REAL,            -- NULL = active
+        archive_reason TEXT,
+        source_message_ids TEXT NOT NULL DEFAULT '[]',  -- JSON list of message ids
+        external_id TEXT UNIQUE,     -- id in an imported data set
+        embedded INTEGER NOT NULL DEFAULT 0,            -- 1 when vec_memories holds its vector
+        CHECK (scope != 'personal' OR owner_id IS NOT NULL),
+        CHECK (scope != 'room' OR channel_id IS NOT NULL)
+    );
+    CREATE INDEX memories_active_vis ON memories (vis_key, id) WHERE archived_at IS NULL;
+    CREATE INDEX memories_owner ON memories (owner_id, scope);
+    CREATE INDEX memories_unembedded ON memories (id) WHERE embedded = 0 AND archived_at IS NULL;
+
+    -- External-content FTS5 holding exactly the active memories.
+    CREATE VIRTUAL TABLE memories_fts USING fts5 (
+        text, content = 'memories', content_rowid = 'id',
+        tokenize = 'porter unicode61 remove_diacritics 2'
+    );
+    CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories WHEN new.archived_at IS NULL BEGIN
+        INSERT INTO memories_fts (rowid, text) VALUES (new.id, new.text);
+    END;
+    CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories WHEN old.archived_at IS NULL BEGIN
+        INSERT INTO memories_fts (memories_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    END;
+    CREATE TRIGGER memories_fts_update_old AFTER UPDATE OF text, archived_at ON memories
+    WHEN old.archived_at IS NULL BEGIN
+        INSERT INTO memories_fts (memories_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    END;
+    CREATE TRIGGER memories_fts_update_new AFTER UPDATE OF text, archived_at ON memories
+    WHEN new.archived_at IS NULL BEGIN
+        INSERT INTO memories_fts (rowid, text) VALUES (new.id, new.text);
+    END;
+
+    CREATE TABLE memory_links (
+        source_id INTEGER NOT NULL REFERENCES memories (id) ON DELETE CASCADE,
+        target_id INTEGER NOT NULL REFERENCES memories (id) ON DELETE CASCADE,
+        kind TEXT NOT NULL CHECK (kind IN ('co_extracted', 'consolidated', 'semantic', 'superseded_by')),
+        weight REAL NOT NULL DEFAULT 1.0,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (source_id, target_id, kind),
+        CHECK (source_id != target_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX memory_links_target ON memory_links (target_id);
+    """,
+]
+
+
+def schema_version(conn: apsw.Connection) -> int:
+    return conn.execute("PRAGMA user_version").fetchall()[0][0]
+
+
+def migrate(conn: apsw.Connection) -> int:
+    """Apply every migration newer than the database; returns the resulting version."""
+    current = schema_version(conn)
+    if current > len(MIGRATIONS):
+        raise RuntimeError(
+            f"database schema version {current} is newer than this Muninn ({len(MIGRATIONS)}); upgrade Muninn")
+    for number in range(current + 1, len(MIGRATIONS) + 1):
+        with conn:  # one transaction per migration
+            conn.execute(MIGRATIONS[number - 1])
+            conn.execute(f"PRAGMA user_version = {number}")
+        log.info("applied schema migration %d", number)
+    return len(MIGRATIONS)

@@ -1,0 +1,180 @@
+"""A small, fallible-by-design client for Ollama's HTTP API (/api/embed, /api/chat, /api/tags).
+
+Ollama runs elsewhere and may be down, slow, or missing a model. Every call has a
+short timeout and a bounded number of retries, raises one of the OllamaError
+subclasses below, and logs one line that says what to fix. After a failed embedding
+call the client stops trying for `cooldown` seconds, so a dead server does not add a
+timeout to every message.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Sequence
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+
+class OllamaError(RuntimeError):
+    """Base of every Ollama failure; the message says what to do."""
+
+
+class OllamaDisabled(OllamaError):
+    """No OLLAMA_URL is configured."""
+
+
+class OllamaUnavailable(OllamaError):
+    """Connection refused, timed out, or a server error."""
+
+
+class OllamaModelMissing(OllamaError):
+    def __init__(self, model: str):
+        super().__init__(f"Ollama has no model {model!r}: run `ollama pull {model}`")
+        self.model = model
+
+
+class OllamaBadResponse(OllamaError):
+    """The server answered, but not with what the API promises."""
+
+
+class OllamaClient:
+    def __init__(self, url: str, *, chat_model: str = "llama3.2", embed_model: str = "nomic-embed-text",
+                 embed_timeout: float = 2.0, chat_timeout: float = 60.0, retries: int = 1,
+                 cooldown: float = 15.0, concurrency: int = 2):
+        self.url = url.rstrip("/")
+        self.chat_model = chat_model
+        self.embed_model = embed_model
+        self.embed_timeout = embed_timeout
+        self.chat_timeout = chat_timeout
+        self.retries = retries
+        self.cooldown = cooldown
+        self._chat_slots = asyncio.Semaphore(concurrency)
+        self._session: aiohttp.ClientSession | None = None
+        self._embed_down_until = 0.0
+
+    @classmethod
+    def from_settings(cls, settings) -> "OllamaClient":
+        return cls(settings.ollama_url, chat_model=settings.chat_model, embed_model=settings.embed_model,
+                   embed_timeout=settings.embed_timeout, chat_timeout=settings.chat_timeout,
+                   retries=settings.ollama_retries, cooldown=settings.ollama_cooldown,
+                   concurrency=settings.ollama_concurrency)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> "OllamaClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # -- API -----------------------------------------------------------------
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One embedding per text, in order."""
+        if not self.enabled:
+            raise OllamaDisabled("no OLLAMA_URL configured")
+        if time.monotonic() < self._embed_down_until:
+            raise OllamaUnavailable("Ollama failed recently; skipping embeddings during the cooldown")
+        try:
+            data = await self._post("/api/embed", {"model": self.embed_model, "input": list(texts)},
+                                    self.embed_timeout, retry_timeouts=False)
+        except OllamaUnavailable as exc:
+            self._embed_down_until = time.monotonic() + self.cooldown
+            log.warning("embedding failed, recall uses keywords only for %.0f s: %s", self.cooldown, exc)
+            raise
+        vectors = data.get("embeddings")
+        if (not isinstance(vectors, list) or len(vectors) != len(texts)
+                or not all(isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)
+                           for v in vectors)):
+            raise OllamaBadResponse(f"/api/embed returned no usable embeddings for {len(texts)} inputs")
+        return vectors
+
+    async def chat(self, messages: list[dict[str, str]], *, format: Any = None,
+                   options: dict[str, Any] | None = None, timeout: float | None = None) -> str:
+        """The assistant's reply text (non-streaming)."""
+        if not self.enabled:
+            raise OllamaDisabled("no OLLAMA_URL configured")
+        body: dict[str, Any] = {"model": self.chat_model, "messages": messages, "stream": False}
+        if format is not None:
+            body["format"] = format
+        if options:
+            body["options"] = options
+        async with self._chat_slots:
+            data = await self._post("/api/chat", body, timeout or self.chat_timeout, retry_timeouts=False)
+        message = data.get("message")
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            raise OllamaBadResponse("/api/chat returned no message content")
+        return message["content"]
+
+    async def model_names(self) -> list[str]:
+        """Models pulled on the server (/api/tags)."""
+        if not self.enabled:
+            raise OllamaDisabled("no OLLAMA_URL configured")
+        data = await self._request("GET", "/api/tags", None, self.embed_timeout * 2)
+        models = data.get("models")
+        if not isinstance(models, list):
+            raise OllamaBadResponse("/api/tags returned no model list")
+        return [m.get("name", "") for m in models if isinstance(m, dict)]
+
+    async def has_model(self, model: str) -> bool:
+        names = await self.model_names()
+        wanted = {model, f"{model}:latest"} if ":" not in model else {model}
+        return any(name in wanted for name in names)
+
+    # -- transport -----------------------------------------------------------
+
+    async def _post(self, path: str, body: dict, timeout: float, *, retry_timeouts: bool) -> dict:
+        attempt = 0
+        while True:
+            try:
+                return await self._request("POST", path, body, timeout)
+            except OllamaUnavailable as exc:
+                timed_out = isinstance(exc.__cause__, asyncio.TimeoutError)
+                if attempt >= self.retries or (timed_out and not retry_timeouts):
+                    raise
+                attempt += 1
+                await asyncio.sleep(0.2 * attempt)
+
+    async def _request(self, method: str, path: str, body: dict | None, timeout: float) -> dict:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        url = self.url + path
+        try:
+            async with self._session.request(method, url, json=body,
+                                             timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                text = await resp.text()
+                status = resp.status
+        except asyncio.TimeoutError as exc:
+            raise OllamaUnavailable(
+                f"Ollama at {self.url} did not answer {path} within {timeout:g} s "
+                "(is the model loading? raise the timeout setting if it is just slow)") from exc
+        except aiohttp.ClientError as exc:
+            raise OllamaUnavailable(
+                f"cannot reach Ollama at {self.url} ({exc.__class__.__name__}): "
+                "start it with `ollama serve` or fix OLLAMA_URL") from exc
+        try:
+            data = json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            data = None
+        error = data.get("error") if isinstance(data, dict) else None
+        if status == 404 and error and "not found" in str(error):
+            model = (body or {}).get("model", "?")
+            raise OllamaModelMissing(model)
+        if status >= 500:
+            raise OllamaUnavailable(f"Ollama at {self.url} answered {status} on {path}: {error or text[:200]}")
+        if status >= 400:
+            raise OllamaBadResponse(f"Ollama at {self.url} answered {status} on {path}: {error or text[:200]}")
+        if not isinstance(data, dict):
+            raise OllamaBadResponse(f"Ollama at {self.url} answered {path} with something that is not JSON")
+        return data

@@ -1,0 +1,177 @@
+"""Hybrid retrieval, the seed design step by step: FTS5 path, vector path, Reciprocal
+Rank Fusion, a 1-hop walk of the link graph, touch.
+
+The database steps are plain functions on a connection (they run on the engine's
+database thread); `Engine.recall` strings them together with the embedding call.
+Every path filters by `scope.visible_keys`, and only active memories are returned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import apsw
+
+from . import decay, fts, store, vectors
+from .scope import ACTIVE, key_filter
+
+GRAPH_LINK_KINDS = ("co_extracted", "consolidated", "semantic")
+
+MODE_HYBRID = "hybrid"
+MODE_FTS = "fts-only"
+MODE_VECTOR = "vector-only"
+
+
+@dataclass
+class Candidate:
+    """One memory on its way through retrieval, with why it was picked."""
+    memory_id: int
+    fts_rank: int | None = None
+    fts_score: float | None = None      # bm25 x strength x (1 + importance); lower is better
+    vector_rank: int | None = None
+    distance: float | None = None       # L2 between unit vectors
+    fused: float = 0.0
+    link: dict | None = None            # {"from": id, "kind": ..., "weight": ...} for graph additions
+
+    @property
+    def via(self) -> str:
+        if self.link is not None:
+            return "link"
+        if self.fts_rank is not None and self.vector_rank is not None:
+            return "both"
+        return "fts" if self.fts_rank is not None else "vector"
+
+    def reason(self) -> dict:
+        out: dict = {"via": self.via}
+        if self.fts_rank is not None:
+            out["fts_rank"] = self.fts_rank
+            out["fts_score"] = round(self.fts_score, 6)
+        if self.vector_rank is not None:
+            out["vector_rank"] = self.vector_rank
+            out["cosine"] = round(vectors.cosine_from_distance(self.distance), 6)
+        if self.link is not None:
+            out["link"] = self.link
+        else:
+            out["fused_score"] = round(self.fused, 6)
+        return out
+
+
+@dataclass
+class Recalled:
+    memory: store.Memory
+    candidate: Candidate
+
+    def to_dict(self, now: float | None = None) -> dict:
+        out = self.memory.to_dict(now)
+        out["reason"] = self.candidate.reason()
+        return out
+
+
+@dataclass
+class RecallResult:
+    query: str
+    mode: str
+    vector_status: str            # ok | disabled | unreachable | model-missing | bad-response | wrong-size
+    #                               | no-embeddings | model-mismatch
+    memories: list[Recalled] = field(default_factory=list)
+    timings_ms: dict = field(default_factory=dict)
+
+    @property
+    def texts(self) -> list[str]:
+        return [r.memory.text for r in self.memories]
+
+    @property
+    def ids(self) -> list[int]:
+        return [r.memory.id for r in self.memories]
+
+    def to_dict(self, now: float | None = None) -> dict:
+        return {"query": self.query, "mode": self.mode, "vector_status": self.vector_status,
+                "memories": [r.to_dict(now) for r in self.memories],
+                "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()}}
+
+
+def fts_candidates(conn: apsw.Connection, query: str, keys: list[str], limit: int, now: float,
+                   as_of: float | None = None) -> list[Candidate]:
+    """Keyword path: BM25 weighted by strength and importance, scoped, active only."""
+    expression = fts.match_expression(query)
+    if expression is None:
+        return []
+    where, key_params = key_filter(keys, "m.vis_key")
+    sql = (
+        f"SELECT m.id, bm25(memories_fts) * {decay.strength_sql('?', 'm')} * (1.0 + m.importance) AS score "
+        "FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid "
+        f"WHERE memories_fts MATCH ? AND {where} AND m.{ACTIVE}"
+        + (" AND m.created_at <= ?" if as_of is not None else "") +
+        " ORDER BY score ASC, m.id DESC LIMIT ?")
+    params: list = [now, expression, *key_params]
+    if as_of is not None:
+        params.append(as_of)
+    params.append(limit)
+    return [Candidate(row[0], fts_rank=rank, fts_score=row[1])
+            for rank, row in enumerate(conn.execute(sql, params), start=1)]
+
+
+def vector_candidates(conn: apsw.Connection, info: vectors.IndexInfo, query_vector: list[float],
+                      keys: list[str], limit: int, as_of: float | None = None) -> list[Candidate]:
+    """Semantic path: KNN inside the viewer's visibility keys."""
+    return [Candidate(memory_id, vector_rank=rank, distance=distance)
+            for rank, (memory_id, distance) in enumerate(
+                vectors.knn(conn, info, query_vector, keys, limit, as_of), start=1)]
+
+
+def fuse(fts_hits: list[Candidate], vector_hits: list[Candidate], *, k: float, limit: int,
+         weight_fts: float = 1.0, weight_vector: float = 1.0) -> list[Candidate]:
+    """Reciprocal Rank Fusion: score = w_f/(k + rank_fts) + w_v/(k + rank_vec)."""
+    merged: dict[int, Candidate] = {}
+    for hit in fts_hits:
+        merged[hit.memory_id] = Candidate(hit.memory_id, fts_rank=hit.fts_rank, fts_score=hit.fts_score)
+    for hit in vector_hits:
+        cand = merged.setdefault(hit.memory_id, Candidate(hit.memory_id))
+        cand.vector_rank, cand.distance = hit.vector_rank, hit.distance
+    for cand in merged.values():
+        if cand.fts_rank is not None:
+            cand.fused += weight_fts / (k + cand.fts_rank)
+        if cand.vector_rank is not None:
+            cand.fused += weight_vector / (k + cand.vector_rank)
+    best_rank = lambda c: min(r for r in (c.fts_rank, c.vector_rank) if r is not None)  # noqa: E731
+    ranked = sorted(merged.values(), key=lambda c: (-c.fused, best_rank(c), -c.memory_id))
+    return ranked[:limit]
+
+
+def graph_neighbours(conn: apsw.Connection, seeds: list[Candidate], keys: list[str], limit: int,
+                     as_of: float | None = None) -> list[Candidate]:
+    """1-hop walk from the fused results: up to `limit` linked, visible, active memories."""
+    if not seeds or limit <= 0:
+        return []
+    seed_ids = [c.memory_id for c in seeds]
+    marks = ",".join("?" * len(seed_ids))
+    kinds = ",".join("?" * len(GRAPH_LINK_KINDS))
+    where, key_params = key_filter(keys, "m.vis_key")
+    sql = (
+        "SELECT l.seed, l.other, l.kind, l.weight FROM ("
+        f" SELECT source_id AS seed, target_id AS other, kind, weight FROM memory_links WHERE source_id IN ({marks})"
+        " UNION ALL"
+        f" SELECT target_id, source_id, kind, weight FROM memory_links WHERE target_id IN ({marks})"
+        f") l JOIN memories m ON m.id = l.other WHERE l.kind IN ({kinds}) AND {where} AND m.{ACTIVE}"
+        + (" AND m.created_at <= ?" if as_of is not None else ""))
+    params: list = [*seed_ids, *seed_ids, *GRAPH_LINK_KINDS, *key_params]
+    if as_of is not None:
+        params.append(as_of)
+    position = {memory_id: i for i, memory_id in enumerate(seed_ids)}
+    rows = sorted(conn.execute(sql, params), key=lambda r: (position[r[0]], -r[3], r[1]))
+    taken = set(seed_ids)
+    out: list[Candidate] = []
+    for seed, other, kind, weight in rows:
+        if other in taken:
+            continue
+        taken.add(other)
+        out.append(Candidate(other, link={"from": seed, "kind": kind, "weight": round(weight, 4)}))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def mode_of(vector_ran: bool, fts_hits: list[Candidate]) -> str:
+    """Which row of the seed's fallback table applied."""
+    if not vector_ran:
+        return MODE_FTS
+    return MODE_HYBRID if fts_hits else MODE_VECTOR

@@ -1,0 +1,77 @@
+"""The one scope rule: which memories a viewer may see.
+
+Every path that can surface a memory (FTS, KNN, graph links, listings, exports)
+filters on `visible_keys(viewer)`; nothing else decides visibility.
+
+Each memory carries a visibility key derived from where it belongs:
+  personal, learned in guild G -> "p:<owner>:<G>"   (seen by its owner in G and in DMs)
+  personal, learned in a DM    -> "p:<owner>:dm"    (seen by its owner in DMs only)
+  room of channel C            -> "r:<C>"           (seen by anyone in channel C)
+  global                       -> "g"               (seen everywhere)
+A personal memory therefore never surfaces somewhere more public than where it was
+learned, and never in another guild. Archived memories are excluded by every caller
+through `ACTIVE`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import apsw
+
+SCOPES = ("personal", "room", "global")
+GLOBAL_KEY = "g"
+ACTIVE = "archived_at IS NULL"
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who is asking, and where: a user in a guild channel, or a user in a DM."""
+    user_id: int
+    channel_id: int | None = None
+    guild_id: int | None = None
+    dm: bool = False
+
+    def __post_init__(self):
+        if self.dm and self.guild_id is not None:
+            raise ValueError("a DM has no guild")
+
+    @classmethod
+    def owner_everywhere(cls, user_id: int) -> "Viewer":
+        """The owner looking at all of their own personal memories (a DM sees them all)."""
+        return cls(user_id=user_id, dm=True)
+
+
+def memory_key(scope: str, owner_id: int | None, channel_id: int | None, guild_id: int | None) -> str:
+    if scope == "personal":
+        if owner_id is None:
+            raise ValueError("a personal memory needs an owner user id")
+        return f"p:{owner_id}:{guild_id if guild_id is not None else 'dm'}"
+    if scope == "room":
+        if channel_id is None:
+            raise ValueError("a room memory needs a channel id")
+        return f"r:{channel_id}"
+    if scope == "global":
+        return GLOBAL_KEY
+    raise ValueError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+
+
+def visible_keys(conn: apsw.Connection, viewer: Viewer) -> list[str]:
+    """The visibility keys this viewer may read, global first."""
+    keys = [GLOBAL_KEY]
+    if viewer.dm:
+        # In a DM the owner sees personal memories learned anywhere (they are alone there).
+        keys += [row[0] for row in conn.execute(
+            "SELECT DISTINCT vis_key FROM memories WHERE owner_id = ? AND scope = 'personal' AND " + ACTIVE,
+            (viewer.user_id,))]
+        return keys
+    if viewer.guild_id is not None:
+        keys.append(f"p:{viewer.user_id}:{viewer.guild_id}")
+    if viewer.channel_id is not None:
+        keys.append(f"r:{viewer.channel_id}")
+    return keys
+
+
+def key_filter(keys: list[str], column: str = "vis_key") -> tuple[str, tuple[str, ...]]:
+    """SQL `column IN (...)` for these keys, with its parameters."""
+    return f"{column} IN ({','.join('?' * len(keys))})", tuple(keys)
+

@@ -1,0 +1,214 @@
+"""Typed settings from the environment and `.env`, checked once at start.
+
+Every setting is declared once in `SETTINGS` (name, type, default, one-line help);
+`.env.example` is generated from the same table, so the two cannot drift apart.
+A bad value raises `SettingsError` with one line naming the setting.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlparse
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class SettingsError(ValueError):
+    """A setting has a value Muninn cannot use; the message names it."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    env: str
+    default: str
+    help: str
+    parse: Callable[[str, str], Any]
+
+
+def _float(lo: float | None = None, hi: float | None = None, *, positive: bool = False):
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SettingsError(f"{name}={raw!r} is not a number") from None
+        if positive and value <= 0:
+            raise SettingsError(f"{name}={raw!r} must be greater than 0")
+        if lo is not None and value < lo or hi is not None and value > hi:
+            raise SettingsError(f"{name}={raw!r} must be between {lo} and {hi}")
+        return value
+    return parse
+
+
+def _int(lo: int = 0, hi: int | None = None):
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SettingsError(f"{name}={raw!r} is not a whole number") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+            raise SettingsError(f"{name}={raw!r} must be {bound}")
+        return value
+    return parse
+
+
+def _str(name: str, raw: str) -> str:
+    return raw
+
+
+def _url(name: str, raw: str) -> str:
+    raw = raw.strip()
+    if not raw:
+        return ""  # explicitly disabled
+    parsed = urlparse(raw)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise SettingsError(f"{name}={raw!r} must be an http(s) URL such as http://localhost:11434 (or empty to disable)")
+    return raw.rstrip("/")
+
+
+def _path(name: str, raw: str) -> Path:
+    if not raw.strip():
+        raise SettingsError(f"{name} is empty; give a file path such as data/muninn.db")
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = (Path.cwd() / path).resolve()
+    return path
+
+
+def _timezone(name: str, raw: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(raw)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise SettingsError(f"{name}={raw!r} is not an IANA time zone such as Europe/Oslo or UTC") from None
+
+
+def _bool(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise SettingsError(f"{name}={raw!r} must be true or false")
+
+
+def _id_list(name: str, raw: str) -> frozenset[int]:
+    out = set()
+    for part in raw.replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit():
+            raise SettingsError(f"{name}: {part!r} is not a Discord id (digits only)")
+        out.add(int(part))
+    return frozenset(out)
+
+
+SETTINGS: dict[str, Spec] = {
+    "discord_token": Spec("DISCORD_TOKEN", "", "Bot token from https://discord.com/developers/applications (Bot > Reset Token).", _str),
+    "db_path": Spec("MUNINN_DB_PATH", "data/muninn.db", "SQLite file holding all memories; created on first start.", _path),
+    "ollama_url": Spec("OLLAMA_URL", "http://localhost:11434", "Ollama server address; empty disables embeddings and chat (FTS-only recall).", _url),
+    "chat_model": Spec("OLLAMA_CHAT_MODEL", "llama3.2", "Ollama model that writes replies and extracts facts (ollama pull it first).", _str),
+    "embed_model": Spec("OLLAMA_EMBED_MODEL", "nomic-embed-text", "Ollama embedding model; changing it needs `muninn reindex`.", _str),
+    "embed_timeout": Spec("OLLAMA_EMBED_TIMEOUT", "2.0", "Seconds to wait for one embedding call before recall falls back to FTS-only.", _float(positive=True)),
+    "chat_timeout": Spec("OLLAMA_CHAT_TIMEOUT", "60", "Seconds to wait for a chat reply before Muninn says it cannot think right now.", _float(positive=True)),
+    "ollama_retries": Spec("OLLAMA_RETRIES", "1", "Extra attempts after a connection error or 5xx (0 = no retry).", _int(0, 5)),
+    "ollama_cooldown": Spec("OLLAMA_COOLDOWN", "15", "Seconds to skip embedding calls after Ollama failed, so a dead server costs nothing per message.", _float(0)),
+    "ollama_concurrency": Spec("OLLAMA_MAX_CONCURRENCY", "2", "Most chat requests sent to Ollama at once.", _int(1, 64)),
+    "recall_limit": Spec("MUNINN_RECALL_LIMIT", "5", "Memories recalled per message before graph augmentation.", _int(1, 100)),
+    "graph_limit": Spec("MUNINN_GRAPH_LIMIT", "3", "Most linked memories added by the 1-hop graph walk.", _int(0, 50)),
+    "rrf_k": Spec("MUNINN_RRF_K", "60", "Reciprocal Rank Fusion constant k.", _float(positive=True)),
+    "rrf_weight_fts": Spec("MUNINN_RRF_WEIGHT_FTS", "1.0", "Weight of the keyword (FTS5) path in fusion.", _float(0)),
+    "rrf_weight_vec": Spec("MUNINN_RRF_WEIGHT_VEC", "1.0", "Weight of the vector path in fusion.", _float(0)),
+    "base_stability_days": Spec("MUNINN_BASE_STABILITY_DAYS", "7", "Decay: days until an unimportant, never-recalled memory falls to 37% retention.", _float(positive=True)),
+    "stability_growth": Spec("MUNINN_STABILITY_GROWTH", "1.5", "Decay: factor by which each recall multiplies a memory's stability.", _float(1.0, 10.0)),
+    "timezone": Spec("MUNINN_TIMEZONE", "UTC", "Time zone for the timestamps shown to the LLM.", _timezone),
+    "persona": Spec("MUNINN_PERSONA", "You are Muninn, a friendly assistant with a long-term memory.", "First line of the system prompt.", _str),
+    "history_limit": Spec("MUNINN_HISTORY_LIMIT", "10", "Recent channel messages put into the prompt.", _int(0, 100)),
+    "token_budget": Spec("MUNINN_TOKEN_BUDGET", "4000", "Approximate prompt size limit in tokens; oldest history is cut first.", _int(256)),
+    "owner_ids": Spec("MUNINN_OWNER_IDS", "", "Comma-separated Discord user ids allowed to manage global memories (default: the application owner).", _id_list),
+    "extraction": Spec("MUNINN_EXTRACTION", "true", "Extract facts to remember from each exchange.", _bool),
+    "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    discord_token: str
+    db_path: Path
+    ollama_url: str
+    chat_model: str
+    embed_model: str
+    embed_timeout: float
+    chat_timeout: float
+    ollama_retries: int
+    ollama_cooldown: float
+    ollama_concurrency: int
+    recall_limit: int
+    graph_limit: int
+    rrf_k: float
+    rrf_weight_fts: float
+    rrf_weight_vec: float
+    base_stability_days: float
+    stability_growth: float
+    timezone: ZoneInfo
+    persona: str
+    history_limit: int
+    token_budget: int
+    owner_ids: frozenset[int]
+    extraction: bool
+    log_level: str
+
+    def replace(self, **changes: Any) -> "Settings":
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return Settings(**values)
+
+
+def load_settings(env: dict[str, str] | None = None, *, dotenv: bool = True, **overrides: Any) -> Settings:
+    """Read settings from `env` (default: os.environ after loading `.env`)."""
+    if env is None:
+        if dotenv:
+            from dotenv import load_dotenv
+            load_dotenv(Path.cwd() / ".env", override=False)
+        env = dict(os.environ)
+    values: dict[str, Any] = {}
+    for key, spec in SETTINGS.items():
+        raw = env.get(spec.env, spec.default)
+        values[key] = spec.parse(spec.env, raw)
+    level = str(values["log_level"]).upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise SettingsError(f"MUNINN_LOG_LEVEL={values['log_level']!r} must be DEBUG, INFO, WARNING or ERROR")
+    values["log_level"] = level
+    values.update(overrides)
+    if isinstance(values["db_path"], str):
+        values["db_path"] = _path("MUNINN_DB_PATH", values["db_path"])
+    check_db_path(values["db_path"])
+    return Settings(**values)
+
+
+def check_db_path(path: Path, name: str = "MUNINN_DB_PATH") -> None:
+    """Fail early, in one line, when the database file cannot be created or opened."""
+    if path.exists():
+        if path.is_dir():
+            raise SettingsError(f"{name}={str(path)!r} is a directory; give a file path such as data/muninn.db")
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise SettingsError(f"{name}={str(path)!r} is not readable and writable by this user")
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise SettingsError(f"{name}={str(path)!r}: cannot create the file there (folder {str(parent)!r} is not writable)")
+
+
+def env_example() -> str:
+    """The text of `.env.example`: every setting with its default and what it does."""
+    lines = ["# Muninn settings. Copy to .env and edit; every line shows the default.", ""]
+    for spec in SETTINGS.values():
+        lines.append(f"# {spec.help}")
+        lines.append(f"{spec.env}={spec.default}")
+        lines.append("")
+    return "\n".join(lines)

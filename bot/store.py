@@ -1,0 +1,287 @@
+"""Plain, synchronous memory storage on one apsw connection.
+
+Each public function that writes is one transaction: the memory row, its FTS row
+(kept in sync by triggers), its vector and its links commit or roll back together.
+Callers on the event loop reach these through `engine.Engine`, which runs them on
+the database thread.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Iterable, Sequence
+
+import apsw
+
+from . import decay, vectors
+from .db import query_one, query_value
+from .scope import ACTIVE, SCOPES, Viewer, key_filter, memory_key, visible_keys
+
+LINK_KINDS = ("co_extracted", "consolidated", "semantic", "superseded_by")
+MAX_TEXT_CHARS = 4000
+
+COLUMNS = ("id, text, scope, owner_id, channel_id, guild_id, vis_key, importance, stability, access_count, "
+           "last_accessed, created_at, updated_at, archived_at, archive_reason, source_message_ids, "
+           "external_id, embedded")
+
+
+class MemoryNotFound(LookupError):
+    pass
+
+
+@dataclass
+class NewMemory:
+    text: str
+    scope: str
+    owner_id: int | None = None
+    channel_id: int | None = None
+    guild_id: int | None = None
+    importance: float = 0.5
+    created_at: float | None = None
+    source_message_ids: Sequence[int | str] = ()
+    external_id: str | None = None
+
+    def __post_init__(self):
+        self.text = clean_text(self.text)
+        if self.scope not in SCOPES:
+            raise ValueError(f"unknown scope {self.scope!r}; use one of {', '.join(SCOPES)}")
+        if not (0.0 <= float(self.importance) <= 1.0):
+            raise ValueError(f"importance {self.importance!r} must be between 0 and 1")
+        self.importance = float(self.importance)
+        memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id)  # validates ids
+
+    @property
+    def vis_key(self) -> str:
+        return memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id)
+
+
+@dataclass
+class Memory:
+    id: int
+    text: str
+    scope: str
+    owner_id: int | None
+    channel_id: int | None
+    guild_id: int | None
+    vis_key: str
+    importance: float
+    stability: float
+    access_count: int
+    last_accessed: float | None
+    created_at: float
+    updated_at: float
+    archived_at: float | None
+    archive_reason: str | None
+    source_message_ids: list = field(default_factory=list)
+    external_id: str | None = None
+    embedded: bool = False
+
+    @classmethod
+    def from_row(cls, row) -> "Memory":
+        values = list(row)
+        values[15] = json.loads(values[15] or "[]")
+        values[17] = bool(values[17])
+        return cls(*values)
+
+    def retention(self, now: float | None = None) -> float:
+        return decay.retention(now or time.time(), self.last_accessed or self.created_at, self.stability)
+
+    def to_dict(self, now: float | None = None) -> dict:
+        out = asdict(self)
+        for key in ("last_accessed", "created_at", "updated_at", "archived_at"):
+            out[key] = iso(out[key])
+        out["retention"] = round(self.retention(now), 4)
+        return out
+
+
+def clean_text(text: str) -> str:
+    """Normalise whitespace and reject what cannot be a memory, with a clear message."""
+    if not isinstance(text, str):
+        raise ValueError("memory text must be a string")
+    text = text.replace("\x00", "").strip()
+    if not text:
+        raise ValueError("memory text is empty")
+    if len(text) > MAX_TEXT_CHARS:
+        raise ValueError(f"memory text is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+    return text
+
+
+def iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+
+
+# -- writes ------------------------------------------------------------------
+
+def insert(conn: apsw.Connection, memory: NewMemory, *, base_stability_days: float,
+           vector_info: vectors.IndexInfo | None = None, vector: Sequence[float] | None = None,
+           now: float | None = None) -> int:
+    """Insert one memory (and its vector, if given) in one transaction; returns its id."""
+    return insert_many(conn, [memory], base_stability_days=base_stability_days, vector_info=vector_info,
+                       vectors_=[vector] if vector is not None else None, now=now)[0]
+
+
+def insert_many(conn: apsw.Connection, memories: Sequence[NewMemory], *, base_stability_days: float,
+                vector_info: vectors.IndexInfo | None = None,
+                vectors_: Sequence[Sequence[float] | None] | None = None,
+                link_kind: str | None = None, now: float | None = None) -> list[int]:
+    """Insert memories in one transaction; optionally link them pairwise with `link_kind`."""
+    now = time.time() if now is None else now
+    ids: list[int] = []
+    with conn:
+        for index, memory in enumerate(memories):
+            created = memory.created_at if memory.created_at is not None else now
+            conn.execute(
+                "INSERT INTO memories (text, scope, owner_id, channel_id, guild_id, vis_key, importance, "
+                "stability, created_at, updated_at, source_message_ids, external_id) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (memory.text, memory.scope, memory.owner_id, memory.channel_id, memory.guild_id,
+                 memory.vis_key, memory.importance,
+                 decay.initial_stability(memory.importance, base_stability_days), created, now,
+                 json.dumps([str(s) for s in memory.source_message_ids]), memory.external_id))
+            memory_id = conn.last_insert_rowid()
+            ids.append(memory_id)
+            vector = vectors_[index] if vectors_ else None
+            if vector is not None and vector_info is not None:
+                vectors.put(conn, vector_info, memory_id, memory.vis_key, created, vector)
+        if link_kind:
+            for i, a in enumerate(ids):
+                for b in ids[i + 1:]:
+                    add_link(conn, a, b, link_kind, now=now)
+    return ids
+
+
+def add_link(conn: apsw.Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
+             now: float | None = None) -> None:
+    if kind not in LINK_KINDS:
+        raise ValueError(f"unknown link kind {kind!r}")
+    conn.execute(
+        "INSERT INTO memory_links (source_id, target_id, kind, weight, created_at) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (source_id, target_id, kind) DO UPDATE SET weight = max(weight, excluded.weight)",
+        (source_id, target_id, kind, weight, time.time() if now is None else now))
+
+
+def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
+    """Hard-delete memories with their FTS rows, vectors and links; returns how many went."""
+    ids = list(memory_ids)
+    with conn:
+        vectors.remove(conn, ids)
+        removed = 0
+        for memory_id in ids:
+            conn.execute("DELETE FROM memory_links WHERE source_id = ? OR target_id = ?", (memory_id, memory_id))
+            conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
+            removed += conn.changes()
+    return removed
+
+
+def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
+    """Take a memory out of retrieval (its FTS row and vector go; the row stays, restorable)."""
+    with conn:
+        conn.execute("UPDATE memories SET archived_at = ?, archive_reason = ?, embedded = 0, updated_at = ? "
+                     "WHERE id = ? AND " + ACTIVE,
+                     (time.time() if now is None else now, reason, time.time(), memory_id))
+        vectors.remove(conn, [memory_id])
+
+
+def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> None:
+    """Bring an archived memory back; its vector is rebuilt by the next backfill."""
+    now = time.time() if now is None else now
+    with conn:
+        conn.execute("UPDATE memories SET archived_at = NULL, archive_reason = NULL, last_accessed = ?, "
+                     "updated_at = ? WHERE id = ?", (now, now, memory_id))
+
+
+def touch(conn: apsw.Connection, memory_ids: Iterable[int], *, growth: float, now: float | None = None) -> None:
+    """Record a recall: count it, reset the decay clock, strengthen the memory."""
+    now = time.time() if now is None else now
+    with conn:
+        for memory_id in memory_ids:
+            conn.execute(
+                "UPDATE memories SET access_count = access_count + 1, last_accessed = max(?, coalesce(last_accessed, 0)), "
+                "stability = min(stability * ?, ?) WHERE id = ?",
+                (now, growth, decay.MAX_STABILITY_DAYS, memory_id))
+
+
+def set_vector(conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int, vector: Sequence[float]) -> None:
+    with conn:
+        row = query_one(conn, "SELECT vis_key, created_at FROM memories WHERE id = ? AND " + ACTIVE, (memory_id,))
+        if row is not None:  # archived or deleted meanwhile: nothing to index
+            vectors.put(conn, info, memory_id, row[0], row[1], vector)
+
+
+# -- reads -------------------------------------------------------------------
+
+def get(conn: apsw.Connection, memory_id: int) -> Memory:
+    row = query_one(conn, f"SELECT {COLUMNS} FROM memories WHERE id = ?", (memory_id,))
+    if row is None:
+        raise MemoryNotFound(f"no memory #{memory_id}")
+    return Memory.from_row(row)
+
+
+def get_many(conn: apsw.Connection, memory_ids: Sequence[int]) -> dict[int, Memory]:
+    if not memory_ids:
+        return {}
+    rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE id IN ({','.join('?' * len(memory_ids))})",
+                        tuple(memory_ids))
+    return {row[0]: Memory.from_row(row) for row in rows}
+
+
+def get_visible(conn: apsw.Connection, viewer: Viewer, memory_id: int) -> Memory:
+    """The memory if this viewer may see it; otherwise MemoryNotFound (never reveal it exists)."""
+    keys = visible_keys(conn, viewer)
+    where, params = key_filter(keys)
+    row = query_one(conn, f"SELECT {COLUMNS} FROM memories WHERE id = ? AND {where} AND {ACTIVE}",
+                    (memory_id, *params))
+    if row is None:
+        raise MemoryNotFound(f"no memory #{memory_id} here")
+    return Memory.from_row(row)
+
+
+def list_visible(conn: apsw.Connection, viewer: Viewer, *, scope: str | None = None, limit: int = 50,
+                 offset: int = 0) -> tuple[list[Memory], int]:
+    """Active memories this viewer may see, newest first, and how many there are in all."""
+    keys = visible_keys(conn, viewer)
+    where, params = key_filter(keys)
+    sql_filter = f"{where} AND {ACTIVE}"
+    if scope is not None:
+        if scope not in SCOPES:
+            raise ValueError(f"unknown scope {scope!r}")
+        sql_filter += " AND scope = ?"
+        params = (*params, scope)
+    total = query_value(conn, f"SELECT count(*) FROM memories WHERE {sql_filter}", params)
+    rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE {sql_filter} ORDER BY created_at DESC, id DESC "
+                        "LIMIT ? OFFSET ?", (*params, limit, offset))
+    return [Memory.from_row(row) for row in rows], total
+
+
+def personal_memories(conn: apsw.Connection, owner_id: int, *, include_archived: bool = True) -> list[Memory]:
+    """Every personal memory of one owner (for export and forget-all), oldest first."""
+    sql = f"SELECT {COLUMNS} FROM memories WHERE owner_id = ? AND scope = 'personal'"
+    if not include_archived:
+        sql += " AND " + ACTIVE
+    return [Memory.from_row(row) for row in conn.execute(sql + " ORDER BY id", (owner_id,))]
+
+
+def unembedded_ids(conn: apsw.Connection, limit: int) -> list[tuple[int, str]]:
+    return [(row[0], row[1]) for row in conn.execute(
+        "SELECT id, text FROM memories WHERE embedded = 0 AND " + ACTIVE + " ORDER BY id LIMIT ?", (limit,))]
+
+
+def stats(conn: apsw.Connection) -> dict:
+    out = {
+        "memories": query_value(conn, "SELECT count(*) FROM memories"),
+        "active": query_value(conn, "SELECT count(*) FROM memories WHERE " + ACTIVE),
+        "archived": query_value(conn, "SELECT count(*) FROM memories WHERE archived_at IS NOT NULL"),
+        "embedded": query_value(conn, "SELECT count(*) FROM memories WHERE embedded = 1"),
+        "missing_vectors": query_value(conn, "SELECT count(*) FROM memories WHERE embedded = 0 AND " + ACTIVE),
+        "links": query_value(conn, "SELECT count(*) FROM memory_links"),
+        "by_scope": {row[0]: row[1] for row in conn.execute(
+            "SELECT scope, count(*) FROM memories WHERE " + ACTIVE + " GROUP BY scope")},
+        "links_by_kind": {row[0]: row[1] for row in conn.execute(
+            "SELECT kind, count(*) FROM memory_links GROUP BY kind")},
+    }
+    info = vectors.index_info(conn)
+    out["embedding_model"] = info.model if info else None
+    out["embedding_dim"] = info.dim if info else None
+    return out
