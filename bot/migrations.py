@@ -74,6 +74,30 @@ MIGRATIONS: list[str] = [
     ) WITHOUT ROWID;
     CREATE INDEX memory_links_target ON memory_links (target_id);
     """,
+    # 2: the channel history the bot keeps for context, and per-channel options.
+    """
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,      -- Discord message id (or a local id for `muninn chat`)
+        channel_id INTEGER NOT NULL,
+        guild_id INTEGER,            -- NULL = DM / local chat
+        author_id INTEGER NOT NULL,
+        author_name TEXT NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+        content TEXT NOT NULL,
+        created_at REAL NOT NULL,    -- unix seconds
+        edited_at REAL,
+        deleted_at REAL              -- NULL = still there
+    );
+    CREATE INDEX messages_channel_time ON messages (channel_id, created_at);
+    CREATE INDEX messages_author ON messages (author_id);
+
+    CREATE TABLE channel_settings (
+        channel_id INTEGER PRIMARY KEY,
+        guild_id INTEGER,
+        always_answer INTEGER NOT NULL DEFAULT 0 CHECK (always_answer IN (0, 1)),
+        updated_at REAL NOT NULL
+    );
+    """,
 ]
 
 

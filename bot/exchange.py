@@ -1,0 +1,25 @@
+"""One exchange of a conversation: what a person said and what Muninn answered.
+
+The pipeline builds it after replying; fact extraction consumes it. Only
+`user_message` may be mined for facts; `reply` and `recalled` are there so the
+extractor can leave them out (no feedback loop).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Exchange:
+    author_id: int
+    author_name: str                 # display name, used to attribute facts
+    channel_id: int
+    guild_id: int | None             # None = a DM (or the local `muninn chat` room)
+    dm: bool
+    user_message: str
+    user_message_id: int | None
+    reply: str
+    reply_message_id: int | None = None
+    recalled: tuple[str, ...] = ()   # memory texts that were injected into the prompt
+    created_at: float | None = None  # unix seconds of the user's message
+    extra: dict = field(default_factory=dict)
