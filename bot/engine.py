@@ -27,6 +27,10 @@ T = TypeVar("T")
 EMBED_BATCH = 32
 
 
+async def _given(vector: list[float]) -> tuple[list[float], str]:
+    return vector, "ok"
+
+
 class Engine:
     def __init__(self, settings: Settings, ollama: OllamaClient | None = None):
         self.settings = settings
@@ -167,12 +171,14 @@ class Engine:
     # -- reads ---------------------------------------------------------------
 
     async def recall(self, query: str, viewer: Viewer, *, limit: int | None = None, as_of: float | None = None,
-                     touch: bool = True) -> retrieval.RecallResult:
-        """Hybrid retrieval for `viewer`: FTS5 + vector KNN fused by RRF, then the graph, then touch."""
+                     touch: bool = True, query_vector: Sequence[float] | None = None) -> retrieval.RecallResult:
+        """Hybrid retrieval for `viewer`: FTS5 + vector KNN fused by RRF, then the graph, then touch.
+        `query_vector` (an embedding of `query` made earlier) skips the embedding call."""
         limit = limit or self.settings.recall_limit
         now = as_of if as_of is not None else time.time()
         started = time.perf_counter()
-        embedding = asyncio.create_task(self._query_vector(query))
+        embedding = asyncio.create_task(self._query_vector(query) if query_vector is None
+                                        else _given(list(query_vector)))
         try:
             keys, fts_hits, info = await self.run(self._fts_step, query, viewer, limit * 3, now, as_of)
         except BaseException:

@@ -44,14 +44,14 @@ class Candidate:
         out: dict = {"via": self.via}
         if self.fts_rank is not None:
             out["fts_rank"] = self.fts_rank
-            out["fts_score"] = round(self.fts_score, 6)
+            out["fts_score"] = float(f"{self.fts_score:.6g}")
         if self.vector_rank is not None:
             out["vector_rank"] = self.vector_rank
-            out["cosine"] = round(vectors.cosine_from_distance(self.distance), 6)
+            out["cosine"] = round(vectors.cosine_from_distance(self.distance), 4)
         if self.link is not None:
             out["link"] = self.link
         else:
-            out["fused_score"] = round(self.fused, 6)
+            out["fused_score"] = float(f"{self.fused:.6g}")
         return out
 
 

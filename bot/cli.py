@@ -1,0 +1,295 @@
+"""The `muninn` command line: operators, scripts and our own checks use it, so keep it stable.
+
+Each subcommand is a `cmd_*` coroutine taking (args, settings); `build_parser` wires
+them. Bad input exits with status 2 and one line on stderr; nothing is lost.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import store
+from .engine import Engine
+from .importer import import_lines, parse_time
+from .progress import Progress
+from .scope import SCOPES, Viewer
+from .settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger("muninn")
+
+
+class UsageError(Exception):
+    """Bad command-line input; the message is shown as one line."""
+
+
+# -- shared helpers ----------------------------------------------------------
+
+def emit(args: argparse.Namespace, data, human: str) -> None:
+    print(json.dumps(data, ensure_ascii=False) if getattr(args, "json", False) else human)
+
+
+def viewer_from(user_id, channel_id, guild_id, dm) -> Viewer:
+    if user_id is None:
+        raise UsageError("a viewer needs --user ID (user_id in batch files)")
+    for name, value in (("user", user_id), ("channel", channel_id), ("guild", guild_id)):
+        if value is not None and (isinstance(value, bool) or not str(value).isdigit()):
+            raise UsageError(f"{name} id {value!r} must be a number")
+    if dm and guild_id is not None:
+        raise UsageError("--dm and --guild exclude each other: a DM has no guild")
+    return Viewer(user_id=int(user_id), channel_id=None if channel_id is None else int(channel_id),
+                  guild_id=None if guild_id is None else int(guild_id), dm=bool(dm))
+
+
+def as_of_from(value) -> float | None:
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        raise UsageError(f"--as-of: {exc}") from None
+
+
+def human_recall(result) -> str:
+    lines = [f"mode: {result.mode} (vectors: {result.vector_status}), {len(result.memories)} memories"]
+    for i, recalled in enumerate(result.memories, start=1):
+        reason = recalled.candidate.reason()
+        why = ", ".join(f"{k}={v}" for k, v in reason.items() if k != "via")
+        lines.append(f"{i:>2}. #{recalled.memory.id} [{recalled.memory.scope}] {recalled.memory.text}")
+        lines.append(f"      via {reason['via']}: {why}")
+    return "\n".join(lines)
+
+
+# -- subcommands -------------------------------------------------------------
+
+async def cmd_remember(args, settings: Settings) -> int:
+    try:
+        memory = store.NewMemory(text=args.text, scope=args.scope, owner_id=args.user, channel_id=args.channel,
+                                 guild_id=args.guild, importance=args.importance)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    async with Engine(settings) as engine:
+        memory_id = await engine.remember(memory)
+        embedded = (await engine.run(store.get, memory_id)).embedded
+    emit(args, {"id": memory_id, "embedded": embedded}, str(memory_id))
+    return 0
+
+
+async def cmd_recall(args, settings: Settings) -> int:
+    if args.batch:
+        return await recall_batch(args, settings)
+    if args.query is None:
+        raise UsageError("give a QUERY, or --batch FILE")
+    viewer = viewer_from(args.user, args.channel, args.guild, args.dm)
+    as_of = as_of_from(args.as_of)
+    async with Engine(settings) as engine:
+        result = await engine.recall(args.query, viewer, limit=args.limit, as_of=as_of, touch=not args.no_touch)
+    emit(args, result.to_dict(as_of), human_recall(result))
+    return 0
+
+
+BATCH_KEYS = {"query", "user_id", "channel_id", "guild_id", "dm", "limit", "as_of", "no_touch"}
+
+
+async def recall_batch(args, settings: Settings) -> int:
+    path = Path(args.batch)
+    if not path.is_file():
+        raise UsageError(f"--batch: no file {str(path)!r}")
+    async with Engine(settings) as engine:
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    request = json.loads(line)
+                    if not isinstance(request, dict):
+                        raise UsageError("line is not a JSON object")
+                    unknown = set(request) - BATCH_KEYS
+                    if unknown:
+                        raise UsageError(f"unknown key(s): {', '.join(sorted(unknown))}")
+                    query = request.get("query")
+                    if not isinstance(query, str):
+                        raise UsageError("'query' must be a string")
+                    limit = request.get("limit")
+                    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                        raise UsageError("'limit' must be a positive whole number")
+                    viewer = viewer_from(request.get("user_id"), request.get("channel_id"),
+                                         request.get("guild_id"), request.get("dm", False))
+                    as_of = as_of_from(request.get("as_of"))
+                    result = await engine.recall(query, viewer, limit=limit, as_of=as_of,
+                                                 touch=not request.get("no_touch", False))
+                    out = {"line": number, **result.to_dict(as_of)}
+                except (UsageError, ValueError) as exc:
+                    out = {"line": number, "error": str(exc)}
+                print(json.dumps(out, ensure_ascii=False), flush=True)
+    return 0
+
+
+async def cmd_import(args, settings: Settings) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        raise UsageError(f"no file {str(path)!r}")
+    total = sum(1 for line in path.open(encoding="utf-8") if line.strip())
+    async with Engine(settings) as engine:
+        with Progress("importing", total) as bar, path.open(encoding="utf-8") as lines:
+            report = await import_lines(engine, lines, on_progress=bar.advance)
+        missing = (await engine.stats())["missing_vectors"]
+    for number, error in report.errors:
+        print(f"line {number}: {error}", file=sys.stderr)
+    data = {"imported": report.imported, "skipped_existing": report.skipped_existing,
+            "errors": [{"line": n, "error": e} for n, e in report.errors], "missing_vectors": missing}
+    human = (f"imported {report.imported}, skipped {report.skipped_existing} already present, "
+             f"{len(report.errors)} bad lines")
+    if missing:
+        human += f"; {missing} memories await embeddings (Ollama unavailable?): run `muninn maintain` later"
+    emit(args, data, human)
+    return 0
+
+
+async def cmd_stats(args, settings: Settings) -> int:
+    async with Engine(settings) as engine:
+        data = await engine.stats()
+    data["database"] = str(settings.db_path)
+    human = "\n".join(f"{key}: {value}" for key, value in data.items())
+    emit(args, data, human)
+    return 0
+
+
+async def cmd_reindex(args, settings: Settings) -> int:
+    async with Engine(settings) as engine:
+        bar = Progress(f"embedding with {settings.embed_model}", None)
+        count = await engine.reindex(progress=lambda done, total: (setattr(bar, "total", total), bar.update(done)))
+        bar.finish()
+    emit(args, {"reindexed": count, "model": settings.embed_model}, f"re-embedded {count} memories")
+    return 0
+
+
+async def cmd_doctor(args, settings: Settings) -> int:
+    from .doctor import run_doctor
+    checks = await run_doctor(settings)
+    human = "\n".join(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" + (f"\n     fix: {c.fix}" if c.fix else "")
+                      for c in checks)
+    emit(args, {"ok": all(c.ok for c in checks), "checks": [c.to_dict() for c in checks]}, human)
+    return 0 if all(c.ok for c in checks) else 1
+
+
+# -- parser ------------------------------------------------------------------
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def snowflake(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a numeric id")
+    return int(text)
+
+
+def importance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subcommand's unset option must not overwrite one given before the subcommand.
+    common.add_argument("--db", metavar="PATH", default=argparse.SUPPRESS,
+                        help="database file (default: MUNINN_DB_PATH or data/muninn.db)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
+
+    parser = argparse.ArgumentParser(prog="muninn", parents=[common],
+                                     description="Muninn: a Discord bot that remembers.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("remember", parents=[common], help="store a memory, print its id")
+    p.add_argument("text")
+    p.add_argument("--scope", choices=SCOPES, required=True)
+    p.add_argument("--user", type=snowflake, help="owner (personal) or author user id")
+    p.add_argument("--channel", type=snowflake, help="channel id (required for room scope)")
+    p.add_argument("--guild", type=snowflake, help="guild id where it was learned (omit for a DM)")
+    p.add_argument("--importance", type=importance, default=0.5)
+    p.set_defaults(handler=cmd_remember)
+
+    p = sub.add_parser("recall", parents=[common], help="what Muninn would recall for a query, and why")
+    p.add_argument("query", nargs="?")
+    p.add_argument("--user", type=snowflake)
+    p.add_argument("--channel", type=snowflake)
+    p.add_argument("--guild", type=snowflake)
+    p.add_argument("--dm", action="store_true", help="the viewer is in a DM with Muninn")
+    p.add_argument("--limit", type=positive_int)
+    p.add_argument("--as-of", metavar="ISO-TIME", help="evaluate at this time (decay, touch, newer memories hidden)")
+    p.add_argument("--no-touch", action="store_true", help="inspect only: do not count this as a recall")
+    p.add_argument("--batch", metavar="FILE.jsonl", help="one query object a line, one result a line")
+    p.set_defaults(handler=cmd_recall)
+
+    p = sub.add_parser("import", parents=[common], help="import memories from a JSON-lines file")
+    p.add_argument("file", metavar="FILE.jsonl")
+    p.set_defaults(handler=cmd_import)
+
+    p = sub.add_parser("stats", parents=[common], help="counts of memories, vectors and links")
+    p.set_defaults(handler=cmd_stats)
+
+    p = sub.add_parser("reindex", parents=[common], help="re-embed every memory with OLLAMA_EMBED_MODEL")
+    p.set_defaults(handler=cmd_reindex)
+
+    p = sub.add_parser("doctor", parents=[common], help="check the database, sqlite-vec and Ollama")
+    p.set_defaults(handler=cmd_doctor)
+
+    return parser
+
+
+def setup_logging(settings: Settings, verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else getattr(logging, settings.log_level),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        overrides = {"db_path": args.db} if getattr(args, "db", None) else {}
+        settings = load_settings(**overrides)
+    except SettingsError as exc:
+        print(f"muninn: setting error: {exc}", file=sys.stderr)
+        return 2
+    args.verbose = getattr(args, "verbose", False)
+    args.json = getattr(args, "json", False)
+    setup_logging(settings, args.verbose)
+    try:
+        return asyncio.run(args.handler(args, settings))
+    except UsageError as exc:
+        print(f"muninn {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one line for operators; the traceback only with -v
+        if args.verbose:
+            raise
+        from .db import DatabaseError
+        from .ollama import OllamaError
+        if isinstance(exc, (DatabaseError, OllamaError, SettingsError)):
+            print(f"muninn {args.command}: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

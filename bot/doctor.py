@@ -1,0 +1,74 @@
+"""`muninn doctor`: check each part Muninn depends on and say what to run to fix it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlite_vec
+
+from . import db, vectors
+from .migrations import MIGRATIONS, schema_version
+from .ollama import OllamaClient, OllamaError
+from .settings import Settings
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict:
+        return {"check": self.name, "ok": self.ok, "detail": self.detail, "fix": self.fix}
+
+
+def database_checks(settings: Settings) -> list[Check]:
+    checks: list[Check] = []
+    try:
+        conn = db.connect(settings.db_path)
+    except Exception as exc:  # any failure to open is the finding itself
+        return [Check("database", False, str(exc), "point MUNINN_DB_PATH (or --db) at a writable file")]
+    try:
+        version = conn.execute("SELECT vec_version()").fetchall()[0][0]
+        checks.append(Check("sqlite-vec", True, f"{version} loaded from {sqlite_vec.loadable_path()}"))
+        integrity = conn.execute("PRAGMA quick_check").fetchall()[0][0]
+        checks.append(Check("database", integrity == "ok",
+                            f"{settings.db_path}: schema {schema_version(conn)}/{len(MIGRATIONS)}, integrity {integrity}",
+                            "" if integrity == "ok" else "restore the file from a backup"))
+        info = vectors.index_info(conn)
+        missing = db.query_value(conn, "SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL")
+        if info is not None and info.model != settings.embed_model:
+            checks.append(Check("vector index", False,
+                                f"vectors made with {info.model!r}, OLLAMA_EMBED_MODEL is {settings.embed_model!r}",
+                                "muninn reindex"))
+        else:
+            detail = (f"{info.model}, {info.dim} dimensions" if info else "no vectors yet") + \
+                     f"; {missing} active memories without a vector"
+            checks.append(Check("vector index", missing == 0, detail, "" if missing == 0 else "muninn maintain"))
+    finally:
+        conn.close()
+    return checks
+
+
+async def ollama_checks(settings: Settings) -> list[Check]:
+    if not settings.ollama_url:
+        return [Check("ollama", False, "OLLAMA_URL is empty: recall is keyword-only and Muninn cannot chat",
+                      "set OLLAMA_URL=http://localhost:11434 in .env")]
+    async with OllamaClient.from_settings(settings) as client:
+        try:
+            names = await client.model_names()
+        except OllamaError as exc:
+            return [Check("ollama", False, str(exc), "start Ollama with `ollama serve`, or fix OLLAMA_URL")]
+        checks = [Check("ollama", True, f"reachable at {settings.ollama_url}")]
+        for role, model in (("chat model", settings.chat_model), ("embedding model", settings.embed_model)):
+            wanted = {model, f"{model}:latest"}
+            present = any(name in wanted for name in names)
+            checks.append(Check(role, present, f"{model} {'is' if present else 'is not'} pulled",
+                                "" if present else f"ollama pull {model}"))
+    return checks
+
+
+async def run_doctor(settings: Settings) -> list[Check]:
+    import asyncio
+    database = await asyncio.to_thread(database_checks, settings)
+    return database + await ollama_checks(settings)
