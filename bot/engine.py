@@ -114,7 +114,12 @@ class Engine:
         await self.run(store.archive, memory_id, reason)
 
     async def restore(self, memory_id: int) -> None:
+        """Bring an archived memory back, re-embedding it now if Ollama can (else the backfill will)."""
         await self.run(store.restore, memory_id)
+        memory = await self.run(store.get, memory_id)
+        vecs = await self._embed_or_none([memory.text])
+        if vecs is not None:
+            await self.run(self._store_vectors, [memory_id], vecs)
 
     async def backfill(self, *, batch: int = EMBED_BATCH, progress: Callable[[int], None] | None = None) -> int:
         """Embed active memories that have no vector yet; returns how many were embedded.
@@ -195,9 +200,9 @@ class Engine:
                 self._warn_once("mismatch", f"vectors were made with {info.model!r}, OLLAMA_EMBED_MODEL is "
                                             f"{self.settings.embed_model!r}: run `muninn reindex`")
             elif len(vector) != info.dim:
-                vector, status = None, "wrong-size"
                 self._warn_once("wrong-size", f"{self.settings.embed_model} returned a {len(vector)}-dimensional "
                                               f"vector, the index holds {info.dim}: run `muninn reindex`")
+                vector, status = None, "wrong-size"
         memories, candidates, mode, finish = await self.run(
             self._finish_step, keys, fts_hits, info, vector, limit, now, as_of, touch)
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,

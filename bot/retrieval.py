@@ -133,7 +133,8 @@ def fuse(fts_hits: list[Candidate], vector_hits: list[Candidate], *, k: float, l
         if cand.vector_rank is not None:
             cand.fused += weight_vector / (k + cand.vector_rank)
     best_rank = lambda c: min(r for r in (c.fts_rank, c.vector_rank) if r is not None)  # noqa: E731
-    ranked = sorted(merged.values(), key=lambda c: (-c.fused, best_rank(c), -c.memory_id))
+    # Ties go to the better single rank, then to keyword evidence (it is exact), then to the newer memory.
+    ranked = sorted(merged.values(), key=lambda c: (-c.fused, best_rank(c), c.fts_rank is None, -c.memory_id))
     return ranked[:limit]
 
 

@@ -1,0 +1,39 @@
+"""Shared fixtures: real engine on a temporary database, a fake Ollama on 127.0.0.1."""
+from __future__ import annotations
+
+import pytest
+
+from bot.engine import Engine
+from bot.settings import load_settings
+from tests.fakes.ollama import FakeOllama
+
+
+@pytest.fixture
+def make_settings(tmp_path):
+    """Settings from an explicit environment (the real one and .env are ignored)."""
+    def make(ollama_url: str = "", **env):
+        base = {"MUNINN_DB_PATH": str(tmp_path / "muninn.db"), "OLLAMA_URL": ollama_url,
+                "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "1.0", "OLLAMA_RETRIES": "0"}
+        base.update({k: str(v) for k, v in env.items()})
+        return load_settings(base)
+    return make
+
+
+@pytest.fixture
+async def fake_ollama():
+    async with FakeOllama() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def engine(fake_ollama, make_settings):
+    """An engine whose Ollama is the fake (up, 768-dim nomic-embed-text)."""
+    async with Engine(make_settings(fake_ollama.url)) as eng:
+        yield eng
+
+
+@pytest.fixture
+async def fts_engine(make_settings):
+    """An engine with no OLLAMA_URL: keyword recall only."""
+    async with Engine(make_settings("")) as eng:
+        yield eng

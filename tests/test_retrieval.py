@@ -1,0 +1,243 @@
+"""Hybrid retrieval and every row of the seed's fallback table, through the real client and a fake Ollama."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from bot import store
+from bot.engine import Engine
+from bot.retrieval import Candidate, fuse
+from bot.scope import Viewer
+from bot.store import NewMemory
+
+ROOM = dict(channel_id=10, guild_id=100)
+ALICE = Viewer(user_id=1, channel_id=10, guild_id=100)
+
+
+async def seed_gpu_memories(engine: Engine) -> dict[str, int]:
+    ids = {}
+    ids["gpu"] = await engine.remember(NewMemory("the GPU server has 4x RTX 3090", "room", owner_id=1, **ROOM))
+    ids["dark"] = await engine.remember(NewMemory("Oz prefers dark mode", "room", owner_id=1, **ROOM))
+    ids["coffee"] = await engine.remember(NewMemory("the team drinks coffee at ten", "room", owner_id=1, **ROOM))
+    return ids
+
+
+# -- the fallback table --------------------------------------------------------
+
+async def test_ollama_up_with_embeddings_runs_full_hybrid(engine, fake_ollama):
+    ids = await seed_gpu_memories(engine)
+    result = await engine.recall("What GPU does the server have?", ALICE)
+    assert result.mode == "hybrid" and result.vector_status == "ok"
+    top = result.memories[0]
+    assert top.memory.id == ids["gpu"]
+    assert top.candidate.via == "both"
+    assert top.candidate.reason()["fts_rank"] == 1 and top.candidate.reason()["vector_rank"] == 1
+    assert top.candidate.fused == pytest.approx(2 / 61)
+    assert fake_ollama.embed_requests()[-1]["input"] == ["What GPU does the server have?"]
+
+
+async def test_ollama_up_but_no_embeddings_yet_uses_fts(fake_ollama, make_settings):
+    async with Engine(make_settings("")) as offline:  # stored with no Ollama: no vectors exist
+        await seed_gpu_memories(offline)
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        result = await engine.recall("GPU server", ALICE)
+    assert result.mode == "fts-only" and result.vector_status == "no-embeddings"
+    assert result.texts[0] == "the GPU server has 4x RTX 3090"
+
+
+@pytest.mark.parametrize("failure", ["down", "error", "slow", "missing", "wrong_dim", "garbage"])
+async def test_ollama_failures_fall_back_to_fts(engine, fake_ollama, failure):
+    ids = await seed_gpu_memories(engine)
+    expected_status = {"down": "unreachable", "error": "unreachable", "slow": "unreachable",
+                       "missing": "model-missing", "wrong_dim": "wrong-size", "garbage": "bad-response"}[failure]
+    if failure == "down":
+        await fake_ollama.go_down()
+    elif failure == "error":
+        fake_ollama.mode = "error"
+    elif failure == "slow":
+        fake_ollama.mode, fake_ollama.delay = "slow", 5.0
+    elif failure == "missing":
+        fake_ollama.missing = {"nomic-embed-text"}
+    elif failure == "wrong_dim":
+        fake_ollama.wrong_dim = 384
+    else:
+        fake_ollama.embed_garbage = True
+    started = time.monotonic()
+    result = await engine.recall("GPU server", ALICE)
+    assert time.monotonic() - started < 3.0  # the embed timeout (1 s in tests) bounds the wait
+    assert result.mode == "fts-only" and result.vector_status == expected_status
+    assert result.ids[0] == ids["gpu"]
+
+
+async def test_no_keyword_match_returns_vector_only(engine, fake_ollama):
+    fake_ollama.synonyms = {"graphics": "gpu", "card": "rtx"}
+    ids = await seed_gpu_memories(engine)
+    result = await engine.recall("graphics card?", ALICE)
+    assert result.mode == "vector-only"
+    assert result.ids[0] == ids["gpu"] and result.memories[0].candidate.via == "vector"
+
+
+async def test_no_ollama_url_is_fts_only_and_never_calls_out(fts_engine):
+    ids = await seed_gpu_memories(fts_engine)
+    result = await fts_engine.recall("GPU", ALICE)
+    assert result.mode == "fts-only" and result.vector_status == "disabled"
+    assert result.ids == [ids["gpu"]]
+
+
+async def test_memory_stored_while_ollama_down_is_backfilled(engine, fake_ollama):
+    await fake_ollama.go_down()
+    memory_id = await engine.remember(NewMemory("the GPU server has 4x RTX 3090", "room", owner_id=1, **ROOM))
+    assert (await engine.run(store.get, memory_id)).embedded is False
+    assert (await engine.recall("GPU", ALICE)).ids == [memory_id]  # still found by keywords
+    await fake_ollama.come_up()
+    assert await engine.backfill() == 1
+    assert (await engine.run(store.get, memory_id)).embedded is True
+    result = await engine.recall("GPU", ALICE)
+    assert result.mode == "hybrid" and result.memories[0].candidate.via == "both"
+
+
+async def test_dead_ollama_is_not_asked_again_during_cooldown(fake_ollama, make_settings):
+    async with Engine(make_settings(fake_ollama.url, OLLAMA_COOLDOWN="30")) as engine:
+        await seed_gpu_memories(engine)
+        fake_ollama.mode, fake_ollama.delay = "slow", 5.0
+        first = await engine.recall("GPU", ALICE)
+        calls = len(fake_ollama.embed_requests())
+        started = time.monotonic()
+        second = await engine.recall("GPU", ALICE)
+        assert time.monotonic() - started < 0.5
+        assert len(fake_ollama.embed_requests()) == calls
+        assert first.vector_status == second.vector_status == "unreachable"
+
+
+# -- fusion, graph, touch ------------------------------------------------------
+
+def test_rrf_scores_follow_the_seed_formula():
+    fts_hits = [Candidate(1, fts_rank=1, fts_score=-2.0), Candidate(2, fts_rank=2, fts_score=-1.0)]
+    vec_hits = [Candidate(2, vector_rank=1, distance=0.1), Candidate(3, vector_rank=10, distance=0.5)]
+    fused = fuse(fts_hits, vec_hits, k=60, limit=5)
+    scores = {c.memory_id: c.fused for c in fused}
+    assert scores[2] == pytest.approx(1 / 62 + 1 / 61)
+    assert scores[1] == pytest.approx(1 / 61)
+    assert scores[3] == pytest.approx(1 / 70)
+    assert [c.memory_id for c in fused] == [2, 1, 3]
+    assert [c.memory_id for c in fuse(fts_hits, vec_hits, k=60, limit=2)] == [2, 1]
+    weighted = fuse(fts_hits, vec_hits, k=60, limit=5, weight_fts=0.0)
+    assert weighted[0].memory_id == 2 and weighted[-1].memory_id == 1
+
+
+async def test_candidates_are_limit_times_three(engine, fake_ollama):
+    for i in range(40):
+        await engine.remember(NewMemory(f"note {i} about the deployment pipeline", "room", owner_id=1, **ROOM))
+    from bot import retrieval
+    keys = ["g", "r:10"]
+    hits = await engine.run(retrieval.fts_candidates, "deployment pipeline", keys, 5 * 3, time.time())
+    assert len(hits) == 15
+    result = await engine.recall("deployment pipeline", ALICE, limit=5)
+    assert len(result.memories) == 5
+
+
+async def test_graph_adds_up_to_three_linked_active_visible_memories(fts_engine):
+    engine = fts_engine
+    lang = await engine.remember(NewMemory("Project X is written in Rust", "room", owner_id=1, **ROOM))
+    linked = await engine.remember_many(
+        [NewMemory(f"Project X fact {name}", "room", owner_id=1, **ROOM) for name in ("arm", "ci", "db", "docs")])
+    archived = await engine.remember(NewMemory("old deploy notes", "room", owner_id=1, **ROOM))
+    secret = await engine.remember(NewMemory("Bob's salary", "personal", owner_id=2, guild_id=100, channel_id=10))
+
+    def link_all(conn):
+        with conn:
+            for other in linked:
+                store.add_link(conn, lang, other, "co_extracted")
+            store.add_link(conn, archived, lang, "semantic", weight=0.99)
+            store.add_link(conn, lang, secret, "semantic", weight=0.99)
+    await engine.run(link_all)
+    await engine.archive(archived, "test")
+    result = await engine.recall("which language uses Rust", ALICE, limit=1)
+    assert result.ids[0] == lang
+    graph = [r for r in result.memories if r.candidate.via == "link"]
+    assert len(graph) == 3
+    assert all(r.memory.id in linked for r in graph)
+    assert all(r.candidate.link["from"] == lang and r.candidate.link["kind"] == "co_extracted" for r in graph)
+    assert archived not in result.ids and secret not in result.ids
+
+
+async def test_superseded_links_are_not_walked(fts_engine):
+    new = await fts_engine.remember(NewMemory("Ana lives in Oslo", "room", owner_id=1, **ROOM))
+    old = await fts_engine.remember(NewMemory("the office plant is a cactus", "room", owner_id=1, **ROOM))
+    await fts_engine.run(lambda conn: store.add_link(conn, old, new, "superseded_by"))
+    assert (await fts_engine.recall("Oslo", ALICE)).ids == [new]
+
+
+async def test_touch_counts_recalls_and_no_touch_does_not(fts_engine):
+    memory_id = await fts_engine.remember(NewMemory("the GPU server has 4x RTX 3090", "room", owner_id=1, **ROOM))
+    before = await fts_engine.run(store.get, memory_id)
+    await fts_engine.recall("GPU", ALICE, touch=False)
+    assert (await fts_engine.run(store.get, memory_id)).access_count == 0
+    moment = time.time() + 3600
+    await fts_engine.recall("GPU", ALICE, as_of=moment)
+    after = await fts_engine.run(store.get, memory_id)
+    assert after.access_count == 1 and after.last_accessed == pytest.approx(moment)
+    assert after.stability == pytest.approx(before.stability * fts_engine.settings.stability_growth)
+
+
+async def test_graph_additions_are_touched_too(fts_engine):
+    a = await fts_engine.remember(NewMemory("Project X is written in Rust", "room", owner_id=1, **ROOM))
+    b = await fts_engine.remember(NewMemory("it deploys to ARM64 boards", "room", owner_id=1, **ROOM))
+    await fts_engine.run(lambda conn: store.add_link(conn, a, b, "co_extracted"))
+    result = await fts_engine.recall("Rust", ALICE)
+    assert result.ids == [a, b]
+    assert (await fts_engine.run(store.get, b)).access_count == 1
+
+
+async def test_strong_important_memories_rank_first_for_equal_relevance(fts_engine):
+    now = time.time()
+    weak = await fts_engine.remember(NewMemory("the server room key is blue", "room", owner_id=1,
+                                               importance=0.1, created_at=now - 90 * 86400, **ROOM))
+    strong = await fts_engine.remember(NewMemory("the server room key is red", "room", owner_id=1,
+                                                 importance=0.9, created_at=now, **ROOM))
+    result = await fts_engine.recall("server room key", ALICE, touch=False)
+    assert result.ids == [strong, weak]
+
+
+async def test_as_of_hides_memories_created_later(engine):
+    old = await engine.remember(NewMemory("the GPU server has 4x RTX 3090", "room", owner_id=1,
+                                          created_at=1_000_000.0, **ROOM))
+    await engine.remember(NewMemory("the GPU server now has 8x H100", "room", owner_id=1,
+                                    created_at=2_000_000.0, **ROOM))
+    result = await engine.recall("GPU server", ALICE, as_of=1_500_000.0, touch=False)
+    assert result.ids == [old]
+
+
+async def test_archived_memories_leave_both_paths(engine):
+    ids = await seed_gpu_memories(engine)
+    await engine.archive(ids["gpu"], "test")
+    result = await engine.recall("What GPU does the server have?", ALICE)
+    assert ids["gpu"] not in result.ids
+    await engine.restore(ids["gpu"])
+    assert (await engine.recall("GPU", ALICE)).ids[0] == ids["gpu"]
+
+
+@pytest.mark.parametrize("query", [
+    "", "   ", "?!", "a" * 4000, "word " * 800, 'he said "AND" NEAR(x, y) * ^ : ( ] {', "🎉🔥💾",
+    "<@123> <@&456> @everyone @here", "café naïve Ünïcödé", "東京の天気", "\x00nul\x00", "\u202e\u200b rtl",
+    "NOT", "OR OR OR", "-", "col:value", '"""',
+])
+async def test_hostile_queries_never_raise(engine, query):
+    await seed_gpu_memories(engine)
+    result = await engine.recall(query, ALICE)
+    assert result.mode in ("hybrid", "fts-only", "vector-only")
+
+
+async def test_diacritics_and_stemming_match(fts_engine):
+    memory_id = await fts_engine.remember(NewMemory("Ana loves the café near the stations", "room", owner_id=1, **ROOM))
+    assert (await fts_engine.recall("cafe station", ALICE)).ids == [memory_id]
+
+
+async def test_each_result_says_why(engine):
+    await seed_gpu_memories(engine)
+    data = (await engine.recall("GPU server", ALICE)).to_dict()
+    assert data["mode"] == "hybrid"
+    for memory in data["memories"]:
+        assert memory["reason"]["via"] in ("fts", "vector", "both", "link")
+        assert "fused_score" in memory["reason"] or "link" in memory["reason"]
