@@ -59,12 +59,16 @@ class MiniLMEmbedder:
 
 
 def make_app(embedder, model_name: str) -> web.Application:
+    cache: dict[str, list[float]] = {}  # the model is deterministic: repeated runs skip encoding
+
     async def embed(request: web.Request) -> web.Response:
         body = await request.json()
         texts = body.get("input", [])
         texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
-        vecs = embedder(texts) if texts else np.zeros((0, embedder.dim))
-        return web.json_response({"model": body.get("model", model_name), "embeddings": vecs.tolist()})
+        todo = list(dict.fromkeys(t for t in texts if t not in cache))
+        if todo:
+            cache.update(zip(todo, embedder(todo).tolist()))
+        return web.json_response({"model": body.get("model", model_name), "embeddings": [cache[t] for t in texts]})
 
     async def tags(request: web.Request) -> web.Response:
         return web.json_response({"models": [{"name": f"{model_name}:latest", "model": f"{model_name}:latest"}]})

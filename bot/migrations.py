@@ -54,13 +54,12 @@ MIGRATIONS: list[str] = [
     CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories WHEN old.archived_at IS NULL BEGIN
         INSERT INTO memories_fts (memories_fts, rowid, text) VALUES ('delete', old.id, old.text);
     END;
-    CREATE TRIGGER memories_fts_update_old AFTER UPDATE OF text, archived_at ON memories
-    WHEN old.archived_at IS NULL BEGIN
-        INSERT INTO memories_fts (memories_fts, rowid, text) VALUES ('delete', old.id, old.text);
-    END;
-    CREATE TRIGGER memories_fts_update_new AFTER UPDATE OF text, archived_at ON memories
-    WHEN new.archived_at IS NULL BEGIN
-        INSERT INTO memories_fts (rowid, text) VALUES (new.id, new.text);
+    -- One trigger, so the old row is always removed before the new one is added.
+    CREATE TRIGGER memories_fts_update AFTER UPDATE OF text, archived_at ON memories
+    WHEN old.archived_at IS NULL OR new.archived_at IS NULL BEGIN
+        INSERT INTO memories_fts (memories_fts, rowid, text)
+            SELECT 'delete', old.id, old.text WHERE old.archived_at IS NULL;
+        INSERT INTO memories_fts (rowid, text) SELECT new.id, new.text WHERE new.archived_at IS NULL;
     END;
 
     CREATE TABLE memory_links (

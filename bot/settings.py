@@ -129,7 +129,15 @@ SETTINGS: dict[str, Spec] = {
     "history_limit": Spec("MUNINN_HISTORY_LIMIT", "10", "Recent channel messages put into the prompt.", _int(0, 100)),
     "token_budget": Spec("MUNINN_TOKEN_BUDGET", "4000", "Approximate prompt size limit in tokens; oldest history is cut first.", _int(256)),
     "owner_ids": Spec("MUNINN_OWNER_IDS", "", "Comma-separated Discord user ids allowed to manage global memories (default: the application owner).", _id_list),
+    "always_answer_channels": Spec("MUNINN_ALWAYS_ANSWER_CHANNELS", "", "Comma-separated channel ids where Muninn answers every message without being mentioned (admins can also toggle it with /always-answer).", _id_list),
+    "reply_queue_limit": Spec("MUNINN_REPLY_QUEUE_LIMIT", "20", "Most messages waiting for an answer in one channel; beyond it messages are only recorded, so a flood cannot pile up work.", _int(1, 1000)),
     "extraction": Spec("MUNINN_EXTRACTION", "true", "Extract facts to remember from each exchange.", _bool),
+    "dedup_cosine": Spec("MUNINN_DEDUP_COSINE", "0.92", "Lifecycle: cosine at or above which a new fact (same scope and owner) reinforces an existing memory instead of being stored; also the consolidation threshold (docs/lifecycle.md).", _float(0.0, 1.0)),
+    "update_cosine": Spec("MUNINN_UPDATE_COSINE", "0.5", "Lifecycle: cosine at or above which an older memory of the same subject is shown to the LLM to decide whether the new fact replaces it.", _float(0.0, 1.0)),
+    "link_cosine": Spec("MUNINN_LINK_COSINE", "0.6", "Lifecycle: cosine at or above which two memories of the same scope and owner get a semantic link.", _float(0.0, 1.0)),
+    "archive_retention": Spec("MUNINN_ARCHIVE_RETENTION", "0.05", "Decay: maintenance archives a memory whose retention fell below this (and whose importance is low).", _float(0.0, 1.0)),
+    "archive_importance": Spec("MUNINN_ARCHIVE_IMPORTANCE", "0.4", "Decay: only memories with importance below this are ever archived by decay.", _float(0.0, 1.0)),
+    "maintenance_hours": Spec("MUNINN_MAINTENANCE_HOURS", "6", "Hours between automatic maintenance runs in the bot (decay, embeddings, links, consolidation); 0 = never.", _float(0)),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str),
 }
 
@@ -158,7 +166,15 @@ class Settings:
     history_limit: int
     token_budget: int
     owner_ids: frozenset[int]
+    always_answer_channels: frozenset[int]
+    reply_queue_limit: int
     extraction: bool
+    dedup_cosine: float
+    update_cosine: float
+    link_cosine: float
+    archive_retention: float
+    archive_importance: float
+    maintenance_hours: float
     log_level: str
 
     def replace(self, **changes: Any) -> "Settings":

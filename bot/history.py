@@ -1,0 +1,139 @@
+"""The local channel history the prompt is built from, and per-channel options.
+
+Plain synchronous functions on one apsw connection (callers on the event loop go
+through `engine.run`). Rows mirror Discord messages by id; `muninn chat` uses small
+local ids, which can never collide with Discord snowflakes (those are above 2^22).
+A deleted message keeps its row (so a late edit event cannot resurrect it) but loses
+its text: Muninn should not remember what a person took back.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import apsw
+
+from .db import query_one, query_value
+
+ROLES = ("user", "assistant")
+
+
+@dataclass(frozen=True)
+class HistoryMessage:
+    id: int
+    channel_id: int
+    guild_id: int | None
+    author_id: int
+    author_name: str
+    role: str
+    content: str
+    created_at: float
+    edited_at: float | None = None
+
+
+COLUMNS = "id, channel_id, guild_id, author_id, author_name, role, content, created_at, edited_at"
+
+
+def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, author_id: int, author_name: str,
+           role: str, content: str, created_at: float | None = None, message_id: int | None = None) -> int:
+    """Store one message (idempotent: a re-delivered Discord message is ignored); returns its id.
+    With no `message_id` a local id is allocated (`muninn chat`, replies that were not posted)."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}")
+    created_at = time.time() if created_at is None else created_at
+    with conn:
+        if message_id is None:
+            message_id = next_local_id(conn)
+        conn.execute(
+            "INSERT INTO messages (id, channel_id, guild_id, author_id, author_name, role, content, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            (message_id, channel_id, guild_id, author_id, author_name, role, content, created_at))
+    return message_id
+
+
+def next_local_id(conn: apsw.Connection) -> int:
+    """Ids for messages that have no Discord id: small numbers, below any snowflake."""
+    return query_value(conn, "SELECT coalesce(max(id), 0) + 1 FROM messages WHERE id < ?", (1 << 22,))
+
+
+def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float | None = None) -> bool:
+    """Replace the text of a message we know (not of a deleted one); True if a row changed."""
+    with conn:
+        conn.execute("UPDATE messages SET content = ?, edited_at = ? WHERE id = ? AND deleted_at IS NULL",
+                     (content, time.time() if edited_at is None else edited_at, message_id))
+        return conn.changes() > 0
+
+
+def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
+           deleted_at: float | None = None) -> int:
+    """Mark messages deleted and drop their text; returns how many were known."""
+    now = time.time() if deleted_at is None else deleted_at
+    changed = 0
+    with conn:
+        for message_id in message_ids:
+            conn.execute("UPDATE messages SET content = '', deleted_at = ? WHERE id = ? AND deleted_at IS NULL",
+                         (now, message_id))
+            changed += conn.changes()
+    return changed
+
+
+def forget_author(conn: apsw.Connection, author_id: int) -> int:
+    """Erase a person from the history: their messages everywhere, and whole DM conversations
+    with them (Muninn's replies there may repeat what they said). Returns rows removed."""
+    with conn:
+        dm_channels = [row[0] for row in conn.execute(
+            "SELECT DISTINCT channel_id FROM messages WHERE author_id = ? AND guild_id IS NULL", (author_id,))]
+        conn.execute("DELETE FROM messages WHERE author_id = ?", (author_id,))
+        removed = conn.changes()
+        for channel_id in dm_channels:
+            conn.execute("DELETE FROM messages WHERE channel_id = ? AND guild_id IS NULL", (channel_id,))
+            removed += conn.changes()
+    return removed
+
+
+def get(conn: apsw.Connection, message_id: int) -> HistoryMessage | None:
+    row = query_one(conn, f"SELECT {COLUMNS} FROM messages WHERE id = ?", (message_id,))
+    return None if row is None else HistoryMessage(*row)
+
+
+def is_assistant_message(conn: apsw.Connection, message_id: int) -> bool:
+    return query_value(conn, "SELECT 1 FROM messages WHERE id = ? AND role = 'assistant'", (message_id,)) == 1
+
+
+def recent(conn: apsw.Connection, channel_id: int, limit: int, *, before: HistoryMessage | None = None
+           ) -> list[HistoryMessage]:
+    """The last `limit` messages of a channel, oldest first, leaving out deleted ones.
+
+    With `before`, the context for answering that message: it is left out itself, and so
+    are people's messages that came after it; Muninn's own replies are kept even when
+    they were posted after it (it is answered in turn, after the earlier ones)."""
+    if limit <= 0:
+        return []
+    sql = f"SELECT {COLUMNS} FROM messages WHERE channel_id = ? AND deleted_at IS NULL"
+    params: list = [channel_id]
+    if before is not None:
+        sql += " AND id != ? AND (role = 'assistant' OR created_at < ? OR (created_at = ? AND id < ?))"
+        params += [before.id, before.created_at, before.created_at, before.id]
+    sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+    params.append(limit)
+    rows = [HistoryMessage(*row) for row in conn.execute(sql, params)]
+    rows.reverse()
+    return rows
+
+
+# -- channel options -----------------------------------------------------------
+
+def set_always_answer(conn: apsw.Connection, channel_id: int, guild_id: int | None, enabled: bool,
+                      now: float | None = None) -> None:
+    with conn:
+        conn.execute(
+            "INSERT INTO channel_settings (channel_id, guild_id, always_answer, updated_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (channel_id) DO UPDATE SET always_answer = excluded.always_answer, "
+            "guild_id = excluded.guild_id, updated_at = excluded.updated_at",
+            (channel_id, guild_id, int(enabled), time.time() if now is None else now))
+
+
+def always_answer(conn: apsw.Connection, channel_id: int) -> bool | None:
+    """The channel's always-answer option, or None when nobody has set it here."""
+    value = query_value(conn, "SELECT always_answer FROM channel_settings WHERE channel_id = ?", (channel_id,))
+    return None if value is None else bool(value)

@@ -1,0 +1,199 @@
+"""The `muninn` command line, run in-process against a fake Ollama on 127.0.0.1."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bot.cli import main
+from tests.fakes.ollama import FakeOllamaThread
+
+
+@pytest.fixture(scope="module")
+def ollama():
+    with FakeOllamaThread() as fake:
+        yield fake
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, ollama, capsys):
+    """Run `muninn ARGS...` in a clean environment; returns (exit code, stdout, stderr)."""
+    ollama.reset()
+    monkeypatch.chdir(tmp_path)
+    for key in list(__import__("os").environ):
+        if key.startswith(("MUNINN_", "OLLAMA_")):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("MUNINN_DB_PATH", str(tmp_path / "cli.db"))
+    monkeypatch.setenv("OLLAMA_URL", ollama.url)
+    monkeypatch.setenv("OLLAMA_COOLDOWN", "0")
+    monkeypatch.setenv("OLLAMA_EMBED_TIMEOUT", "1")
+
+    def run(*args):
+        code = main([str(a) for a in args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run
+
+
+def jsonl(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_remember_then_recall_with_reasons(cli):
+    code, out, _ = cli("remember", "the GPU server has 4x RTX 3090", "--scope", "room", "--channel", 7,
+                       "--guild", 5, "--user", 1, "--json")
+    assert code == 0 and json.loads(out) == {"id": 1, "embedded": True}
+    code, out, _ = cli("remember", "Oz prefers dark mode", "--scope", "personal", "--user", 1, "--guild", 5)
+    assert code == 0 and out.strip() == "2"
+    code, out, _ = cli("recall", "What GPU does the server have?", "--user", 2, "--channel", 7, "--guild", 5, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["mode"] == "hybrid"
+    assert [m["id"] for m in data["memories"]] == [1]  # user 2 never sees user 1's personal memory
+    assert data["memories"][0]["reason"]["via"] == "both"
+    code, out, _ = cli("recall", "dark mode", "--user", 1, "--dm", "--json", "--no-touch")
+    assert [m["text"] for m in json.loads(out)["memories"]] == ["Oz prefers dark mode"]
+    code, out, _ = cli("recall", "dark mode", "--user", 1, "--dm")
+    assert "mode: hybrid" in out and "#2 [personal] Oz prefers dark mode" in out
+
+
+def test_recall_modes_are_reported(cli, ollama):
+    cli("remember", "the GPU server has 4x RTX 3090", "--scope", "global")
+    ollama.mode = "error"
+    _, out, _ = cli("recall", "GPU", "--user", 1, "--dm", "--json")
+    assert json.loads(out)["mode"] == "fts-only"
+    ollama.mode = "up"
+    ollama.synonyms = {"graphics": "gpu"}
+    _, out, _ = cli("recall", "graphics?", "--user", 1, "--dm", "--json")
+    assert json.loads(out)["mode"] == "vector-only"
+
+
+def test_db_option_works_on_every_subcommand(cli, tmp_path):
+    other = tmp_path / "other.db"
+    assert cli("remember", "fact", "--scope", "global", "--db", other)[0] == 0
+    assert cli("--db", other, "remember", "fact two", "--scope", "global")[0] == 0
+    code, out, _ = cli("stats", "--db", other, "--json")
+    assert json.loads(out)["memories"] == 2
+    assert json.loads(cli("stats", "--json")[1])["memories"] == 0
+
+
+def test_recall_batch_keeps_order_and_isolates_bad_lines(cli, tmp_path):
+    cli("remember", "the GPU server has 4x RTX 3090", "--scope", "room", "--channel", 7, "--guild", 5)
+    batch = tmp_path / "q.jsonl"
+    batch.write_text("\n".join([
+        json.dumps({"query": "GPU", "user_id": 1, "channel_id": 7, "guild_id": 5, "no_touch": True}),
+        "{not json",
+        json.dumps({"query": "GPU", "user_id": "bob"}),
+        json.dumps({"query": "GPU", "user_id": 1, "dm": True, "limit": 3}),
+        json.dumps({"query": "GPU", "user_id": 1, "as_of": "not a time"}),
+        json.dumps({"query": "GPU", "user_id": 1, "colour": "red"}),
+        json.dumps({"query": "GPU", "user_id": 1, "channel_id": 7, "guild_id": 5, "as_of": "2999-01-01T00:00:00"}),
+    ]) + "\n")
+    code, out, _ = cli("recall", "--batch", batch, "--json")
+    results = jsonl(out)
+    assert code == 0 and [r["line"] for r in results] == [1, 2, 3, 4, 5, 6, 7]
+    assert [m["id"] for m in results[0]["memories"]] == [1]
+    assert "error" in results[1] and "error" in results[2] and "error" in results[4] and "colour" in results[5]["error"]
+    assert results[3]["memories"] == []  # a room memory never shows in a DM
+    assert [m["id"] for m in results[6]["memories"]] == [1]
+
+
+def test_import_reports_bad_lines_and_is_idempotent(cli, tmp_path, ollama):
+    source = tmp_path / "memories.jsonl"
+    rows = [{"text": f"imported fact {i} about llamas", "scope": "personal", "user_id": 9, "external_id": f"x{i}",
+             "created_at": "2024-05-01T10:00:00Z", "importance": 0.4} for i in range(70)]
+    lines = [json.dumps(r) for r in rows]
+    lines.insert(3, "{broken")
+    lines.insert(10, json.dumps({"text": "", "scope": "personal", "user_id": 9}))
+    lines.insert(20, json.dumps({"text": "room with no channel", "scope": "room"}))
+    source.write_text("\n".join(lines) + "\n")
+    code, out, err = cli("import", source, "--json")
+    report = json.loads(out)
+    assert code == 0 and report["imported"] == 70
+    assert [e["line"] for e in report["errors"]] == [4, 11, 21]
+    assert "line 4:" in err and "importing" in err
+    assert report["missing_vectors"] == 0
+    assert len(ollama.embed_requests()) == 2  # embedded in batches, not one call a line
+    code, out, _ = cli("import", source, "--json")
+    assert json.loads(out)["imported"] == 0 and json.loads(out)["skipped_existing"] == 70
+    _, out, _ = cli("recall", "llamas", "--user", 9, "--dm", "--json", "--limit", 3)
+    assert len(json.loads(out)["memories"]) == 3
+
+
+def test_import_while_ollama_is_down_stores_and_says_so(cli, tmp_path, ollama):
+    source = tmp_path / "m.jsonl"
+    source.write_text(json.dumps({"text": "a fact", "scope": "global"}) + "\n")
+    ollama.go_down()
+    try:
+        code, out, _ = cli("import", source)
+    finally:
+        ollama.come_up()
+    assert code == 0 and "imported 1" in out and "muninn maintain" in out
+
+
+def test_reindex_after_a_model_change(cli, monkeypatch, ollama):
+    cli("remember", "first fact", "--scope", "global")
+    cli("remember", "second fact", "--scope", "global")
+    ollama.models.append("mxbai-embed-large")
+    monkeypatch.setenv("OLLAMA_EMBED_MODEL", "mxbai-embed-large")
+    ollama.wrong_dim = 1024  # the new model has another dimension
+    _, out, _ = cli("recall", "fact", "--user", 1, "--dm", "--json")
+    assert json.loads(out)["vector_status"] in ("model-mismatch", "wrong-size")
+    _, out, _ = cli("doctor", "--json")
+    checks = {c["check"]: c for c in json.loads(out)["checks"]}
+    assert checks["vector index"]["fix"] == "muninn reindex"
+    code, out, err = cli("reindex", "--json")
+    assert code == 0 and json.loads(out) == {"reindexed": 2, "model": "mxbai-embed-large"}
+    assert "2/2" in err
+    stats = json.loads(cli("stats", "--json")[1])
+    assert stats["embedding_model"] == "mxbai-embed-large" and stats["embedding_dim"] == 1024
+    _, out, _ = cli("recall", "fact", "--user", 1, "--dm", "--json")
+    assert json.loads(out)["mode"] == "hybrid"
+
+
+def test_reindex_with_ollama_down_drops_nothing(cli, ollama):
+    cli("remember", "first fact", "--scope", "global")
+    ollama.go_down()
+    try:
+        code, _, err = cli("reindex")
+    finally:
+        ollama.come_up()
+    assert code == 1 and "ollama serve" in err
+    assert json.loads(cli("stats", "--json")[1])["embedded"] == 1
+
+
+def test_doctor_names_the_fix_for_each_problem(cli, ollama):
+    code, out, _ = cli("doctor")
+    assert code == 0 and "FAIL" not in out
+    ollama.missing = {"llama3.2"}
+    code, out, _ = cli("doctor", "--json")
+    failed = [c for c in json.loads(out)["checks"] if not c["ok"]]
+    assert code == 1 and [c["fix"] for c in failed] == ["ollama pull llama3.2"]
+    ollama.go_down()
+    try:
+        code, out, _ = cli("doctor")
+    finally:
+        ollama.come_up()
+    assert code == 1 and "ollama serve" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["recall", "x"], "--user"),
+    (["recall", "x", "--user", 1, "--dm", "--guild", 2], "DM has no guild"),
+    (["recall", "x", "--user", 1, "--as-of", "yesterday"], "ISO-8601"),
+    (["remember", "", "--scope", "global"], "empty"),
+    (["remember", "x", "--scope", "personal"], "owner"),
+    (["recall", "--batch", "/nonexistent.jsonl"], "no file"),
+    (["import", "/nonexistent.jsonl"], "no file"),
+])
+def test_bad_input_is_one_clear_line(cli, args, message):
+    code, out, err = cli(*args)
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args", [["recall", "x", "--user", "bob"], ["recall", "x", "--user", 1, "--limit", 0],
+                                  ["remember", "x", "--scope", "team"],
+                                  ["remember", "x", "--scope", "global", "--importance", 2]])
+def test_argument_errors_exit_2(cli, args):
+    with pytest.raises(SystemExit) as exit_:
+        cli(*args)
+    assert exit_.value.code == 2

@@ -1,0 +1,145 @@
+"""The scope rule, property-tested: no path (FTS, KNN, graph links, listings) ever leaks a memory.
+
+The oracle below is written independently of bot/scope.py on purpose.
+"""
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
+
+from bot import retrieval, store, vectors
+from bot.engine import Engine
+from bot.scope import Viewer, visible_keys
+from bot.settings import load_settings
+from bot.store import NewMemory
+from tests.fakes.ollama import FakeOllamaThread
+
+USERS = [1, 2, 3]
+GUILD_CHANNELS = {100: [11, 12], 200: [21]}
+PLACES = [(guild, channel) for guild, channels in GUILD_CHANNELS.items() for channel in channels] + [(None, 900)]
+
+
+def oracle_visible(mem: dict, viewer: Viewer) -> bool:
+    if mem["archived"]:
+        return False
+    if mem["scope"] == "global":
+        return True
+    if mem["scope"] == "room":
+        return (not viewer.dm) and mem["channel"] == viewer.channel_id
+    # personal: only the owner; in a DM always, in a guild only the guild where it was learned
+    if mem["owner"] != viewer.user_id:
+        return False
+    return viewer.dm or (mem["guild"] is not None and mem["guild"] == viewer.guild_id)
+
+
+memory_strategy = st.fixed_dictionaries({
+    "scope": st.sampled_from(["personal", "personal", "room", "global"]),
+    "owner": st.sampled_from(USERS),
+    "place": st.sampled_from(PLACES),
+    "archived": st.sampled_from([False, False, True]),
+})
+
+world_strategy = st.lists(memory_strategy, min_size=1, max_size=14).flatmap(
+    lambda mems: st.tuples(
+        st.just(mems),
+        st.lists(st.tuples(st.integers(0, len(mems) - 1), st.integers(0, len(mems) - 1),
+                           st.sampled_from(["co_extracted", "consolidated", "semantic", "superseded_by"])),
+                 max_size=20),
+    ))
+
+viewer_strategy = st.builds(
+    lambda user, place, dm: Viewer(user, dm=True) if dm else Viewer(user, place[1], place[0]),
+    st.sampled_from(USERS), st.sampled_from([p for p in PLACES if p[0] is not None]), st.booleans())
+
+
+@pytest.fixture(scope="module")
+def ollama_thread():
+    with FakeOllamaThread(dim=32) as fake:
+        yield fake
+
+
+async def build_world(engine: Engine, mems: list[dict], links) -> list[int]:
+    new = []
+    for i, mem in enumerate(mems):
+        guild, channel = mem["place"]
+        if mem["scope"] == "room" and guild is None:
+            guild, channel = 100, 11  # rooms live in guild channels
+        mem["guild"], mem["channel"] = guild, channel
+        new.append(NewMemory(f"apple fact number{i} from owner{mem['owner']}", mem["scope"], owner_id=mem["owner"],
+                             channel_id=channel, guild_id=guild))
+    ids = await engine.remember_many(new)
+
+    def link_and_archive(conn):
+        with conn:
+            for a, b, kind in links:
+                if a != b:
+                    store.add_link(conn, ids[a], ids[b], kind)
+    await engine.run(link_and_archive)
+    for memory_id, mem in zip(ids, mems):
+        if mem["archived"]:
+            await engine.archive(memory_id, "test")
+    return ids
+
+
+@hyp_settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(world=world_strategy, viewers=st.lists(viewer_strategy, min_size=1, max_size=4))
+def test_no_path_leaks_a_memory(ollama_thread, world, viewers):
+    mems, links = world
+
+    async def scenario(db_path: Path):
+        settings = load_settings({"MUNINN_DB_PATH": str(db_path), "OLLAMA_URL": ollama_thread.url,
+                                  "OLLAMA_COOLDOWN": "0", "MUNINN_GRAPH_LIMIT": "50"})
+        async with Engine(settings) as engine:
+            ids = await build_world(engine, mems, links)
+            by_id = dict(zip(ids, mems))
+            for viewer in viewers:
+                allowed = {mid for mid, mem in by_id.items() if oracle_visible(mem, viewer)}
+                # hybrid recall, graph walk included
+                result = await engine.recall("apple fact", viewer, limit=len(ids))
+                assert set(result.ids) <= allowed, f"leak to {viewer}: {set(result.ids) - allowed}"
+                assert {r.memory.id for r in result.memories if r.candidate.via != "link"} == allowed
+                # KNN alone: the scope filter is inside the KNN, so every visible memory is among the k
+                keys = await engine.run(visible_keys, viewer)
+                info = await engine.run(vectors.index_info)
+                query = (await engine.ollama.embed(["apple fact"]))[0]
+                hits = await engine.run(retrieval.vector_candidates, info, query, keys, len(ids) + 5)
+                assert {h.memory_id for h in hits} == allowed
+                # listing
+                listed, total = await engine.list_visible(viewer, limit=1000)
+                assert {m.id for m in listed} == allowed and total == len(allowed)
+                # single lookups
+                for memory_id in ids:
+                    try:
+                        await engine.get_visible(viewer, memory_id)
+                        seen = True
+                    except store.MemoryNotFound:
+                        seen = False
+                    assert seen == (memory_id in allowed)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp) / "m.db"))
+
+
+async def test_personal_memory_learned_in_dm_stays_in_dms(fts_engine):
+    memory_id = await fts_engine.remember(NewMemory("my apple allergy", "personal", owner_id=1))
+    assert (await fts_engine.recall("apple allergy", Viewer(1, dm=True))).ids == [memory_id]
+    assert (await fts_engine.recall("apple allergy", Viewer(1, 11, 100))).ids == []
+    assert (await fts_engine.recall("apple allergy", Viewer(2, dm=True))).ids == []
+
+
+async def test_personal_memory_learned_in_a_guild_never_reaches_another_guild(fts_engine):
+    memory_id = await fts_engine.remember(NewMemory("my apple orchard", "personal", owner_id=1,
+                                                    guild_id=100, channel_id=11))
+    assert (await fts_engine.recall("apple orchard", Viewer(1, 12, 100))).ids == [memory_id]
+    assert (await fts_engine.recall("apple orchard", Viewer(1, dm=True))).ids == [memory_id]
+    assert (await fts_engine.recall("apple orchard", Viewer(1, 21, 200))).ids == []
+    assert (await fts_engine.recall("apple orchard", Viewer(2, 11, 100))).ids == []
+
+
+def test_viewer_rejects_a_dm_with_a_guild():
+    with pytest.raises(ValueError):
+        Viewer(1, 5, 100, dm=True)

@@ -1,0 +1,127 @@
+"""Storage: migrations, WAL, one transaction per write, deletes that leave nothing behind."""
+from __future__ import annotations
+
+import apsw
+import pytest
+
+from bot import db, store, vectors
+from bot.migrations import MIGRATIONS
+from bot.scope import Viewer
+from bot.store import NewMemory
+
+
+def counts(conn, memory_id: int) -> dict:
+    return {
+        "memories": db.query_value(conn, "SELECT count(*) FROM memories WHERE id = ?", (memory_id,)),
+        "fts": db.query_value(conn, "SELECT count(*) FROM memories_fts WHERE rowid = ?", (memory_id,)),
+        "fts_match": db.query_value(conn, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'zebra'"),
+        "vectors": db.query_value(conn, "SELECT count(*) FROM vec_memories WHERE memory_id = ?", (memory_id,))
+        if vectors.table_exists(conn) else 0,
+        "links": db.query_value(conn, "SELECT count(*) FROM memory_links WHERE source_id = ? OR target_id = ?",
+                                (memory_id, memory_id)),
+    }
+
+
+def test_fresh_database_is_migrated_and_in_wal_mode(tmp_path):
+    conn = db.connect(tmp_path / "m.db")
+    assert conn.execute("PRAGMA user_version").fetchall()[0][0] == len(MIGRATIONS)
+    assert conn.execute("PRAGMA journal_mode").fetchall()[0][0] == "wal"
+    conn.close()
+    again = db.connect(tmp_path / "m.db")  # re-opening applies nothing twice
+    assert again.execute("PRAGMA user_version").fetchall()[0][0] == len(MIGRATIONS)
+
+
+def test_newer_schema_is_refused(tmp_path):
+    conn = db.connect(tmp_path / "m.db")
+    conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    conn.close()
+    with pytest.raises(RuntimeError, match="newer"):
+        db.connect(tmp_path / "m.db")
+
+
+def test_not_a_database_gives_a_clear_error(tmp_path):
+    path = tmp_path / "junk.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(db.DatabaseError, match="not a SQLite database"):
+        db.connect(path)
+
+
+async def test_delete_removes_row_fts_vector_and_links(engine):
+    a = await engine.remember(NewMemory("the zebra lives in the zoo", "personal", owner_id=1))
+    b = await engine.remember(NewMemory("zoo opening hours", "personal", owner_id=1))
+    await engine.run(lambda conn: store.add_link(conn, a, b, "co_extracted"))
+    before = await engine.run(counts, a)
+    assert before == {"memories": 1, "fts": 1, "fts_match": 1, "vectors": 1, "links": 1}
+    assert await engine.forget([a]) == 1
+    assert await engine.run(counts, a) == {"memories": 0, "fts": 0, "fts_match": 0, "vectors": 0, "links": 0}
+    assert await engine.forget([a]) == 0
+
+
+async def test_archive_keeps_the_row_but_leaves_the_indexes(engine):
+    a = await engine.remember(NewMemory("the zebra lives in the zoo", "personal", owner_id=1))
+    await engine.archive(a, "decayed")
+    after = await engine.run(counts, a)
+    assert after["memories"] == 1 and after["fts_match"] == 0 and after["vectors"] == 0
+    memory = await engine.run(store.get, a)
+    assert memory.archived_at is not None and memory.archive_reason == "decayed"
+    await engine.restore(a)
+    restored = await engine.run(counts, a)
+    assert restored["fts_match"] == 1 and restored["vectors"] == 1
+
+
+async def test_text_update_keeps_fts_in_sync(fts_engine):
+    a = await fts_engine.remember(NewMemory("the zebra lives in the zoo", "personal", owner_id=1))
+
+    def rename(conn):
+        with conn:
+            conn.execute("UPDATE memories SET text = 'the giraffe lives in the zoo' WHERE id = ?", (a,))
+    await fts_engine.run(rename)
+    assert (await fts_engine.recall("zebra", Viewer(1, dm=True))).ids == []
+    assert (await fts_engine.recall("giraffe", Viewer(1, dm=True))).ids == [a]
+
+
+async def test_a_failed_batch_writes_nothing(fts_engine):
+    good = NewMemory("first fact", "personal", owner_id=1, external_id="dup")
+    twin = NewMemory("second fact", "personal", owner_id=1, external_id="dup")  # violates UNIQUE
+    with pytest.raises(apsw.ConstraintError):
+        await fts_engine.remember_many([good, twin], link_kind="co_extracted")
+    stats = await fts_engine.stats()
+    assert stats["memories"] == 0 and stats["links"] == 0
+    assert await fts_engine.run(db.query_value, "SELECT count(*) FROM memories_fts") == 0
+
+
+async def test_remember_many_links_pairwise(engine):
+    ids = await engine.remember_many([NewMemory(f"fact {i}", "personal", owner_id=1) for i in range(3)],
+                                     link_kind="co_extracted")
+    links = await engine.run(lambda conn: conn.execute("SELECT source_id, target_id, kind FROM memory_links").fetchall())
+    assert sorted(links) == [(ids[0], ids[1], "co_extracted"), (ids[0], ids[2], "co_extracted"),
+                             (ids[1], ids[2], "co_extracted")]
+
+
+@pytest.mark.parametrize("text, problem", [("", "empty"), ("   \n", "empty"), ("x" * 4001, "limit")])
+def test_bad_memory_text_is_refused_clearly(text, problem):
+    with pytest.raises(ValueError, match=problem):
+        NewMemory(text, "global")
+
+
+@pytest.mark.parametrize("kwargs, problem", [
+    (dict(scope="personal"), "owner"), (dict(scope="room"), "channel"), (dict(scope="team"), "scope"),
+    (dict(scope="global", importance=1.5), "importance"),
+])
+def test_bad_memory_fields_are_refused_clearly(kwargs, problem):
+    with pytest.raises(ValueError, match=problem):
+        NewMemory("a fact", **kwargs)
+
+
+async def test_odd_text_is_stored_verbatim(engine):
+    text = "Ünïcödé 東京 🎉 <@123> @everyone \u202e rtl \"quotes\" 'single' NEAR(a b) x" + "y" * 3900
+    memory_id = await engine.remember(NewMemory(text, "personal", owner_id=1))
+    assert (await engine.run(store.get, memory_id)).text == text.strip()
+
+
+async def test_vectors_are_bucketed_by_visibility_key(engine):
+    await engine.remember(NewMemory("a fact", "room", channel_id=5, guild_id=1))
+    info = await engine.run(vectors.index_info)
+    row = await engine.run(db.query_one, "SELECT bucket, vis_key FROM vec_memories")
+    assert row == (vectors.bucket_of("r:5", info.buckets), "r:5")
+    assert info.model == "nomic-embed-text" and info.dim == 768
