@@ -1,0 +1,417 @@
+"""Write-time memory lifecycle: de-duplication, updates that supersede, semantic links.
+
+Everything here runs on the database thread (`conn` first) except the pure text
+helpers and the prompt for the update decision, which `extraction.py` sends. The
+one transaction that stores the facts of an exchange is `write_facts`.
+
+Subjects and owners. A memory's *subject* is who or what it is about: the owner for
+a personal memory (wherever it was learned), the channel for a room memory, nobody
+for a global one. De-duplication, semantic links and consolidation stay inside one
+visibility key (same scope, same owner or room, and for personal memories the same
+place learned), so reinforcing or linking never changes who can see what. An update
+may archive an older memory of the same subject learned elsewhere (Alice's old
+city from a DM when she announces her new one in a server): the fact is outdated
+everywhere. Nothing here ever touches a memory of another subject.
+
+Thresholds (settings, chosen by measurement in docs/lifecycle.md):
+  dedup_cosine   same fact again -> reinforce instead of insert (guarded, see below)
+  update_cosine  older memories of the subject the LLM is asked about (update or not)
+  link_cosine    semantic link between two memories of one visibility key
+Cosine alone cannot tell "Alice lives in Oslo" from "Alice lives in Bergen" (0.81 with
+MiniLM, above some true paraphrases), so a cosine duplicate must also pass the value
+guard: the two texts may not each carry a number or name the other lacks.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import apsw
+
+from . import decay, fts, store, vectors
+from .db import query_value
+from .scope import ACTIVE, key_filter
+
+NEAR_JACCARD = 0.7        # two sentences with this share of content words say the same thing
+UPDATE_CANDIDATES = 5     # older memories shown to the LLM for one new fact
+LINK_NEIGHBOURS = 5       # semantic links made for one memory at most
+DUPLICATE_NEIGHBOURS = 5
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+_NUMBER_WORDS = {w: str(i) for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty".split())}
+
+
+# -- text comparison (pure) --------------------------------------------------
+
+def normalise(text: str) -> str:
+    """Case-, accent- and punctuation-insensitive form for exact-duplicate checks."""
+    text = unicodedata.normalize("NFKD", text.casefold())
+    text = "".join(ch for ch in text if not unicodedata.combining(ch))
+    return " ".join(_WORD.findall(text))
+
+
+def value_tokens(text: str) -> set[str]:
+    """The parts of a fact that carry its value: numbers (digits or words) and names."""
+    out: set[str] = set()
+    for token in _WORD.findall(text):
+        low = token.casefold()
+        if low in _NUMBER_WORDS:
+            out.add(_NUMBER_WORDS[low])
+        elif any(ch.isdigit() for ch in token):
+            out.add("".join(ch for ch in token if ch.isdigit()))
+        elif token[0].isupper() and low not in fts.STOP_WORDS:
+            out.add(low)
+    return out
+
+
+def values_conflict(a: str, b: str) -> bool:
+    """True when each text has a number or name the other lacks: a substitution such as
+    Oslo -> Bergen or Friday -> Saturday, never a mere addition (Oslo -> Oslo, Norway)."""
+    va, vb = value_tokens(a), value_tokens(b)
+    return bool(va - vb) and bool(vb - va)
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ing", "ed", "es", "s"):
+        if len(word) > len(suffix) + 2 and word.endswith(suffix):
+            return word[:-len(suffix)]
+    return word
+
+
+def content_words(text: str) -> set[str]:
+    return {_stem(word) for word in fts.tokens(text)}
+
+
+def jaccard(a: set[str], b: set[str]) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def near_text(a: str, b: str, threshold: float = NEAR_JACCARD) -> bool:
+    """Same sentence up to wording: equal when normalised, or most content words shared
+    without a changed value."""
+    if normalise(a) == normalise(b):
+        return True
+    return jaccard(content_words(a), content_words(b)) >= threshold and not values_conflict(a, b)
+
+
+# -- the update decision (prompt and validation; extraction.py sends it) ------
+
+UPDATE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "same": {"type": "array", "items": {"type": "integer"}},
+        "replaces": {"type": "array", "items": {"type": "integer"}},
+    },
+    "required": ["same", "replaces"],
+}
+
+UPDATE_SYSTEM = (
+    "You keep a memory store tidy. You get one NEW fact and a numbered list of EXISTING memories about "
+    "the same subject. Answer with JSON only: {\"same\": [...], \"replaces\": [...]}.\n"
+    "- same: numbers of existing memories that state the same thing as the new fact, in other words.\n"
+    "- replaces: numbers of existing memories that the new fact makes outdated or contradicts "
+    "(a new city, a changed preference, a corrected date).\n"
+    "- A memory that is merely related (another detail about the same person) is in neither list.\n"
+    "- When unsure, leave the number out. Use [] for an empty list."
+)
+
+
+@dataclass(frozen=True)
+class UpdateDecision:
+    """What the LLM said about one new fact, as memory ids."""
+    same: tuple[int, ...] = ()
+    replaces: tuple[int, ...] = ()
+
+
+def update_messages(fact_text: str, candidates: Sequence[tuple[int, str]]) -> list[dict[str, str]]:
+    listing = "\n".join(f"{number}. {text}" for number, (_, text) in enumerate(candidates, start=1))
+    return [{"role": "system", "content": UPDATE_SYSTEM},
+            {"role": "user", "content": f"NEW: {fact_text}\n\nEXISTING:\n{listing}"}]
+
+
+def check_update_reply(data: Any, candidates: Sequence[tuple[int, str]]) -> tuple[UpdateDecision, list[str]]:
+    """The decision as memory ids, and the problems found (invalid numbers are dropped)."""
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object with 'same' and 'replaces'")
+    problems: list[str] = []
+    lists: dict[str, list[int]] = {}
+    for key in ("same", "replaces"):
+        raw = data.get(key, [])
+        if raw is None:
+            raw = []
+        if not isinstance(raw, list):
+            problems.append(f"'{key}' must be a list of numbers")
+            raw = []
+        chosen: list[int] = []
+        for item in raw:
+            number = _as_int(item)
+            if number is None or not 1 <= number <= len(candidates):
+                problems.append(f"'{key}' holds {item!r}, not a number from 1 to {len(candidates)}")
+                continue
+            if candidates[number - 1][0] not in chosen:
+                chosen.append(candidates[number - 1][0])
+        lists[key] = chosen
+    both = set(lists["same"]) & set(lists["replaces"])
+    if both:
+        problems.append("a memory cannot be both the same and replaced")
+        lists["replaces"] = [i for i in lists["replaces"] if i not in both]
+    return UpdateDecision(tuple(lists["same"]), tuple(lists["replaces"])), problems
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+# -- database side -------------------------------------------------------------
+
+def index_for(conn: apsw.Connection, embed_model: str, dim: int) -> vectors.IndexInfo | None:
+    """The vector index these vectors belong in (created on the first embedding ever);
+    None when the index holds another model or size (a re-index is pending)."""
+    info = vectors.index_info(conn)
+    if info is None:
+        return vectors.create_index(conn, embed_model, dim)
+    if info.model != embed_model or info.dim != dim:
+        return None
+    return info
+
+
+def subject_keys(conn: apsw.Connection, memory: store.NewMemory | store.Memory) -> list[str]:
+    """Visibility keys holding memories about the same subject as `memory`."""
+    keys = [memory.vis_key]
+    if memory.scope == "personal":
+        keys += [row[0] for row in conn.execute(
+            "SELECT DISTINCT vis_key FROM memories WHERE scope = 'personal' AND owner_id = ? AND " + ACTIVE,
+            (memory.owner_id,)) if row[0] != memory.vis_key]
+    return keys
+
+
+def same_subject(a: store.Memory | store.NewMemory, b: store.Memory | store.NewMemory) -> bool:
+    if a.scope != b.scope:
+        return False
+    if a.scope == "personal":
+        return a.owner_id == b.owner_id
+    if a.scope == "room":
+        return a.channel_id == b.channel_id
+    return True
+
+
+def same_text_match(conn: apsw.Connection, vis_key: str, text: str) -> int | None:
+    """An active memory under `vis_key` whose normalised text equals `text`'s."""
+    wanted = normalise(text)
+    words = fts.tokens(text)
+    if words:
+        expression = " AND ".join('"' + w.replace('"', '""') + '"' for w in words)
+        rows = conn.execute(
+            "SELECT m.id, m.text FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid "
+            "WHERE memories_fts MATCH ? AND m.vis_key = ? AND m." + ACTIVE + " ORDER BY m.id LIMIT 50",
+            (expression, vis_key))
+    else:  # only stop words: compare directly (rare, short texts)
+        rows = conn.execute("SELECT id, text FROM memories WHERE vis_key = ? AND " + ACTIVE +
+                            " ORDER BY id LIMIT 500", (vis_key,))
+    for memory_id, other in rows:
+        if normalise(other) == wanted:
+            return memory_id
+    return None
+
+
+def nearest(conn: apsw.Connection, info: vectors.IndexInfo | None, vector: Sequence[float] | None,
+            keys: list[str], k: int) -> list[tuple[int, float]]:
+    """[(memory id, cosine)] of the k nearest active memories under `keys`, best first."""
+    if info is None or vector is None or not keys or len(vector) != info.dim:
+        return []
+    return [(mid, vectors.cosine_from_distance(d)) for mid, d in vectors.knn(conn, info, vector, keys, k)]
+
+
+def texts_of(conn: apsw.Connection, ids: Sequence[int]) -> dict[int, str]:
+    return {mid: m.text for mid, m in store.get_many(conn, list(ids)).items()}
+
+
+def find_duplicate(conn: apsw.Connection, info: vectors.IndexInfo | None, memory: store.NewMemory,
+                   vector: Sequence[float] | None, threshold: float) -> int | None:
+    """An active memory with the same visibility key that says the same thing, if any."""
+    match = same_text_match(conn, memory.vis_key, memory.text)
+    if match is not None:
+        return match
+    hits = [(mid, cos) for mid, cos in nearest(conn, info, vector, [memory.vis_key], DUPLICATE_NEIGHBOURS)
+            if cos >= threshold]
+    texts = texts_of(conn, [mid for mid, _ in hits])
+    for memory_id, _ in hits:
+        if memory_id in texts and not values_conflict(memory.text, texts[memory_id]):
+            return memory_id
+    return None
+
+
+def update_candidates(conn: apsw.Connection, info: vectors.IndexInfo | None, memory: store.NewMemory,
+                      vector: Sequence[float] | None, *, threshold: float, subject_name: str | None = None,
+                      exclude: Sequence[int] = (), limit: int = UPDATE_CANDIDATES) -> list[tuple[int, str]]:
+    """Older active memories of the same subject that the new fact might update: the vector
+    neighbours above `threshold`, or without vectors the keyword matches on its content words
+    (the subject's name left out, since every memory about Alice contains "Alice")."""
+    keys = subject_keys(conn, memory)
+    if info is not None and vector is not None:
+        ids = [mid for mid, cos in nearest(conn, info, vector, keys, limit + len(exclude)) if cos >= threshold]
+    else:
+        name_words = set(fts.tokens(subject_name or ""))
+        words = [w for w in fts.tokens(memory.text) if w not in name_words]
+        if not words:
+            return []
+        where, params = key_filter(keys, "m.vis_key")
+        expression = " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+        ids = [row[0] for row in conn.execute(
+            "SELECT m.id FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid "
+            f"WHERE memories_fts MATCH ? AND {where} AND m.{ACTIVE} ORDER BY bm25(memories_fts) LIMIT ?",
+            (expression, *params, limit + len(exclude)))]
+    texts = texts_of(conn, ids)
+    return [(mid, texts[mid]) for mid in ids if mid not in exclude and mid in texts][:limit]
+
+
+def reinforce(conn: apsw.Connection, memory_id: int, *, importance: float, source_ids: Sequence[Any],
+              growth: float, now: float) -> None:
+    """The same fact was stated again: strengthen the memory instead of storing a copy."""
+    with conn:
+        raw = query_value(conn, "SELECT source_message_ids FROM memories WHERE id = ?", (memory_id,), "[]")
+        sources = [str(s) for s in json.loads(raw or "[]")]
+        sources += [str(s) for s in source_ids if str(s) not in sources]
+        conn.execute(
+            "UPDATE memories SET stability = min(stability * ?, ?), importance = max(importance, ?), "
+            "source_message_ids = ?, last_accessed = max(?, coalesce(last_accessed, 0)), updated_at = ? "
+            "WHERE id = ?",
+            (growth, decay.MAX_STABILITY_DAYS, importance, json.dumps(sources), now, now, memory_id))
+
+
+def supersede(conn: apsw.Connection, old_id: int, new_id: int, *, now: float) -> bool:
+    """Archive `old_id` in favour of `new_id` (which must exist, be active and be about the
+    same subject), linking old -> new as superseded_by. Returns whether it happened."""
+    if old_id == new_id:
+        return False
+    with conn:
+        found = store.get_many(conn, [old_id, new_id])
+        old, new = found.get(old_id), found.get(new_id)
+        if old is None or new is None or old.archived_at is not None or new.archived_at is not None:
+            return False
+        if not same_subject(old, new):
+            return False
+        store.archive(conn, old_id, f"superseded by #{new_id}", now=now)
+        store.add_link(conn, old_id, new_id, "superseded_by", now=now)
+    return True
+
+
+def link_similar(conn: apsw.Connection, info: vectors.IndexInfo | None, memory_id: int, vis_key: str, *,
+                 threshold: float, now: float, k: int = LINK_NEIGHBOURS) -> int:
+    """Semantic links between `memory_id` and its nearest memories under the same visibility
+    key. One row per pair, always newer -> older, so re-running adds nothing. Returns new links."""
+    if info is None:
+        return 0
+    added = 0
+    with conn:
+        for other, distance in vectors.similar_to_memory(conn, info, memory_id, [vis_key], k):
+            cosine = vectors.cosine_from_distance(distance)
+            if cosine < threshold:
+                continue
+            source, target = max(memory_id, other), min(memory_id, other)
+            exists = query_value(conn, "SELECT count(*) FROM memory_links WHERE kind = 'semantic' AND "
+                                       "((source_id = ? AND target_id = ?) OR (source_id = ? AND target_id = ?))",
+                                 (source, target, target, source))
+            if not exists:
+                store.add_link(conn, source, target, "semantic", weight=round(cosine, 4), now=now)
+                added += 1
+    return added
+
+
+def link_pairwise(conn: apsw.Connection, ids: Sequence[int], kind: str, *, now: float) -> None:
+    """Link memories pairwise, except two personal memories of different owners."""
+    unique = list(dict.fromkeys(ids))
+    found = store.get_many(conn, unique)
+    for i, a in enumerate(unique):
+        for b in unique[i + 1:]:
+            ma, mb = found.get(a), found.get(b)
+            if ma is None or mb is None:
+                continue
+            if ma.scope == "personal" and mb.scope == "personal" and ma.owner_id != mb.owner_id:
+                continue
+            store.add_link(conn, a, b, kind, now=now)
+
+
+@dataclass
+class WriteOutcome:
+    """What `write_facts` did with each fact, in order."""
+    ids: list[int] = field(default_factory=list)          # stored or reinforced memory id per fact
+    inserted: list[int] = field(default_factory=list)
+    reinforced: list[int] = field(default_factory=list)
+    superseded: list[tuple[int, int]] = field(default_factory=list)  # (old, new)
+    semantic_links: int = 0
+
+
+def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
+                vecs: Sequence[Sequence[float]] | None, decisions: Sequence[UpdateDecision | None], *,
+                embed_model: str, base_stability_days: float, growth: float, dedup_cosine: float,
+                link_cosine: float, now: float) -> WriteOutcome:
+    """Store the facts of one exchange in ONE transaction: for each fact, reinforce its
+    duplicate or insert it (with its vector), archive what it replaces, link it to similar
+    memories; then link the exchange's memories pairwise as co_extracted. A failure anywhere
+    rolls back all of it."""
+    out = WriteOutcome()
+    with conn:
+        info = index_for(conn, embed_model, len(vecs[0])) if vecs else None
+        for index, memory in enumerate(memories):
+            vector = vecs[index] if vecs and info is not None else None
+            decision = decisions[index] if index < len(decisions) and decisions[index] else UpdateDecision()
+            target = find_duplicate(conn, info, memory, vector, dedup_cosine)
+            if target is None:
+                target = _llm_duplicate(conn, memory, decision)
+            if target is not None:
+                reinforce(conn, target, importance=memory.importance, source_ids=memory.source_message_ids,
+                          growth=growth, now=now)
+                out.reinforced.append(target)
+            else:
+                target = store.insert_many(conn, [memory], base_stability_days=base_stability_days,
+                                           vector_info=info, vectors_=[vector] if vector is not None else None,
+                                           now=now)[0]
+                out.inserted.append(target)
+                out.semantic_links += link_similar(conn, info, target, memory.vis_key,
+                                                   threshold=link_cosine, now=now)
+            for old in decision.replaces:
+                if old != target and supersede(conn, old, target, now=now):
+                    out.superseded.append((old, target))
+            out.ids.append(target)
+        link_pairwise(conn, out.ids, "co_extracted", now=now)
+    return out
+
+
+def _llm_duplicate(conn: apsw.Connection, memory: store.NewMemory, decision: UpdateDecision) -> int | None:
+    """The first memory the LLM called the same fact, if it is still active and shares the
+    new fact's visibility key (reinforcing it must not change who can see the fact)."""
+    if not decision.same:
+        return None
+    found = store.get_many(conn, list(decision.same))
+    for memory_id in decision.same:
+        other = found.get(memory_id)
+        if other is not None and other.archived_at is None and other.vis_key == memory.vis_key:
+            return memory_id
+    return None
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    na = math.sqrt(sum(x * x for x in a))
+    nb = math.sqrt(sum(y * y for y in b))
+    return dot / (na * nb) if na and nb else 0.0
+
+
+def now_or(now: float | None) -> float:
+    return time.time() if now is None else now

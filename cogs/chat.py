@@ -1,0 +1,129 @@
+"""Conversation on Discord: decide when Muninn answers, and keep the channel history current.
+
+Muninn answers every DM; in a server channel, when it is mentioned or replied to, or
+when an admin has opted the channel in to always-answer. It never answers a bot
+(itself included). Every other message is still recorded, as context for later.
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import discord
+from discord.ext import commands
+
+from bot.pipeline import Incoming, Pipeline, Sent
+from bot.text import split_message
+
+log = logging.getLogger(__name__)
+
+CONVERSATION_TYPES = (discord.MessageType.default, discord.MessageType.reply)
+NO_MENTIONS = discord.AllowedMentions.none()
+
+
+def to_incoming(message: discord.Message) -> Incoming:
+    author = message.author.display_name
+    if message.guild is None:
+        place = f"You are in a private direct message with {author}."
+    else:
+        channel = getattr(message.channel, "name", "a channel")
+        place = (f"You are in the channel #{channel} of the Discord server {message.guild.name}; "
+                 "several people may be talking.")
+    return Incoming(channel_id=message.channel.id, guild_id=message.guild.id if message.guild else None,
+                    author_id=message.author.id, author_name=author, content=message.clean_content,
+                    created_at=message.created_at.timestamp(), message_id=message.id,
+                    dm=message.guild is None, place=place)
+
+
+class DiscordOutlet:
+    """Replies to one message: typing while Muninn thinks, then the answer in 2,000-character parts."""
+
+    def __init__(self, message: discord.Message):
+        self.message = message
+
+    @asynccontextmanager
+    async def typing(self) -> AsyncIterator[None]:
+        indicator = self.message.channel.typing()
+        try:
+            await indicator.__aenter__()
+        except discord.HTTPException:  # no typing is no reason to stay silent
+            yield
+            return
+        try:
+            yield
+        finally:
+            await indicator.__aexit__(None, None, None)
+
+    async def send(self, text: str) -> list[Sent]:
+        sent: list[Sent] = []
+        reference = self.message.to_reference(fail_if_not_exists=False)
+        for part in split_message(text):
+            try:
+                posted = await self.message.channel.send(part, reference=None if sent else reference,
+                                                         allowed_mentions=NO_MENTIONS)
+            except discord.Forbidden:
+                log.warning("cannot post in channel %s: Muninn lacks the Send Messages permission there",
+                            self.message.channel.id)
+                break
+            sent.append(Sent(posted.id, posted.created_at.timestamp()))
+        return sent
+
+
+class Chat(commands.Cog):
+    def __init__(self, bot: commands.Bot):
+        self.bot = bot
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.bot.pipeline  # type: ignore[attr-defined]
+
+    @commands.Cog.listener()
+    async def on_message(self, message: discord.Message) -> None:
+        if message.author.bot or message.type not in CONVERSATION_TYPES or not message.content.strip():
+            return
+        incoming = to_incoming(message)
+        if await self.should_answer(message):
+            await self.pipeline.respond(incoming, DiscordOutlet(message))
+        else:
+            await self.pipeline.record(incoming)
+
+    async def should_answer(self, message: discord.Message) -> bool:
+        if message.guild is None:
+            return True
+        me = self.bot.user
+        assert me is not None
+        if any(user.id == me.id for user in message.mentions):
+            return True
+        own_role = message.guild.self_role  # people often pick the bot's role instead of the bot
+        if own_role is not None and own_role in message.role_mentions:
+            return True
+        reference = message.reference
+        if reference is not None and reference.message_id is not None:
+            replied_to = reference.resolved
+            if isinstance(replied_to, discord.Message):
+                if replied_to.author.id == me.id:
+                    return True
+            elif await self.pipeline.is_own_message(reference.message_id):
+                return True
+        return await self.pipeline.always_answer(message.channel.id)
+
+    @commands.Cog.listener()
+    async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
+        if "content" not in payload.data or payload.message.author.bot:
+            return
+        edited = payload.message.edited_at
+        await self.pipeline.edited(payload.message_id, payload.message.clean_content,
+                                   edited.timestamp() if edited else None)
+
+    @commands.Cog.listener()
+    async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
+        await self.pipeline.deleted([payload.message_id])
+
+    @commands.Cog.listener()
+    async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
+        await self.pipeline.deleted(list(payload.message_ids))
+
+
+async def setup(bot: commands.Bot) -> None:
+    await bot.add_cog(Chat(bot))

@@ -1,0 +1,167 @@
+"""`MuninnBot`: the discord.py client. Opens the engine in `setup_hook`, loads the cogs,
+answers every slash-command failure politely, and never syncs commands on its own
+(`muninn sync` does that, once, on purpose).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import discord
+from discord import app_commands
+from discord.ext import commands
+
+from bot.engine import Engine
+from bot.ollama import OllamaError
+from bot.pipeline import ExchangeSink, Pipeline
+from bot.settings import Settings
+
+from . import EXTENSIONS
+
+log = logging.getLogger(__name__)
+
+# What the bot needs in a channel: see it, read the history it replies to, and write.
+INVITE_PERMISSIONS = discord.Permissions(view_channel=True, send_messages=True, send_messages_in_threads=True,
+                                         read_message_history=True)
+SOMETHING_WENT_WRONG = "Something went wrong on my side; it has been logged. Please try again later."
+
+
+class StartupError(RuntimeError):
+    """The bot cannot start; the message says why in one line."""
+
+
+class Refusal(app_commands.AppCommandError):
+    """A slash command that cannot do what was asked; the message is shown to the caller as is."""
+
+
+class MuninnTree(app_commands.CommandTree):
+    async def on_error(self, interaction: discord.Interaction, error: app_commands.AppCommandError) -> None:
+        """The one error handler of every slash command: log, then answer the caller privately."""
+        if isinstance(error, (Refusal, app_commands.CheckFailure)):
+            text = str(error)
+            log.debug("refused /%s for %s: %s", getattr(interaction.command, "qualified_name", "?"),
+                      interaction.user.id, text)
+        else:
+            original = getattr(error, "original", error)
+            log.error("/%s failed for user %s", getattr(interaction.command, "qualified_name", "?"),
+                      interaction.user.id, exc_info=original)
+            text = SOMETHING_WENT_WRONG
+        await answer_privately(interaction, text)
+
+
+async def answer_privately(interaction: discord.Interaction, text: str) -> None:
+    """An ephemeral answer whether or not the interaction was already responded to."""
+    try:
+        if interaction.response.is_done():
+            await interaction.followup.send(text, ephemeral=True)
+        else:
+            await interaction.response.send_message(text, ephemeral=True)
+    except discord.HTTPException as exc:  # the interaction expired or Discord is having a bad time
+        log.warning("could not send an error answer: %s", exc)
+
+
+class MuninnBot(commands.Bot):
+    def __init__(self, settings: Settings, *,
+                 extractor_factory: Callable[[Engine], ExchangeSink] | None = None, **options):
+        intents = discord.Intents.default()
+        intents.message_content = True  # privileged: enable it in the Developer Portal too
+        options.setdefault("allowed_mentions", discord.AllowedMentions.none())
+        super().__init__(command_prefix=commands.when_mentioned, help_command=None, intents=intents,
+                         tree_cls=MuninnTree, owner_ids=set(settings.owner_ids) or None, **options)
+        self.settings = settings
+        self.extractor_factory = extractor_factory
+        self.engine: Engine | None = None
+        self.extractor = None
+        self.pipeline: Pipeline | None = None
+        self._checked_models = False
+
+    async def setup_hook(self) -> None:
+        self.engine = Engine(self.settings)
+        await self.engine.start()
+        if self.settings.extraction:
+            factory = self.extractor_factory
+            if factory is None:
+                from bot.extraction import Extractor
+                factory = Extractor
+            self.extractor = factory(self.engine)
+        assert self.user is not None  # login has happened
+        self.pipeline = Pipeline(self.engine, self.extractor, assistant_id=self.user.id,
+                                 assistant_name=self.user.display_name)
+        for extension in EXTENSIONS:
+            await self.load_extension(extension)
+
+    async def on_message(self, message: discord.Message) -> None:
+        """Muninn has no prefix commands; cogs.chat handles conversation."""
+
+    async def on_ready(self) -> None:
+        assert self.user is not None
+        log.info("Muninn is online as %s (id %s) in %d servers. Invite link: %s", self.user, self.user.id,
+                 len(self.guilds), invite_url(self.application_id or self.user.id))
+        if not self._checked_models:
+            self._checked_models = True
+            await self.warn_about_missing_models()
+
+    async def warn_about_missing_models(self) -> None:
+        """Say at start-up, not at the first message, which `ollama pull` is missing."""
+        assert self.engine is not None
+        ollama = self.engine.ollama
+        if not ollama.enabled:
+            log.warning("no OLLAMA_URL configured: Muninn cannot answer messages (recall uses keywords only)")
+            return
+        try:
+            for model in dict.fromkeys((self.settings.chat_model, self.settings.embed_model)):
+                if not await ollama.has_model(model):
+                    log.warning("Ollama has no model %r: run `ollama pull %s`", model, model)
+        except OllamaError as exc:
+            log.warning("cannot check Ollama's models: %s", exc)
+
+    async def close(self) -> None:
+        await super().close()
+        if self.extractor is not None:
+            extractor, self.extractor = self.extractor, None
+            await extractor.close()
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await engine.close()
+
+
+def invite_url(application_id: int) -> str:
+    return discord.utils.oauth_url(application_id, permissions=INVITE_PERMISSIONS,
+                                   scopes=("bot", "applications.commands"))
+
+
+LOGIN_REJECTED = "Discord rejected DISCORD_TOKEN."
+INTENT_REFUSED = ("Discord refused the Message Content intent: open https://discord.com/developers/applications, "
+                  "pick the app, then Bot > Privileged Gateway Intents > Message Content Intent, and save.")
+
+
+async def run_bot(settings: Settings) -> None:
+    """Run until stopped; StartupError when Discord turns the bot away."""
+    async with MuninnBot(settings) as bot:
+        try:
+            await bot.start(settings.discord_token.strip())
+        except discord.LoginFailure:
+            raise StartupError(LOGIN_REJECTED) from None
+        except discord.PrivilegedIntentsRequired:
+            raise StartupError(INTENT_REFUSED) from None
+
+
+async def sync_commands(settings: Settings, guild_id: int | None = None) -> list[str]:
+    """Register the slash commands with Discord: globally, or in one guild (instant, for testing)."""
+    async with MuninnBot(settings) as bot:
+        try:
+            await bot.login(settings.discord_token.strip())
+        except discord.LoginFailure:
+            raise StartupError(LOGIN_REJECTED) from None
+        guild = discord.Object(id=guild_id) if guild_id is not None else None
+        if guild is not None:
+            bot.tree.copy_global_to(guild=guild)
+        try:
+            synced = await bot.tree.sync(guild=guild)
+        except discord.Forbidden:
+            raise StartupError(f"Discord refused to register commands in guild {guild_id}: invite the bot there "
+                               f"with the applications.commands scope: {invite_url(bot.application_id)}") from None
+        except discord.HTTPException as exc:
+            raise StartupError(f"Discord refused the slash commands: {exc}") from None
+    return [command.name for command in synced]
+

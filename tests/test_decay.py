@@ -1,0 +1,50 @@
+"""The Ebbinghaus model with a fixed clock: retention, stability growth on recall, ranking."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bot import decay, store
+from bot.scope import Viewer
+from bot.store import NewMemory
+
+DAY = 86400.0
+T0 = 1_700_000_000.0
+
+
+def test_retention_follows_exp_minus_t_over_s():
+    s0 = decay.initial_stability(0.0, 7.0)
+    assert s0 == 7.0 and decay.initial_stability(1.0, 7.0) == 21.0
+    assert decay.retention(T0 + 7 * DAY, T0, s0) == pytest.approx(math.exp(-1))
+    assert decay.retention(T0 + 30 * DAY, T0, s0) == pytest.approx(0.0138, abs=1e-3)
+    assert decay.retention(T0 - DAY, T0, s0) == 1.0  # a clock behind the memory never inflates it
+    assert decay.strength(T0 + 1000 * DAY, T0, s0) == pytest.approx(decay.STRENGTH_FLOOR)
+
+
+def test_stability_grows_with_each_recall_and_is_capped():
+    s = 7.0
+    for _ in range(3):
+        s = decay.recalled_stability(s, 1.5)
+    assert s == pytest.approx(23.625)
+    assert decay.recalled_stability(3000.0, 2.0) == decay.MAX_STABILITY_DAYS
+
+
+async def test_recall_resets_the_clock_with_a_fixed_clock(fts_engine):
+    memory_id = await fts_engine.remember(NewMemory("the kettle is broken", "personal", owner_id=1,
+                                                    importance=0.0, created_at=T0))
+    memory = await fts_engine.run(store.get, memory_id)
+    assert memory.retention(T0 + 7 * DAY) == pytest.approx(math.exp(-1))
+    await fts_engine.recall("kettle", Viewer(1, dm=True), as_of=T0 + 7 * DAY)
+    recalled = await fts_engine.run(store.get, memory_id)
+    assert recalled.retention(T0 + 7 * DAY) == 1.0
+    assert recalled.stability == pytest.approx(7.0 * 1.5)
+    assert recalled.retention(T0 + 7 * DAY + 10.5 * DAY) == pytest.approx(math.exp(-1))
+
+
+def test_sql_strength_matches_python(tmp_path):
+    from bot import db
+    conn = db.connect(tmp_path / "m.db")
+    value = conn.execute(f"SELECT {decay.strength_sql('?', 'm')} FROM (SELECT ? AS last_accessed, ? AS created_at, "
+                         "? AS stability) m", (T0 + 10 * DAY, T0 + DAY, T0, 7.0)).fetchall()[0][0]
+    assert value == pytest.approx(decay.strength(T0 + 10 * DAY, T0 + DAY, 7.0))
