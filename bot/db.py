@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import importlib.util
+import os
+
 import apsw
-import sqlite_vec
 
 from .migrations import migrate
 
@@ -46,14 +48,23 @@ def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection
     return conn
 
 
+def vec_path() -> str:
+    """Where the sqlite-vec wheel keeps its loadable library (`import sqlite_vec` would pull numpy
+    in, which costs a command-line call 150 ms)."""
+    spec = importlib.util.find_spec("sqlite_vec")
+    if spec is None or not spec.submodule_search_locations:
+        raise DatabaseError("sqlite-vec is not installed: run `pip install sqlite-vec`")
+    return os.path.join(list(spec.submodule_search_locations)[0], "vec0")
+
+
 def load_vec(conn: apsw.Connection) -> None:
     try:
         conn.enable_load_extension(True)
-        conn.load_extension(sqlite_vec.loadable_path())
+        conn.load_extension(vec_path())
         conn.enable_load_extension(False)
     except apsw.Error as exc:
         raise DatabaseError(
-            f"cannot load sqlite-vec from {sqlite_vec.loadable_path()!r}: {exc}; "
+            f"cannot load sqlite-vec from {vec_path()!r}: {exc}; "
             "reinstall it with `pip install --force-reinstall sqlite-vec`") from exc
 
 

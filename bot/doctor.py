@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sqlite_vec
-
 from . import db, vectors
 from .migrations import MIGRATIONS, schema_version
 from .ollama import OllamaClient, OllamaError
@@ -30,7 +28,7 @@ def database_checks(settings: Settings) -> list[Check]:
         return [Check("database", False, str(exc), "point MUNINN_DB_PATH (or --db) at a writable file")]
     try:
         version = conn.execute("SELECT vec_version()").fetchall()[0][0]
-        checks.append(Check("sqlite-vec", True, f"{version} loaded from {sqlite_vec.loadable_path()}"))
+        checks.append(Check("sqlite-vec", True, f"{version} loaded from {db.vec_path()}"))
         integrity = conn.execute("PRAGMA quick_check").fetchall()[0][0]
         checks.append(Check("database", integrity == "ok",
                             f"{settings.db_path}: schema {schema_version(conn)}/{len(MIGRATIONS)}, integrity {integrity}",

@@ -12,9 +12,10 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import aiohttp
+if TYPE_CHECKING:  # imported lazily: keyword-only command-line calls never need it
+    import aiohttp
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,7 @@ class OllamaClient:
                 await asyncio.sleep(0.2 * attempt)
 
     async def _request(self, method: str, path: str, body: dict | None, timeout: float) -> dict:
+        import aiohttp
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession()
         url = self.url + path
