@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.quality
 
 Each conversation's turns become one user's personal memories ("Speaker: utterance",
-stamped with the session date), written through `Engine.remember_many` with embeddings
+stamped with the session date), written through the `muninn import` code (bot/importer.py,
+which embeds and stores through `Engine.remember_many`) with embeddings
 from the product's `OllamaClient` talking to `bench.embed_server` (all-MiniLM-L6-v2).
 Each question is asked through `Engine.recall` as that user (touch=False, so asking
 does not change the ranking of later questions). Reports R@5, R@10, All@10 and MRR
@@ -24,7 +25,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bot import store
+from bot import importer
 from bot.engine import Engine
 from bot.scope import Viewer
 from bot.settings import SETTINGS, load_settings
@@ -43,18 +44,16 @@ def session_time(text: str) -> float:
     return datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=timezone.utc).timestamp()
 
 
-def conversation_memories(conv: dict, owner_id: int) -> list[list[store.NewMemory]]:
-    """One list of memories per session, in order."""
+def import_records(conv: dict, owner_id: int) -> list[dict]:
+    """The conversation as `muninn import` JSON records, one per turn, in order."""
     c = conv["conversation"]
     sessions = sorted((int(k.split("_")[1]) for k in c if re.fullmatch(r"session_\d+", k)))
     out = []
     for n in sessions:
         when = session_time(c[f"session_{n}_date_time"])
-        batch = []
         for i, turn in enumerate(c[f"session_{n}"]):
-            batch.append(store.NewMemory(f"{turn['speaker']}: {turn['text']}", "personal", owner_id=owner_id,
-                                         created_at=when + i, external_id=f"{conv['sample_id']}:{turn['dia_id']}"))
-        out.append(batch)
+            out.append({"text": f"{turn['speaker']}: {turn['text']}", "scope": "personal", "user_id": owner_id,
+                        "created_at": when + i, "external_id": f"{conv['sample_id']}:{turn['dia_id']}"})
     return out
 
 
@@ -99,10 +98,11 @@ async def evaluate(data: list[dict], url: str, env: dict, modes: tuple[str, ...]
     asks: list[dict] = []
     async with Engine(load_settings(dict(env, OLLAMA_URL=url))) as engine:
         for conv in data:
-            known: set[str] = set()
-            for batch in conversation_memories(conv, owners[conv["sample_id"]]):
-                await engine.remember_many(batch)
-                known |= {m.external_id for m in batch}
+            records = import_records(conv, owners[conv["sample_id"]])
+            report = await importer.import_lines(engine, [json.dumps(r) for r in records])
+            if report.errors or report.imported != len(records):
+                raise RuntimeError(f"import of {conv['sample_id']} failed: {report}")
+            known = {r["external_id"] for r in records}
             for q in questions(conv, known):
                 asks.append(q | {"owner": owners[conv["sample_id"]]})
         missing = (await engine.stats())["missing_vectors"]

@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 from . import store
@@ -131,7 +130,8 @@ async def cmd_import(args, settings: Settings) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise UsageError(f"no file {str(path)!r}")
-    total = sum(1 for line in path.open(encoding="utf-8") if line.strip())
+    with path.open(encoding="utf-8") as lines:
+        total = sum(1 for line in lines if line.strip())
     async with Engine(settings) as engine:
         with Progress("importing", total) as bar, path.open(encoding="utf-8") as lines:
             report = await import_lines(engine, lines, on_progress=bar.advance)
@@ -173,6 +173,78 @@ async def cmd_doctor(args, settings: Settings) -> int:
                       for c in checks)
     emit(args, {"ok": all(c.ok for c in checks), "checks": [c.to_dict() for c in checks]}, human)
     return 0 if all(c.ok for c in checks) else 1
+
+
+TOKEN_HELP = ("create a bot at https://discord.com/developers/applications, enable its Message Content intent "
+              "(Bot > Privileged Gateway Intents), and put its token in .env as DISCORD_TOKEN=...")
+
+
+def discord_token_problem(settings: Settings) -> str | None:
+    if not settings.discord_token.strip():
+        return f"muninn: no DISCORD_TOKEN: {TOKEN_HELP}"
+    return None
+
+
+async def cmd_run(args, settings: Settings) -> int:
+    problem = discord_token_problem(settings)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    from cogs.client import StartupError, run_bot  # discord.py only when the bot runs
+    try:
+        await run_bot(settings)
+    except StartupError as exc:
+        print(f"muninn: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def cmd_sync(args, settings: Settings) -> int:
+    problem = discord_token_problem(settings)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    from cogs.client import StartupError, sync_commands
+    try:
+        names = await sync_commands(settings, args.guild)
+    except StartupError as exc:
+        print(f"muninn sync: {exc}", file=sys.stderr)
+        return 1
+    where = f"to guild {args.guild} (usable now)" if args.guild else "globally (Discord may take up to an hour)"
+    emit(args, {"synced": names, "guild": args.guild}, f"synced {len(names)} commands {where}: "
+                                                        + ", ".join(f"/{name}" for name in names))
+    return 0
+
+
+async def cmd_chat(args, settings: Settings) -> int:
+    from .chat_cli import run_chat
+    return await run_chat(settings)
+
+
+async def cmd_maintain(args, settings: Settings) -> int:
+    from . import maintenance
+    async with Engine(settings) as engine:
+        if args.restore is not None:
+            try:
+                memory = await engine.run(store.get, args.restore)
+            except store.MemoryNotFound as exc:
+                raise UsageError(str(exc)) from None
+            if memory.archived_at is None:
+                raise UsageError(f"memory #{memory.id} is not archived")
+            await engine.restore(memory.id)
+            emit(args, {"restored": memory.id}, f"restored #{memory.id}: {memory.text}")
+            return 0
+        if args.archived:
+            memories, total = await engine.run(maintenance.list_archived, reason=args.reason, limit=args.limit or 50)
+            human = "\n".join([f"{total} archived memories"] + [
+                f"#{m.id} [{m.scope}] {m.text}  ({m.archive_reason}, {store.iso(m.archived_at)})" for m in memories])
+            emit(args, {"total": total, "memories": [m.to_dict() for m in memories]}, human)
+            return 0
+        # Each step commits as it goes and prints when done, so an interrupted run keeps (and shows) its work.
+        report = await maintenance.run_maintenance(
+            engine, use_llm=not args.no_llm, on_step=None if args.json else lambda line: print(line, flush=True))
+    emit(args, report.to_dict(), f"done in {report.seconds:.1f} s")
+    return 0
 
 
 # -- parser ------------------------------------------------------------------
@@ -249,6 +321,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", parents=[common], help="check the database, sqlite-vec and Ollama")
     p.set_defaults(handler=cmd_doctor)
 
+    p = sub.add_parser("run", parents=[common], help="start the Discord bot (the default with no COMMAND)")
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("sync", parents=[common], help="register the slash commands with Discord")
+    p.add_argument("--guild", type=snowflake, help="only in this server (instant; global sync can take an hour)")
+    p.set_defaults(handler=cmd_sync)
+
+    p = sub.add_parser("chat", parents=[common], help="talk to Muninn in this terminal, without Discord")
+    p.set_defaults(handler=cmd_chat)
+
+    p = sub.add_parser("maintain", parents=[common],
+                       help="archive faded memories, embed, link and consolidate (idempotent, safe to interrupt)")
+    p.add_argument("--no-llm", action="store_true", help="consolidate by keeping the clearest original")
+    p.add_argument("--archived", action="store_true", help="list archived memories instead (restorable)")
+    p.add_argument("--reason", choices=["decayed", "superseded", "consolidated"], help="with --archived: only these")
+    p.add_argument("--limit", type=positive_int, help="with --archived: how many (default 50)")
+    p.add_argument("--restore", type=snowflake, metavar="ID", help="bring an archived memory back")
+    p.set_defaults(handler=cmd_maintain)
+
     return parser
 
 
@@ -260,9 +351,8 @@ def setup_logging(settings: Settings, verbose: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    if args.command is None:  # plain `muninn` (or `python -m bot`) runs the bot
+        args.command, args.handler = "run", cmd_run
     try:
         overrides = {"db_path": args.db} if getattr(args, "db", None) else {}
         settings = load_settings(**overrides)

@@ -222,8 +222,9 @@ class Engine:
         vector_hits = (retrieval.vector_candidates(conn, info, vector, keys, limit * 3, as_of)
                        if vector is not None else [])
         t1 = time.perf_counter()
-        fused = retrieval.fuse(fts_hits, vector_hits, k=self.settings.rrf_k, limit=limit,
+        fused = retrieval.fuse(fts_hits, vector_hits, k=self.settings.rrf_k, limit=10**6,
                                weight_fts=self.settings.rrf_weight_fts, weight_vector=self.settings.rrf_weight_vec)
+        fused = retrieval.spread_to_neighbours(conn, fused, keys, retrieval.NEIGHBOUR_SHARE)[:limit]
         linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
         ids = [c.memory_id for c in chosen]

@@ -8,6 +8,10 @@ queries (see shared notes). Returns None when nothing searchable is left.
 from __future__ import annotations
 
 import re
+import time
+import weakref
+
+import apsw
 
 MAX_TOKENS = 24
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -39,8 +43,54 @@ def tokens(text: str) -> list[str]:
     return list(seen)
 
 
-def match_expression(text: str) -> str | None:
+def match_expression(text: str, conn=None) -> str | None:
+    """The OR of the searchable words; given a connection, the very common ones are left out."""
     words = tokens(text)
+    if conn is not None:
+        words = selective(conn, words)
     if not words:
         return None
     return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+# A word found in more than COMMON_SHARE of all memories (and in at least COMMON_MIN_DOCS)
+# is left out of the search: its BM25 weight is near zero, yet every row it matches must
+# be joined and scope-checked, which made the keyword path grow with the whole database
+# instead of with what the viewer can see (bench/README.md). The KEEP_RAREST rarest words
+# always stay, so a query of common words still finds something.
+COMMON_SHARE = 0.05
+COMMON_MIN_DOCS = 500
+KEEP_RAREST = 2
+
+
+def selective(conn, words: list[str]) -> list[str]:
+    """`words` without those too common to be worth searching."""
+    if len(words) <= KEEP_RAREST:
+        return words
+    total = conn.execute("SELECT coalesce(max(id), 0) FROM memories").fetchall()[0][0]
+    limit = int(max(COMMON_SHARE * total, COMMON_MIN_DOCS))
+    frequency = {w: doc_count(conn, w, limit) for w in words}
+    rarest = set(sorted(words, key=lambda w: frequency[w])[:KEEP_RAREST])
+    return [w for w in words if w in rarest or frequency[w] <= limit]
+
+
+# Document counts per connection, counted up to the limit only (a full count of a common
+# word costs as much as searching it) and kept for a while: they change slowly.
+_counts: "weakref.WeakKeyDictionary[apsw.Connection, dict[str, tuple[int, int, float]]]" = weakref.WeakKeyDictionary()
+COUNT_TTL_S = 600.0
+COUNT_CACHE_MAX = 50_000
+
+
+def doc_count(conn, word: str, limit: int) -> int:
+    """How many memories contain `word`, exactly up to `limit`; above it, some number > limit."""
+    cache = _counts.setdefault(conn, {})
+    now = time.monotonic()
+    hit = cache.get(word)
+    if hit is not None and now - hit[2] < COUNT_TTL_S and (hit[0] <= hit[1] or hit[1] >= limit):
+        return hit[0]
+    if len(cache) >= COUNT_CACHE_MAX:
+        cache.clear()
+    count = conn.execute("SELECT count(*) FROM (SELECT 1 FROM memories_fts WHERE memories_fts MATCH ? LIMIT ?)",
+                         ('"' + word.replace('"', '""') + '"', limit + 1)).fetchall()[0][0]
+    cache[word] = (count, limit, now)
+    return count

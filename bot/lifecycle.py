@@ -24,9 +24,7 @@ guard: the two texts may not each carry a number or name the other lacks.
 from __future__ import annotations
 
 import json
-import math
 import re
-import time
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -67,7 +65,7 @@ def value_tokens(text: str) -> set[str]:
         elif any(ch.isdigit() for ch in token):
             out.add("".join(ch for ch in token if ch.isdigit()))
         elif token[0].isupper() and low not in fts.STOP_WORDS:
-            out.add(low)
+            out.add(_stem(low))   # Friday ~ Fridays
     return out
 
 
@@ -79,10 +77,12 @@ def values_conflict(a: str, b: str) -> bool:
 
 
 def _stem(word: str) -> str:
-    for suffix in ("ing", "ed", "es", "s"):
+    """Crude English stem, enough to match live/lives/lived/living."""
+    for suffix in ("ing", "ed", "s"):
         if len(word) > len(suffix) + 2 and word.endswith(suffix):
-            return word[:-len(suffix)]
-    return word
+            word = word[:-len(suffix)]
+            break
+    return word[:-1] if len(word) > 3 and word.endswith("e") else word
 
 
 def content_words(text: str) -> set[str]:
@@ -404,14 +404,3 @@ def _llm_duplicate(conn: apsw.Connection, memory: store.NewMemory, decision: Upd
         if other is not None and other.archived_at is None and other.vis_key == memory.vis_key:
             return memory_id
     return None
-
-
-def cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b))
-    na = math.sqrt(sum(x * x for x in a))
-    nb = math.sqrt(sum(y * y for y in b))
-    return dot / (na * nb) if na and nb else 0.0
-
-
-def now_or(now: float | None) -> float:
-    return time.time() if now is None else now

@@ -185,11 +185,12 @@ class Pipeline:
         reply = Reply(text=text, ok=ok, sent=sent, prompt=built)
         if not ok:
             return reply  # the fallback is not conversation: keep it out of the history
-        first = sent[0] if sent else Sent(None, time.time())
-        reply_id = await self.engine.run(
-            history.record, channel_id=incoming.channel_id, guild_id=incoming.guild_id,
-            author_id=self.assistant_id, author_name=self.assistant_name, role="assistant", content=text,
-            created_at=first.created_at, message_id=first.message_id)
+        reply_id = None
+        if sent:  # nothing posted (no permission to write there): nothing was said
+            reply_id = await self.engine.run(
+                history.record, channel_id=incoming.channel_id, guild_id=incoming.guild_id,
+                author_id=self.assistant_id, author_name=self.assistant_name, role="assistant", content=text,
+                created_at=sent[0].created_at, message_id=sent[0].message_id)
         if self.extractor is not None:
             self.extractor.submit(Exchange(
                 author_id=incoming.author_id, author_name=incoming.author_name, channel_id=incoming.channel_id,

@@ -130,7 +130,8 @@ def invite_url(application_id: int) -> str:
                                    scopes=("bot", "applications.commands"))
 
 
-LOGIN_REJECTED = "Discord rejected DISCORD_TOKEN."
+LOGIN_REJECTED = ("Discord rejected DISCORD_TOKEN: open https://discord.com/developers/applications, pick the app, "
+                  "Bot > Reset Token, and put the new token in .env as DISCORD_TOKEN=...")
 INTENT_REFUSED = ("Discord refused the Message Content intent: open https://discord.com/developers/applications, "
                   "pick the app, then Bot > Privileged Gateway Intents > Message Content Intent, and save.")
 

@@ -1,0 +1,111 @@
+"""Vector index layouts compared on one database built by bench.speed.
+
+    .venv/bin/python -m bench.layouts --size 100000 --layouts 64x64,256x32,1024x16
+
+Each layout BUCKETSxCHUNK re-creates `vec_memories` in a copy of the speed database
+with `vectors.create_index(buckets=, chunk_size=)` and the same rows `vectors.put`
+writes, then times the product's `vectors.knn` for random viewers against the numpy
+anchor over exactly their visible vectors, and reports the file size.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bot import db, vectors
+from bot.scope import visible_keys
+
+from .speed import EMBED_MODEL, RESULTS, Shape, World, load_vectors, numpy_anchor, summary
+
+
+def rebuild(path: Path, buckets: int, chunk: int) -> float:
+    conn = db.connect(path)
+    rows = list(conn.execute("SELECT v.memory_id, m.vis_key, m.created_at, v.embedding FROM vec_memories v "
+                             "JOIN memories m ON m.id = v.memory_id"))
+    info = vectors.index_info(conn)
+    t = time.perf_counter()
+    with conn:
+        conn.execute("DROP TABLE vec_memories")
+        conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim', 'vec_buckets')")
+        info = vectors.create_index(conn, EMBED_MODEL, info.dim, buckets=buckets, chunk_size=chunk)
+        conn.executemany("INSERT INTO vec_memories(memory_id, bucket, vis_key, created_at, embedding) "
+                         "VALUES (?, ?, ?, ?, ?)",
+                         [(mid, vectors.bucket_of(key, buckets), key, float(created), blob)
+                          for mid, key, created, blob in rows])
+    elapsed = time.perf_counter() - t
+    conn.execute("VACUUM")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    conn.close()
+    return elapsed
+
+
+def measure(path: Path, size: int, viewers: int) -> dict:
+    conn = db.connect(path)
+    info = vectors.index_info(conn)
+    matrix, by_key = load_vectors(conn)
+    world = World(Shape(size), seed=99)
+    knn_ms, numpy_ms, ratio = [], [], []
+    for i in range(viewers + 20):
+        viewer = world.viewer()
+        _, q = world.query()
+        keys = visible_keys(conn, viewer)
+        t = time.perf_counter()
+        vectors.knn(conn, info, q.tolist(), keys, 15)
+        took = (time.perf_counter() - t) * 1000
+        idx = np.concatenate([by_key.get(k, np.zeros(0, dtype=np.int64)) for k in keys]).astype(np.int64)
+        anchor = numpy_anchor(np.ascontiguousarray(matrix[idx]), q, 15)
+        if i >= 20:
+            knn_ms.append(took)
+            numpy_ms.append(anchor)
+            ratio.append(took / anchor)
+    conn.close()
+    return {"knn_ms": summary(knn_ms), "numpy_ms": summary(numpy_ms), "ratio": summary(ratio)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=100000)
+    parser.add_argument("--source", default=None, help="speed database (default: the 64x64 one in --workdir)")
+    parser.add_argument("--workdir", default="/tmp/muninn-bench")
+    parser.add_argument("--layouts", default="64x64,256x32,1024x16,1024x32,4096x8")
+    parser.add_argument("--viewers", type=int, default=200)
+    parser.add_argument("--label", default="layouts")
+    args = parser.parse_args(argv)
+    source = Path(args.source or Path(args.workdir) / f"speed-{args.size}-b64-c64.db")
+    raw = None
+    rows = []
+    for layout in args.layouts.split(","):
+        buckets, chunk = (int(x) for x in layout.split("x"))
+        path = Path(args.workdir) / f"layout-{args.size}-{layout}.db"
+        shutil.copy(source, path)
+        build_s = rebuild(path, buckets, chunk)
+        if raw is None:
+            conn = db.connect(path)
+            matrix, _ = load_vectors(conn)
+            raw = matrix.nbytes + db.query_value(conn, "SELECT sum(length(CAST(text AS BLOB))) FROM memories")
+            conn.close()
+        row = {"layout": layout, "buckets": buckets, "chunk_size": chunk, "insert_s": round(build_s, 2),
+               "db_bytes": path.stat().st_size, "db_ratio": round(path.stat().st_size / raw, 3),
+               **measure(path, args.size, args.viewers)}
+        rows.append(row)
+        path.unlink()
+        print(f"{layout:>10}: knn {row['knn_ms']['median']:.3f} / {row['knn_ms']['p95']:.3f} ms, numpy "
+              f"{row['numpy_ms']['median']:.3f} ms, ratio {row['ratio']['median']:.1f} (p95 {row['ratio']['p95']:.1f}), "
+              f"db {row['db_bytes'] / 1e6:.0f} MB = {row['db_ratio']:.2f}x raw, bulk insert {build_s:.1f} s",
+              flush=True)
+    out = RESULTS / f"{args.label}-{args.size}.json"
+    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,385 @@
+"""Periodic maintenance: decay archival, missing embeddings, missing links, consolidation.
+
+`run_maintenance` is what `muninn maintain` and the bot's periodic task call. Each
+step commits in small transactions (one batch of archivals, one cluster) and
+remembers how far it got, so it is safe to interrupt and idempotent: a second run
+right after the first finds nothing to do.
+
+  decay          archive active memories whose retention fell below
+                 MUNINN_ARCHIVE_RETENTION and whose importance is below
+                 MUNINN_ARCHIVE_IMPORTANCE. Archived memories leave retrieval and stay
+                 in the database: `list_archived` shows them, `Engine.restore` brings one back.
+  embeddings     engine.backfill: vectors for memories stored while Ollama was away.
+  consolidation  near-duplicates (cosine >= MUNINN_DEDUP_COSINE, value guard passed)
+                 under one visibility key are merged: the LLM writes one sentence, or
+                 without an LLM the clearest original is kept; the others are archived and
+                 linked from the survivor as `consolidated`. Never across scopes or owners.
+  links          semantic links for memories that have none checked yet.
+
+The links and consolidation steps scan memories in id order and keep a watermark in
+`meta`; they stop at the first memory without a vector (it is scanned once the
+backfill has embedded it), so nothing is skipped and nothing is scanned twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import apsw
+
+from . import decay, lifecycle, store, vectors
+from .db import get_meta, query_value, set_meta
+from .extraction import FIRST_PERSON, GENERIC_SUBJECT, ask_json, embed_or_none
+from .scope import ACTIVE
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_BATCH = 500
+SCAN_BATCH = 200
+CLUSTER_NEIGHBOURS = 8
+MAX_CLUSTER = 8
+CLEAR_TEXT_CHARS = 300       # longer originals are not "clear": a summary is preferred
+LINKS_WATERMARK = "maintenance.links_through"
+CONSOLIDATION_WATERMARK = "maintenance.consolidated_through"
+
+
+@dataclass
+class Consolidation:
+    survivor: int                  # the memory that now stands for the cluster
+    originals: list[int]           # archived into it
+    merged_by: str                 # "llm" (a new memory) or "kept" (the clearest original)
+    text: str
+
+
+@dataclass
+class MaintenanceReport:
+    archived: list[int] = field(default_factory=list)
+    embedded: int = 0
+    consolidated: list[Consolidation] = field(default_factory=list)
+    links: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["seconds"] = round(self.seconds, 3)
+        return out
+
+    def lines(self) -> list[str]:
+        merged = sum(len(c.originals) for c in self.consolidated)
+        return [f"decay: archived {len(self.archived)} faded memories"
+                + (f" ({', '.join(f'#{i}' for i in self.archived[:20])}{' ...' if len(self.archived) > 20 else ''})"
+                   if self.archived else ""),
+                f"embeddings: added {self.embedded} missing vectors",
+                f"consolidation: merged {merged} near-duplicates into {len(self.consolidated)} memories",
+                f"links: added {self.links} semantic links"]
+
+
+# -- decay ---------------------------------------------------------------------
+
+def faded_ids(conn: apsw.Connection, *, now: float, retention_below: float, importance_below: float,
+              limit: int) -> list[int]:
+    """Active memories with low importance whose retention fell below the threshold."""
+    if retention_below <= 0:
+        return []
+    # retention < r  <=>  elapsed_days > -ln(r) * stability (no exp() per row needed)
+    horizon = -math.log(retention_below)
+    return [row[0] for row in conn.execute(
+        f"SELECT id FROM memories WHERE {ACTIVE} AND importance < ? AND "
+        f"(? - coalesce(last_accessed, created_at)) / {decay.SECONDS_PER_DAY} > ? * stability "
+        "ORDER BY id LIMIT ?", (importance_below, now, horizon, limit))]
+
+
+def archive_faded(conn: apsw.Connection, ids: Sequence[int], *, now: float) -> list[int]:
+    done = []
+    with conn:
+        for memory_id in ids:
+            memory = store.get(conn, memory_id)
+            if memory.archived_at is not None:
+                continue
+            store.archive(conn, memory_id, f"decayed (retention {memory.retention(now):.3f})", now=now)
+            done.append(memory_id)
+    return done
+
+
+async def archive_decayed(engine: Any, *, now: float | None = None) -> list[int]:
+    settings = engine.settings
+    now = time.time() if now is None else now
+    archived: list[int] = []
+    while True:
+        ids = await engine.run(faded_ids, now=now, retention_below=settings.archive_retention,
+                               importance_below=settings.archive_importance, limit=ARCHIVE_BATCH)
+        if not ids:
+            return archived
+        archived += await engine.run(archive_faded, ids, now=now)
+
+
+def list_archived(conn: apsw.Connection, *, owner_id: int | None = None, reason: str | None = None,
+                  limit: int = 50, offset: int = 0) -> tuple[list[store.Memory], int]:
+    """Archived memories, most recently archived first, and how many there are.
+    `reason` matches the start of the archive reason (decayed, superseded, consolidated)."""
+    where = "archived_at IS NOT NULL"
+    params: list = []
+    if owner_id is not None:
+        where += " AND owner_id = ?"
+        params.append(owner_id)
+    if reason:
+        where += " AND archive_reason LIKE ? ESCAPE '\\'"
+        params.append(reason.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+    total = query_value(conn, f"SELECT count(*) FROM memories WHERE {where}", params)
+    rows = conn.execute(f"SELECT {store.COLUMNS} FROM memories WHERE {where} "
+                        "ORDER BY archived_at DESC, id DESC LIMIT ? OFFSET ?", (*params, limit, offset))
+    return [store.Memory.from_row(row) for row in rows], total
+
+
+# -- the id-order scans ---------------------------------------------------------
+
+def scan_batch(conn: apsw.Connection, watermark_key: str, limit: int) -> tuple[list[tuple[int, str]], bool]:
+    """The next active memories after the watermark, [(id, vis_key)], stopping before the first
+    one without a vector; and whether such a blocker was hit."""
+    after = int(get_meta(conn, watermark_key, "0"))
+    out: list[tuple[int, str]] = []
+    for memory_id, vis_key, embedded in conn.execute(
+            "SELECT id, vis_key, embedded FROM memories WHERE id > ? AND " + ACTIVE + " ORDER BY id LIMIT ?",
+            (after, limit)):
+        if not embedded:
+            return out, True
+        out.append((memory_id, vis_key))
+    return out, False
+
+
+def advance(conn: apsw.Connection, watermark_key: str, memory_id: int) -> None:
+    with conn:
+        current = int(get_meta(conn, watermark_key, "0"))
+        if memory_id > current:
+            set_meta(conn, watermark_key, str(memory_id))
+
+
+def current_index(conn: apsw.Connection, embed_model: str) -> vectors.IndexInfo | None:
+    info = vectors.index_info(conn)
+    return info if info is not None and info.model == embed_model else None
+
+
+# -- links ------------------------------------------------------------------------
+
+def link_batch(conn: apsw.Connection, *, embed_model: str, threshold: float, now: float) -> tuple[int, bool]:
+    """Semantic links for the next batch; returns (links added, more to do now)."""
+    info = current_index(conn, embed_model)
+    if info is None:
+        return 0, False
+    batch, blocked = scan_batch(conn, LINKS_WATERMARK, SCAN_BATCH)
+    added = 0
+    with conn:
+        for memory_id, vis_key in batch:
+            added += lifecycle.link_similar(conn, info, memory_id, vis_key, threshold=threshold, now=now)
+        if batch:
+            advance(conn, LINKS_WATERMARK, batch[-1][0])
+    return added, bool(batch) and not blocked
+
+
+async def build_links(engine: Any, *, now: float | None = None) -> int:
+    now = time.time() if now is None else now
+    total = 0
+    while True:
+        added, more = await engine.run(link_batch, embed_model=engine.settings.embed_model,
+                                       threshold=engine.settings.link_cosine, now=now)
+        total += added
+        if not more:
+            return total
+
+
+# -- consolidation -------------------------------------------------------------
+
+def find_clusters(conn: apsw.Connection, *, embed_model: str, threshold: float,
+                  limit: int = SCAN_BATCH) -> tuple[list[list[store.Memory]], int | None, bool]:
+    """Clusters of near-duplicates among the next scanned memories and their neighbours (same
+    visibility key), the last id scanned, and whether more remain to scan now."""
+    info = current_index(conn, embed_model)
+    if info is None:
+        return [], None, False
+    batch, blocked = scan_batch(conn, CONSOLIDATION_WATERMARK, limit)
+    clusters: list[list[int]] = []
+    taken: set[int] = set()
+    for memory_id, vis_key in batch:
+        if memory_id in taken:
+            continue
+        seed = store.get(conn, memory_id)
+        members = [memory_id]
+        neighbours = vectors.similar_to_memory(conn, info, memory_id, [vis_key], CLUSTER_NEIGHBOURS)
+        others = store.get_many(conn, [mid for mid, _ in neighbours])
+        for other_id, distance in neighbours:
+            other = others.get(other_id)
+            if (other is None or other_id in taken or other.archived_at is not None
+                    or vectors.cosine_from_distance(distance) < threshold
+                    or lifecycle.values_conflict(seed.text, other.text)):
+                continue
+            members.append(other_id)
+            if len(members) >= MAX_CLUSTER:
+                break
+        if len(members) > 1:
+            clusters.append(members)
+            taken.update(members)
+    found = [sorted(store.get_many(conn, ids).values(), key=lambda m: (m.created_at, m.id)) for ids in clusters]
+    return found, (batch[-1][0] if batch else None), bool(batch) and not blocked
+
+
+def clearest(memories: Sequence[store.Memory]) -> store.Memory:
+    """Without an LLM, the original to keep: the most informative text that is still short,
+    the newest on a tie (it is the most current)."""
+    short = [m for m in memories if len(m.text) <= CLEAR_TEXT_CHARS]
+    if not short:
+        return min(memories, key=lambda m: (len(m.text), -m.created_at, -m.id))
+    return max(short, key=lambda m: (len(m.text), m.created_at, m.id))
+
+
+MERGE_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+
+MERGE_SYSTEM = (
+    "You merge memories that say nearly the same thing about the same subject into ONE short, "
+    "self-contained sentence in the third person that keeps every detail. If they disagree, the newest "
+    "(last) one is right. Name the subject as the memories do; never write I, me, my, you or \"the user\". "
+    "Add nothing that is not in the memories. Reply with JSON only: {\"text\": \"...\"}")
+
+
+def merge_messages(memories: Sequence[store.Memory]) -> list[dict[str, str]]:
+    listing = "\n".join(f"{i}. ({store.iso(m.created_at)[:10]}) {m.text}" for i, m in enumerate(memories, start=1))
+    return [{"role": "system", "content": MERGE_SYSTEM}, {"role": "user", "content": f"Memories, oldest first:\n{listing}"}]
+
+
+def check_merge(data: Any, memories: Sequence[store.Memory]) -> tuple[str, list[str]]:
+    """The merged sentence, or ValueError: empty, first person, or a value none of the originals has."""
+    if isinstance(data, str):
+        data = {"text": data}
+    if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+        raise ValueError("expected {\"text\": \"...\"}")
+    text = " ".join(data["text"].split())
+    if not 3 <= len(text) <= store.MAX_TEXT_CHARS:
+        raise ValueError("'text' is empty or too long")
+    if FIRST_PERSON.search(text) or GENERIC_SUBJECT.search(text):
+        raise ValueError(f"{text!r} uses I/me/you or 'the user': name the subject")
+    known: set[str] = set()
+    for memory in memories:
+        known |= lifecycle.value_tokens(memory.text)
+    invented = lifecycle.value_tokens(text) - known
+    if invented:
+        raise ValueError(f"{text!r} adds {', '.join(sorted(invented))}, which no memory says")
+    return text, []
+
+
+def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merged_text: str | None,
+                        vector: Sequence[float] | None, *, embed_model: str, base_stability_days: float,
+                        now: float) -> Consolidation | None:
+    """One cluster, one transaction: write the survivor, archive the others, link them."""
+    with conn:
+        found = store.get_many(conn, list(cluster_ids))
+        members = [found[i] for i in cluster_ids if i in found and found[i].archived_at is None]
+        if len(members) < 2 or len({m.vis_key for m in members}) != 1:
+            return None  # changed since it was found (restored, archived, recalled elsewhere)
+        sources: list[str] = []
+        for memory in members:
+            sources += [str(s) for s in memory.source_message_ids if str(s) not in sources]
+        importance = max(m.importance for m in members)
+        stability = max(m.stability for m in members)
+        last_seen = max(m.last_accessed or m.created_at for m in members)
+        first = min(members, key=lambda m: (m.created_at, m.id))
+        if merged_text is not None and lifecycle.normalise(merged_text) not in {lifecycle.normalise(m.text)
+                                                                                  for m in members}:
+            info = lifecycle.index_for(conn, embed_model, len(vector)) if vector is not None else None
+            survivor_id = store.insert_many(
+                conn, [store.NewMemory(text=merged_text, scope=first.scope, owner_id=first.owner_id,
+                                       channel_id=first.channel_id, guild_id=first.guild_id, importance=importance,
+                                       created_at=first.created_at, source_message_ids=sources)],
+                base_stability_days=base_stability_days, vector_info=info,
+                vectors_=[vector] if info is not None else None, now=now)[0]
+            merged_by, originals = "llm", [m.id for m in members]
+        else:
+            if merged_text is not None:  # the LLM returned one of the originals verbatim: keep that one
+                keep = next(m for m in members if lifecycle.normalise(m.text) == lifecycle.normalise(merged_text))
+            else:
+                keep = clearest(members)
+            survivor_id, merged_by = keep.id, "kept"
+            originals = [m.id for m in members if m.id != keep.id]
+        conn.execute("UPDATE memories SET importance = ?, stability = ?, last_accessed = ?, source_message_ids = ?, "
+                     "updated_at = ? WHERE id = ?",
+                     (importance, stability, last_seen, json.dumps(sources), now, survivor_id))
+        for original in originals:
+            store.archive(conn, original, f"consolidated into #{survivor_id}", now=now)
+            store.add_link(conn, survivor_id, original, "consolidated", now=now)
+        text = store.get(conn, survivor_id).text
+    return Consolidation(survivor_id, originals, merged_by, text)
+
+
+async def consolidate(engine: Any, *, now: float | None = None, use_llm: bool = True) -> list[Consolidation]:
+    settings = engine.settings
+    now = time.time() if now is None else now
+    done: list[Consolidation] = []
+    while True:
+        clusters, last_id, more = await engine.run(find_clusters, embed_model=settings.embed_model,
+                                                   threshold=settings.dedup_cosine)
+        for members in clusters:
+            merged_text = None
+            if use_llm and engine.ollama.enabled:
+                merged_text = await ask_json(engine.ollama, merge_messages(members), MERGE_SCHEMA,
+                                             lambda data, ms=members: check_merge(data, ms),
+                                             what=f"consolidation of {[m.id for m in members]}")
+            vector = None
+            if merged_text is not None:
+                vecs = await embed_or_none(engine, [merged_text])
+                vector = vecs[0] if vecs else None
+            result = await engine.run(apply_consolidation, [m.id for m in members], merged_text, vector,
+                                      embed_model=settings.embed_model,
+                                      base_stability_days=settings.base_stability_days, now=now)
+            if result is not None:
+                log.info("consolidated %s into #%d (%s)", result.originals, result.survivor, result.merged_by)
+                done.append(result)
+        if last_id is not None:
+            await engine.run(advance, CONSOLIDATION_WATERMARK, last_id)
+        if not more:
+            return done
+
+
+# -- the whole task ----------------------------------------------------------------
+
+async def run_maintenance(engine: Any, *, now: float | None = None, use_llm: bool = True,
+                          on_step: Callable[[str], None] | None = None) -> MaintenanceReport:
+    """Decay, embeddings, consolidation, links, in that order (archived memories are not
+    embedded, and clusters and links need the vectors). Each step's line goes to `on_step`."""
+    started = time.perf_counter()
+    report = MaintenanceReport()
+    report.archived = await archive_decayed(engine, now=now)
+    _say(on_step, report.lines()[0])
+    report.embedded = await engine.backfill()
+    _say(on_step, report.lines()[1])
+    report.consolidated = await consolidate(engine, now=now, use_llm=use_llm)
+    _say(on_step, report.lines()[2])
+    report.links = await build_links(engine, now=now)
+    _say(on_step, report.lines()[3])
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _say(on_step: Callable[[str], None] | None, line: str) -> None:
+    if on_step is not None:
+        on_step(line)
+
+
+async def maintain_periodically(engine: Any, *, hours: float | None = None, first_delay: float = 60.0) -> None:
+    """The bot's background task: run maintenance every `hours` (MUNINN_MAINTENANCE_HOURS) until
+    cancelled. A failed run is logged and retried at the next interval."""
+    hours = engine.settings.maintenance_hours if hours is None else hours
+    if hours <= 0:
+        return
+    await asyncio.sleep(first_delay)
+    while True:
+        try:
+            report = await run_maintenance(engine)
+            log.info("maintenance: %s", "; ".join(report.lines()))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("maintenance run failed; trying again in %g hours", hours)
+        await asyncio.sleep(hours * 3600)

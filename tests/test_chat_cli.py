@@ -1,0 +1,61 @@
+"""`muninn chat`: the same pipeline in a terminal, one local user in one local room."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+from bot import history, store
+from bot.chat_cli import LOCAL_CHANNEL_ID, LOCAL_GUILD_ID, LOCAL_USER_ID, local_name, run_chat
+from bot.cli import main
+from bot.engine import Engine
+from bot.scope import Viewer
+
+
+def answers(request: dict) -> str:
+    said = request["messages"][-1]["content"]
+    if request.get("format"):
+        name = local_name()
+        facts = [{"text": f"{name} grows tomatoes", "about": name, "scope": "personal", "importance": 0.7}]
+        return json.dumps({"facts": facts if "tomatoes" in said else []})
+    return "You said: " + said.rsplit(": ", 1)[-1]
+
+
+async def test_chat_answers_remembers_and_recalls_in_the_local_room(fake_ollama, make_settings):
+    fake_ollama.default_chat_reply = answers
+    settings = make_settings(fake_ollama.url)
+    out = io.StringIO()
+    code = await run_chat(settings, stdin=io.StringIO("I grow tomatoes\n\n/quit\nnever read\n"), stdout=out)
+    assert code == 0
+    assert out.getvalue() == "muninn> You said: I grow tomatoes\n"  # not interactive: no prompts or banner
+
+    async with Engine(settings) as engine:
+        [memory] = await engine.run(store.personal_memories, LOCAL_USER_ID)
+        assert (memory.guild_id, memory.channel_id) == (LOCAL_GUILD_ID, LOCAL_CHANNEL_ID)
+        recalled = await engine.recall("tomatoes", Viewer(user_id=LOCAL_USER_ID, channel_id=0, guild_id=0))
+        assert recalled.texts == [memory.text]
+        rows = await engine.run(history.recent, LOCAL_CHANNEL_ID, 10)
+        assert [r.role for r in rows] == ["user", "assistant"]
+
+    out = io.StringIO()
+    await run_chat(settings, stdin=io.StringIO("what do I grow?\n"), stdout=out)
+    prompt = [r for r in fake_ollama.chat_requests() if not r.get("format")][-1]["messages"]
+    assert memory.text in prompt[0]["content"] and "terminal" in prompt[0]["content"]
+    assert [m["role"] for m in prompt] == ["system", "user", "assistant", "user"]  # the earlier session
+
+
+async def test_chat_with_ollama_down_still_answers(fake_ollama, make_settings):
+    await fake_ollama.go_down()
+    out = io.StringIO()
+    await run_chat(make_settings(fake_ollama.url), stdin=io.StringIO("hello?\n"), stdout=out)
+    assert "can't think right now" in out.getvalue()
+
+
+async def test_muninn_chat_subcommand(fake_ollama, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MUNINN_DB_PATH", str(tmp_path / "chat.db"))
+    monkeypatch.setenv("OLLAMA_URL", fake_ollama.url)
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi there\n"))
+    fake_ollama.chat_replies.append("hello, human")
+    assert await asyncio.to_thread(main, ["chat"]) == 0
+    assert "muninn> hello, human" in capsys.readouterr().out

@@ -1,0 +1,137 @@
+"""The unmodified bot against a fake Discord on 127.0.0.1: REST + websocket gateway.
+
+Only discord.py's base URLs are patched, here in the test (tests/fakes/discord_server.py
+`patch_discord_urls`); the product code has no test hooks. The bot wires its own real
+fact extractor, so this also checks the whole path from a DM to a stored memory.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import pytest
+
+from bot import store
+from bot.cli import main
+from cogs.client import MuninnBot
+from tests.fakes.discord_server import FakeDiscord, Intents, patch_discord_urls
+
+FACT = "Alice's sister is called Ylva"
+
+
+def ollama_answers(request: dict) -> str:
+    if request.get("format"):
+        said = request["messages"][-1]["content"]
+        facts = [{"text": FACT, "about": "Alice", "scope": "personal", "importance": 0.8}] if "Ylva" in said else []
+        return json.dumps({"facts": facts})
+    return "Got it."
+
+
+@pytest.fixture
+async def discord_world(monkeypatch):
+    async with FakeDiscord(heartbeat_interval=200) as fake:
+        patch_discord_urls(fake, monkeypatch)
+        alice = fake.add_user("alice", global_name="Alice")
+        guild = fake.add_guild("Asgard", members=[alice])
+        yield fake, alice, guild
+        assert fake.unhandled_requests == [], fake.unhandled_requests
+
+
+async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, fake_ollama, make_settings):
+    fake, alice, guild = discord_world
+    general = guild["channels"][0]
+    fake_ollama.default_chat_reply = ollama_answers
+    settings = make_settings(fake_ollama.url)
+    bot = MuninnBot(settings, guild_ready_timeout=0.1)
+    task = asyncio.create_task(bot.start("fake-token"))
+    try:
+        await fake.wait_until_ready()
+        intents = fake.identify_payload["intents"]
+        assert intents & Intents.MESSAGE_CONTENT and intents & Intents.GUILD_MESSAGES
+        assert intents & Intents.DIRECT_MESSAGES
+        assert fake.commands[None] == []  # nothing synced on start-up
+
+        # A DM is answered, as a reply, with typing first and no mentions allowed.
+        dm = fake.dm_channel(alice)
+        told = await fake.send_message(dm["id"], alice, "My sister is called Ylva.")
+        answer = await fake.wait_for_sent_message(dm["id"])
+        assert answer["json"]["content"] == "Got it."
+        assert answer["json"]["allowed_mentions"] == {"parse": []}
+        assert answer["json"]["message_reference"]["message_id"] == int(told["id"])
+        assert dm["id"] in fake.typing
+
+        # The bot's own extractor stored the fact, as Alice's personal memory from a DM.
+        await bot.extractor.drain()
+        [memory] = await bot.engine.run(store.personal_memories, int(alice["id"]))
+        assert (memory.text, memory.guild_id) == (FACT, None)
+
+        # Asked in a DM, the fact is in the prompt...
+        sent = len(fake.sent_messages)
+        await fake.send_message(dm["id"], alice, "What is my sister called?")
+        await fake.wait_for_sent_message(dm["id"], since=sent)
+        assert FACT in fake_ollama.chat_requests()[-1]["messages"][0]["content"]
+
+        # ...in the server it is not, and Muninn only speaks when mentioned.
+        await fake.send_message(general["id"], alice, "nobody asked Muninn this")
+        sent = len(fake.sent_messages)
+        await fake.send_message(general["id"], alice, f"{fake.mention(fake.bot_user)} what is my sister called?",
+                                mentions=[fake.bot_user])
+        await fake.wait_for_sent_message(general["id"], since=sent)
+        assert [m["channel_id"] for m in fake.sent_messages[sent:]] == [general["id"]]
+        messages = fake_ollama.chat_requests()[-1]["messages"]
+        assert "Ylva" not in json.dumps(messages)
+        assert messages[-2]["content"].endswith("Alice: nobody asked Muninn this")
+
+        # Slash commands, once synced explicitly, answer privately.
+        synced = await bot.tree.sync()
+        assert sorted(c.name for c in synced) == ["always-answer", "memory"]
+        memory_id = next(c.id for c in synced if c.name == "memory")
+        listing = await fake.send_interaction("memory", alice, dm["id"], command_id=memory_id,
+                                              options=[{"name": "list", "type": 1, "options": []}])
+        response = await fake.wait_for_interaction_response(listing)
+        assert response["ephemeral"] and FACT in response["data"]["content"]
+        listing = await fake.send_interaction("memory", alice, general["id"], command_id=memory_id,
+                                              options=[{"name": "list", "type": 1, "options": []}])
+        response = await fake.wait_for_interaction_response(listing)
+        assert response["ephemeral"] and "Ylva" not in response["data"]["content"]
+    finally:
+        await bot.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch, fake_ollama):
+    monkeypatch.chdir(tmp_path)  # no .env from the repository
+    monkeypatch.setenv("MUNINN_DB_PATH", str(tmp_path / "cli.db"))
+    monkeypatch.setenv("OLLAMA_URL", fake_ollama.url)
+    return monkeypatch
+
+
+async def test_without_a_token_muninn_says_in_one_line_what_to_do(cli_env, capsys):
+    cli_env.setenv("DISCORD_TOKEN", "")
+    assert await asyncio.to_thread(main, []) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "https://discord.com/developers/applications" in err and "Message Content" in err and ".env" in err
+
+
+async def test_a_rejected_token_is_one_line_too(discord_world, cli_env, capsys):
+    fake, _, _ = discord_world
+    fake.rejected_tokens.add("bad-token")
+    cli_env.setenv("DISCORD_TOKEN", "bad-token")
+    assert await asyncio.to_thread(main, ["run"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rejected DISCORD_TOKEN" in err[0] and ".env" in err[0]
+    assert fake.identify_payload is None
+
+
+async def test_muninn_sync_registers_the_commands_in_one_guild(discord_world, cli_env, capsys):
+    fake, _, guild = discord_world
+    cli_env.setenv("DISCORD_TOKEN", "fake-token")
+    assert await asyncio.to_thread(main, ["sync", "--guild", guild["id"]]) == 0
+    out = capsys.readouterr().out
+    assert "synced 2 commands to guild" in out and "/memory" in out
+    assert sorted(c["name"] for c in fake.commands[guild["id"]]) == ["always-answer", "memory"]
+    assert fake.commands[None] == [] and fake.identify_payload is None  # REST only, no gateway

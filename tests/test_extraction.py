@@ -1,0 +1,422 @@
+"""Fact extraction through the real engine and the fake Ollama server (scripted chat replies)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import apsw
+import pytest
+
+from bot import store
+from bot.engine import Engine
+from bot.exchange import Exchange
+from bot.extraction import (FACT_SCHEMA, Extractor, Fact, extract_facts, parse_json_reply, store_facts,
+                            strip_reasoning)
+from bot.scope import Viewer
+from tests.fakes.ollama import FakeOllama
+
+ALICE, BOB, OWNER = 101, 202, 909
+GUILD, CHANNEL, DM_CHANNEL = 7, 70, 71
+
+
+# -- helpers shared with the other lifecycle tests ------------------------------
+
+def exchange(text: str, *, author: int = ALICE, name: str = "Alice", channel: int = CHANNEL,
+             guild: int | None = GUILD, message_id: int = 1, reply: str = "Noted!",
+             recalled: tuple[str, ...] = (), created_at: float | None = None) -> Exchange:
+    return Exchange(author_id=author, author_name=name, channel_id=channel, guild_id=guild, dm=guild is None,
+                    user_message=text, user_message_id=message_id, reply=reply, reply_message_id=message_id + 1000,
+                    recalled=recalled, created_at=created_at)
+
+
+def fact(text: str, about: str = "Alice", scope: str = "personal", importance: float = 0.6) -> dict:
+    return {"text": text, "about": about, "scope": scope, "importance": importance}
+
+
+def facts_reply(*items: dict) -> str:
+    return json.dumps({"facts": list(items)})
+
+
+def kind_of(request: dict) -> str:
+    system = request["messages"][0]["content"]
+    if system.startswith("You pick out facts"):
+        return "extract"
+    if system.startswith("You keep a memory store tidy"):
+        return "update"
+    if system.startswith("You merge memories"):
+        return "merge"
+    return "other"
+
+
+class Script:
+    """Scripted chat answers per kind of request (extract / update / merge), in order;
+    when a kind's list is empty the answer is `{}` (no facts, no update)."""
+
+    def __init__(self, fake: FakeOllama):
+        self.queues: dict[str, list] = {"extract": [], "update": [], "merge": []}
+        self.seen: dict[str, list[dict]] = {"extract": [], "update": [], "merge": [], "other": []}
+        fake.default_chat_reply = self.answer
+
+    def add(self, kind: str, *answers) -> "Script":
+        self.queues[kind].extend(answers)
+        return self
+
+    def answer(self, request: dict) -> str:
+        kind = kind_of(request)
+        self.seen[kind].append(request)
+        queue = self.queues.get(kind) or []
+        if queue:
+            item = queue.pop(0)
+            return item(request) if callable(item) else item
+        return "{}"
+
+
+async def memories_of(engine: Engine, *, active_only: bool = True) -> list[store.Memory]:
+    def read(conn):
+        sql = f"SELECT {store.COLUMNS} FROM memories" + (" WHERE archived_at IS NULL" if active_only else "")
+        return [store.Memory.from_row(r) for r in conn.execute(sql + " ORDER BY id")]
+    return await engine.run(read)
+
+
+async def links_of(engine: Engine) -> set[tuple[int, int, str]]:
+    return set(await engine.run(lambda c: [tuple(r) for r in c.execute(
+        "SELECT source_id, target_id, kind FROM memory_links")]))
+
+
+@pytest.fixture
+async def script(fake_ollama):
+    return Script(fake_ollama)
+
+
+# -- parsing (pure) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, expected", [
+    ('{"facts": []}', {"facts": []}),
+    ('<think>Alice said "{" once</think>{"facts": []}', {"facts": []}),
+    ('<think>unfinished reasoning {"facts": [1]}', None),
+    ('</think>\n[]', []),
+    ('```json\n{"facts": []}\n```', {"facts": []}),
+    ('Sure! Here you go:\n```\n[{"a": 1}]\n```\nHope it helps', [{"a": 1}]),
+    ('Here is the JSON: {"facts": []} done', {"facts": []}),
+    ('```json\n{"facts": []}', {"facts": []}),
+])
+def test_parse_json_reply_tolerates_reasoning_fences_and_prose(raw, expected):
+    if expected is None:
+        with pytest.raises(ValueError):
+            parse_json_reply(raw)
+    else:
+        assert parse_json_reply(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["", "   ", "<think>only thinking</think>", "not json at all", "{broken", "```\n```"])
+def test_parse_json_reply_rejects_what_is_not_json(raw):
+    with pytest.raises(ValueError):
+        parse_json_reply(raw)
+
+
+def test_strip_reasoning_keeps_the_answer():
+    assert strip_reasoning("<THINK>x</THINK> <thinking>y</thinking> {}") == "{}"
+
+
+# -- accepted shapes, through the fake server --------------------------------------
+
+GOOD = fact("Alice lives in Oslo.")
+
+
+@pytest.mark.parametrize("reply", [
+    facts_reply(GOOD),
+    json.dumps([GOOD]),
+    json.dumps(GOOD),
+    "<think>The user says they live in Oslo.</think>\n" + facts_reply(GOOD),
+    "```json\n" + facts_reply(GOOD) + "\n```",
+    "<think>hmm</think>```json\n" + json.dumps([GOOD]) + "\n```",
+    json.dumps({"facts": [dict(GOOD, importance="0.6", scope="Personal")]}),
+], ids=["object", "bare-list", "single-object", "think", "fence", "think+fence", "lenient-types"])
+async def test_accepts_every_usable_shape(engine, fake_ollama, script, reply):
+    script.add("extract", reply)
+    facts = await extract_facts(engine, exchange("I live in Oslo."))
+    assert [(f.text, f.scope, f.owner_id, f.guild_id, f.importance) for f in facts] == [
+        ("Alice lives in Oslo.", "personal", ALICE, GUILD, 0.6)]
+    assert len(script.seen["extract"]) == 1
+
+
+async def test_request_uses_structured_output_and_only_the_users_words(engine, fake_ollama, script):
+    recalled = ("Alice has a cat named Tom.",)
+    ex = exchange("I moved to Bergen last week!", reply="Welcome to Bergen, Alice! How is Tom the cat?",
+                  recalled=recalled)
+    await extract_facts(engine, ex)
+    (request,) = script.seen["extract"]
+    assert request["format"] == FACT_SCHEMA
+    assert request["stream"] is False
+    prompt = json.dumps(request["messages"])
+    assert "I moved to Bergen last week!" in prompt and "Alice" in prompt
+    for leaked in ("Welcome to Bergen", "Tom", engine.settings.persona):
+        assert leaked not in prompt
+    assert [m["role"] for m in request["messages"]] == ["system", "user"]
+
+
+# -- failure modes: retry once, then log and drop -------------------------------
+
+@pytest.mark.parametrize("bad", [
+    "this is not JSON",
+    "",
+    "<think>I should answer with JSON</think>",
+    '{"facts": "Alice lives in Oslo"}',
+    json.dumps({"facts": [fact("Alice lives in Oslo.", importance="high")]}),
+    json.dumps({"facts": [dict(GOOD, text=42)]}),
+    json.dumps({"facts": [dict(GOOD, scope="secret")]}),
+    json.dumps({"facts": [dict(GOOD, importance=True)]}),
+    json.dumps({"facts": [dict(GOOD, importance=7)]}),
+    json.dumps({"facts": [fact("I live in Oslo.")]}),
+    json.dumps({"facts": [fact("The user lives in Oslo.")]}),
+    json.dumps({"facts": [fact("Lives in Oslo.")]}),
+    json.dumps({"facts": [{"text": "Alice lives in Oslo."}]}),
+    json.dumps("Alice lives in Oslo."),
+    json.dumps({"memories": []}),
+], ids=["not-json", "empty", "only-think", "facts-not-list", "importance-word", "text-number", "bad-scope",
+        "importance-bool", "importance-out-of-range", "first-person", "the-user", "no-name", "missing-fields",
+        "json-string", "wrong-key"])
+async def test_invalid_answer_is_retried_once_with_the_reason(engine, fake_ollama, script, bad):
+    script.add("extract", bad, facts_reply(GOOD))
+    facts = await extract_facts(engine, exchange("I live in Oslo."))
+    assert [f.text for f in facts] == ["Alice lives in Oslo."]
+    first, second = script.seen["extract"]
+    assert len(second["messages"]) == len(first["messages"]) + 2
+    assert second["messages"][-2]["role"] == "assistant"
+    assert "invalid" in second["messages"][-1]["content"]
+
+
+async def test_invalid_twice_is_logged_and_dropped(engine, fake_ollama, script, caplog):
+    script.add("extract", "garbage", "<think>still thinking</think>")
+    with caplog.at_level(logging.WARNING, logger="bot.extraction"):
+        assert await extract_facts(engine, exchange("I live in Oslo.")) == []
+    assert len(script.seen["extract"]) == 2
+    assert "invalid twice" in caplog.text
+
+
+async def test_valid_part_of_a_twice_invalid_answer_is_kept(engine, fake_ollama, script):
+    half = facts_reply(GOOD, fact("I like tea.", importance=0.3))
+    script.add("extract", half, half)
+    facts = await extract_facts(engine, exchange("I live in Oslo and I like tea."))
+    assert [f.text for f in facts] == ["Alice lives in Oslo."]
+    assert len(script.seen["extract"]) == 2
+
+
+async def test_http_500_is_logged_and_dropped(engine, fake_ollama, script, caplog):
+    fake_ollama.chat_replies.append(FakeOllama.HTTP_500)
+    with caplog.at_level(logging.WARNING, logger="bot.extraction"):
+        assert await extract_facts(engine, exchange("I live in Oslo.")) == []
+    assert "fact extraction" in caplog.text and "500" in caplog.text
+
+
+async def test_timeout_is_logged_and_dropped(fake_ollama, make_settings, caplog):
+    fake_ollama.delay = 2.0
+    fake_ollama.chat_replies.append(FakeOllama.TIMEOUT)
+    async with Engine(make_settings(fake_ollama.url, OLLAMA_CHAT_TIMEOUT="0.2")) as engine:
+        started = time.perf_counter()
+        with caplog.at_level(logging.WARNING, logger="bot.extraction"):
+            assert await extract_facts(engine, exchange("I live in Oslo.")) == []
+        assert time.perf_counter() - started < 1.5
+    assert "did not answer" in caplog.text
+
+
+async def test_missing_model_is_logged_with_the_fix(engine, fake_ollama, caplog):
+    fake_ollama.missing.add("llama3.2")
+    with caplog.at_level(logging.WARNING, logger="bot.extraction"):
+        assert await extract_facts(engine, exchange("I live in Oslo.")) == []
+    assert "ollama pull llama3.2" in caplog.text
+
+
+async def test_ollama_down_is_logged_and_dropped(engine, fake_ollama, caplog):
+    await fake_ollama.go_down()
+    with caplog.at_level(logging.WARNING, logger="bot.extraction"):
+        assert await extract_facts(engine, exchange("I live in Oslo.")) == []
+    assert "cannot reach Ollama" in caplog.text
+
+
+async def test_no_ollama_configured_extracts_nothing(fts_engine):
+    assert await extract_facts(fts_engine, exchange("I live in Oslo.")) == []
+
+
+# -- attribution and scopes ---------------------------------------------------------
+
+async def test_hearsay_about_someone_else_is_dropped(engine, fake_ollama, script):
+    script.add("extract", facts_reply(
+        fact("Bob is moving to Paris.", about="Bob"),
+        fact("Alice's sister Jane is a doctor.", about="Alice", importance=0.9),
+        fact("Muninn is a friendly assistant.", about="Muninn")))
+    facts = await extract_facts(engine, exchange("Bob is moving to Paris, and my sister Jane is a doctor."))
+    assert [(f.text, f.owner_id) for f in facts] == [("Alice's sister Jane is a doctor.", ALICE)]
+
+
+async def test_display_names_with_emoji_still_match(engine, fake_ollama, script):
+    script.add("extract", facts_reply(fact("Zoë likes tea.", about="Zoë 🌸")), facts_reply(fact("Zoë likes tea.", about="zoë")))
+    for _ in range(2):
+        (f,) = await extract_facts(engine, exchange("I like tea.", name="Zoë 🌸"))
+        assert f.owner_id == ALICE and f.scope == "personal"
+
+
+async def test_each_author_owns_their_own_facts_in_a_batch(engine, fake_ollama, script):
+    script.add("extract", facts_reply(fact("Alice lives in Oslo."), fact("Bob has two cats.", about="bob")))
+    batch = [exchange("I live in Oslo.", message_id=1),
+             exchange("I have two cats.", author=BOB, name="Bob", message_id=2)]
+    facts = await extract_facts(engine, batch)
+    assert [(f.text, f.owner_id, f.source_message_ids) for f in facts] == [
+        ("Alice lives in Oslo.", ALICE, (1,)), ("Bob has two cats.", BOB, (2,))]
+
+
+async def test_scopes_map_to_where_the_exchange_happened(engine, fake_ollama, script):
+    answer = facts_reply(fact("Alice lives in Oslo."),
+                         fact("This channel plays Valheim on Fridays.", about="room", scope="room"),
+                         fact("The office wifi is called Hugin.", about="general", scope="general"))
+    script.add("extract", answer, answer, answer)
+    in_guild = await extract_facts(engine, exchange("..."))
+    assert [(f.scope, f.owner_id, f.channel_id, f.guild_id) for f in in_guild] == [
+        ("personal", ALICE, CHANNEL, GUILD), ("room", ALICE, CHANNEL, GUILD), ("room", ALICE, CHANNEL, GUILD)]
+    in_dm = await extract_facts(engine, exchange("...", channel=DM_CHANNEL, guild=None))
+    assert [(f.scope, f.owner_id, f.guild_id) for f in in_dm] == [("personal", ALICE, None)] * 3
+    by_owner = await extract_facts(engine, exchange("...", author=OWNER), owner_ids=frozenset({OWNER}))
+    assert [(f.scope, f.owner_id) for f in by_owner] == [("personal", OWNER), ("room", OWNER), ("global", OWNER)]
+
+
+async def test_owner_general_fact_is_global(fake_ollama, make_settings, script):
+    async with Engine(make_settings(fake_ollama.url, MUNINN_OWNER_IDS=str(OWNER))) as engine:
+        script.add("extract", facts_reply(fact("The office wifi is called Hugin.", about="general", scope="general")))
+        (f,) = await extract_facts(engine, exchange("Our wifi is called Hugin.", author=OWNER, name="Olaf"))
+        assert f.scope == "global"
+        (memory_id,) = await store_facts(engine, [f], exchange("x", author=OWNER))
+        elsewhere = await engine.recall("wifi Hugin", Viewer(user_id=BOB, channel_id=999, guild_id=888))
+        assert memory_id in elsewhere.ids
+
+
+# -- no feedback loop ---------------------------------------------------------------
+
+async def test_facts_echoing_recalled_memories_or_the_reply_are_dropped(engine, fake_ollama, script):
+    script.add("extract", facts_reply(
+        fact("Alice has a cat named Tom."),           # a recalled memory coming back
+        fact("Alice is a night owl."),                # only in Muninn's reply
+        fact("Alice lives in Bergen."),               # echoed by the reply, but Alice said it
+        fact("Alice is a friendly assistant with a long-term memory.")))  # the persona
+    ex = exchange("I moved, I live in Bergen now.", recalled=("Alice has a cat named Tom.",),
+                  reply="So you live in Bergen now! Alice is a night owl, I remember.")
+    facts = await extract_facts(engine, ex)
+    assert [f.text for f in facts] == ["Alice lives in Bergen."]
+
+
+# -- storing ------------------------------------------------------------------------
+
+async def test_facts_of_an_exchange_are_stored_linked_and_sourced(engine, fake_ollama, script):
+    script.add("extract", facts_reply(fact("Alice lives in Oslo."), fact("Alice works as a nurse."),
+                                      fact("Alice has two cats.", importance=0.3)))
+    ex = exchange("I live in Oslo, work as a nurse and have two cats.", message_id=555)
+    ids = await store_facts(engine, await extract_facts(engine, ex), ex)
+    assert len(ids) == 3
+    memories = {m.id: m for m in await memories_of(engine)}
+    assert all(memories[i].source_message_ids == ["555"] and memories[i].embedded for i in ids)
+    assert all(memories[i].vis_key == f"p:{ALICE}:{GUILD}" for i in ids)
+    co = {(a, b) for a, b, kind in await links_of(engine) if kind == "co_extracted"}
+    assert co == {(ids[0], ids[1]), (ids[0], ids[2]), (ids[1], ids[2])}
+    recall = await engine.recall("where does Alice live", Viewer(ALICE, CHANNEL, GUILD))
+    assert ids[0] in recall.ids
+    assert (await engine.recall("Oslo", Viewer(BOB, CHANNEL, GUILD))).ids == []
+
+
+async def test_one_exchange_is_one_transaction(engine, fake_ollama):
+    def install_tripwire(conn):
+        conn.execute("CREATE TRIGGER tripwire BEFORE INSERT ON memories WHEN new.text LIKE '%explodes%' "
+                     "BEGIN SELECT RAISE(ABORT, 'tripwire'); END")
+    await engine.run(install_tripwire)
+    ex = exchange("...")
+    facts = [Fact("Alice lives in Oslo.", "Alice", "personal", 0.5, ALICE, CHANNEL, GUILD, (1,)),
+             Fact("Alice explodes on Mondays.", "Alice", "personal", 0.5, ALICE, CHANNEL, GUILD, (1,))]
+    with pytest.raises(apsw.ConstraintError):
+        await store_facts(engine, facts, ex)
+    assert await memories_of(engine, active_only=False) == []
+    assert await links_of(engine) == set()
+
+
+async def test_store_without_ollama_keeps_facts_for_the_backfill(fts_engine):
+    f = Fact("Alice lives in Oslo.", "Alice", "personal", 0.5, ALICE, CHANNEL, GUILD, (1,))
+    (first,) = await store_facts(fts_engine, [f], exchange("..."))
+    repeated = Fact("alice lives in OSLO", "Alice", "personal", 0.7, ALICE, CHANNEL, GUILD, (2,))
+    (again,) = await store_facts(fts_engine, [repeated], exchange("...", message_id=2))
+    assert first == again
+    (memory,) = await memories_of(fts_engine)
+    assert not memory.embedded and memory.source_message_ids == ["1", "2"] and memory.importance == 0.7
+
+
+# -- the background extractor ------------------------------------------------------
+
+async def test_submit_never_blocks_and_batches_a_channel(engine, fake_ollama, script):
+    fake_ollama.mode = "slow"
+    fake_ollama.delay = 0.3
+    script.add("extract", facts_reply(fact("Alice lives in Oslo."), fact("Bob has two cats.", about="Bob")),
+               facts_reply(fact("Carol plays chess.", about="Carol")))
+    extractor = Extractor(engine, batch_delay=0.05)
+    started = time.perf_counter()
+    extractor.submit(exchange("I live in Oslo.", message_id=1))
+    extractor.submit(exchange("I have two cats.", author=BOB, name="Bob", message_id=2))
+    extractor.submit(exchange("I play chess.", author=303, name="Carol", channel=80, message_id=3))
+    assert time.perf_counter() - started < 0.05
+    await extractor.drain()
+    await extractor.close()
+    assert len(script.seen["extract"]) == 2            # one call per channel
+    prompts = [r["messages"][1]["content"] for r in script.seen["extract"]]
+    assert any("I live in Oslo." in p and "I have two cats." in p for p in prompts)
+    owners = {(m.text, m.owner_id, tuple(m.source_message_ids)) for m in await memories_of(engine)}
+    assert owners == {("Alice lives in Oslo.", ALICE, ("1",)), ("Bob has two cats.", BOB, ("2",)),
+                      ("Carol plays chess.", 303, ("3",))}
+    assert not any(kind == "co_extracted" for *_, kind in await links_of(engine))  # two people: no link
+
+
+async def test_extractor_failures_never_propagate(engine, fake_ollama, script):
+    fake_ollama.chat_replies.extend([FakeOllama.HTTP_500])
+    script.add("extract", facts_reply(fact("Alice lives in Oslo.")))
+    extractor = Extractor(engine, batch_delay=0.01)
+    extractor.submit(exchange("I live in Oslo."))
+    await extractor.drain()
+    extractor.submit(exchange("I live in Oslo.", message_id=2))
+    await extractor.drain()
+    await extractor.close()
+    assert extractor.failed == 0 and extractor.processed == 2
+    assert [m.text for m in await memories_of(engine)] == ["Alice lives in Oslo."]
+    extractor.submit(exchange("ignored after close"))   # no error, no work
+    assert extractor.processed == 2
+
+
+async def test_extractor_survives_a_failing_store(engine, fake_ollama, script, caplog):
+    await engine.run(lambda c: c.execute(
+        "CREATE TRIGGER tripwire BEFORE INSERT ON memories BEGIN SELECT RAISE(ABORT, 'disk on fire'); END"))
+    script.add("extract", facts_reply(fact("Alice lives in Oslo.")))
+    extractor = Extractor(engine, batch_delay=0.01)
+    with caplog.at_level(logging.ERROR, logger="bot.extraction"):
+        extractor.submit(exchange("I live in Oslo."))
+        await extractor.close()
+    assert extractor.failed == 1
+    assert "fact extraction failed" in caplog.text
+
+
+def test_submit_without_a_running_loop_does_not_raise(make_settings):
+    engine = Engine(make_settings("http://127.0.0.1:9"))
+    Extractor(engine).submit(exchange("I live in Oslo."))
+    engine._executor.shutdown()
+
+
+async def test_extraction_can_be_switched_off(fake_ollama, make_settings, script):
+    async with Engine(make_settings(fake_ollama.url, MUNINN_EXTRACTION="false")) as engine:
+        extractor = Extractor(engine, batch_delay=0.01)
+        extractor.submit(exchange("I live in Oslo."))
+        await extractor.close()
+    assert script.seen["extract"] == []
+
+
+async def test_a_busy_channel_is_cut_into_batches(engine, fake_ollama, script):
+    extractor = Extractor(engine, batch_delay=10)
+    for i in range(9):                       # MAX_BATCH = 8 flushes without waiting
+        extractor.submit(exchange(f"message {i}", message_id=i))
+    await asyncio.sleep(0.2)
+    assert len(script.seen["extract"]) == 1
+    await extractor.close()
+    assert len(script.seen["extract"]) == 2

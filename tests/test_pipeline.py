@@ -1,0 +1,290 @@
+"""The conversation pipeline with the real engine, a real SQLite file and the fake Ollama."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+
+import pytest
+
+from bot import history, store
+from bot.engine import Engine
+from bot.extraction import Extractor
+from bot.pipeline import CANNOT_THINK, Incoming, Pipeline, Sent
+from bot.store import NewMemory
+from tests.fakes.ollama import FakeOllama
+
+ALICE, BOB = 7, 8
+GUILD, GENERAL, RANDOM, ALICE_DM = 900, 50, 51, 60
+_ids = itertools.count(10**17)
+
+
+def said(text: str, *, channel: int = GENERAL, author: int = ALICE, name: str = "Alice", dm: bool = False,
+         at: float | None = None) -> Incoming:
+    return Incoming(channel_id=channel, guild_id=None if dm else GUILD, author_id=author, author_name=name,
+                    content=text, created_at=time.time() if at is None else at, message_id=next(_ids), dm=dm)
+
+
+class RecordingOutlet:
+    """Collects what the pipeline posts, and when it showed typing, in one shared event log."""
+
+    def __init__(self, events: list, label: str = ""):
+        self.events = events
+        self.label = label
+
+    @asynccontextmanager
+    async def typing(self):
+        self.events.append(("typing", self.label))
+        yield
+
+    async def send(self, text: str) -> list[Sent]:
+        self.events.append(("send", self.label, text))
+        return [Sent(next(_ids), time.time())]
+
+
+class RecordingSink:
+    def __init__(self, events: list):
+        self.events = events
+        self.exchanges = []
+
+    def submit(self, exchange) -> None:
+        self.events.append(("submit", exchange.user_message))
+        self.exchanges.append(exchange)
+
+
+def chat_texts(fake: FakeOllama) -> list[str]:
+    """The user-visible parts of every chat request, one string per request."""
+    return ["\n".join(m["content"] for m in body["messages"]) for body in fake.chat_requests()
+            if not body.get("format")]
+
+
+async def test_answer_uses_memories_history_and_current_message_then_hands_over(engine, fake_ollama):
+    await engine.remember(NewMemory("Alice's cat is called Miso", "personal", owner_id=ALICE, guild_id=GUILD,
+                                    channel_id=GENERAL))
+    events: list = []
+    sink = RecordingSink(events)
+    pipeline = Pipeline(engine, sink, assistant_id=1, assistant_name="Muninn")
+    await pipeline.record(said("the weather is nice", author=BOB, name="Bob"))
+    fake_ollama.chat_replies.append("Miso is a lovely name.")
+
+    reply = await pipeline.respond(said("what is my cat called?"), RecordingOutlet(events))
+
+    assert reply.ok and reply.text == "Miso is a lovely name."
+    request = fake_ollama.chat_requests()[-1]
+    messages = request["messages"]
+    assert messages[0]["role"] == "system" and '- "Alice\'s cat is called Miso"' in messages[0]["content"]
+    assert messages[1]["role"] == "user" and messages[1]["content"].endswith("Bob: the weather is nice")
+    assert messages[-1]["content"].endswith("Alice: what is my cat called?")
+    assert request["stream"] is False
+    # typing while thinking, the reply, and only then the exchange for extraction
+    assert [e[0] for e in events] == ["typing", "send", "submit"]
+    exchange = sink.exchanges[0]
+    assert (exchange.author_id, exchange.channel_id, exchange.guild_id, exchange.dm) == (ALICE, GENERAL, GUILD, False)
+    assert exchange.reply == "Miso is a lovely name." and exchange.recalled == ("Alice's cat is called Miso",)
+    rows = await engine.run(history.recent, GENERAL, 10)
+    assert [(r.role, r.author_name, r.content) for r in rows] == [
+        ("user", "Bob", "the weather is nice"), ("user", "Alice", "what is my cat called?"),
+        ("assistant", "Muninn", "Miso is a lovely name.")]
+    assert rows[-1].author_id == 1 and rows[-1].id == exchange.reply_message_id
+
+
+async def test_only_the_last_history_limit_messages_go_into_the_prompt(make_settings, fake_ollama):
+    async with Engine(make_settings(fake_ollama.url, MUNINN_HISTORY_LIMIT=3)) as engine:
+        pipeline = Pipeline(engine)
+        for n in range(6):
+            await pipeline.record(said(f"chatter {n}", at=1000.0 + n))
+        await pipeline.respond(said("now", at=2000.0), RecordingOutlet([]))
+    contents = [m["content"] for m in fake_ollama.chat_requests()[-1]["messages"][1:]]
+    assert [c.split(": ", 1)[1] for c in contents] == ["chatter 3", "chatter 4", "chatter 5", "now"]
+
+
+@pytest.mark.parametrize("failure", ["down", "error", "slow", "missing", "empty"])
+async def test_ollama_trouble_gives_a_short_friendly_reply_and_keeps_the_message(
+        make_settings, fake_ollama, caplog, failure):
+    settings = make_settings(fake_ollama.url, OLLAMA_CHAT_TIMEOUT="0.3")
+    events: list = []
+    async with Engine(settings) as engine:
+        pipeline = Pipeline(engine, RecordingSink(events))
+        if failure == "down":
+            await fake_ollama.go_down()
+        elif failure == "error":
+            fake_ollama.mode = "error"
+        elif failure == "slow":
+            fake_ollama.chat_replies.append(FakeOllama.TIMEOUT)
+            fake_ollama.delay = 2.0
+        elif failure == "missing":
+            fake_ollama.missing.add("llama3.2")
+        else:
+            fake_ollama.chat_replies.append("   ")
+        with caplog.at_level(logging.WARNING, logger="bot.pipeline"):
+            reply = await pipeline.respond(said("are you there?"), RecordingOutlet(events))
+        rows = await engine.run(history.recent, GENERAL, 10)
+    assert reply.text == CANNOT_THINK and not reply.ok and len(CANNOT_THINK) < 120
+    assert events[-1] == ("send", "", CANNOT_THINK)
+    assert [r.content for r in rows] == ["are you there?"]  # recorded; the apology is not history
+    assert not any(e[0] == "submit" for e in events)
+    if failure == "missing":
+        assert "ollama pull llama3.2" in caplog.text
+
+
+async def test_repeated_failures_are_logged_once_not_per_message(make_settings, fake_ollama, caplog):
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        pipeline = Pipeline(engine)
+        fake_ollama.missing.add("llama3.2")
+        with caplog.at_level(logging.WARNING, logger="bot.pipeline"):
+            for n in range(3):
+                await pipeline.respond(said(f"hello {n}"), RecordingOutlet([]))
+    assert caplog.text.count("ollama pull llama3.2") == 1
+
+
+async def test_messages_of_one_channel_are_answered_in_order_with_earlier_replies_in_context(engine, fake_ollama):
+    fake_ollama.delay = 0.3
+    fake_ollama.chat_replies += [FakeOllama.TIMEOUT, "second answer"]  # the first reply is slow
+    fake_ollama.default_chat_reply = "first answer"
+    events: list = []
+    pipeline = Pipeline(engine)
+    first = said("first question", at=1000.0)
+    second = said("second question", at=1001.0)
+    await asyncio.gather(pipeline.respond(first, RecordingOutlet(events, "1")),
+                         pipeline.respond(second, RecordingOutlet(events, "2")))
+    assert [e for e in events if e[0] == "send"] == [("send", "1", "first answer"), ("send", "2", "second answer")]
+    second_prompt = fake_ollama.chat_requests()[1]["messages"]
+    assert [m["role"] for m in second_prompt] == ["system", "user", "assistant", "user"]
+    assert second_prompt[2]["content"] == "first answer"
+    assert second_prompt[3]["content"].endswith("second question")
+    first_prompt = fake_ollama.chat_requests()[0]["messages"]
+    assert "second question" not in json.dumps(first_prompt)
+
+
+async def test_a_flood_in_one_channel_does_not_starve_another(make_settings, fake_ollama):
+    fake_ollama.mode, fake_ollama.delay = "slow", 0.1
+    fake_ollama.default_chat_reply = lambda req: "re: " + req["messages"][-1]["content"].rsplit(": ", 1)[-1]
+    async with Engine(make_settings(fake_ollama.url, OLLAMA_MAX_CONCURRENCY=1, OLLAMA_EMBED_TIMEOUT=2)) as engine:
+        pipeline = Pipeline(engine)
+        events: list = []
+        flood = [asyncio.create_task(pipeline.respond(said(f"spam {n}", channel=RANDOM), RecordingOutlet(events)))
+                 for n in range(6)]
+        await asyncio.sleep(0.05)  # the flood is queued first
+        quiet = asyncio.create_task(pipeline.respond(said("hello?", channel=GENERAL), RecordingOutlet(events)))
+        await asyncio.gather(*flood, quiet)
+    sends = [e[2] for e in events if e[0] == "send"]
+    assert sends.index("re: hello?") <= 2, sends  # served within the first turns, not after the flood
+    assert [s for s in sends if s.startswith("re: spam")] == [f"re: spam {n}" for n in range(6)]
+
+
+async def test_a_full_channel_queue_records_but_does_not_answer(make_settings, fake_ollama):
+    fake_ollama.mode, fake_ollama.delay = "slow", 0.2
+    async with Engine(make_settings(fake_ollama.url, MUNINN_REPLY_QUEUE_LIMIT=2)) as engine:
+        pipeline = Pipeline(engine)
+        replies = await asyncio.gather(*(pipeline.respond(said(f"m{n}", at=1000.0 + n), RecordingOutlet([]))
+                                         for n in range(4)))
+        rows = await engine.run(history.recent, GENERAL, 20)
+    assert [r is not None for r in replies] == [True, True, False, False]
+    assert sorted(r.content for r in rows if r.role == "user") == ["m0", "m1", "m2", "m3"]
+
+
+async def test_edits_and_deletions_update_the_history(engine):
+    pipeline = Pipeline(engine)
+    kept, gone = said("I live in Bergen", at=1.0), said("my password is hunter2", at=2.0)
+    await pipeline.record(kept)
+    await pipeline.record(gone)
+    await pipeline.record(kept)  # Discord may deliver twice: ignored
+    assert await pipeline.edited(kept.message_id, "I live in Oslo", 3.0)
+    assert await pipeline.deleted([gone.message_id]) == 1
+    assert not await pipeline.edited(gone.message_id, "resurrected")  # a late edit cannot bring it back
+    rows = await engine.run(history.recent, GENERAL, 10)
+    assert [(r.content, r.edited_at) for r in rows] == [("I live in Oslo", 3.0)]
+    assert (await engine.run(history.get, gone.message_id)).content == ""
+
+
+async def test_history_for_a_message_leaves_out_later_chatter_but_keeps_earlier_replies(engine):
+    pipeline = Pipeline(engine, assistant_id=1)
+    current = said("question", at=100.0)
+    await pipeline.record(said("before", at=99.0))
+    await pipeline.record(said("after", at=101.0))
+    await engine.run(history.record, channel_id=GENERAL, guild_id=GUILD, author_id=1, author_name="Muninn",
+                     role="assistant", content="late reply to 'before'", created_at=102.0, message_id=next(_ids))
+    await pipeline.record(current)
+    current_row = await engine.run(history.get, current.message_id)
+    rows = await engine.run(history.recent, GENERAL, 10, before=current_row)
+    assert [r.content for r in rows] == ["before", "late reply to 'before'"]
+
+
+async def test_always_answer_defaults_from_settings_and_admins_override_it(make_settings):
+    async with Engine(make_settings("", MUNINN_ALWAYS_ANSWER_CHANNELS=f"{RANDOM}")) as engine:
+        pipeline = Pipeline(engine)
+        assert await pipeline.always_answer(RANDOM) and not await pipeline.always_answer(GENERAL)
+        await pipeline.set_always_answer(GENERAL, GUILD, True)
+        await pipeline.set_always_answer(RANDOM, GUILD, False)
+        assert await pipeline.always_answer(GENERAL) and not await pipeline.always_answer(RANDOM)
+
+
+async def test_local_ids_for_replies_without_a_discord_id(engine):
+    pipeline = Pipeline(engine)
+
+    class Terminal(RecordingOutlet):
+        async def send(self, text):
+            return [Sent(None, time.time())]
+
+    for text in ("hi", "again"):
+        local = Incoming(channel_id=0, guild_id=0, author_id=1, author_name="me", content=text,
+                         created_at=time.time())
+        await pipeline.respond(local, Terminal([]))
+    rows = await engine.run(history.recent, 0, 10)
+    assert [(r.id, r.role) for r in rows] == [(1, "user"), (2, "assistant"), (3, "user"), (4, "assistant")]
+
+
+def facts_reply(*facts: tuple[str, str]):
+    """A fake-Ollama reply function: extraction requests (JSON format) get these facts."""
+    def reply(request: dict) -> str:
+        if request.get("format"):
+            said_text = request["messages"][-1]["content"]
+            return json.dumps({"facts": [{"text": text, "about": "Alice", "scope": "personal", "importance": 0.8}
+                                         for trigger, text in facts if trigger in said_text]})
+        return "Noted."
+    return reply
+
+
+async def test_a_fact_told_in_a_dm_is_recalled_in_dms_only_and_forget_person_erases_it(engine, fake_ollama):
+    fake_ollama.default_chat_reply = facts_reply(("called Ylva", "Alice's sister is called Ylva"))
+    extractor = Extractor(engine, batch_delay=0.01)
+    pipeline = Pipeline(engine, extractor)
+    try:
+        await pipeline.respond(said("My sister is called Ylva", channel=ALICE_DM, dm=True), RecordingOutlet([]))
+        await extractor.drain()
+        [memory] = await engine.run(store.personal_memories, ALICE)
+        assert memory.text == "Alice's sister is called Ylva" and memory.guild_id is None and memory.embedded
+
+        await pipeline.respond(said("what is my sister's name?", channel=ALICE_DM, dm=True), RecordingOutlet([]))
+        assert "Alice's sister is called Ylva" in fake_ollama.chat_requests()[-1]["messages"][0]["content"]
+        await pipeline.respond(said("what is my sister's name?", channel=GENERAL), RecordingOutlet([]))
+        assert "Ylva" not in json.dumps(fake_ollama.chat_requests()[-1]["messages"])
+        await extractor.drain()
+
+        removed, messages = await pipeline.forget_person(ALICE)
+        assert removed == 1 and messages >= 4
+        counts = await engine.run(lambda conn: [conn.execute(sql).fetchall()[0][0] for sql in (
+            "SELECT count(*) FROM memories", "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'Ylva'",
+            "SELECT count(*) FROM vec_memories", "SELECT count(*) FROM memory_links",
+            "SELECT count(*) FROM messages WHERE content LIKE '%Ylva%' OR author_id = 7")])
+        assert counts == [0, 0, 0, 0, 0]
+    finally:
+        await extractor.close()
+
+
+async def test_a_reply_that_could_not_be_posted_is_not_recorded_as_said(engine):
+    events: list = []
+    sink = RecordingSink(events)
+
+    class Forbidden(RecordingOutlet):
+        async def send(self, text):
+            return []  # what DiscordOutlet returns without the Send Messages permission
+
+    reply = await Pipeline(engine, sink).respond(said("hello"), Forbidden(events))
+    assert reply.ok and reply.sent == []
+    rows = await engine.run(history.recent, GENERAL, 10)
+    assert [r.role for r in rows] == ["user"]
+    assert sink.exchanges[0].reply_message_id is None  # the facts in what she said still count
