@@ -14,7 +14,7 @@ class Exchange:
     author_id: int
     author_name: str                 # display name, used to attribute facts
     channel_id: int
-    guild_id: int | None             # None = a DM (or the local `muninn chat` room)
+    guild_id: int | None             # None = a DM; the local `muninn chat` room is guild 0
     dm: bool
     user_message: str
     user_message_id: int | None

@@ -4,6 +4,7 @@ answers every slash-command failure politely, and never syncs commands on its ow
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Callable
 
@@ -73,6 +74,7 @@ class MuninnBot(commands.Bot):
         self.engine: Engine | None = None
         self.extractor = None
         self.pipeline: Pipeline | None = None
+        self.maintenance: asyncio.Task | None = None
         self._checked_models = False
 
     async def setup_hook(self) -> None:
@@ -89,6 +91,9 @@ class MuninnBot(commands.Bot):
                                  assistant_name=self.user.display_name)
         for extension in EXTENSIONS:
             await self.load_extension(extension)
+        if self.settings.maintenance_hours > 0:  # decay, backfill, links, consolidation
+            from bot.maintenance import maintain_periodically
+            self.maintenance = asyncio.create_task(maintain_periodically(self.engine))
 
     async def on_message(self, message: discord.Message) -> None:
         """Muninn has no prefix commands; cogs.chat handles conversation."""
@@ -117,6 +122,10 @@ class MuninnBot(commands.Bot):
 
     async def close(self) -> None:
         await super().close()
+        if self.maintenance is not None:
+            self.maintenance.cancel()
+            await asyncio.gather(self.maintenance, return_exceptions=True)
+            self.maintenance = None
         if self.extractor is not None:
             extractor, self.extractor = self.extractor, None
             await extractor.close()

@@ -13,7 +13,8 @@ def make_settings(tmp_path):
     """Settings from an explicit environment (the real one and .env are ignored)."""
     def make(ollama_url: str = "", **env):
         base = {"MUNINN_DB_PATH": str(tmp_path / "muninn.db"), "OLLAMA_URL": ollama_url,
-                "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "1.0", "OLLAMA_RETRIES": "0"}
+                "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "1.0", "OLLAMA_RETRIES": "0",
+                "MUNINN_MAINTENANCE_HOURS": "0"}
         base.update({k: str(v) for k, v in env.items()})
         return load_settings(base)
     return make

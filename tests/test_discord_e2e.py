@@ -42,11 +42,12 @@ async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, f
     fake, alice, guild = discord_world
     general = guild["channels"][0]
     fake_ollama.default_chat_reply = ollama_answers
-    settings = make_settings(fake_ollama.url)
+    settings = make_settings(fake_ollama.url, MUNINN_MAINTENANCE_HOURS="6")
     bot = MuninnBot(settings, guild_ready_timeout=0.1)
     task = asyncio.create_task(bot.start("fake-token"))
     try:
         await fake.wait_until_ready()
+        assert bot.maintenance is not None and not bot.maintenance.done()  # periodic maintenance runs
         intents = fake.identify_payload["intents"]
         assert intents & Intents.MESSAGE_CONTENT and intents & Intents.GUILD_MESSAGES
         assert intents & Intents.DIRECT_MESSAGES
