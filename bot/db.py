@@ -40,6 +40,7 @@ def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA secure_delete=ON")  # forgotten memories must not linger in free pages
         conn.execute("PRAGMA mmap_size=268435456")
         if migrate_schema:
             migrate(conn)

@@ -10,12 +10,12 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any, Callable, Sequence, TypeVar
 
 import apsw
 
 from . import db, retrieval, store, vectors
+from .logs import Throttle
 from .ollama import (OllamaBadResponse, OllamaClient, OllamaDisabled, OllamaError, OllamaModelMissing,
                      OllamaUnavailable)
 from .scope import Viewer, visible_keys
@@ -37,7 +37,7 @@ class Engine:
         self.ollama = ollama or OllamaClient.from_settings(settings)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-db")
         self._conn: apsw.Connection | None = None
-        self._last_warning: dict[str, float] = {}
+        self._throttle = Throttle()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -83,18 +83,18 @@ class Engine:
                             now: float | None = None) -> list[int]:
         """Embed (if Ollama can) and store memories in one transaction; a failed embedding
         stores them without vectors, for the backfill to finish later."""
-        vecs = await self._embed_or_none([m.text for m in memories])
+        vecs = await self.embed_or_none([m.text for m in memories])
         return await self.run(self._insert, list(memories), vecs, link_kind, now)
 
     def _insert(self, conn: apsw.Connection, memories: list[store.NewMemory],
                 vecs: list[list[float]] | None, link_kind: str | None, now: float | None) -> list[int]:
         with conn:
-            info = self._index_for(conn, len(vecs[0])) if vecs else None
+            info = self.index_for(conn, len(vecs[0])) if vecs else None
             return store.insert_many(conn, memories, base_stability_days=self.settings.base_stability_days,
                                      vector_info=info, vectors_=vecs if info else None, link_kind=link_kind,
                                      now=now)
 
-    def _index_for(self, conn: apsw.Connection, dim: int) -> vectors.IndexInfo | None:
+    def index_for(self, conn: apsw.Connection, dim: int) -> vectors.IndexInfo | None:
         """The index these vectors belong in, creating it on the first embedding ever."""
         info = vectors.index_info(conn)
         if info is None:
@@ -107,8 +107,18 @@ class Engine:
             return None
         return info
 
-    async def forget(self, memory_ids: Sequence[int]) -> int:
-        return await self.run(store.delete, list(memory_ids))
+    def current_index(self, conn: apsw.Connection) -> vectors.IndexInfo | None:
+        """The vector index if it belongs to the configured embedding model (else None)."""
+        info = vectors.index_info(conn)
+        return info if info is not None and info.model == self.settings.embed_model else None
+
+    async def forget(self, memory_ids: Sequence[int], *, scrub: bool = False) -> int:
+        """Hard-delete memories; with `scrub`, also rewrite the indexes and the WAL so that no
+        trace of their text stays recoverable on disk (slower: for forget-all, not routine)."""
+        removed = await self.run(store.delete, list(memory_ids))
+        if scrub:
+            await self.run(store.scrub)
+        return removed
 
     async def archive(self, memory_id: int, reason: str) -> None:
         await self.run(store.archive, memory_id, reason)
@@ -117,7 +127,7 @@ class Engine:
         """Bring an archived memory back, re-embedding it now if Ollama can (else the backfill will)."""
         await self.run(store.restore, memory_id)
         memory = await self.run(store.get, memory_id)
-        vecs = await self._embed_or_none([memory.text])
+        vecs = await self.embed_or_none([memory.text])
         if vecs is not None:
             await self.run(self._store_vectors, [memory_id], vecs)
 
@@ -129,7 +139,7 @@ class Engine:
             pending = await self.run(store.unembedded_ids, batch)
             if not pending:
                 return done
-            vecs = await self._embed_or_none([text for _, text in pending])
+            vecs = await self.embed_or_none([text for _, text in pending])
             if vecs is None:
                 return done
             stored = await self.run(self._store_vectors, [mid for mid, _ in pending], vecs)
@@ -141,7 +151,7 @@ class Engine:
 
     def _store_vectors(self, conn: apsw.Connection, ids: list[int], vecs: list[list[float]]) -> int:
         with conn:
-            info = self._index_for(conn, len(vecs[0]))
+            info = self.index_for(conn, len(vecs[0]))
             if info is None:
                 return 0
             for memory_id, vector in zip(ids, vecs):
@@ -222,9 +232,9 @@ class Engine:
         vector_hits = (retrieval.vector_candidates(conn, info, vector, keys, limit * 3, as_of)
                        if vector is not None else [])
         t1 = time.perf_counter()
-        fused = retrieval.fuse(fts_hits, vector_hits, k=self.settings.rrf_k, limit=10**6,
+        fused = retrieval.fuse(fts_hits, vector_hits, k=self.settings.rrf_k, limit=len(fts_hits) + len(vector_hits),
                                weight_fts=self.settings.rrf_weight_fts, weight_vector=self.settings.rrf_weight_vec)
-        fused = retrieval.spread_to_neighbours(conn, fused, keys, retrieval.NEIGHBOUR_SHARE)[:limit]
+        fused = retrieval.spread_to_neighbours(conn, fused, keys, self.settings.neighbour_share, as_of)[:limit]
         linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
         ids = [c.memory_id for c in chosen]
@@ -240,12 +250,12 @@ class Engine:
             return None, "disabled"
         if not any(ch.isalnum() for ch in query):
             return None, "empty-query"
-        vecs = await self._embed_or_none([query], quiet=True)
+        vecs = await self.embed_or_none([query], quiet=True)
         if isinstance(vecs, str):
             return None, vecs
         return vecs[0], "ok"
 
-    async def _embed_or_none(self, texts: list[str], *, quiet: bool = False):
+    async def embed_or_none(self, texts: list[str], *, quiet: bool = False):
         """Embeddings, or None (quiet=False) / a status string (quiet=True) when Ollama can't give them."""
         if not texts or not self.ollama.enabled:
             return "disabled" if quiet else None
@@ -267,9 +277,7 @@ class Engine:
         return status if quiet else None
 
     def _warn_once(self, key: str, message: str, every: float = 60.0) -> None:
-        now = time.monotonic()
-        if now - self._last_warning.get(key, -every) >= every:
-            self._last_warning[key] = now
+        if self._throttle.ready(key, every):
             log.warning(message)
 
     # -- inspection (never touches) -----------------------------------------

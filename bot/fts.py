@@ -43,6 +43,11 @@ def tokens(text: str) -> list[str]:
     return list(seen)
 
 
+def quote(token: str) -> str:
+    """One FTS5 string token: double quotes around it, inner quotes doubled."""
+    return '"' + token.replace('"', '""') + '"'
+
+
 def match_expression(text: str, conn=None) -> str | None:
     """The OR of the searchable words; given a connection, the very common ones are left out."""
     words = tokens(text)
@@ -50,7 +55,7 @@ def match_expression(text: str, conn=None) -> str | None:
         words = selective(conn, words)
     if not words:
         return None
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+    return " OR ".join(quote(w) for w in words)
 
 
 # A word found in more than COMMON_SHARE of all memories (and in at least COMMON_MIN_DOCS)
@@ -91,6 +96,6 @@ def doc_count(conn, word: str, limit: int) -> int:
     if len(cache) >= COUNT_CACHE_MAX:
         cache.clear()
     count = conn.execute("SELECT count(*) FROM (SELECT 1 FROM memories_fts WHERE memories_fts MATCH ? LIMIT ?)",
-                         ('"' + word.replace('"', '""') + '"', limit + 1)).fetchall()[0][0]
+                         (quote(word), limit + 1)).fetchall()[0][0]
     cache[word] = (count, limit, now)
     return count

@@ -18,7 +18,7 @@ MIGRATIONS: list[str] = [
     CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 
     CREATE TABLE memories (
-        id INTEGER PRIMARY KEY,
+        id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: a "#N" a person saw stays theirs
         text TEXT NOT NULL CHECK (length(text) > 0),
         scope TEXT NOT NULL CHECK (scope IN ('personal', 'room', 'global')),
         owner_id INTEGER,            -- personal: whose memory it is; otherwise who taught it

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -42,6 +43,13 @@ class OllamaBadResponse(OllamaError):
     """The server answered, but not with what the API promises."""
 
 
+def usable_vector(vector: Any) -> bool:
+    """A non-empty list of finite numbers that is not all zeros."""
+    return (isinstance(vector, list) and bool(vector)
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector)
+            and any(x != 0 for x in vector))
+
+
 class OllamaClient:
     def __init__(self, url: str, *, chat_model: str = "llama3.2", embed_model: str = "nomic-embed-text",
                  embed_timeout: float = 2.0, chat_timeout: float = 60.0, retries: int = 1,
@@ -53,9 +61,14 @@ class OllamaClient:
         self.chat_timeout = chat_timeout
         self.retries = retries
         self.cooldown = cooldown
-        self._chat_slots = asyncio.Semaphore(concurrency)
+        self.concurrency = concurrency
+        # Replies and background work (extraction, consolidation) wait in separate lines, so
+        # a backlog of background calls can never delay an answer to a person.
+        self._reply_slots = asyncio.Semaphore(concurrency)
+        self._background_slots = asyncio.Semaphore(1)
         self._session: aiohttp.ClientSession | None = None
         self._embed_down_until = 0.0
+        self._chat_down_until = 0.0
 
     @classmethod
     def from_settings(cls, settings) -> "OllamaClient":
@@ -95,24 +108,41 @@ class OllamaClient:
             log.warning("embedding failed, recall uses keywords only for %.0f s: %s", self.cooldown, exc)
             raise
         vectors = data.get("embeddings")
-        if (not isinstance(vectors, list) or len(vectors) != len(texts)
-                or not all(isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)
-                           for v in vectors)):
-            raise OllamaBadResponse(f"/api/embed returned no usable embeddings for {len(texts)} inputs")
+        if not isinstance(vectors, list) or len(vectors) != len(texts) or not all(map(usable_vector, vectors)) \
+                or len({len(v) for v in vectors}) != 1:
+            raise OllamaBadResponse(f"/api/embed returned no usable embeddings for {len(texts)} inputs "
+                                    "(missing, empty, zero, not finite or of mixed sizes)")
         return vectors
 
     async def chat(self, messages: list[dict[str, str]], *, format: Any = None,
-                   options: dict[str, Any] | None = None, timeout: float | None = None) -> str:
-        """The assistant's reply text (non-streaming)."""
+                   options: dict[str, Any] | None = None, timeout: float | None = None,
+                   background: bool = False) -> str:
+        """The assistant's reply text (non-streaming). `timeout` bounds the whole call, the
+        wait for a free slot included; `background` work queues apart from replies."""
         if not self.enabled:
             raise OllamaDisabled("no OLLAMA_URL configured")
+        if time.monotonic() < self._chat_down_until:
+            raise OllamaUnavailable(f"Ollama at {self.url} failed moments ago; not asking again for a few seconds")
         body: dict[str, Any] = {"model": self.chat_model, "messages": messages, "stream": False}
         if format is not None:
             body["format"] = format
         if options:
             body["options"] = options
-        async with self._chat_slots:
-            data = await self._post("/api/chat", body, timeout or self.chat_timeout, retry_timeouts=False)
+        timeout = timeout or self.chat_timeout
+        deadline = time.monotonic() + timeout
+        slots = self._background_slots if background else self._reply_slots
+        try:
+            await asyncio.wait_for(slots.acquire(), timeout)
+        except asyncio.TimeoutError:
+            raise OllamaUnavailable(f"all {self.concurrency} chat slots stayed busy for {timeout:g} s "
+                                    "(raise OLLAMA_MAX_CONCURRENCY if Ollama can take more)") from None
+        try:
+            data = await self._post("/api/chat", body, max(0.1, deadline - time.monotonic()), retry_timeouts=False)
+        except OllamaUnavailable:
+            self._chat_down_until = time.monotonic() + self.cooldown
+            raise
+        finally:
+            slots.release()
         message = data.get("message")
         if not isinstance(message, dict) or not isinstance(message.get("content"), str):
             raise OllamaBadResponse("/api/chat returned no message content")

@@ -175,6 +175,14 @@ def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
     return removed
 
 
+def scrub(conn: apsw.Connection) -> None:
+    """Leave no recoverable trace of deleted text: FTS5 keeps deleted terms in its segments
+    until they merge, and old pages linger in the WAL (free pages are zeroed by
+    `secure_delete`, set in db.connect)."""
+    conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('optimize')")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
 def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
     """Take a memory out of retrieval (its FTS row and vector go; the row stays, restorable)."""
     with conn:

@@ -13,7 +13,7 @@ from bot.store import NewMemory
 def counts(conn, memory_id: int) -> dict:
     return {
         "memories": db.query_value(conn, "SELECT count(*) FROM memories WHERE id = ?", (memory_id,)),
-        "fts": db.query_value(conn, "SELECT count(*) FROM memories_fts WHERE rowid = ?", (memory_id,)),
+        # MATCH reads the index itself (a rowid probe of external-content FTS reads `memories`)
         "fts_match": db.query_value(conn, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'zebra'"),
         "vectors": db.query_value(conn, "SELECT count(*) FROM vec_memories WHERE memory_id = ?", (memory_id,))
         if vectors.table_exists(conn) else 0,
@@ -51,10 +51,32 @@ async def test_delete_removes_row_fts_vector_and_links(engine):
     b = await engine.remember(NewMemory("zoo opening hours", "personal", owner_id=1))
     await engine.run(lambda conn: store.add_link(conn, a, b, "co_extracted"))
     before = await engine.run(counts, a)
-    assert before == {"memories": 1, "fts": 1, "fts_match": 1, "vectors": 1, "links": 1}
+    assert before == {"memories": 1, "fts_match": 1, "vectors": 1, "links": 1}
     assert await engine.forget([a]) == 1
-    assert await engine.run(counts, a) == {"memories": 0, "fts": 0, "fts_match": 0, "vectors": 0, "links": 0}
+    assert await engine.run(counts, a) == {"memories": 0, "fts_match": 0, "vectors": 0, "links": 0}
+    await engine.run(fts_integrity_check)
     assert await engine.forget([a]) == 0
+
+
+def fts_integrity_check(conn, against_content: bool = True) -> None:
+    """Raises if the FTS index is damaged or (against_content) disagrees with the memories table.
+    The comparison only holds while nothing is archived: archived rows leave the index on purpose."""
+    conn.execute("INSERT INTO memories_fts(memories_fts, rank) VALUES ('integrity-check', ?)", (int(against_content),))
+
+
+async def test_scrubbed_forget_leaves_no_recoverable_text(engine, tmp_path):
+    secret = "sertraline4711"
+    memory_id = await engine.remember(NewMemory(f"Ana takes {secret} daily", "personal", owner_id=1))
+    await engine.remember(NewMemory("the weather is mild", "personal", owner_id=2))
+    await engine.forget([memory_id], scrub=True)
+    await engine.run(fts_integrity_check)
+    blobs = await engine.run(lambda conn: [row[0] for row in conn.execute("SELECT block FROM memories_fts_data")])
+    assert not any(secret.encode() in bytes(blob or b"") for blob in blobs)
+    path = engine.settings.db_path
+    await engine.close()
+    for file in (path, path.with_name(path.name + "-wal")):
+        if file.exists():
+            assert secret.encode() not in file.read_bytes(), f"{secret} recoverable from {file.name}"
 
 
 async def test_archive_keeps_the_row_but_leaves_the_indexes(engine):
@@ -62,6 +84,7 @@ async def test_archive_keeps_the_row_but_leaves_the_indexes(engine):
     await engine.archive(a, "decayed")
     after = await engine.run(counts, a)
     assert after["memories"] == 1 and after["fts_match"] == 0 and after["vectors"] == 0
+    await engine.run(fts_integrity_check, False)
     memory = await engine.run(store.get, a)
     assert memory.archived_at is not None and memory.archive_reason == "decayed"
     await engine.restore(a)
@@ -78,6 +101,13 @@ async def test_text_update_keeps_fts_in_sync(fts_engine):
     await fts_engine.run(rename)
     assert (await fts_engine.recall("zebra", Viewer(1, dm=True))).ids == []
     assert (await fts_engine.recall("giraffe", Viewer(1, dm=True))).ids == [a]
+    await fts_engine.run(fts_integrity_check)
+
+
+async def test_ids_are_never_reused(fts_engine):
+    first = await fts_engine.remember(NewMemory("first", "global"))
+    await fts_engine.forget([first])
+    assert await fts_engine.remember(NewMemory("second", "global")) > first
 
 
 async def test_a_failed_batch_writes_nothing(fts_engine):
@@ -87,7 +117,7 @@ async def test_a_failed_batch_writes_nothing(fts_engine):
         await fts_engine.remember_many([good, twin], link_kind="co_extracted")
     stats = await fts_engine.stats()
     assert stats["memories"] == 0 and stats["links"] == 0
-    assert await fts_engine.run(db.query_value, "SELECT count(*) FROM memories_fts") == 0
+    assert await fts_engine.run(db.query_value, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'fact'") == 0
 
 
 async def test_remember_many_links_pairwise(engine):

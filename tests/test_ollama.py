@@ -1,0 +1,100 @@
+"""The Ollama client against the fake server: errors, bounds, slots and cooldowns."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from bot.ollama import (OllamaBadResponse, OllamaClient, OllamaDisabled, OllamaModelMissing,
+                        OllamaUnavailable)
+from bot.scope import Viewer
+from bot.store import NewMemory
+
+
+def client_for(fake, **kwargs) -> OllamaClient:
+    options = dict(embed_timeout=1.0, chat_timeout=1.0, retries=0, cooldown=0.0)
+    options.update(kwargs)
+    return OllamaClient(fake.url, **options)
+
+
+@pytest.mark.parametrize("bad", [[0.0] * 768, [float("nan")] * 768, [float("inf")] + [0.1] * 767, []])
+async def test_unusable_embeddings_are_a_bad_response(fake_ollama, bad):
+    fake_ollama.vectors["some text"] = bad
+    async with client_for(fake_ollama) as client:
+        with pytest.raises(OllamaBadResponse):
+            await client.embed(["some text"])
+
+
+async def test_mixed_sizes_in_one_batch_are_a_bad_response(fake_ollama):
+    fake_ollama.vectors["short"] = [0.5] * 10
+    async with client_for(fake_ollama) as client:
+        with pytest.raises(OllamaBadResponse):
+            await client.embed(["short", "a normal text"])
+
+
+async def test_zero_embedding_falls_back_and_stores_without_vector(engine, fake_ollama):
+    fake_ollama.vectors["GPU server"] = [0.0] * 768
+    memory_id = await engine.remember(NewMemory("GPU server", "global"))
+    result = await engine.recall("GPU server", Viewer(1, dm=True))
+    assert result.mode == "fts-only" and result.vector_status == "bad-response"
+    assert result.ids == [memory_id]
+
+
+async def test_missing_model_names_the_pull(fake_ollama):
+    fake_ollama.missing = {"llama3.2"}
+    async with client_for(fake_ollama) as client:
+        with pytest.raises(OllamaModelMissing, match="ollama pull llama3.2"):
+            await client.chat([{"role": "user", "content": "hi"}])
+
+
+async def test_disabled_client_never_calls_out():
+    client = OllamaClient("")
+    with pytest.raises(OllamaDisabled):
+        await client.embed(["x"])
+    with pytest.raises(OllamaDisabled):
+        await client.chat([])
+
+
+async def test_retries_are_bounded(fake_ollama):
+    fake_ollama.mode = "error"
+    async with client_for(fake_ollama, retries=2) as client:
+        with pytest.raises(OllamaUnavailable):
+            await client.embed(["x"])
+    assert len(fake_ollama.embed_requests()) == 3
+
+
+async def test_background_work_never_takes_a_reply_slot(fake_ollama):
+    fake_ollama.mode, fake_ollama.delay = "slow", 0.8
+    async with client_for(fake_ollama, chat_timeout=5.0, concurrency=1) as client:
+        background = [asyncio.create_task(client.chat([{"role": "user", "content": "extract"}], background=True))
+                      for _ in range(3)]
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        await client.chat([{"role": "user", "content": "hello"}])
+        assert time.monotonic() - started < 1.5  # not behind three background calls of 0.8 s
+        await asyncio.gather(*background)
+
+
+async def test_waiting_for_a_slot_counts_against_the_timeout(fake_ollama):
+    fake_ollama.mode, fake_ollama.delay = "slow", 3.0
+    async with client_for(fake_ollama, chat_timeout=0.5, concurrency=1) as client:
+        first = asyncio.create_task(client.chat([{"role": "user", "content": "a"}], timeout=5.0))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        with pytest.raises(OllamaUnavailable, match="slots"):
+            await client.chat([{"role": "user", "content": "b"}])
+        assert time.monotonic() - started < 1.0
+        first.cancel()
+
+
+async def test_a_hung_ollama_is_not_asked_again_during_the_cooldown(fake_ollama):
+    fake_ollama.mode, fake_ollama.delay = "slow", 3.0
+    async with client_for(fake_ollama, chat_timeout=0.3, cooldown=30.0) as client:
+        with pytest.raises(OllamaUnavailable):
+            await client.chat([{"role": "user", "content": "a"}])
+        calls = len(fake_ollama.chat_requests())
+        started = time.monotonic()
+        with pytest.raises(OllamaUnavailable):
+            await client.chat([{"role": "user", "content": "b"}])
+        assert time.monotonic() - started < 0.1 and len(fake_ollama.chat_requests()) == calls
