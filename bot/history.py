@@ -4,7 +4,8 @@ Plain synchronous functions on one apsw connection (callers on the event loop go
 through `engine.run`). Rows mirror Discord messages by id; `muninn chat` uses small
 local ids, which can never collide with Discord snowflakes (those are above 2^22).
 A deleted message keeps its row (so a late edit event cannot resurrect it) but loses
-its text: Muninn should not remember what a person took back.
+its text: Muninn should not remember what a person took back. Each channel keeps its
+last `keep` messages (`prune`); older ones are deleted.
 """
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ class HistoryMessage:
 COLUMNS = "id, channel_id, guild_id, author_id, author_name, role, content, created_at, edited_at"
 
 
+def storable(text: str) -> str:
+    """Text SQLite can store: a lone surrogate (which Discord's JSON can carry) becomes '?'
+    instead of failing the write with UnicodeEncodeError."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, author_id: int, author_name: str,
            role: str, content: str, created_at: float | None = None, message_id: int | None = None) -> int:
     """Store one message (idempotent: a re-delivered Discord message is ignored); returns its id.
@@ -41,6 +48,7 @@ def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, auth
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
     created_at = time.time() if created_at is None else created_at
+    content, author_name = storable(content), storable(author_name)
     with conn:
         if message_id is None:
             message_id = next_local_id(conn)
@@ -60,7 +68,7 @@ def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float 
     """Replace the text of a message we know (not of a deleted one); True if a row changed."""
     with conn:
         conn.execute("UPDATE messages SET content = ?, edited_at = ? WHERE id = ? AND deleted_at IS NULL",
-                     (content, time.time() if edited_at is None else edited_at, message_id))
+                     (storable(content), time.time() if edited_at is None else edited_at, message_id))
         return conn.changes() > 0
 
 
@@ -89,6 +97,33 @@ def forget_author(conn: apsw.Connection, author_id: int) -> int:
             conn.execute("DELETE FROM messages WHERE channel_id = ? AND guild_id IS NULL", (channel_id,))
             removed += conn.changes()
     return removed
+
+
+def remove(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...]) -> int:
+    """Delete rows outright (no tombstone); returns how many went."""
+    removed = 0
+    with conn:
+        for message_id in message_ids:
+            conn.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+            removed += conn.changes()
+    return removed
+
+
+def prune(conn: apsw.Connection, channel_id: int, keep: int) -> int:
+    """Delete all but the newest `keep` messages of a channel; returns how many went.
+    Cheap: it walks `keep` entries of the (channel_id, created_at) index."""
+    with conn:
+        conn.execute(
+            "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE channel_id = ? "
+            "ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?)", (channel_id, keep))
+        return conn.changes()
+
+
+def prune_all(conn: apsw.Connection, keep: int) -> int:
+    """`prune` every channel (for maintenance, or after lowering MUNINN_HISTORY_KEEP)."""
+    channels = [row[0] for row in conn.execute(
+        "SELECT channel_id FROM messages GROUP BY channel_id HAVING count(*) > ?", (keep,))]
+    return sum(prune(conn, channel_id, keep) for channel_id in channels)
 
 
 def get(conn: apsw.Connection, message_id: int) -> HistoryMessage | None:

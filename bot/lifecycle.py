@@ -27,7 +27,7 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import apsw
 
@@ -153,7 +153,7 @@ def check_update_reply(data: Any, candidates: Sequence[tuple[int, str]]) -> tupl
         for item in raw:
             number = _as_int(item)
             if number is None or not 1 <= number <= len(candidates):
-                problems.append(f"'{key}' holds {item!r}, not a number from 1 to {len(candidates)}")
+                problems.append(f"'{key}' must hold only numbers from 1 to {len(candidates)}")
                 continue
             if candidates[number - 1][0] not in chosen:
                 chosen.append(candidates[number - 1][0])
@@ -178,17 +178,6 @@ def _as_int(value: Any) -> int | None:
 
 
 # -- database side -------------------------------------------------------------
-
-def index_for(conn: apsw.Connection, embed_model: str, dim: int) -> vectors.IndexInfo | None:
-    """The vector index these vectors belong in (created on the first embedding ever);
-    None when the index holds another model or size (a re-index is pending)."""
-    info = vectors.index_info(conn)
-    if info is None:
-        return vectors.create_index(conn, embed_model, dim)
-    if info.model != embed_model or info.dim != dim:
-        return None
-    return info
-
 
 def subject_keys(conn: apsw.Connection, memory: store.NewMemory | store.Memory) -> list[str]:
     """Visibility keys holding memories about the same subject as `memory`."""
@@ -215,7 +204,7 @@ def same_text_match(conn: apsw.Connection, vis_key: str, text: str) -> int | Non
     wanted = normalise(text)
     words = fts.tokens(text)
     if words:
-        expression = " AND ".join('"' + w.replace('"', '""') + '"' for w in words)
+        expression = " AND ".join(fts.quote(w) for w in words)
         rows = conn.execute(
             "SELECT m.id, m.text FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid "
             "WHERE memories_fts MATCH ? AND m.vis_key = ? AND m." + ACTIVE + " ORDER BY m.id LIMIT 50",
@@ -271,7 +260,7 @@ def update_candidates(conn: apsw.Connection, info: vectors.IndexInfo | None, mem
         if not words:
             return []
         where, params = key_filter(keys, "m.vis_key")
-        expression = " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+        expression = " OR ".join(fts.quote(w) for w in words)
         ids = [row[0] for row in conn.execute(
             "SELECT m.id FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid "
             f"WHERE memories_fts MATCH ? AND {where} AND m.{ACTIVE} ORDER BY bm25(memories_fts) LIMIT ?",
@@ -359,15 +348,17 @@ class WriteOutcome:
 
 def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                 vecs: Sequence[Sequence[float]] | None, decisions: Sequence[UpdateDecision | None], *,
-                embed_model: str, base_stability_days: float, growth: float, dedup_cosine: float,
-                link_cosine: float, now: float) -> WriteOutcome:
+                index_for: Callable[[apsw.Connection, int], vectors.IndexInfo | None],
+                base_stability_days: float, growth: float, dedup_cosine: float, link_cosine: float,
+                now: float) -> WriteOutcome:
     """Store the facts of one exchange in ONE transaction: for each fact, reinforce its
     duplicate or insert it (with its vector), archive what it replaces, link it to similar
     memories; then link the exchange's memories pairwise as co_extracted. A failure anywhere
-    rolls back all of it."""
+    rolls back all of it. `index_for` is `Engine.index_for` (the index, created on the first
+    embedding; None when the vectors do not fit it)."""
     out = WriteOutcome()
     with conn:
-        info = index_for(conn, embed_model, len(vecs[0])) if vecs else None
+        info = index_for(conn, len(vecs[0])) if vecs else None
         for index, memory in enumerate(memories):
             vector = vecs[index] if vecs and info is not None else None
             decision = decisions[index] if index < len(decisions) and decisions[index] else UpdateDecision()

@@ -34,7 +34,7 @@ import apsw
 
 from . import decay, lifecycle, store, vectors
 from .db import get_meta, query_value, set_meta
-from .extraction import FIRST_PERSON, GENERIC_SUBJECT, ask_json, embed_or_none
+from .extraction import FIRST_PERSON, GENERIC_SUBJECT, ask_json
 from .scope import ACTIVE
 
 log = logging.getLogger(__name__)
@@ -159,16 +159,13 @@ def advance(conn: apsw.Connection, watermark_key: str, memory_id: int) -> None:
             set_meta(conn, watermark_key, str(memory_id))
 
 
-def current_index(conn: apsw.Connection, embed_model: str) -> vectors.IndexInfo | None:
-    info = vectors.index_info(conn)
-    return info if info is not None and info.model == embed_model else None
-
-
 # -- links ------------------------------------------------------------------------
 
-def link_batch(conn: apsw.Connection, *, embed_model: str, threshold: float, now: float) -> tuple[int, bool]:
-    """Semantic links for the next batch; returns (links added, more to do now)."""
-    info = current_index(conn, embed_model)
+def link_batch(conn: apsw.Connection, *, current_index: Callable[[apsw.Connection], vectors.IndexInfo | None],
+               threshold: float, now: float) -> tuple[int, bool]:
+    """Semantic links for the next batch; returns (links added, more to do now).
+    `current_index` is `Engine.current_index`."""
+    info = current_index(conn)
     if info is None:
         return 0, False
     batch, blocked = scan_batch(conn, LINKS_WATERMARK, SCAN_BATCH)
@@ -185,7 +182,7 @@ async def build_links(engine: Any, *, now: float | None = None) -> int:
     now = time.time() if now is None else now
     total = 0
     while True:
-        added, more = await engine.run(link_batch, embed_model=engine.settings.embed_model,
+        added, more = await engine.run(link_batch, current_index=engine.current_index,
                                        threshold=engine.settings.link_cosine, now=now)
         total += added
         if not more:
@@ -194,11 +191,11 @@ async def build_links(engine: Any, *, now: float | None = None) -> int:
 
 # -- consolidation -------------------------------------------------------------
 
-def find_clusters(conn: apsw.Connection, *, embed_model: str, threshold: float,
-                  limit: int = SCAN_BATCH) -> tuple[list[list[store.Memory]], int | None, bool]:
+def find_clusters(conn: apsw.Connection, *, current_index: Callable[[apsw.Connection], vectors.IndexInfo | None],
+                  threshold: float, limit: int = SCAN_BATCH) -> tuple[list[list[store.Memory]], int | None, bool]:
     """Clusters of near-duplicates among the next scanned memories and their neighbours (same
     visibility key), the last id scanned, and whether more remain to scan now."""
-    info = current_index(conn, embed_model)
+    info = current_index(conn)
     if info is None:
         return [], None, False
     batch, blocked = scan_batch(conn, CONSOLIDATION_WATERMARK, limit)
@@ -251,7 +248,8 @@ def merge_messages(memories: Sequence[store.Memory]) -> list[dict[str, str]]:
 
 
 def check_merge(data: Any, memories: Sequence[store.Memory]) -> tuple[str, list[str]]:
-    """The merged sentence, or ValueError: empty, first person, or a value none of the originals has."""
+    """The merged sentence, or ValueError: empty, first person, or a value none of the originals has.
+    The reasons are logged, so they never quote the memories."""
     if isinstance(data, str):
         data = {"text": data}
     if not isinstance(data, dict) or not isinstance(data.get("text"), str):
@@ -260,20 +258,22 @@ def check_merge(data: Any, memories: Sequence[store.Memory]) -> tuple[str, list[
     if not 3 <= len(text) <= store.MAX_TEXT_CHARS:
         raise ValueError("'text' is empty or too long")
     if FIRST_PERSON.search(text) or GENERIC_SUBJECT.search(text):
-        raise ValueError(f"{text!r} uses I/me/you or 'the user': name the subject")
+        raise ValueError("'text' uses I/me/you or 'the user': name the subject")
     known: set[str] = set()
     for memory in memories:
         known |= lifecycle.value_tokens(memory.text)
     invented = lifecycle.value_tokens(text) - known
-    if invented:
-        raise ValueError(f"{text!r} adds {', '.join(sorted(invented))}, which no memory says")
+    if invented:  # the reason is logged: it names how many, not which (those are the memory's words)
+        raise ValueError(f"'text' adds {len(invented)} name(s) or number(s) that no memory has")
     return text, []
 
 
 def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merged_text: str | None,
-                        vector: Sequence[float] | None, *, embed_model: str, base_stability_days: float,
-                        now: float) -> Consolidation | None:
-    """One cluster, one transaction: write the survivor, archive the others, link them."""
+                        vector: Sequence[float] | None, *,
+                        index_for: Callable[[apsw.Connection, int], vectors.IndexInfo | None],
+                        base_stability_days: float, now: float) -> Consolidation | None:
+    """One cluster, one transaction: write the survivor, archive the others, link them.
+    `index_for` is `Engine.index_for`."""
     with conn:
         found = store.get_many(conn, list(cluster_ids))
         members = [found[i] for i in cluster_ids if i in found and found[i].archived_at is None]
@@ -288,7 +288,7 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
         first = min(members, key=lambda m: (m.created_at, m.id))
         if merged_text is not None and lifecycle.normalise(merged_text) not in {lifecycle.normalise(m.text)
                                                                                   for m in members}:
-            info = lifecycle.index_for(conn, embed_model, len(vector)) if vector is not None else None
+            info = index_for(conn, len(vector)) if vector is not None else None
             survivor_id = store.insert_many(
                 conn, [store.NewMemory(text=merged_text, scope=first.scope, owner_id=first.owner_id,
                                        channel_id=first.channel_id, guild_id=first.guild_id, importance=importance,
@@ -318,7 +318,7 @@ async def consolidate(engine: Any, *, now: float | None = None, use_llm: bool = 
     now = time.time() if now is None else now
     done: list[Consolidation] = []
     while True:
-        clusters, last_id, more = await engine.run(find_clusters, embed_model=settings.embed_model,
+        clusters, last_id, more = await engine.run(find_clusters, current_index=engine.current_index,
                                                    threshold=settings.dedup_cosine)
         for members in clusters:
             merged_text = None
@@ -328,10 +328,10 @@ async def consolidate(engine: Any, *, now: float | None = None, use_llm: bool = 
                                              what=f"consolidation of {[m.id for m in members]}")
             vector = None
             if merged_text is not None:
-                vecs = await embed_or_none(engine, [merged_text])
+                vecs = await engine.embed_or_none([merged_text])
                 vector = vecs[0] if vecs else None
             result = await engine.run(apply_consolidation, [m.id for m in members], merged_text, vector,
-                                      embed_model=settings.embed_model,
+                                      index_for=engine.index_for,
                                       base_stability_days=settings.base_stability_days, now=now)
             if result is not None:
                 log.info("consolidated %s into #%d (%s)", result.originals, result.survivor, result.merged_by)

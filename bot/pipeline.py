@@ -11,11 +11,17 @@ side by side, each holding at most one Ollama request, and the client's semaphor
 bounds how many run at once. A flood in one channel therefore queues behind itself
 only, and past `reply_queue_limit` waiting messages it is recorded but not answered.
 When Ollama cannot answer (down, too slow, model missing) the person gets a short
-"can't think right now" reply and the log says what to fix.
+"can't think right now" reply and the log says what to fix; when recall or the history
+fails (a busy or damaged database), the answer goes on without them.
+
+Forgetting a person (`forget_person`, /memory forget-all) also wins against work that
+was already under way for them: a message received before it is answered, but neither
+it nor the reply is kept, nor handed to the extractor.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from contextlib import asynccontextmanager, nullcontext
@@ -25,6 +31,7 @@ from typing import AsyncContextManager, AsyncIterator, Protocol
 from . import history, prompt, store
 from .engine import Engine
 from .exchange import Exchange
+from .logs import Throttle
 from .ollama import OllamaDisabled, OllamaError, OllamaModelMissing, OllamaUnavailable
 from .scope import Viewer
 
@@ -33,6 +40,7 @@ log = logging.getLogger(__name__)
 CANNOT_THINK = ("Sorry, I can't think right now: my language model isn't answering. "
                 "Please try again in a little while.")
 LOG_EVERY_SECONDS = 60.0
+PRUNE_EVERY = 25  # history inserts per channel between two prunes to MUNINN_HISTORY_KEEP
 
 
 @dataclass(frozen=True)
@@ -71,9 +79,18 @@ class Outlet(Protocol):
 
 
 class ExchangeSink(Protocol):
-    """The fact extractor, as the pipeline sees it: takes an exchange, never blocks."""
+    """The fact extractor, as the pipeline sees it: takes an exchange, never blocks. One that
+    queues work also has `forget(user_id)`, which drops that person's queued and in-flight work."""
 
     def submit(self, exchange: Exchange) -> None: ...
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What forgetting a person removed."""
+    personal: int   # their personal memories
+    taught: int     # room memories they taught
+    messages: int   # history rows: theirs, and whole DM conversations with them
 
 
 @dataclass
@@ -117,13 +134,21 @@ class Pipeline:
         self.assistant_id = assistant_id      # Muninn's own user id, for its rows in the history
         self.assistant_name = assistant_name
         self._turns = _ChannelTurns()
-        self._last_log: dict[str, float] = {}
+        self._throttle = Throttle()
+        self._forgotten_at: dict[int, float] = {}  # user id -> time.monotonic() of their forget-all
+        self._inserts: dict[int, int] = {}          # channel id -> history inserts since start
 
     # -- history only ----------------------------------------------------------
 
-    async def record(self, incoming: Incoming) -> int:
+    async def record(self, incoming: Incoming) -> int | None:
         """Keep a message Muninn does not answer, as context for later answers."""
-        return await self.engine.run(self._record_user, incoming)
+        received = time.monotonic()
+        incoming = storable(incoming)
+        message_id = await self._record(self._user_row(incoming))
+        if message_id is not None and self._forgotten_since(incoming.author_id, received):
+            await self._drop_forgotten([message_id])
+            return None
+        return message_id
 
     async def edited(self, message_id: int, content: str, edited_at: float | None = None) -> bool:
         return await self.engine.run(history.edit, message_id, content, edited_at)
@@ -142,105 +167,174 @@ class Pipeline:
     async def set_always_answer(self, channel_id: int, guild_id: int | None, enabled: bool) -> None:
         await self.engine.run(history.set_always_answer, channel_id, guild_id, enabled)
 
-    async def forget_person(self, user_id: int) -> tuple[int, int]:
-        """Delete every personal memory of a person (with FTS rows, vectors and links) and their
-        messages in the history, in one transaction. Extraction still running for them is waited
-        for first, so it cannot store a fact right after. Returns (memories, messages) removed."""
-        drain = getattr(self.extractor, "drain", None)
-        if drain is not None:
-            try:
-                await asyncio.wait_for(drain(), timeout=self.settings.chat_timeout + 5)
-            except asyncio.TimeoutError:
-                log.warning("fact extraction did not finish in time; forgetting user %s anyway", user_id)
+    async def forget_person(self, user_id: int) -> Forgotten:
+        """Delete a person's personal memories, the room memories they taught (with FTS rows,
+        vectors and links) and their messages in the history, in one transaction, then scrub the
+        database so no deleted text stays recoverable. Their exchanges waiting for extraction
+        are dropped first, and replies still being written for them are not kept."""
+        self._forgotten_at[user_id] = time.monotonic()
+        forget = getattr(self.extractor, "forget", None)  # sinks that queue nothing need not have it
+        if forget is not None:
+            forget(user_id)
         return await self.engine.run(_forget_person, user_id)
+
+    def _forgotten_since(self, user_id: int, received: float) -> bool:
+        return self._forgotten_at.get(user_id, float("-inf")) >= received
 
     # -- answering -------------------------------------------------------------
 
     async def respond(self, incoming: Incoming, outlet: Outlet) -> Reply | None:
         """Answer one message (in its channel's turn). None when the channel's queue is full."""
         if self._turns.waiting(incoming.channel_id) >= self.settings.reply_queue_limit:
-            self._log_every("queue", logging.WARNING, "channel %s has %d messages waiting for an answer; "
-                            "recording the rest without answering", incoming.channel_id,
-                            self._turns.waiting(incoming.channel_id))
+            self._log("queue", logging.WARNING, "channel %s has %d messages waiting for an answer; "
+                      "recording the rest without answering", incoming.channel_id,
+                      self._turns.waiting(incoming.channel_id))
             await self.record(incoming)
             return None
+        received = time.monotonic()
         async with self._turns.turn(incoming.channel_id):
-            return await self._answer(incoming, outlet)
+            return await self._answer(storable(incoming), outlet, received)
 
-    async def _answer(self, incoming: Incoming, outlet: Outlet) -> Reply:
-        message_id = await self.engine.run(self._record_user, incoming)
+    async def _answer(self, incoming: Incoming, outlet: Outlet, received: float) -> Reply:
+        message_id = await self._record(self._user_row(incoming))
         current = history.HistoryMessage(
-            id=message_id, channel_id=incoming.channel_id, guild_id=incoming.guild_id,
-            author_id=incoming.author_id, author_name=incoming.author_name, role="user",
-            content=incoming.content, created_at=incoming.created_at)
+            id=message_id if message_id is not None else incoming.message_id or 0, channel_id=incoming.channel_id,
+            guild_id=incoming.guild_id, author_id=incoming.author_id, author_name=incoming.author_name,
+            role="user", content=incoming.content, created_at=incoming.created_at)
         async with outlet.typing():
-            recalled = await self.engine.recall(incoming.content, incoming.viewer)
-            recent = await self.engine.run(history.recent, incoming.channel_id, self.settings.history_limit,
-                                           before=current)
+            memories = await self._recall(incoming)
+            recent = await self._db_or([], "read the channel history", history.recent, incoming.channel_id,
+                                       self.settings.history_limit, before=current)
             built = prompt.build(persona=self.settings.persona, tz=self.settings.timezone,
-                                 memories=recalled.texts, history=recent, current=current,
+                                 memories=memories, history=recent, current=current,
                                  token_budget=self.settings.token_budget, place=incoming.place)
             text, ok = await self._think(built)
         sent = await outlet.send(text)
         reply = Reply(text=text, ok=ok, sent=sent, prompt=built)
-        if not ok:
-            return reply  # the fallback is not conversation: keep it out of the history
         reply_id = None
-        if sent:  # nothing posted (no permission to write there): nothing was said
-            reply_id = await self.engine.run(
-                history.record, channel_id=incoming.channel_id, guild_id=incoming.guild_id,
-                author_id=self.assistant_id, author_name=self.assistant_name, role="assistant", content=text,
-                created_at=sent[0].created_at, message_id=sent[0].message_id)
-        if self.extractor is not None:
+        # The fallback is not conversation, and a reply not posted (no permission) was not said:
+        # keep both out of the history.
+        if ok and sent:
+            reply_id = await self._record(dict(
+                channel_id=incoming.channel_id, guild_id=incoming.guild_id, author_id=self.assistant_id,
+                author_name=self.assistant_name, role="assistant", content=text, created_at=sent[0].created_at,
+                message_id=sent[0].message_id))
+        if self._forgotten_since(incoming.author_id, received):
+            # /memory forget-all ran while this message waited or was answered: keep none of it.
+            # Checked after the last await, so an exchange submitted below came before the forget.
+            await self._drop_forgotten([i for i in (message_id, reply_id) if i is not None])
+            return reply
+        if ok and self.extractor is not None:
             self.extractor.submit(Exchange(
                 author_id=incoming.author_id, author_name=incoming.author_name, channel_id=incoming.channel_id,
                 guild_id=incoming.guild_id, dm=incoming.dm, user_message=incoming.content,
                 user_message_id=message_id, reply=text, reply_message_id=reply_id,
-                recalled=tuple(built.memories), created_at=incoming.created_at))
+                recalled=tuple(built.memories), created_at=incoming.created_at,
+                extra={"participants": participants(recent, incoming)}))
         return reply
+
+    async def _recall(self, incoming: Incoming) -> list[str]:
+        """The memory texts for the prompt; none when recall fails (the answer matters more)."""
+        try:
+            return (await self.engine.recall(incoming.content, incoming.viewer)).texts
+        except Exception as exc:  # apsw.BusyError, a damaged index...: not the person's problem
+            self._log("recall", logging.ERROR, "recall failed, answering without memories: %s: %s",
+                      type(exc).__name__, exc)
+            return []
+
+    async def _db_or(self, default, what: str, fn, *args, **kwargs):
+        """`engine.run(fn, ...)`, or `default` (and one log line a minute) when the database fails."""
+        try:
+            return await self.engine.run(fn, *args, **kwargs)
+        except Exception as exc:
+            self._log(what, logging.ERROR, "could not %s: %s: %s", what, type(exc).__name__, exc)
+            return default
+
+    async def _record(self, row: dict) -> int | None:
+        """Store one history row (None if the database refused it), pruning the channel now and
+        then to its last MUNINN_HISTORY_KEEP messages."""
+        channel_id = row["channel_id"]
+        inserts = self._inserts[channel_id] = self._inserts.get(channel_id, 0) + 1
+        prune = inserts % PRUNE_EVERY == 1  # the first insert after a start, then every PRUNE_EVERY
+        return await self._db_or(None, "record a message", _record_and_prune, row,
+                                 self.settings.history_keep if prune else None)
+
+    async def _drop_forgotten(self, message_ids: list[int]) -> None:
+        def drop(conn) -> None:
+            history.remove(conn, message_ids)
+            store.scrub(conn)
+        await self._db_or(None, "drop the messages of a forgotten person", drop)
 
     async def _think(self, built: prompt.Prompt) -> tuple[str, bool]:
         """The model's reply, or the friendly fallback (and one log line saying what to fix)."""
         try:
             text = (await self.engine.ollama.chat(built.messages)).strip()
         except OllamaModelMissing as exc:
-            self._log_every("missing", logging.ERROR, "cannot answer: %s", exc)
+            self._log("missing", logging.ERROR, "cannot answer: %s", exc)
             return CANNOT_THINK, False
         except OllamaDisabled:
-            self._log_every("disabled", logging.ERROR, "cannot answer: no OLLAMA_URL is configured; set it "
-                            "in .env (for example http://localhost:11434)")
+            self._log("disabled", logging.ERROR, "cannot answer: no OLLAMA_URL is configured; set it "
+                      "in .env (for example http://localhost:11434)")
             return CANNOT_THINK, False
         except OllamaUnavailable as exc:
-            self._log_every("unavailable", logging.WARNING, "cannot answer: %s", exc)
+            self._log("unavailable", logging.WARNING, "cannot answer: %s", exc)
             return CANNOT_THINK, False
         except OllamaError as exc:
-            self._log_every("bad", logging.WARNING, "cannot answer: %s", exc)
+            self._log("bad", logging.WARNING, "cannot answer: %s", exc)
             return CANNOT_THINK, False
         if not text:
-            self._log_every("empty", logging.WARNING, "%s returned an empty reply", self.settings.chat_model)
+            self._log("empty", logging.WARNING, "%s returned an empty reply", self.settings.chat_model)
             return CANNOT_THINK, False
         return text, True
 
-    def _record_user(self, conn, incoming: Incoming) -> int:
-        return history.record(conn, channel_id=incoming.channel_id, guild_id=incoming.guild_id,
-                              author_id=incoming.author_id, author_name=incoming.author_name, role="user",
-                              content=incoming.content, created_at=incoming.created_at,
-                              message_id=incoming.message_id)
+    @staticmethod
+    def _user_row(incoming: Incoming) -> dict:
+        return dict(channel_id=incoming.channel_id, guild_id=incoming.guild_id, author_id=incoming.author_id,
+                    author_name=incoming.author_name, role="user", content=incoming.content,
+                    created_at=incoming.created_at, message_id=incoming.message_id)
 
-    def _log_every(self, key: str, level: int, message: str, *args) -> None:
+    def _log(self, key: str, level: int, message: str, *args) -> None:
         """Log a recurring failure once a minute, not once per message."""
-        now = time.monotonic()
-        if now - self._last_log.get(key, -LOG_EVERY_SECONDS) >= LOG_EVERY_SECONDS:
-            self._last_log[key] = now
+        if self._throttle.ready(key, LOG_EVERY_SECONDS):
             log.log(level, message, *args)
 
 
-def _forget_person(conn, user_id: int) -> tuple[int, int]:
+def storable(incoming: Incoming) -> Incoming:
+    """The message with text SQLite and Ollama accept (no lone surrogates), used everywhere after."""
+    return dataclasses.replace(incoming, content=history.storable(incoming.content),
+                               author_name=history.storable(incoming.author_name))
+
+
+def participants(recent: list[history.HistoryMessage], incoming: Incoming) -> list[str]:
+    """Display names of the people in the conversation (the recent history and the author), so
+    extraction can tell a fact about the author from one about someone else who was there."""
+    names = [m.author_name for m in recent if m.role == "user"] + [incoming.author_name]
+    return list(dict.fromkeys(name for name in names if name))
+
+
+def _record_and_prune(conn, row: dict, keep: int | None) -> int:
+    message_id = history.record(conn, **row)
+    if keep is not None:
+        history.prune(conn, row["channel_id"], keep)
+    return message_id
+
+
+def memories_of(conn, user_id: int) -> list[store.Memory]:
+    """What forget-all and export cover: a person's personal memories (learned anywhere) and the
+    room memories they taught, archived ones included, oldest first."""
+    rows = conn.execute(f"SELECT {store.COLUMNS} FROM memories WHERE owner_id = ? AND scope IN ('personal', 'room') "
+                        "ORDER BY id", (user_id,))
+    return [store.Memory.from_row(row) for row in rows]
+
+
+def _forget_person(conn, user_id: int) -> Forgotten:
     with conn:
-        ids = [memory.id for memory in store.personal_memories(conn, user_id)]
-        removed = store.delete(conn, ids)
+        memories = memories_of(conn, user_id)
+        store.delete(conn, [memory.id for memory in memories])
         messages = history.forget_author(conn, user_id)
-    return removed, messages
+    store.scrub(conn)  # after the commit: the checkpoint cannot run inside a transaction
+    personal = sum(memory.scope == "personal" for memory in memories)
+    return Forgotten(personal=personal, taught=len(memories) - personal, messages=messages)
 
 
 def no_typing() -> AsyncContextManager:

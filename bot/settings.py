@@ -119,14 +119,16 @@ SETTINGS: dict[str, Spec] = {
     "ollama_concurrency": Spec("OLLAMA_MAX_CONCURRENCY", "2", "Most chat requests sent to Ollama at once.", _int(1, 64)),
     "recall_limit": Spec("MUNINN_RECALL_LIMIT", "5", "Memories recalled per message before graph augmentation.", _int(1, 100)),
     "graph_limit": Spec("MUNINN_GRAPH_LIMIT", "3", "Most linked memories added by the 1-hop graph walk.", _int(0, 50)),
-    "rrf_k": Spec("MUNINN_RRF_K", "60", "Reciprocal Rank Fusion constant k.", _float(positive=True)),
+    "rrf_k": Spec("MUNINN_RRF_K", "3", "Reciprocal Rank Fusion constant k (small = trust the top ranks; chosen on LoCoMo, bench/README.md).", _float(positive=True)),
     "rrf_weight_fts": Spec("MUNINN_RRF_WEIGHT_FTS", "1.0", "Weight of the keyword (FTS5) path in fusion.", _float(0)),
-    "rrf_weight_vec": Spec("MUNINN_RRF_WEIGHT_VEC", "1.0", "Weight of the vector path in fusion.", _float(0)),
+    "rrf_weight_vec": Spec("MUNINN_RRF_WEIGHT_VEC", "0.8", "Weight of the vector path in fusion.", _float(0)),
+    "neighbour_share": Spec("MUNINN_NEIGHBOUR_SHARE", "0.5", "Share of a hit's fusion score lent to the memories stored just before and after it (0 = off).", _float(0, 2)),
     "base_stability_days": Spec("MUNINN_BASE_STABILITY_DAYS", "7", "Decay: days until an unimportant, never-recalled memory falls to 37% retention.", _float(positive=True)),
     "stability_growth": Spec("MUNINN_STABILITY_GROWTH", "1.5", "Decay: factor by which each recall multiplies a memory's stability.", _float(1.0, 10.0)),
     "timezone": Spec("MUNINN_TIMEZONE", "UTC", "Time zone for the timestamps shown to the LLM.", _timezone),
     "persona": Spec("MUNINN_PERSONA", "You are Muninn, a friendly assistant with a long-term memory.", "First line of the system prompt.", _str),
     "history_limit": Spec("MUNINN_HISTORY_LIMIT", "10", "Recent channel messages put into the prompt.", _int(0, 100)),
+    "history_keep": Spec("MUNINN_HISTORY_KEEP", "200", "Messages kept per channel in the local history; older ones are deleted.", _int(100, 1_000_000)),
     "token_budget": Spec("MUNINN_TOKEN_BUDGET", "4000", "Approximate prompt size limit in tokens; oldest history is cut first.", _int(256)),
     "owner_ids": Spec("MUNINN_OWNER_IDS", "", "Comma-separated Discord user ids allowed to manage global memories (default: the application owner).", _id_list),
     "always_answer_channels": Spec("MUNINN_ALWAYS_ANSWER_CHANNELS", "", "Comma-separated channel ids where Muninn answers every message without being mentioned (admins can also toggle it with /always-answer).", _id_list),
@@ -159,11 +161,13 @@ class Settings:
     rrf_k: float
     rrf_weight_fts: float
     rrf_weight_vec: float
+    neighbour_share: float
     base_stability_days: float
     stability_growth: float
     timezone: ZoneInfo
     persona: str
     history_limit: int
+    history_keep: int
     token_budget: int
     owner_ids: frozenset[int]
     always_answer_channels: frozenset[int]

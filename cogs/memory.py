@@ -3,8 +3,13 @@
 Every answer is ephemeral, and every listing goes through the engine's scope rule, so a
 personal memory is only ever shown to its owner. Who may change what:
   personal memories: their owner;
-  room memories:     members with Manage Messages in that memory's channel;
+  room memories:     whoever taught it (its owner_id), and members with Manage Messages
+                     in that memory's channel;
   global memories:   the bot owner (MUNINN_OWNER_IDS, else the application's owner).
+`/memory forget` gives one answer for a memory that does not exist, is not visible here
+or is not the caller's to change, so an id reveals nothing; only for a memory the caller
+can see here does a refusal name the permission it needs. Forget-all and export cover
+a person's personal memories and the room memories they taught.
 Refusals raise `Refusal`, which the bot's one error handler shows to the caller.
 """
 from __future__ import annotations
@@ -21,6 +26,7 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot import store
+from bot.pipeline import memories_of
 from bot.scope import Viewer
 from bot.store import Memory, MemoryNotFound, NewMemory
 
@@ -91,28 +97,37 @@ class MemoryCog(commands.GroupCog, group_name="memory",
 
     # -- permissions -----------------------------------------------------------
 
-    async def require_may_change(self, interaction: discord.Interaction, scope: str, *, owner_id: int | None,
-                                 channel_id: int | None, what: str) -> None:
-        """Refuse unless the caller may create or delete `what` (a memory of this scope)."""
-        if scope == "personal":
-            if owner_id != interaction.user.id:
-                raise Refusal(f"{what} is someone else's personal memory: only they can change it.")
-        elif scope == "room":
-            if not await self.may_manage_room(interaction, channel_id, what):
-                raise Refusal(f"Changing the room memories of <#{channel_id}> needs the Manage Messages "
-                              "permission in that channel.")
-        elif not await self.bot.is_owner(interaction.user):
-            raise Refusal("Only the bot's owner can change global memories.")
+    async def may_change(self, interaction: discord.Interaction, memory: Memory) -> bool:
+        user_id = interaction.user.id
+        if memory.scope == "personal":
+            return memory.owner_id == user_id
+        if memory.scope == "room":
+            return memory.owner_id == user_id or self.manages_room(interaction, memory.channel_id)
+        return await self.bot.is_owner(interaction.user)
 
-    async def may_manage_room(self, interaction: discord.Interaction, channel_id: int | None, what: str) -> bool:
-        if interaction.guild is None:
-            raise Refusal(f"{what} belongs to a server channel: run this command in that server.")
+    @staticmethod
+    def manages_room(interaction: discord.Interaction, channel_id: int | None) -> bool:
+        """Manage Messages in that channel; False for a channel outside the server the command runs in."""
+        if interaction.guild is None or channel_id is None:
+            return False
         if channel_id == interaction.channel_id:
             return interaction.permissions.manage_messages  # computed by Discord for this channel
-        channel = interaction.guild.get_channel_or_thread(channel_id) if channel_id else None
+        channel = interaction.guild.get_channel_or_thread(channel_id)
         if channel is None or not isinstance(interaction.user, discord.Member):
-            raise Refusal(f"{what} belongs to a channel of another server: run this command there.")
+            return False
         return channel.permissions_for(interaction.user).manage_messages
+
+    async def permission_needed(self, interaction: discord.Interaction, memory: Memory) -> str | None:
+        """Why the caller may not change a memory they can see here (None: they cannot see it)."""
+        try:
+            await self.engine.get_visible(viewer_of(interaction), memory.id)
+        except MemoryNotFound:
+            return None
+        if memory.scope == "room":
+            return "Changing the room memories of this channel needs the Manage Messages permission here."
+        if memory.scope == "global":
+            return "Only the bot's owner can change global memories."
+        return None
 
     # -- commands ----------------------------------------------------------------
 
@@ -149,20 +164,23 @@ class MemoryCog(commands.GroupCog, group_name="memory",
         try:
             memory = await self.engine.run(store.get, memory_id)
         except MemoryNotFound:
-            raise Refusal(f"There is no memory #{memory_id}.") from None
-        await self.require_may_change(interaction, memory.scope, owner_id=memory.owner_id,
-                                      channel_id=memory.channel_id, what=f"Memory #{memory_id}")
+            memory = None
+        if memory is None or not await self.may_change(interaction, memory):
+            needed = await self.permission_needed(interaction, memory) if memory is not None else None
+            raise Refusal(needed or f"No memory #{memory_id} that you can change here.")
         await self.engine.forget([memory_id])
         await interaction.response.send_message(
             f"Forgot memory #{memory_id}: {discord.utils.escape_markdown(shorten(memory.text))}", ephemeral=True)
 
     @app_commands.command(name="forget-all", description="Forget everything Muninn remembers about you")
     async def forget_all(self, interaction: discord.Interaction) -> None:
-        count = len(await self.engine.run(store.personal_memories, interaction.user.id))
+        memories = await self.engine.run(memories_of, interaction.user.id)
+        personal = sum(memory.scope == "personal" for memory in memories)
         view = ConfirmForgetAll(self, interaction.user.id)
         await interaction.response.send_message(
-            f"This deletes all {count} of your personal memories, learned anywhere, and your messages in "
-            "Muninn's conversation history. It cannot be undone.", view=view, ephemeral=True)
+            f"This deletes all {personal} of your personal memories, learned anywhere, the "
+            f"{len(memories) - personal} room memories you taught, and your messages in Muninn's conversation "
+            "history. It cannot be undone.", view=view, ephemeral=True)
 
     @app_commands.command(name="remember", description="Tell Muninn something to remember")
     @app_commands.describe(text="What to remember", scope="personal (default): only you; room: this channel; "
@@ -171,8 +189,10 @@ class MemoryCog(commands.GroupCog, group_name="memory",
                        scope: Scope = "personal") -> None:
         if scope == "room" and interaction.guild_id is None:
             raise Refusal("A room memory belongs to a server channel; in a DM, use the personal scope.")
-        await self.require_may_change(interaction, scope, owner_id=interaction.user.id,
-                                      channel_id=interaction.channel_id, what="A room memory")
+        if scope == "room" and not interaction.permissions.manage_messages:
+            raise Refusal("Adding room memories to this channel needs the Manage Messages permission here.")
+        if scope == "global" and not await self.bot.is_owner(interaction.user):
+            raise Refusal("Only the bot's owner can change global memories.")
         try:
             memory = NewMemory(text=text, scope=scope, owner_id=interaction.user.id,
                                channel_id=interaction.channel_id, guild_id=interaction.guild_id,
@@ -187,16 +207,19 @@ class MemoryCog(commands.GroupCog, group_name="memory",
                     "global": "everyone will see it, everywhere"}[scope]
         await interaction.followup.send(f"Remembered as memory #{memory_id} ({scope}): {audience}.", ephemeral=True)
 
-    @app_commands.command(name="export", description="Download your personal memories as a JSON file")
+    @app_commands.command(name="export",
+                          description="Download your personal memories and the room memories you taught, as JSON")
     async def export(self, interaction: discord.Interaction) -> None:
-        memories = await self.engine.run(store.personal_memories, interaction.user.id)
+        memories = await self.engine.run(memories_of, interaction.user.id)
+        personal = sum(memory.scope == "personal" for memory in memories)
         now = datetime.now(timezone.utc)
         data = {"user_id": str(interaction.user.id), "exported_at": now.isoformat(timespec="seconds"),
-                "memories": [memory.to_dict() for memory in memories]}
+                "memories": [memory.to_dict() for memory in memories]}  # each says its scope
         payload = json.dumps(data, ensure_ascii=False, indent=2).encode("utf-8")
         file = discord.File(io.BytesIO(payload), filename=f"muninn-memories-{interaction.user.id}.json")
-        await interaction.response.send_message(f"Your {len(memories)} personal memories.", file=file,
-                                                ephemeral=True)
+        await interaction.response.send_message(
+            f"Your {personal} personal memories and the {len(memories) - personal} room memories you taught.",
+            file=file, ephemeral=True)
 
 
 def explain(reason: dict) -> str:
@@ -285,9 +308,10 @@ class ConfirmForgetAll(OwnerView):
     async def confirm(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
         self.stop()
         await interaction.response.edit_message(content="Forgetting…", view=None)
-        memories, messages = await self.cog.pipeline.forget_person(self.owner_id)
+        forgotten = await self.cog.pipeline.forget_person(self.owner_id)
         await interaction.edit_original_response(
-            content=f"Done: Muninn forgot {memories} personal memories and {messages} messages of yours.")
+            content=f"Done: Muninn forgot {forgotten.personal} personal memories, {forgotten.taught} room memories "
+                    f"you taught and {forgotten.messages} messages of yours.")
 
     @discord.ui.button(label="Cancel", style=discord.ButtonStyle.secondary)
     async def cancel(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:

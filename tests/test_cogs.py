@@ -257,28 +257,45 @@ async def test_search_explains_without_touching(world):
     assert (after.access_count, after.last_accessed) == (before.access_count, before.last_accessed)
 
 
-async def test_forget_follows_the_permission_rules(world):
+async def test_forget_follows_the_permission_rules_and_reveals_nothing_about_other_ids(world):
     ids = await seed(world)
+    other_guild = world.env.create_guild("Midgard")
+    elsewhere = other_guild.create_text_channel("elsewhere")
+    ids["room_elsewhere"] = await world.engine.remember(NewMemory(
+        "Midgard's channel is secret", "room", owner_id=world.bob.id, guild_id=other_guild.id, channel_id=elsewhere.id))
 
     async def forget(actor, key_or_id, channel=None):
         memory_id = ids[key_or_id] if isinstance(key_or_id, str) else key_or_id
-        result = await actor.slash(channel or world.general, "memory forget", id=memory_id)
+        result = await (actor.slash(channel, "memory forget", id=memory_id) if channel is not False
+                        else actor.user.slash("memory forget", id=memory_id))  # False: in a DM
         assert result.ephemeral
         return text_of(result)
 
-    assert "There is no memory #999999" in await forget(world.alice, 999999)
-    assert "someone else's personal memory" in await forget(world.alice, "bob_here")
-    assert "Manage Messages" in await forget(world.alice, "room_general")
-    assert "Only the bot's owner" in await forget(world.mod, "global")
+    def generic(memory_id):
+        return f"No memory #{memory_id} that you can change here."
+
+    # Unknown, invisible or not hers: one answer, whether or not the id exists.
+    assert await forget(world.alice, 999999, world.general) == generic(999999)
+    assert await forget(world.alice, "bob_here", world.general) == generic(ids["bob_here"])
+    assert await forget(world.alice, "room_random", world.general) == generic(ids["room_random"])
+    assert await forget(world.alice, "room_general", False) == generic(ids["room_general"])
+    assert await forget(world.mod, "room_elsewhere", world.general) == generic(ids["room_elsewhere"])
+    assert await forget(world.mod, "alice_dm", world.general) == generic(ids["alice_dm"])
+    # Visible here but not hers to change: the answer names the permission.
+    assert "Manage Messages" in await forget(world.alice, "room_general", world.general)
+    assert "Only the bot's owner" in await forget(world.mod, "global", world.general)
+    assert "Only the bot's owner" in await forget(world.alice, "global", False)
     remaining = {m.id for m in (await world.engine.run(store.get_many, list(ids.values()))).values()}
     assert remaining == set(ids.values())
 
-    assert "Forgot memory" in await forget(world.alice, "alice_here")
-    assert "Forgot memory" in await forget(world.alice, "alice_dm")  # her own, learned elsewhere
-    assert "Forgot memory" in await forget(world.mod, "room_random", channel=world.general)  # mod in that channel
-    assert "Forgot memory" in await forget(world.owner, "global")
+    assert "Forgot memory" in await forget(world.alice, "alice_here", world.general)
+    assert "Forgot memory" in await forget(world.alice, "alice_dm", world.general)  # her own, learned elsewhere
+    assert "Forgot memory" in await forget(world.mod, "room_random", world.general)  # mod in that channel
+    assert "Forgot memory" in await forget(world.owner, "global", world.general)
+    assert "Forgot memory" in await forget(world.bob, "room_elsewhere", False)  # he taught it: his to forget
     remaining = set((await world.engine.run(store.get_many, list(ids.values()))).keys())
     assert remaining == {ids["bob_here"], ids["room_general"]}
+    assert "Forgot memory" in await forget(world.bob, "room_general", world.random)  # taught, from anywhere
 
 
 async def test_remember_stores_by_hand_with_the_same_rules(world):
@@ -303,7 +320,7 @@ async def test_remember_stores_by_hand_with_the_same_rules(world):
     assert stats["by_scope"] == {"personal": 2, "room": 1, "global": 1}
 
 
-async def test_export_sends_only_the_callers_personal_memories_as_a_private_file(world):
+async def test_export_sends_the_callers_personal_and_taught_memories_as_a_private_file(world):
     ids = await seed(world)
     result = await world.alice.slash(world.general, "memory export")
     assert result.ephemeral
@@ -313,25 +330,35 @@ async def test_export_sends_only_the_callers_personal_memories_as_a_private_file
     assert data["user_id"] == str(world.alice.id)
     assert sorted(m["id"] for m in data["memories"]) == sorted([ids["alice_here"], ids["alice_dm"]])
 
+    result = await world.bob.slash(world.general, "memory export")  # Bob taught both room memories
+    assert "1 personal memories and the 2 room memories you taught" in text_of(result)
+    data = json.loads(await result.response.attachments[0].read())
+    assert {(m["id"], m["scope"]) for m in data["memories"]} == {
+        (ids["bob_here"], "personal"), (ids["room_general"], "room"), (ids["room_random"], "room")}
+
 
 async def test_forget_all_asks_first_then_erases_every_trace(world):
     ids = await seed(world)
+    ids["alice_taught"] = await world.engine.remember(NewMemory(
+        "the general channel knows Alice's address", "room", owner_id=world.alice.id, guild_id=world.guild.id,
+        channel_id=world.general.id))
     await world.engine.run(store.add_link, ids["alice_here"], ids["alice_dm"], "co_extracted")
     await world.engine.run(store.add_link, ids["alice_here"], ids["room_general"], "semantic")
     await world.alice.user.send_dm("I keep bees")  # history of hers, and Muninn's reply in her DM
 
     asked = await world.alice.slash(world.general, "memory forget-all")
     assert asked.ephemeral and "all 2 of your personal memories" in text_of(asked)
+    assert "the 1 room memories you taught" in text_of(asked)
     await world.alice.click(asked.response, label="Cancel")
     assert len(await world.engine.run(store.personal_memories, world.alice.id)) == 2
 
     asked = await world.alice.slash(world.general, "memory forget-all")
     await world.alice.click(asked.response, label="Forget everything")
     done = world.env.backend.get_message(asked.response.channel_id, asked.response.id).content
-    assert done.startswith("Done: Muninn forgot 2 personal memories")
+    assert done.startswith("Done: Muninn forgot 2 personal memories, 1 room memories you taught")
 
     def traces(conn):
-        alice_ids = (ids["alice_here"], ids["alice_dm"])
+        alice_ids = (ids["alice_here"], ids["alice_dm"], ids["alice_taught"])
         marks = ",".join("?" * len(alice_ids))
         return [conn.execute(sql, alice_ids * times).fetchall()[0][0] for sql, times in (
             (f"SELECT count(*) FROM memories WHERE id IN ({marks})", 1),
@@ -352,3 +379,21 @@ async def test_an_unexpected_failure_is_logged_and_answered_politely(world, capl
     assert result.ephemeral and text_of(result) == SOMETHING_WENT_WRONG
     assert "/memory forget failed" in caplog.text and "memory_links" in caplog.text
     world.failures_expected = True
+
+
+async def test_slash_command_answers_never_ping_even_when_they_quote_mentions(world):
+    crew = world.guild.create_role("Crew")
+    pings = f"@everyone <@&{crew.id}> <@{world.bob.id}>"
+    memory_id = await world.engine.remember(NewMemory(f"{pings} meet at noon", "personal", owner_id=world.alice.id,
+                                                      guild_id=world.guild.id, channel_id=world.general.id))
+    await world.alice.slash(world.general, "memory list")                      # an interaction response
+    await world.alice.slash(world.general, "memory search", query=f"{pings} meet")  # a followup
+    await world.alice.slash(world.general, "memory forget", id=memory_id)      # echoes the memory's text
+    await world.alice.slash(world.general, "memory forget", id=memory_id)      # a refusal
+    asked = await world.alice.slash(world.general, "memory forget-all")
+    await world.alice.click(asked.response, label="Forget everything")         # edits of the response
+    answers = [r for r in world.env.http_requests if r.path.startswith(("/interactions/", "/webhooks/"))]
+    bodies = [r.json.get("data", r.json) for r in answers if r.json]
+    with_text = [b for b in bodies if b.get("content")]
+    assert sum(pings in b["content"] for b in with_text) == 3, with_text
+    assert len(with_text) >= 6 and all(b["allowed_mentions"] == {"parse": []} for b in with_text), with_text

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 
 import apsw
@@ -25,10 +26,12 @@ GUILD, CHANNEL, DM_CHANNEL = 7, 70, 71
 
 def exchange(text: str, *, author: int = ALICE, name: str = "Alice", channel: int = CHANNEL,
              guild: int | None = GUILD, message_id: int = 1, reply: str = "Noted!",
-             recalled: tuple[str, ...] = (), created_at: float | None = None) -> Exchange:
+             recalled: tuple[str, ...] = (), created_at: float | None = None,
+             participants: tuple[str, ...] = ()) -> Exchange:
     return Exchange(author_id=author, author_name=name, channel_id=channel, guild_id=guild, dm=guild is None,
                     user_message=text, user_message_id=message_id, reply=reply, reply_message_id=message_id + 1000,
-                    recalled=recalled, created_at=created_at)
+                    recalled=recalled, created_at=created_at,
+                    extra={"participants": participants} if participants else {})
 
 
 def fact(text: str, about: str = "Alice", scope: str = "personal", importance: float = 0.6) -> dict:
@@ -37,6 +40,23 @@ def fact(text: str, about: str = "Alice", scope: str = "personal", importance: f
 
 def facts_reply(*items: dict) -> str:
     return json.dumps({"facts": list(items)})
+
+
+def author_of(request: dict) -> str | None:
+    """The author an extraction request is about (its "Author: X." line)."""
+    found = re.search(r"^Author: (.*)\.$", request["messages"][1]["content"], re.M)
+    return found.group(1) if found else None
+
+
+def per_author(**answers: str):
+    """A scripted extraction answer that depends on whose messages are asked about (all the
+    answers' facts together for a prompt that names no author)."""
+    def answer(request: dict) -> str:
+        author = author_of(request)
+        if author is None:
+            return json.dumps({"facts": [f for a in answers.values() for f in json.loads(a)["facts"]]})
+        return answers.get(author, "{}")
+    return answer
 
 
 def kind_of(request: dict) -> str:
@@ -52,10 +72,11 @@ def kind_of(request: dict) -> str:
 
 class Script:
     """Scripted chat answers per kind of request (extract / update / merge), in order;
-    when a kind's list is empty the answer is `{}` (no facts, no update)."""
+    when a kind's list is empty the answer is its `always` answer, else `{}` (no facts, no update)."""
 
     def __init__(self, fake: FakeOllama):
         self.queues: dict[str, list] = {"extract": [], "update": [], "merge": []}
+        self.always: dict[str, object] = {}
         self.seen: dict[str, list[dict]] = {"extract": [], "update": [], "merge": [], "other": []}
         fake.default_chat_reply = self.answer
 
@@ -67,10 +88,8 @@ class Script:
         kind = kind_of(request)
         self.seen[kind].append(request)
         queue = self.queues.get(kind) or []
-        if queue:
-            item = queue.pop(0)
-            return item(request) if callable(item) else item
-        return "{}"
+        item = queue.pop(0) if queue else self.always.get(kind, "{}")
+        return item(request) if callable(item) else item
 
 
 async def memories_of(engine: Engine, *, active_only: bool = True) -> list[store.Memory]:
@@ -259,7 +278,8 @@ async def test_display_names_with_emoji_still_match(engine, fake_ollama, script)
 
 
 async def test_each_author_owns_their_own_facts_in_a_batch(engine, fake_ollama, script):
-    script.add("extract", facts_reply(fact("Alice lives in Oslo."), fact("Bob has two cats.", about="bob")))
+    script.always["extract"] = per_author(Alice=facts_reply(fact("Alice lives in Oslo.")),
+                                          Bob=facts_reply(fact("Bob has two cats.", about="bob")))
     batch = [exchange("I live in Oslo.", message_id=1),
              exchange("I have two cats.", author=BOB, name="Bob", message_id=2)]
     facts = await extract_facts(engine, batch)
@@ -267,28 +287,126 @@ async def test_each_author_owns_their_own_facts_in_a_batch(engine, fake_ollama, 
         ("Alice lives in Oslo.", ALICE, (1,)), ("Bob has two cats.", BOB, (2,))]
 
 
+async def test_each_author_is_asked_alone_with_the_others_as_marked_context(engine, fake_ollama, script):
+    batch = [exchange("I live in Oslo.", message_id=1),
+             exchange("I have two cats.", author=BOB, name="Bob", message_id=2),
+             exchange("Also I work as a nurse.", message_id=3)]
+    await extract_facts(engine, batch)
+    prompts = {author_of(r): r["messages"][1]["content"] for r in script.seen["extract"]}
+    assert set(prompts) == {"Alice", "Bob"} and len(script.seen["extract"]) == 2
+    context, own = prompts["Alice"].split("Messages by Alice", 1)
+    assert "Do NOT take any fact" in context and "I have two cats." in context
+    assert "I live in Oslo." in own and "Also I work as a nurse." in own and "two cats" not in own
+    context, own = prompts["Bob"].split("Messages by Bob", 1)
+    assert "I live in Oslo." in context and "I have two cats." in own and "Oslo" not in own
+
+
+async def test_what_bob_says_about_alice_never_becomes_alices_memory(engine, fake_ollama, script):
+    # The model mines Bob's message whoever it is asked about (the reviewer's repro).
+    script.always["extract"] = facts_reply(fact("Alice is secretly interviewing at a competitor.", importance=0.8))
+    extractor = Extractor(engine, batch_delay=0.01)
+    extractor.submit(exchange("morning all", message_id=1))
+    extractor.submit(exchange("heard Alice is secretly interviewing at a competitor lol", author=BOB, name="Bob",
+                              message_id=2))
+    await extractor.close()
+    assert len(script.seen["extract"]) == 2
+    assert await memories_of(engine, active_only=False) == []
+
+
+async def test_a_fact_leaning_on_someone_elses_words_is_dropped(engine, fake_ollama, script):
+    script.always["extract"] = per_author(Alice=facts_reply(
+        fact("Alice has a beagle named Rex.", importance=0.6),      # her own words (Bob's "dog" is context)
+        fact("Alice lost her job at Acme.", importance=0.9)))       # Acme is only in Bob's message
+    batch = [exchange("Who here has a dog? I heard Alice lost her job at Acme", author=BOB, name="Bob",
+                      message_id=1),
+             exchange("yes, a beagle named Rex! the job hunt starts monday", message_id=2)]
+    facts = await extract_facts(engine, batch)
+    assert [(f.text, f.owner_id) for f in facts] == [("Alice has a beagle named Rex.", ALICE)]
+
+
+HIV = fact("Bob is being treated for HIV.", about="room", scope="room", importance=0.9)
+
+
+@pytest.mark.parametrize("answer, participants", [
+    (HIV, ("Bob",)),                                                        # a recent participant
+    (dict(HIV, scope="general", about="general"), ("Bob",)),
+    (dict(HIV, about="Bob"), ()),                                           # `about` names a person
+    (dict(HIV, about="Bob", scope="general"), ()),
+    (fact("Jane from accounting is pregnant.", about="Jane", scope="room"), ()),
+], ids=["room-participant", "general-participant", "room-about", "general-about", "room-about-stranger"])
+async def test_a_room_or_general_label_never_publishes_someone_elses_fact(engine, fake_ollama, script,
+                                                                          answer, participants):
+    script.add("extract", facts_reply(answer))
+    ex = exchange("btw Bob is being treated for HIV, and Jane from accounting is pregnant",
+                  participants=participants)
+    assert await extract_facts(engine, ex) == []
+
+
+async def test_a_participant_of_the_batch_counts_as_a_person(engine, fake_ollama, script):
+    script.always["extract"] = per_author(Alice=facts_reply(HIV))
+    batch = [exchange("btw Bob is being treated for HIV"), exchange("hi", author=BOB, name="Bob", message_id=2)]
+    assert await extract_facts(engine, batch) == []
+
+
+async def test_the_authors_own_fact_labelled_room_stays_personal(engine, fake_ollama, script):
+    answer = facts_reply(fact("Alice is pregnant and has not told her employer.", about="room", scope="room"),
+                         fact("Alice is pregnant.", about="Alice", scope="general"),
+                         fact("This channel plays Valheim on Fridays.", about="room", scope="room"))
+    script.add("extract", answer)
+    ex = exchange("I'm pregnant, haven't told work. We play Valheim here on Fridays.", participants=("Bob",))
+    facts = await extract_facts(engine, ex)
+    assert [(f.text, f.scope, f.owner_id, f.guild_id) for f in facts] == [
+        ("Alice is pregnant and has not told her employer.", "personal", ALICE, GUILD),
+        ("Alice is pregnant.", "personal", ALICE, GUILD),
+        ("This channel plays Valheim on Fridays.", "room", ALICE, GUILD)]
+    await store_facts(engine, facts, ex)
+    carol = await engine.recall("pregnant employer Valheim", Viewer(user_id=303, channel_id=CHANNEL, guild_id=GUILD),
+                                touch=False)
+    assert carol.texts == ["This channel plays Valheim on Fridays."]
+
+
 async def test_scopes_map_to_where_the_exchange_happened(engine, fake_ollama, script):
-    answer = facts_reply(fact("Alice lives in Oslo."),
-                         fact("This channel plays Valheim on Fridays.", about="room", scope="room"),
-                         fact("The office wifi is called Hugin.", about="general", scope="general"))
-    script.add("extract", answer, answer, answer)
+    script.always["extract"] = facts_reply(
+        fact("Alice lives in Oslo."),
+        fact("This channel plays Valheim on Fridays.", about="room", scope="room"),
+        fact("The office wifi is called Hugin.", about="general", scope="general"),
+        fact("Alice teaches that the office wifi is called Munin.", about="general", scope="general"))
     in_guild = await extract_facts(engine, exchange("..."))
     assert [(f.scope, f.owner_id, f.channel_id, f.guild_id) for f in in_guild] == [
-        ("personal", ALICE, CHANNEL, GUILD), ("room", ALICE, CHANNEL, GUILD), ("room", ALICE, CHANNEL, GUILD)]
+        ("personal", ALICE, CHANNEL, GUILD), ("room", ALICE, CHANNEL, GUILD), ("room", ALICE, CHANNEL, GUILD),
+        ("personal", ALICE, CHANNEL, GUILD)]
     in_dm = await extract_facts(engine, exchange("...", channel=DM_CHANNEL, guild=None))
-    assert [(f.scope, f.owner_id, f.guild_id) for f in in_dm] == [("personal", ALICE, None)] * 3
-    by_owner = await extract_facts(engine, exchange("...", author=OWNER), owner_ids=frozenset({OWNER}))
-    assert [(f.scope, f.owner_id) for f in by_owner] == [("personal", OWNER), ("room", OWNER), ("global", OWNER)]
+    assert [(f.text, f.scope, f.owner_id, f.guild_id) for f in in_dm] == [
+        ("Alice lives in Oslo.", "personal", ALICE, None),
+        ("This channel plays Valheim on Fridays.", "personal", ALICE, None),   # a DM's room is the author
+        ("Alice teaches that the office wifi is called Munin.", "personal", ALICE, None)]
+    # general knowledge not about the author is dropped in a DM: nobody else may see it
 
 
-async def test_owner_general_fact_is_global(fake_ollama, make_settings, script):
+@pytest.mark.parametrize("guild", [GUILD, None], ids=["guild", "dm"])
+async def test_extraction_never_creates_a_global_memory(fake_ollama, make_settings, script, guild):
     async with Engine(make_settings(fake_ollama.url, MUNINN_OWNER_IDS=str(OWNER))) as engine:
         script.add("extract", facts_reply(fact("The office wifi is called Hugin.", about="general", scope="general")))
-        (f,) = await extract_facts(engine, exchange("Our wifi is called Hugin.", author=OWNER, name="Olaf"))
-        assert f.scope == "global"
-        (memory_id,) = await store_facts(engine, [f], exchange("x", author=OWNER))
+        ex = exchange("Our wifi is called Hugin.", author=OWNER, name="Olaf", guild=guild,
+                      channel=CHANNEL if guild else DM_CHANNEL)
+        facts = await extract_facts(engine, ex)
+        assert [(f.scope, f.owner_id) for f in facts] == ([("room", OWNER)] if guild else [])
+        await store_facts(engine, facts, ex)
+        assert not any(m.scope == "global" for m in await memories_of(engine))
         elsewhere = await engine.recall("wifi Hugin", Viewer(user_id=BOB, channel_id=999, guild_id=888))
-        assert memory_id in elsewhere.ids
+        assert elsewhere.ids == []
+
+
+@pytest.mark.parametrize("name, about, text", [
+    ("🌸", "🌸", "🌸 likes tea."),
+    ("❤️", "❤", "❤ likes tea."),                     # the model drops the variation selector
+    ("✨ 🌙", "✨ 🌙", "✨ 🌙 likes tea."),
+])
+async def test_emoji_only_display_names_get_personal_facts(engine, fake_ollama, script, name, about, text):
+    script.add("extract", facts_reply(fact(text, about=about)))
+    (f,) = await extract_facts(engine, exchange("I like tea.", name=name))
+    assert (f.owner_id, f.scope) == (ALICE, "personal")
+    assert len(script.seen["extract"]) == 1           # valid at once, no retry
 
 
 # -- no feedback loop ---------------------------------------------------------------
@@ -351,9 +469,10 @@ async def test_store_without_ollama_keeps_facts_for_the_backfill(fts_engine):
 
 async def test_submit_never_blocks_and_batches_a_channel(engine, fake_ollama, script):
     fake_ollama.mode = "slow"
-    fake_ollama.delay = 0.3
-    script.add("extract", facts_reply(fact("Alice lives in Oslo."), fact("Bob has two cats.", about="Bob")),
-               facts_reply(fact("Carol plays chess.", about="Carol")))
+    fake_ollama.delay = 0.1
+    script.always["extract"] = per_author(Alice=facts_reply(fact("Alice lives in Oslo.")),
+                                          Bob=facts_reply(fact("Bob has two cats.", about="Bob")),
+                                          Carol=facts_reply(fact("Carol plays chess.", about="Carol")))
     extractor = Extractor(engine, batch_delay=0.05)
     started = time.perf_counter()
     extractor.submit(exchange("I live in Oslo.", message_id=1))
@@ -362,9 +481,9 @@ async def test_submit_never_blocks_and_batches_a_channel(engine, fake_ollama, sc
     assert time.perf_counter() - started < 0.05
     await extractor.drain()
     await extractor.close()
-    assert len(script.seen["extract"]) == 2            # one call per channel
+    assert sorted(map(author_of, script.seen["extract"])) == ["Alice", "Bob", "Carol"]  # one call per author
     prompts = [r["messages"][1]["content"] for r in script.seen["extract"]]
-    assert any("I live in Oslo." in p and "I have two cats." in p for p in prompts)
+    assert any("I live in Oslo." in p and "I have two cats." in p for p in prompts)   # one batch: context
     owners = {(m.text, m.owner_id, tuple(m.source_message_ids)) for m in await memories_of(engine)}
     assert owners == {("Alice lives in Oslo.", ALICE, ("1",)), ("Bob has two cats.", BOB, ("2",)),
                       ("Carol plays chess.", 303, ("3",))}
@@ -420,3 +539,89 @@ async def test_a_busy_channel_is_cut_into_batches(engine, fake_ollama, script):
     assert len(script.seen["extract"]) == 1
     await extractor.close()
     assert len(script.seen["extract"]) == 2
+
+
+async def test_drain_waits_for_the_worker_which_then_ends(engine, fake_ollama, script):
+    fake_ollama.mode = "slow"
+    fake_ollama.delay = 0.1
+    extractor = Extractor(engine, batch_delay=10)
+    extractor.submit(exchange("I live in Oslo."))
+    await extractor.drain()
+    assert extractor.processed == 1 and extractor._worker.done()   # no idle task left behind
+    await extractor.close()
+
+
+async def test_each_authors_facts_are_one_transaction(engine, fake_ollama, script):
+    script.always["extract"] = per_author(
+        Alice=facts_reply(fact("Alice lives in Oslo."), fact("This channel plays chess on Fridays.", about="room",
+                                                             scope="room")),
+        Bob=facts_reply(fact("Bob has two cats.", about="Bob"), fact("Bob works as a baker.", about="Bob")))
+    commits: list[int] = []
+    await engine.run(lambda conn: conn.set_commit_hook(lambda: commits.append(1) or False))
+    extractor = Extractor(engine, batch_delay=10)
+    extractor.submit(exchange("I live in Oslo. We play chess here on Fridays.", message_id=1))
+    extractor.submit(exchange("I have two cats and work as a baker.", author=BOB, name="Bob", message_id=2))
+    await extractor.close()
+    await engine.run(lambda conn: conn.set_commit_hook(None))
+    assert len(commits) == 2
+    assert [(m.owner_id, m.scope) for m in await memories_of(engine)] == [
+        (ALICE, "personal"), (ALICE, "room"), (BOB, "personal"), (BOB, "personal")]
+
+
+@pytest.mark.parametrize("slow_step", ["extraction", "update-decision"])
+async def test_forget_during_extraction_stores_nothing_of_that_person(engine, fake_ollama, script, slow_step):
+    answer = facts_reply(fact("Alice lives in Oslo."), fact("This channel plays chess on Fridays.", about="room",
+                                                            scope="room"))
+    if slow_step == "update-decision":   # an older memory makes the new fact wait for the LLM's verdict
+        fake_ollama.vectors["Alice lives in Bergen."] = [1.0] + [0.0] * 767
+        fake_ollama.vectors["Alice lives in Oslo."] = [0.8, 0.6] + [0.0] * 766
+        await store_facts(engine, [Fact("Alice lives in Bergen.", "Alice", "personal", 0.5, ALICE, CHANNEL, GUILD)])
+        fake_ollama.chat_replies.extend([answer, FakeOllama.TIMEOUT])   # TIMEOUT: wait, then answer {}
+    else:
+        fake_ollama.chat_replies.append(FakeOllama.TIMEOUT)              # wait, then the script's answer
+        script.add("extract", answer)
+    fake_ollama.delay = 0.3
+    before = len(await memories_of(engine))
+    extractor = Extractor(engine, batch_delay=0.01)
+    extractor.submit(exchange("I live in Oslo. We play chess here on Fridays."))
+    slow_call = 1 if slow_step == "extraction" else 2
+    while len(fake_ollama.chat_requests()) < slow_call:     # the slow call is in flight
+        await asyncio.sleep(0.01)
+    extractor.forget(ALICE)
+    await extractor.close()
+    assert extractor.processed == 1 and extractor.failed == 0
+    assert len(fake_ollama.chat_requests()) == slow_call
+    assert len(await memories_of(engine, active_only=False)) == before
+
+
+async def test_forget_drops_waiting_messages_but_not_later_ones(engine, fake_ollama, script):
+    script.always["extract"] = per_author(Alice=facts_reply(fact("Alice lives in Oslo.")),
+                                          Bob=facts_reply(fact("Bob has two cats.", about="Bob")))
+    extractor = Extractor(engine, batch_delay=10)
+    extractor.submit(exchange("my secret: I live in Oslo.", message_id=1))
+    extractor.submit(exchange("I have two cats.", author=BOB, name="Bob", message_id=2))
+    extractor.submit(exchange("only me here", channel=80, message_id=3))
+    extractor.forget(ALICE)
+    await extractor.drain()
+    prompts = json.dumps([r["messages"] for r in script.seen["extract"]])
+    assert [author_of(r) for r in script.seen["extract"]] == ["Bob"] and "secret" not in prompts
+    assert [m.owner_id for m in await memories_of(engine)] == [BOB]
+    extractor.submit(exchange("I live in Oslo.", message_id=4))    # said after the forget: a new start
+    await extractor.close()
+    assert sorted(m.owner_id for m in await memories_of(engine)) == [ALICE, BOB]
+
+
+async def test_logs_above_debug_never_carry_what_people_said(engine, fake_ollama, script, caplog):
+    script.add("extract", facts_reply(fact("I have HIV and live in Oslo."), fact("Alice lives in Oslo.",
+                                                                                 about="Carol")),
+               facts_reply(fact("My HIV diagnosis came in May."), fact("Alice has HIV.", scope="secret")),
+               facts_reply(fact("Bob has HIV.", about="Bob")))
+    with caplog.at_level(logging.DEBUG):
+        await extract_facts(engine, exchange("I have HIV and I live in Oslo, Bob too"))
+        await extract_facts(engine, exchange("I have HIV and I live in Oslo, Bob too"))
+    loud = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
+    quiet = " ".join(r.getMessage() for r in caplog.records if r.levelno < logging.INFO)
+    assert "invalid twice" in loud and "fact 1" in loud
+    for word in ("HIV", "Oslo", "diagnosis", "Carol", "Bob"):
+        assert word not in loud
+    assert "HIV" in quiet           # the details are there for whoever turns DEBUG on

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import pytest
@@ -157,13 +158,19 @@ async def test_without_an_llm_the_clearest_original_is_kept(engine, fake_ollama,
     assert script.seen["merge"] == []
 
 
-async def test_an_invented_detail_falls_back_to_the_clearest_original(engine, fake_ollama, script):
+async def test_an_invented_detail_falls_back_to_the_clearest_original(engine, fake_ollama, script, caplog):
     ids, _, _ = await tea_cluster(engine, fake_ollama)
     invented = '{"text": "Alice loves green tea from Japan."}'
-    script.add("merge", invented, invented)
-    (merge,) = (await maintenance.run_maintenance(engine)).consolidated
+    script.add("merge", invented, '{"text": "I love green tea."}')
+    with caplog.at_level(logging.DEBUG):
+        (merge,) = (await maintenance.run_maintenance(engine)).consolidated
     assert merge.merged_by == "kept" and merge.survivor == ids[2]
     assert len(script.seen["merge"]) == 2
+    loud = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
+    assert "invalid twice" in loud and "consolidated" in loud
+    for word in ("tea", "Japan", "japan"):       # ids and counts only; the texts stay at DEBUG
+        assert word not in loud
+    assert "Japan" in " ".join(r.getMessage() for r in caplog.records if r.levelno < logging.INFO)
 
 
 async def test_chat_failure_during_consolidation_keeps_the_clearest(engine, fake_ollama, script):

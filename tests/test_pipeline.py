@@ -84,6 +84,7 @@ async def test_answer_uses_memories_history_and_current_message_then_hands_over(
     exchange = sink.exchanges[0]
     assert (exchange.author_id, exchange.channel_id, exchange.guild_id, exchange.dm) == (ALICE, GENERAL, GUILD, False)
     assert exchange.reply == "Miso is a lovely name." and exchange.recalled == ("Alice's cat is called Miso",)
+    assert exchange.extra == {"participants": ["Bob", "Alice"]}  # for extraction: who else was talking
     rows = await engine.run(history.recent, GENERAL, 10)
     assert [(r.role, r.author_name, r.content) for r in rows] == [
         ("user", "Bob", "the weather is nice"), ("user", "Alice", "what is my cat called?"),
@@ -264,8 +265,8 @@ async def test_a_fact_told_in_a_dm_is_recalled_in_dms_only_and_forget_person_era
         assert "Ylva" not in json.dumps(fake_ollama.chat_requests()[-1]["messages"])
         await extractor.drain()
 
-        removed, messages = await pipeline.forget_person(ALICE)
-        assert removed == 1 and messages >= 4
+        forgotten = await pipeline.forget_person(ALICE)
+        assert (forgotten.personal, forgotten.taught) == (1, 0) and forgotten.messages >= 4
         counts = await engine.run(lambda conn: [conn.execute(sql).fetchall()[0][0] for sql in (
             "SELECT count(*) FROM memories", "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'Ylva'",
             "SELECT count(*) FROM vec_memories", "SELECT count(*) FROM memory_links",
@@ -288,3 +289,131 @@ async def test_a_reply_that_could_not_be_posted_is_not_recorded_as_said(engine):
     rows = await engine.run(history.recent, GENERAL, 10)
     assert [r.role for r in rows] == ["user"]
     assert sink.exchanges[0].reply_message_id is None  # the facts in what she said still count
+
+
+# -- forgetting a person -------------------------------------------------------------
+
+SECRET = "Alice takes sertraline for her depression"
+
+
+async def test_forget_person_removes_taught_room_memories_and_leaves_no_recoverable_text(make_settings, fake_ollama,
+                                                                                         tmp_path):
+    settings = make_settings(fake_ollama.url)
+    async with Engine(settings) as engine:
+        pipeline = Pipeline(engine)
+        await engine.remember(NewMemory(SECRET, "personal", owner_id=ALICE, guild_id=GUILD, channel_id=GENERAL))
+        await engine.remember(NewMemory("the room heard about sertraline side effects", "room", owner_id=ALICE,
+                                        guild_id=GUILD, channel_id=GENERAL))  # taught by Alice
+        kept = [await engine.remember(NewMemory("Bob brings cake on Fridays", "room", owner_id=BOB, guild_id=GUILD,
+                                                channel_id=GENERAL)),
+                await engine.remember(NewMemory("Bob likes tea", "personal", owner_id=BOB, guild_id=GUILD,
+                                                channel_id=GENERAL))]
+        for n in range(30):  # enough FTS traffic for several index segments
+            await engine.remember(NewMemory(f"filler fact {n} about boats", "global", owner_id=BOB))
+        await pipeline.record(said("I take sertraline, please keep it quiet"))
+
+        forgotten = await pipeline.forget_person(ALICE)
+
+        assert (forgotten.personal, forgotten.taught, forgotten.messages) == (1, 1, 1)
+        assert set((await engine.run(store.get_many, kept)).keys()) == set(kept)
+
+        def probe(conn):
+            conn.execute("INSERT INTO memories_fts(memories_fts) VALUES('integrity-check')")  # raises if broken
+            return conn.execute("SELECT count(*) FROM memories_fts_data "
+                                "WHERE instr(block, CAST('sertralin' AS BLOB)) > 0").fetchall()[0][0]
+        assert await engine.run(probe) == 0
+    raw = b"".join(p.read_bytes() for p in (settings.db_path, settings.db_path.with_name(
+        settings.db_path.name + "-wal")) if p.exists())
+    assert raw and b"sertralin" not in raw
+
+
+class ForgettingSink(RecordingSink):
+    """An extractor that can drop a person's queued work, as bot.extraction.Extractor does."""
+
+    def __init__(self, events: list):
+        super().__init__(events)
+        self.forgotten: list[int] = []
+
+    def forget(self, user_id: int) -> None:
+        self.forgotten.append(user_id)
+        self.exchanges = [e for e in self.exchanges if e.author_id != user_id]
+
+
+async def test_forget_all_during_a_slow_reply_keeps_nothing_of_that_exchange(engine, fake_ollama):
+    fake_ollama.delay = 0.4
+    fake_ollama.chat_replies.append(FakeOllama.TIMEOUT)  # this reply takes 0.4 s
+    fake_ollama.default_chat_reply = "Noted: you take sertraline."
+    events: list = []
+    sink = ForgettingSink(events)
+    pipeline = Pipeline(engine, sink, assistant_id=1)
+    await pipeline.record(said("earlier chatter", author=BOB, name="Bob"))
+
+    answering = asyncio.create_task(pipeline.respond(said("I take sertraline"), RecordingOutlet(events)))
+    await asyncio.sleep(0.15)  # her message is recorded and Ollama is thinking
+    assert [e[0] for e in events] == ["typing"]
+    await pipeline.forget_person(ALICE)
+    reply = await answering
+
+    assert reply.ok and events[-1] == ("send", "", "Noted: you take sertraline.")  # she still gets her answer
+    assert sink.forgotten == [ALICE] and sink.exchanges == [] and not any(e[0] == "submit" for e in events)
+    rows = await engine.run(history.recent, GENERAL, 10)
+    assert [r.content for r in rows] == ["earlier chatter"]  # neither her message nor the reply was kept
+
+    await pipeline.respond(said("hello again"), RecordingOutlet(events))  # after the forget: business as usual
+    assert [e.user_message for e in sink.exchanges] == ["hello again"]
+
+
+# -- robustness ----------------------------------------------------------------------
+
+async def test_a_failing_recall_means_no_memories_and_the_reply_still_happens(engine, fake_ollama, caplog):
+    await engine.remember(NewMemory("Alice's cat is called Miso", "personal", owner_id=ALICE, guild_id=GUILD,
+                                    channel_id=GENERAL))
+    await engine.run(lambda conn: conn.execute("DROP TABLE memory_links"))  # recall's graph step now fails
+    events: list = []
+    sink = RecordingSink(events)
+    pipeline = Pipeline(engine, sink)
+    with caplog.at_level(logging.ERROR, logger="bot.pipeline"):
+        first = await pipeline.respond(said("what is my cat called?"), RecordingOutlet(events))
+        second = await pipeline.respond(said("and my dog?"), RecordingOutlet(events))
+    assert first.ok and second.ok and [e[0] for e in events].count("send") == 2
+    assert first.prompt.memories == [] and "(none)" in fake_ollama.chat_requests()[0]["messages"][0]["content"]
+    assert caplog.text.count("recall failed") == 1 and "memory_links" in caplog.text  # one line, not one per message
+    assert len(sink.exchanges) == 2
+
+
+async def test_a_lone_surrogate_is_stored_and_answered_not_dropped(engine, fake_ollama):
+    events: list = []
+    sink = RecordingSink(events)
+    pipeline = Pipeline(engine, sink)
+    reply = await pipeline.respond(said("I live in \ud800 Oslo", name="Al\udfffice"), RecordingOutlet(events))
+    assert reply.ok and [e[0] for e in events] == ["typing", "send", "submit"]
+    rows = await engine.run(history.recent, GENERAL, 10)
+    assert [(r.author_name, r.content) for r in rows[:1]] == [("Al?ice", "I live in ? Oslo")]
+    assert fake_ollama.chat_requests()[-1]["messages"][-1]["content"].endswith("Al?ice: I live in ? Oslo")
+    assert sink.exchanges[0].user_message == "I live in ? Oslo"
+    other = said("\udc80 hi", author=BOB, name="Bob")
+    assert await pipeline.record(other) is not None
+    assert await pipeline.edited(other.message_id, "edited \ud83d")
+    assert (await engine.run(history.get, other.message_id)).content == "edited ?"
+
+
+# -- history size --------------------------------------------------------------------
+
+async def test_the_history_keeps_the_last_messages_of_each_channel(make_settings):
+    async with Engine(make_settings("", MUNINN_HISTORY_KEEP=100)) as engine:
+        pipeline = Pipeline(engine)
+        for n in range(130):
+            await pipeline.record(said(f"general {n}", at=1000.0 + n))
+        await pipeline.record(said("random 0", channel=RANDOM, at=1.0))
+
+        def contents(conn, channel):
+            return [row[0] for row in conn.execute(
+                "SELECT content FROM messages WHERE channel_id = ? ORDER BY created_at", (channel,))]
+        general = await engine.run(contents, GENERAL)
+        assert 100 <= len(general) < 100 + 25 and general[-1] == "general 129"  # pruned as it goes
+        assert "general 0" not in general
+        assert await engine.run(contents, RANDOM) == ["random 0"]  # other channels keep theirs
+
+        assert await engine.run(history.prune_all, 100) == len(general) - 100
+        general = await engine.run(contents, GENERAL)
+        assert general == [f"general {n}" for n in range(30, 130)]

@@ -7,8 +7,8 @@ import pytest
 
 from bot import store
 from bot.engine import Engine
-from bot.retrieval import Candidate, fuse
-from bot.scope import Viewer
+from bot.retrieval import Candidate, fuse, spread_to_neighbours
+from bot.scope import Viewer, visible_keys
 from bot.store import NewMemory
 
 ROOM = dict(channel_id=10, guild_id=100)
@@ -33,7 +33,8 @@ async def test_ollama_up_with_embeddings_runs_full_hybrid(engine, fake_ollama):
     assert top.memory.id == ids["gpu"]
     assert top.candidate.via == "both"
     assert top.candidate.reason()["fts_rank"] == 1 and top.candidate.reason()["vector_rank"] == 1
-    assert top.candidate.fused == pytest.approx(2 / 61)
+    s = engine.settings  # RRF of two rank-1 hits, plus what its stored neighbours lend it
+    assert top.candidate.fused >= (s.rrf_weight_fts + s.rrf_weight_vec) / (s.rrf_k + 1) - 1e-12
     assert fake_ollama.embed_requests()[-1]["input"] == ["What GPU does the server have?"]
 
 
@@ -241,3 +242,27 @@ async def test_each_result_says_why(engine):
     for memory in data["memories"]:
         assert memory["reason"]["via"] in ("fts", "vector", "both", "link")
         assert "fused_score" in memory["reason"] or "link" in memory["reason"]
+
+
+
+async def test_neighbours_lend_score_within_key_and_time_window(fts_engine):
+    t0 = time.time() - 10_000
+    a, b = await fts_engine.remember_many([NewMemory(t, "room", owner_id=1, created_at=t0 + i, **ROOM)
+                                           for i, t in enumerate(["Mel: what did you paint?", "Caroline: a sunrise"])])
+    # Stored between b and c, visible to Alice, but under another key: not their neighbour.
+    mine = await fts_engine.remember(NewMemory("Alice: my own note", "personal", owner_id=1, guild_id=100,
+                                               created_at=t0 + 2))
+    c = await fts_engine.remember(NewMemory("Caroline: by the lake", "room", owner_id=1, created_at=t0 + 3, **ROOM))
+    late = await fts_engine.remember(NewMemory("Zed: hours later", "room", owner_id=1, created_at=t0 + 7200, **ROOM))
+    fused = {a: 1.0, b: 0.1, mine: 0.9, c: 0.3, late: 0.4}
+    ranked = [Candidate(mid, fts_rank=r, fts_score=-1.0, fused=f) for r, (mid, f) in enumerate(fused.items(), start=1)]
+    keys = await fts_engine.run(visible_keys, ALICE)
+    out = await fts_engine.run(spread_to_neighbours, ranked, keys, 0.5)
+    got = {cand.memory_id: cand for cand in out}
+    assert got[b].fused == pytest.approx(0.1 + 0.5 * 1.0) and got[b].neighbour_of == a  # the larger loan
+    assert got[a].fused == pytest.approx(1.0 + 0.5 * 0.1)
+    assert got[c].fused == pytest.approx(0.3 + 0.5 * 0.1)  # nothing from `mine` (other key) or `late` (window)
+    assert got[mine].fused == pytest.approx(0.9) and got[late].fused == pytest.approx(0.4)
+    assert [cand.memory_id for cand in out] == [a, mine, b, late, c]
+    assert got[b].reason()["neighbour_of"] == a and got[b].via == "fts"
+    assert await fts_engine.run(spread_to_neighbours, ranked[:1], keys, 0.5) == ranked[:1]  # nothing new surfaces

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_defaults_are_valid(tmp_path):
     settings = load_settings({"MUNINN_DB_PATH": str(tmp_path / "m.db")})
     assert settings.ollama_url == "http://localhost:11434"
-    assert settings.embed_model == "nomic-embed-text" and settings.recall_limit == 5 and settings.rrf_k == 60
+    assert settings.embed_model == "nomic-embed-text" and settings.recall_limit == 5 and settings.rrf_k == 3
 
 
 @pytest.mark.parametrize("env, named", [
