@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 import apsw
 
-from . import decay, lifecycle, store, vectors
+from . import decay, history, lifecycle, store, vectors
 from .db import get_meta, query_value, set_meta
 from .extraction import FIRST_PERSON, GENERIC_SUBJECT, ask_json
 from .scope import ACTIVE
@@ -62,6 +62,7 @@ class MaintenanceReport:
     embedded: int = 0
     consolidated: list[Consolidation] = field(default_factory=list)
     links: int = 0
+    history_pruned: int = 0
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -76,7 +77,8 @@ class MaintenanceReport:
                    if self.archived else ""),
                 f"embeddings: added {self.embedded} missing vectors",
                 f"consolidation: merged {merged} near-duplicates into {len(self.consolidated)} memories",
-                f"links: added {self.links} semantic links"]
+                f"links: added {self.links} semantic links",
+                f"history: dropped {self.history_pruned} old messages (MUNINN_HISTORY_KEEP per channel)"]
 
 
 # -- decay ---------------------------------------------------------------------
@@ -358,6 +360,8 @@ async def run_maintenance(engine: Any, *, now: float | None = None, use_llm: boo
     _say(on_step, report.lines()[2])
     report.links = await build_links(engine, now=now)
     _say(on_step, report.lines()[3])
+    report.history_pruned = await engine.run(history.prune_all, engine.settings.history_keep)
+    _say(on_step, report.lines()[4])
     report.seconds = time.perf_counter() - started
     return report
 

@@ -241,3 +241,19 @@ def test_cli_maintain_is_idempotent_and_lists_and_restores(tmp_path, monkeypatch
         assert f"restored #{faded}" in capsys.readouterr().out
         assert cli.main(["maintain", "--restore", str(kept)]) == 2
         assert "is not archived" in capsys.readouterr().err
+
+
+async def test_maintenance_trims_the_channel_history(make_settings):
+    from bot import history
+    async with Engine(make_settings("", MUNINN_HISTORY_KEEP="100")) as engine:
+        def fill(conn):
+            with conn:
+                for i in range(130):
+                    conn.execute("INSERT INTO messages (id, channel_id, author_id, author_name, role, content, "
+                                 "created_at) VALUES (?, 5, 1, 'Ana', 'user', ?, ?)", (i + 1, f"message {i}", 1000.0 + i))
+        await engine.run(fill)
+        report = await maintenance.run_maintenance(engine, use_llm=False)
+        assert report.history_pruned == 30
+        kept = await engine.run(history.recent, 5, 1000)
+        assert len(kept) == 100 and kept[-1].content == "message 129"
+        assert (await maintenance.run_maintenance(engine, use_llm=False)).history_pruned == 0
