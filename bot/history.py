@@ -42,7 +42,8 @@ def storable(text: str) -> str:
 
 
 def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, author_id: int, author_name: str,
-           role: str, content: str, created_at: float | None = None, message_id: int | None = None) -> int:
+           role: str, content: str, created_at: float | None = None, message_id: int | None = None,
+           reply_to: int | None = None) -> int:
     """Store one message (idempotent: a re-delivered Discord message is ignored); returns its id.
     With no `message_id` a local id is allocated (`muninn chat`, replies that were not posted)."""
     if role not in ROLES:
@@ -53,9 +54,9 @@ def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, auth
         if message_id is None:
             message_id = next_local_id(conn)
         conn.execute(
-            "INSERT INTO messages (id, channel_id, guild_id, author_id, author_name, role, content, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            (message_id, channel_id, guild_id, author_id, author_name, role, content, created_at))
+            "INSERT INTO messages (id, channel_id, guild_id, author_id, author_name, role, content, created_at, "
+            "reply_to) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            (message_id, channel_id, guild_id, author_id, author_name, role, content, created_at, reply_to))
     return message_id
 
 
@@ -86,13 +87,16 @@ def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
 
 
 def forget_author(conn: apsw.Connection, author_id: int) -> int:
-    """Erase a person from the history: their messages everywhere, and whole DM conversations
-    with them (Muninn's replies there may repeat what they said). Returns rows removed."""
+    """Erase a person from the history: their messages everywhere, Muninn's replies to them
+    (which may repeat what they said), and whole DM conversations with them. Returns rows removed."""
     with conn:
         dm_channels = [row[0] for row in conn.execute(
             "SELECT DISTINCT channel_id FROM messages WHERE author_id = ? AND guild_id IS NULL", (author_id,))]
-        conn.execute("DELETE FROM messages WHERE author_id = ?", (author_id,))
+        conn.execute("DELETE FROM messages WHERE reply_to IN (SELECT id FROM messages WHERE author_id = ?)",
+                     (author_id,))
         removed = conn.changes()
+        conn.execute("DELETE FROM messages WHERE author_id = ?", (author_id,))
+        removed += conn.changes()
         for channel_id in dm_channels:
             conn.execute("DELETE FROM messages WHERE channel_id = ? AND guild_id IS NULL", (channel_id,))
             removed += conn.changes()

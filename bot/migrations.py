@@ -97,6 +97,11 @@ MIGRATIONS: list[str] = [
         updated_at REAL NOT NULL
     );
     """,
+    # 3: which message a reply of Muninn answers, so forget-all can take the replies too.
+    """
+    ALTER TABLE messages ADD COLUMN reply_to INTEGER;
+    CREATE INDEX messages_reply_to ON messages (reply_to) WHERE reply_to IS NOT NULL;
+    """,
 ]
 
 

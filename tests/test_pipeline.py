@@ -417,3 +417,14 @@ async def test_the_history_keeps_the_last_messages_of_each_channel(make_settings
         assert await engine.run(history.prune_all, 100) == len(general) - 100
         general = await engine.run(contents, GENERAL)
         assert general == [f"general {n}" for n in range(30, 130)]
+
+
+async def test_forget_person_takes_muninns_replies_to_them_in_servers_too(engine, fake_ollama):
+    pipeline = Pipeline(engine)
+    fake_ollama.chat_replies.extend(["Noted: your PIN is 4711.", "Hi Bob."])
+    await pipeline.respond(said("my PIN is 4711"), RecordingOutlet([]))
+    await pipeline.respond(said("hello", author=BOB, name="Bob"), RecordingOutlet([]))
+    forgotten = await pipeline.forget_person(ALICE)
+    assert forgotten.messages == 2  # Alice's message and Muninn's reply that repeats it
+    left = await engine.run(history.recent, GENERAL, 50)
+    assert [m.content for m in left] == ["hello", "Hi Bob."]
