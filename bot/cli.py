@@ -185,31 +185,30 @@ def discord_token_problem(settings: Settings) -> str | None:
     return None
 
 
-async def cmd_run(args, settings: Settings) -> int:
+async def on_discord(command: str, settings: Settings, action):
+    """Run `action(cogs.client)` (discord.py is imported only here), or say in one line why not.
+    Returns (exit status, the action's result)."""
     problem = discord_token_problem(settings)
     if problem:
         print(problem, file=sys.stderr)
-        return 1
-    from cogs.client import StartupError, run_bot  # discord.py only when the bot runs
+        return 1, None
+    from cogs import client
     try:
-        await run_bot(settings)
-    except StartupError as exc:
-        print(f"muninn: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return 0, await action(client)
+    except client.StartupError as exc:
+        print(f"muninn {command}: {exc}", file=sys.stderr)
+        return 1, None
+
+
+async def cmd_run(args, settings: Settings) -> int:
+    status, _ = await on_discord("run", settings, lambda client: client.run_bot(settings))
+    return status
 
 
 async def cmd_sync(args, settings: Settings) -> int:
-    problem = discord_token_problem(settings)
-    if problem:
-        print(problem, file=sys.stderr)
-        return 1
-    from cogs.client import StartupError, sync_commands
-    try:
-        names = await sync_commands(settings, args.guild)
-    except StartupError as exc:
-        print(f"muninn sync: {exc}", file=sys.stderr)
-        return 1
+    status, names = await on_discord("sync", settings, lambda client: client.sync_commands(settings, args.guild))
+    if status:
+        return status
     where = f"to guild {args.guild} (usable now)" if args.guild else "globally (Discord may take up to an hour)"
     emit(args, {"synced": names, "guild": args.guild}, f"synced {len(names)} commands {where}: "
                                                         + ", ".join(f"/{name}" for name in names))
