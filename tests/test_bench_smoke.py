@@ -1,0 +1,74 @@
+"""Tiny runs of both benchmarks (no torch, no model): the harnesses work and measure what they say."""
+from __future__ import annotations
+
+import pytest
+
+from bench import quality, speed
+from tests.fakes.ollama import FakeOllama
+
+
+async def test_speed_benchmark_on_500_memories(tmp_path):
+    shape = speed.Shape(500, channels=12, guilds=3, vocab=2000)
+    path = tmp_path / "speed.db"
+    built = await speed.build(path, shape, buckets=16, chunk_size=32)
+    assert built["build_s"] > 0
+    reads = await speed.measure_reads(path, shape, viewers=10)
+    for step in ("fts", "vector", "fuse_graph_touch", "total", "numpy"):
+        assert reads[step]["n"] == 10 and 0 <= reads[step]["median"] <= reads[step]["p95"]
+    assert reads["visible"]["median"] >= 5  # the global memories at least
+    assert reads["raw_bytes"] > 500 * speed.DIM * 4
+    with speed.EmbedServerProcess("hash", dim=speed.DIM) as url:
+        writes = await speed.measure_writes(path, shape, url, singles=5, batches=2, batch_size=10)
+        lag = await speed.measure_loop_lag(path, shape, url, burst=20, concurrency=5)
+    assert writes["one_at_a_time_per_s"] > 0 and writes["batch_10_per_s"] > 0
+    assert writes["left_unembedded"] == 0  # every write went through the embedding call
+    assert lag["recalls_per_s"] > 0 and lag["lag_max_ms"] >= lag["lag_p99_ms"] >= 0
+
+
+CONVERSATION = {
+    "sample_id": "conv-test",
+    "conversation": {
+        "speaker_a": "Ann", "speaker_b": "Bo",
+        "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": [
+            {"speaker": "Ann", "dia_id": "D1:1", "text": "I adopted a greyhound called Pixel yesterday."},
+            {"speaker": "Bo", "dia_id": "D1:2", "text": "Lovely! I am training for the Bergen marathon."},
+            {"speaker": "Ann", "dia_id": "D1:3", "text": "Good luck with the running."},
+        ],
+        "session_2_date_time": "10:00 am on 20 June, 2023",
+        "session_2": [
+            {"speaker": "Bo", "dia_id": "D2:1", "text": "I finished the marathon in four hours."},
+            {"speaker": "Ann", "dia_id": "D2:2", "text": "Pixel learned to fetch a frisbee."},
+        ],
+    },
+    "qa": [
+        {"question": "Which dog did Ann adopt yesterday?", "answer": "a greyhound", "evidence": ["D1:1"], "category": 4},
+        {"question": "Which marathon did Bo train for and finish?", "answer": "Bergen",
+         "evidence": ["D1:2; D2:1"], "category": 1},
+        {"question": "What did Ann's cat learn?", "adversarial_answer": "fetch", "evidence": ["D2:2"],
+         "category": 5},
+        {"question": "Unanswerable", "answer": "-", "evidence": ["D9:9"], "category": 4},  # unknown turn: dropped
+    ],
+}
+
+
+async def test_quality_benchmark_on_one_conversation(tmp_path):
+    env = {"MUNINN_DB_PATH": str(tmp_path / "q.db"), "OLLAMA_EMBED_MODEL": quality.MINILM_NAME,
+           "OLLAMA_COOLDOWN": "0", "MUNINN_GRAPH_LIMIT": "0"}
+    async with FakeOllama(models=[quality.MINILM_NAME], dim=384) as fake:
+        results = await quality.evaluate([CONVERSATION], fake.url, env, quality.MODES, 10)
+    assert set(results) == {"fts", "vector", "hybrid"}
+    fts = results["fts"]
+    assert fts["overall"]["n"] == 2 and fts["adversarial"]["n"] == 1 and fts["single-hop"]["n"] == 1
+    assert fts["single-hop"] == {"r5": 1.0, "r10": 1.0, "all10": 1.0, "mrr": 1.0, "n": 1}
+    assert fts["multi-hop"]["r10"] == 1.0  # the malformed "D1:2; D2:1" evidence counts as two turns
+    for mode in results.values():
+        for group in filter(None, mode.values()):  # categories with no question are empty
+            assert 0.0 <= group["r5"] <= group["r10"] <= 1.0 and 0.0 <= group["mrr"] <= 1.0
+
+
+def test_scores_are_the_share_of_evidence_found():
+    assert quality.score(["a", "x", "y", "z", "w", "b"], {"a", "b"}) == pytest.approx(
+        {"r5": 0.5, "r10": 1.0, "all10": 1.0, "mrr": 1.0})
+    assert quality.score(["x", "a"], {"a", "b"})["mrr"] == 0.5
+    assert quality.score([], {"a"}) == {"r5": 0.0, "r10": 0.0, "all10": 0.0, "mrr": 0.0}
