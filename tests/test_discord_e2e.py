@@ -63,6 +63,8 @@ async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, f
         assert dm["id"] in fake.typing
 
         # The bot's own extractor stored the fact, as Alice's personal memory from a DM.
+        # (the reply reaches the fake before the bot hands the exchange over: wait for the hand-over)
+        await fake.wait_for(lambda: bot.extractor.processed >= 1 or bot.extractor._pending or bot.extractor._queue)
         await bot.extractor.drain()
         [memory] = await bot.engine.run(store.personal_memories, int(alice["id"]))
         assert (memory.text, memory.guild_id) == (FACT, None)

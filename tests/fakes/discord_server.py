@@ -1058,7 +1058,7 @@ class FakeDiscord:
     async def wait_for(
         self,
         predicate: Callable[[], Any],
-        timeout: float = 5.0,
+        timeout: float = 15.0,
         *,
         interval: float = 0.01,
         message: Optional[str] = None,
@@ -1079,7 +1079,7 @@ class FakeDiscord:
                 raise TimeoutError(message or f"FakeDiscord.wait_for: condition not met within {timeout}s")
             await asyncio.sleep(interval)
 
-    async def wait_until_ready(self, timeout: float = 5.0) -> None:
+    async def wait_until_ready(self, timeout: float = 15.0) -> None:
         """Wait until some client IDENTIFYed and got READY + all GUILD_CREATEs."""
         try:
             await asyncio.wait_for(self._ready.wait(), timeout)
@@ -1093,7 +1093,7 @@ class FakeDiscord:
         *,
         since: int = 0,
         predicate: Optional[Callable[[Dict[str, Any]], bool]] = None,
-        timeout: float = 5.0,
+        timeout: float = 15.0,
     ) -> Dict[str, Any]:
         """Wait for a recorded REST message (``sent_messages[since:]``) in ``channel_id``."""
         def find() -> Optional[Dict[str, Any]]:
@@ -1113,7 +1113,7 @@ class FakeDiscord:
         )
 
     async def wait_for_interaction_response(self, interaction: Optional[Dict[str, Any]] = None,
-                                            timeout: float = 5.0) -> Dict[str, Any]:
+                                            timeout: float = 15.0) -> Dict[str, Any]:
         token = interaction["token"] if interaction else None
 
         def find() -> Optional[Dict[str, Any]]:
