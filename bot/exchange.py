@@ -23,3 +23,4 @@ class Exchange:
     recalled: tuple[str, ...] = ()   # memory texts that were injected into the prompt
     created_at: float | None = None  # unix seconds of the user's message
     extra: dict = field(default_factory=dict)
+    private: bool = False            # a guild channel not everyone in the guild can read

@@ -212,11 +212,12 @@ class Fact:
     channel_id: int
     guild_id: int | None
     source_message_ids: tuple[int, ...] = ()
+    private: bool = False          # learned in a private guild channel (personal facts stay there)
 
     def to_new_memory(self, created_at: float | None = None) -> NewMemory:
         return NewMemory(text=self.text, scope=self.scope, owner_id=self.owner_id, channel_id=self.channel_id,
                          guild_id=self.guild_id, importance=self.importance, created_at=created_at,
-                         source_message_ids=self.source_message_ids)
+                         source_message_ids=self.source_message_ids, private=self.private)
 
 
 def _symbols(text: str) -> str:
@@ -370,7 +371,8 @@ def resolve(raw: RawFact, own: Sequence[Exchange], participants: Iterable[str] =
     sources = _message_ids(own)
 
     def as_scope(scope: str, about: str) -> Fact:
-        return Fact(raw.text, about, scope, raw.importance, author.author_id, author.channel_id, guild_id, sources)
+        return Fact(raw.text, about, scope, raw.importance, author.author_id, author.channel_id, guild_id, sources,
+                    private=author.private and not dm)
 
     if raw.scope == "personal":
         return as_scope("personal", author.author_name) if same_name(raw.about, author.author_name) else None

@@ -294,7 +294,8 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
             survivor_id = store.insert_many(
                 conn, [store.NewMemory(text=merged_text, scope=first.scope, owner_id=first.owner_id,
                                        channel_id=first.channel_id, guild_id=first.guild_id, importance=importance,
-                                       created_at=first.created_at, source_message_ids=sources)],
+                                       created_at=first.created_at, source_message_ids=sources,
+                                       private=first.private)],
                 base_stability_days=base_stability_days, vector_info=info,
                 vectors_=[vector] if info is not None else None, now=now)[0]
             merged_by, originals = "llm", [m.id for m in members]

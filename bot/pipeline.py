@@ -55,6 +55,7 @@ class Incoming:
     message_id: int | None = None  # None: allocate a local id (`muninn chat`)
     dm: bool = False
     place: str = ""            # one line for the model: where this conversation happens
+    private: bool = False      # a guild channel not everyone in the guild can read
 
     @property
     def viewer(self) -> Viewer:
@@ -230,7 +231,7 @@ class Pipeline:
                 guild_id=incoming.guild_id, dm=incoming.dm, user_message=incoming.content,
                 user_message_id=message_id, reply=text, reply_message_id=reply_id,
                 recalled=tuple(built.memories), created_at=incoming.created_at,
-                extra={"participants": participants(recent, incoming)}))
+                extra={"participants": participants(recent, incoming)}, private=incoming.private))
         return reply
 
     async def _recall(self, incoming: Incoming) -> list[str]:

@@ -5,6 +5,8 @@ filters on `visible_keys(viewer)`; nothing else decides visibility.
 
 Each memory carries a visibility key derived from where it belongs:
   personal, learned in guild G -> "p:<owner>:<G>"   (seen by its owner in G and in DMs)
+  personal, learned in private
+    channel C of guild G       -> "p:<owner>:<G>:c<C>" (seen by its owner in C and in DMs)
   personal, learned in a DM    -> "p:<owner>:dm"    (seen by its owner in DMs only)
   room of channel C            -> "r:<C>"           (seen by anyone in channel C)
   global                       -> "g"               (seen everywhere)
@@ -41,11 +43,19 @@ class Viewer:
         return cls(user_id=user_id, dm=True)
 
 
-def memory_key(scope: str, owner_id: int | None, channel_id: int | None, guild_id: int | None) -> str:
+def memory_key(scope: str, owner_id: int | None, channel_id: int | None, guild_id: int | None,
+               private: bool = False) -> str:
+    """`private`: learned in a guild channel (or thread) that not everyone in the guild can read."""
     if scope == "personal":
         if owner_id is None:
             raise ValueError("a personal memory needs an owner user id")
-        return f"p:{owner_id}:{guild_id if guild_id is not None else 'dm'}"
+        if guild_id is None:
+            return f"p:{owner_id}:dm"
+        if private:
+            if channel_id is None:
+                raise ValueError("a memory learned in a private channel needs the channel id")
+            return f"p:{owner_id}:{guild_id}:c{channel_id}"
+        return f"p:{owner_id}:{guild_id}"
     if scope == "room":
         if channel_id is None:
             raise ValueError("a room memory needs a channel id")
@@ -66,6 +76,8 @@ def visible_keys(conn: apsw.Connection, viewer: Viewer) -> list[str]:
         return keys
     if viewer.guild_id is not None:
         keys.append(f"p:{viewer.user_id}:{viewer.guild_id}")
+        if viewer.channel_id is not None:  # what they said in this very channel, if it is private
+            keys.append(f"p:{viewer.user_id}:{viewer.guild_id}:c{viewer.channel_id}")
     if viewer.channel_id is not None:
         keys.append(f"r:{viewer.channel_id}")
     return keys

@@ -42,6 +42,7 @@ class NewMemory:
     created_at: float | None = None
     source_message_ids: Sequence[int | str] = ()
     external_id: str | None = None
+    private: bool = False  # learned in a guild channel not everyone there can read (scope.memory_key)
 
     def __post_init__(self):
         self.text = clean_text(self.text)
@@ -50,11 +51,11 @@ class NewMemory:
         if not (0.0 <= float(self.importance) <= 1.0):
             raise ValueError(f"importance {self.importance!r} must be between 0 and 1")
         self.importance = float(self.importance)
-        memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id)  # validates ids
+        memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id, self.private)  # validates ids
 
     @property
     def vis_key(self) -> str:
-        return memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id)
+        return memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id, self.private)
 
 
 @dataclass
@@ -84,6 +85,11 @@ class Memory:
         values[15] = json.loads(values[15] or "[]")
         values[17] = bool(values[17])
         return cls(*values)
+
+    @property
+    def private(self) -> bool:
+        """Learned in a private channel (its key names the channel): copies must keep that."""
+        return self.scope == "personal" and ":c" in self.vis_key
 
     def retention(self, now: float | None = None) -> float:
         return decay.retention(now or time.time(), self.last_accessed or self.created_at, self.stability)

@@ -22,6 +22,19 @@ CONVERSATION_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 NO_MENTIONS = discord.AllowedMentions.none()
 
 
+def is_private_channel(channel, guild: discord.Guild | None) -> bool:
+    """True when not everyone in the guild can read this channel (a private channel or thread):
+    personal facts learned there then stay there (and in DMs), not the whole server."""
+    if guild is None or channel is None:
+        return False
+    if getattr(channel, "type", None) == discord.ChannelType.private_thread:
+        return True
+    try:
+        return not channel.permissions_for(guild.default_role).read_messages
+    except (AttributeError, TypeError, discord.ClientException):  # partial channel objects: assume public
+        return False
+
+
 def to_incoming(message: discord.Message) -> Incoming:
     author = message.author.display_name
     if message.guild is None:
@@ -33,7 +46,8 @@ def to_incoming(message: discord.Message) -> Incoming:
     return Incoming(channel_id=message.channel.id, guild_id=message.guild.id if message.guild else None,
                     author_id=message.author.id, author_name=author, content=message.clean_content,
                     created_at=message.created_at.timestamp(), message_id=message.id,
-                    dm=message.guild is None, place=place)
+                    dm=message.guild is None, place=place,
+                    private=is_private_channel(message.channel, message.guild))
 
 
 class DiscordOutlet:

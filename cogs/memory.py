@@ -30,6 +30,7 @@ from bot.pipeline import memories_of
 from bot.scope import Viewer
 from bot.store import Memory, MemoryNotFound, NewMemory
 
+from .chat import is_private_channel
 from .client import Refusal, answer_privately
 
 log = logging.getLogger(__name__)
@@ -196,13 +197,15 @@ class MemoryCog(commands.GroupCog, group_name="memory",
         try:
             memory = NewMemory(text=text, scope=scope, owner_id=interaction.user.id,
                                channel_id=interaction.channel_id, guild_id=interaction.guild_id,
-                               importance=REMEMBERED_IMPORTANCE)
+                               importance=REMEMBERED_IMPORTANCE,
+                               private=is_private_channel(interaction.channel, interaction.guild))
         except ValueError as exc:
             raise Refusal(f"Muninn cannot remember that: {exc}.") from None
         await interaction.response.defer(ephemeral=True, thinking=True)  # embedding may take a moment
         memory_id = await self.engine.remember(memory)
         audience = {"personal": "only you will see it, in DMs with Muninn"
-                                + ("" if interaction.guild_id is None else " and in this server"),
+                                + ("" if interaction.guild_id is None else
+                                   " and in this channel" if memory.private else " and in this server"),
                     "room": "everyone in this channel will see it",
                     "global": "everyone will see it, everywhere"}[scope]
         await interaction.followup.send(f"Remembered as memory #{memory_id} ({scope}): {audience}.", ephemeral=True)

@@ -397,3 +397,20 @@ async def test_slash_command_answers_never_ping_even_when_they_quote_mentions(wo
     with_text = [b for b in bodies if b.get("content")]
     assert sum(pings in b["content"] for b in with_text) == 3, with_text
     assert len(with_text) >= 6 and all(b["allowed_mentions"] == {"parse": []} for b in with_text), with_text
+
+
+async def test_personal_facts_from_a_private_channel_stay_in_that_channel(world):
+    staff = world.guild.create_text_channel("staff", overwrites={
+        world.guild.default_role: discord.PermissionOverwrite(read_messages=False),
+        world.alice: discord.PermissionOverwrite(read_messages=True)})
+    result = await world.alice.slash(staff, "memory remember", text="Alice is job hunting quietly")
+    assert "in this channel" in text_of(result)
+    [memory] = await world.engine.run(store.personal_memories, world.alice.id)
+    assert memory.private and memory.vis_key.endswith(f":c{staff.id}")
+    from bot.scope import Viewer
+    found = lambda channel: world.engine.recall("job hunting", Viewer(world.alice.id, channel, world.guild.id))  # noqa: E731
+    assert (await found(staff.id)).ids == [memory.id]
+    assert (await found(world.general.id)).ids == []  # the public channel's replies never see it
+    assert (await world.engine.recall("job hunting", Viewer(world.alice.id, dm=True))).ids == [memory.id]
+    public = await world.alice.slash(world.general, "memory remember", text="Alice likes jazz")
+    assert "in this server" in text_of(public)

@@ -30,10 +30,15 @@ def oracle_visible(mem: dict, viewer: Viewer) -> bool:
         return True
     if mem["scope"] == "room":
         return (not viewer.dm) and mem["channel"] == viewer.channel_id
-    # personal: only the owner; in a DM always, in a guild only the guild where it was learned
+    # personal: only the owner; in a DM always, in a guild only the guild where it was learned,
+    # and only the very channel when that channel is private
     if mem["owner"] != viewer.user_id:
         return False
-    return viewer.dm or (mem["guild"] is not None and mem["guild"] == viewer.guild_id)
+    if viewer.dm:
+        return True
+    if mem["guild"] is None or mem["guild"] != viewer.guild_id:
+        return False
+    return not mem["private"] or mem["channel"] == viewer.channel_id
 
 
 memory_strategy = st.fixed_dictionaries({
@@ -41,6 +46,7 @@ memory_strategy = st.fixed_dictionaries({
     "owner": st.sampled_from(USERS),
     "place": st.sampled_from(PLACES),
     "archived": st.sampled_from([False, False, True]),
+    "private": st.booleans(),
 })
 
 world_strategy = st.lists(memory_strategy, min_size=1, max_size=14).flatmap(
@@ -69,8 +75,9 @@ async def build_world(engine: Engine, mems: list[dict], links) -> list[int]:
         if mem["scope"] == "room" and guild is None:
             guild, channel = 100, 11  # rooms live in guild channels
         mem["guild"], mem["channel"] = guild, channel
+        mem["private"] = mem["private"] and guild is not None and mem["scope"] == "personal"
         new.append(NewMemory(f"apple fact number{i} from owner{mem['owner']}", mem["scope"], owner_id=mem["owner"],
-                             channel_id=channel, guild_id=guild))
+                             channel_id=channel, guild_id=guild, private=mem["private"]))
     ids = await engine.remember_many(new)
 
     def link_and_archive(conn):
@@ -85,7 +92,7 @@ async def build_world(engine: Engine, mems: list[dict], links) -> list[int]:
     return ids
 
 
-@hyp_settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hyp_settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(world=world_strategy, viewers=st.lists(viewer_strategy, min_size=1, max_size=4))
 def test_no_path_leaks_a_memory(ollama_thread, world, viewers):
     mems, links = world
@@ -143,3 +150,16 @@ async def test_personal_memory_learned_in_a_guild_never_reaches_another_guild(ft
 def test_viewer_rejects_a_dm_with_a_guild():
     with pytest.raises(ValueError):
         Viewer(1, 5, 100, dm=True)
+
+
+async def test_personal_memory_learned_in_a_private_channel_stays_there(fts_engine):
+    memory_id = await fts_engine.remember(NewMemory("my apple orchard plans", "personal", owner_id=1,
+                                                    guild_id=100, channel_id=11, private=True))
+    assert (await fts_engine.recall("apple orchard", Viewer(1, 11, 100))).ids == [memory_id]
+    assert (await fts_engine.recall("apple orchard", Viewer(1, dm=True))).ids == [memory_id]
+    assert (await fts_engine.recall("apple orchard", Viewer(1, 12, 100))).ids == []
+    assert (await fts_engine.recall("apple orchard", Viewer(2, 11, 100))).ids == []
+    stored = await fts_engine.run(store.get, memory_id)
+    copy = NewMemory(stored.text, stored.scope, owner_id=stored.owner_id, channel_id=stored.channel_id,
+                     guild_id=stored.guild_id, private=stored.private)
+    assert copy.vis_key == stored.vis_key  # a copy (consolidation) keeps it in its channel
