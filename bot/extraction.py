@@ -401,13 +401,6 @@ def echo_reason(fact_text: str, own: Sequence[Exchange], batch: Sequence[Exchang
     author's: Muninn's (a recalled memory, the persona, the reply) or another person's message
     in the batch. None if it is the author's."""
     everyone = list(batch) or list(own)
-    for exchange in everyone:
-        for recalled in exchange.recalled:
-            if lifecycle.near_text(fact_text, recalled):
-                return "restates a recalled memory"
-    for sentence in _sentences(persona):
-        if lifecycle.near_text(fact_text, sentence):
-            return "restates the system prompt"
     author_id = own[0].author_id if own else None
     own_words: set[str] = set()
     for exchange in own:
@@ -423,9 +416,20 @@ def echo_reason(fact_text: str, own: Sequence[Exchange], batch: Sequence[Exchang
     support = len(fact_words & own_words) / len(fact_words) if fact_words else 1.0
     if support < REPLY_SUPPORT and fact_words & (other_words - own_words):
         return "leans on another person's message"
+    # Words the author really said are theirs even when a memory already holds them: that is
+    # a repetition, which write-time de-duplication turns into reinforcement.
+    if support >= REPLY_SUPPORT:
+        return None
+    for exchange in everyone:
+        for recalled in exchange.recalled:
+            if lifecycle.near_text(fact_text, recalled):
+                return "restates a recalled memory"
+    for sentence in _sentences(persona):
+        if lifecycle.near_text(fact_text, sentence):
+            return "restates the system prompt"
     for exchange in everyone:
         for sentence in _sentences(exchange.reply):
-            if lifecycle.near_text(fact_text, sentence) and support < REPLY_SUPPORT:
+            if lifecycle.near_text(fact_text, sentence):
                 return "comes from Muninn's reply"
     return None
 
@@ -616,14 +620,21 @@ class Extractor:
         being processed store nothing of theirs (checked again on the database thread right
         before each write). Call it before deleting their memories."""
         self._forgotten[user_id] = _clock()
+        self._drop_waiting(lambda exchange: exchange.author_id == user_id)
+
+    def forget_messages(self, message_ids: Iterable[int]) -> None:
+        """Messages were deleted before their facts were extracted: never extract them."""
+        gone = set(message_ids)
+        self._drop_waiting(lambda exchange: exchange.user_message_id in gone)
+
+    def _drop_waiting(self, unwanted: Callable[[Exchange], bool]) -> None:
         for channel in list(self._pending):
-            kept = [e for e in self._pending[channel] if e.author_id != user_id]
+            kept = [e for e in self._pending[channel] if not unwanted(e)]
             if kept:
                 self._pending[channel] = kept
             else:
                 self._drop_pending(channel)
-        self._queue = [kept for kept in ([e for e in batch if e.author_id != user_id] for batch in self._queue)
-                       if kept]
+        self._queue = [kept for kept in ([e for e in batch if not unwanted(e)] for batch in self._queue) if kept]
 
     def _forgotten_since(self, user_id: int | None, taken_at: float) -> bool:
         at = self._forgotten.get(user_id) if user_id is not None else None

@@ -155,7 +155,13 @@ class Pipeline:
         return await self.engine.run(history.edit, message_id, content, edited_at)
 
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
-        return await self.engine.run(history.delete, list(message_ids), deleted_at)
+        """A person deleted messages: mark them in the history, and take back what Muninn
+        learned from them alone (and what it was about to learn)."""
+        if self.extractor is not None and hasattr(self.extractor, "forget_messages"):
+            self.extractor.forget_messages(message_ids)
+        removed = await self.engine.run(history.delete, list(message_ids), deleted_at)
+        await self.engine.run(store.forget_sources, list(message_ids))
+        return removed
 
     async def is_own_message(self, message_id: int) -> bool:
         return await self.engine.run(history.is_assistant_message, message_id)

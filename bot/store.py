@@ -181,6 +181,29 @@ def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
     return removed
 
 
+def forget_sources(conn: apsw.Connection, message_ids: Sequence[int]) -> list[int]:
+    """Messages were deleted: take them out of the memories learned from them, and delete the
+    memories that were learned from nothing else (a retraction). Returns the deleted ids."""
+    wanted = [str(m) for m in message_ids]
+    if not wanted:
+        return []
+    marks = ",".join("?" * len(wanted))
+    with conn:
+        rows = conn.execute(
+            f"SELECT id, source_message_ids FROM memories WHERE source_message_ids != '[]' AND EXISTS "
+            f"(SELECT 1 FROM json_each(source_message_ids) WHERE CAST(value AS TEXT) IN ({marks}))",
+            wanted).fetchall()
+        emptied = []
+        for memory_id, sources in rows:
+            left = [s for s in json.loads(sources) if str(s) not in wanted]
+            if left:
+                conn.execute("UPDATE memories SET source_message_ids = ? WHERE id = ?", (json.dumps(left), memory_id))
+            else:
+                emptied.append(memory_id)
+        delete(conn, emptied)
+    return emptied
+
+
 def scrub(conn: apsw.Connection) -> None:
     """Leave no recoverable trace of deleted text: FTS5 keeps deleted terms in its segments
     until they merge, and old pages linger in the WAL (free pages are zeroed by

@@ -428,3 +428,35 @@ async def test_forget_person_takes_muninns_replies_to_them_in_servers_too(engine
     assert forgotten.messages == 2  # Alice's message and Muninn's reply that repeats it
     left = await engine.run(history.recent, GENERAL, 50)
     assert [m.content for m in left] == ["hello", "Hi Bob."]
+
+
+async def test_deleting_a_message_takes_back_what_was_learned_from_it_alone(engine, fake_ollama):
+    fake_ollama.default_chat_reply = facts_reply(("called Ylva", "Alice's sister is called Ylva"))
+    extractor = Extractor(engine, batch_delay=0.01)
+    pipeline = Pipeline(engine, extractor)
+    try:
+        first = said("My sister is called Ylva")
+        await pipeline.respond(first, RecordingOutlet([]))
+        await extractor.drain()
+        second = said("As I said, my sister is called Ylva")
+        await pipeline.respond(second, RecordingOutlet([]))
+        await extractor.drain()
+        [memory] = await engine.run(store.personal_memories, ALICE)
+        assert set(memory.source_message_ids) == {str(first.message_id), str(second.message_id)}  # reinforced
+
+        await pipeline.deleted([first.message_id])
+        [memory] = await engine.run(store.personal_memories, ALICE)
+        assert memory.source_message_ids == [str(second.message_id)]
+        await pipeline.deleted([second.message_id])
+        assert await engine.run(store.personal_memories, ALICE) == []
+
+        slow = Extractor(engine, batch_delay=5.0)  # a deletion before extraction: never extracted
+        pipeline = Pipeline(engine, slow)
+        third = said("My sister is called Ylva, really")
+        await pipeline.respond(third, RecordingOutlet([]))
+        await pipeline.deleted([third.message_id])
+        await slow.drain()
+        assert await engine.run(store.personal_memories, ALICE) == []
+        await slow.close()
+    finally:
+        await extractor.close()
