@@ -17,7 +17,7 @@ import apsw
 from . import db, retrieval, store, vectors
 from .logs import Throttle
 from .ollama import (OllamaBadResponse, OllamaClient, OllamaDisabled, OllamaError, OllamaModelMissing,
-                     OllamaUnavailable)
+                     OllamaUnavailable, usable_vector)
 from .scope import Viewer, visible_keys
 from .settings import Settings
 
@@ -27,8 +27,8 @@ T = TypeVar("T")
 EMBED_BATCH = 32
 
 
-async def _given(vector: list[float]) -> tuple[list[float], str]:
-    return vector, "ok"
+async def _given(vector: list[float]) -> tuple[list[float] | None, str]:
+    return (vector, "ok") if usable_vector(vector) else (None, "bad-response")
 
 
 class Engine:
@@ -45,6 +45,8 @@ class Engine:
         """Open the database (running migrations) and warn if the embedding model changed."""
         await self.run(lambda conn: None)
         info = await self.run(vectors.index_info)
+        if info is not None:  # databases made before the index existed get it now
+            await self.run(lambda conn: vectors.index_partitions(conn))
         if info is not None and info.model != self.settings.embed_model:
             log.warning("the vectors were made with %r but OLLAMA_EMBED_MODEL is %r: vector recall is off "
                         "until you run `muninn reindex`", info.model, self.settings.embed_model)

@@ -62,7 +62,9 @@ def match_expression(text: str, conn=None) -> str | None:
 # is left out of the search: its BM25 weight is near zero, yet every row it matches must
 # be joined and scope-checked, which made the keyword path grow with the whole database
 # instead of with what the viewer can see (bench/README.md). The KEEP_RAREST rarest words
-# always stay, so a query of common words still finds something.
+# that occur at all always stay, so a query of common words still finds something (a word
+# found nowhere must not take that place). `max(id)` stands in for the number of memories:
+# it costs nothing, and overcounting only makes pruning more cautious.
 COMMON_SHARE = 0.05
 COMMON_MIN_DOCS = 500
 KEEP_RAREST = 2
@@ -75,8 +77,14 @@ def selective(conn, words: list[str]) -> list[str]:
     total = conn.execute("SELECT coalesce(max(id), 0) FROM memories").fetchall()[0][0]
     limit = int(max(COMMON_SHARE * total, COMMON_MIN_DOCS))
     frequency = {w: doc_count(conn, w, limit) for w in words}
-    rarest = set(sorted(words, key=lambda w: frequency[w])[:KEEP_RAREST])
+    present = [w for w in words if frequency[w] > 0]
+    rarest = set(sorted(present, key=lambda w: frequency[w])[:KEEP_RAREST])
     return [w for w in words if w in rarest or frequency[w] <= limit]
+
+
+def forget_counts(conn) -> None:
+    """Memories left the index: a word counted as common may not be any more."""
+    _counts.pop(conn, None)
 
 
 # Document counts per connection, counted up to the limit only (a full count of a common

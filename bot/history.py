@@ -43,7 +43,7 @@ def storable(text: str) -> str:
 
 def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, author_id: int, author_name: str,
            role: str, content: str, created_at: float | None = None, message_id: int | None = None,
-           reply_to: int | None = None) -> int:
+           reply_to: int | None = None, reply_to_author: int | None = None) -> int:
     """Store one message (idempotent: a re-delivered Discord message is ignored); returns its id.
     With no `message_id` a local id is allocated (`muninn chat`, replies that were not posted)."""
     if role not in ROLES:
@@ -55,8 +55,9 @@ def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, auth
             message_id = next_local_id(conn)
         conn.execute(
             "INSERT INTO messages (id, channel_id, guild_id, author_id, author_name, role, content, created_at, "
-            "reply_to) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            (message_id, channel_id, guild_id, author_id, author_name, role, content, created_at, reply_to))
+            "reply_to, reply_to_author) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            (message_id, channel_id, guild_id, author_id, author_name, role, content, created_at, reply_to,
+             reply_to_author))
     return message_id
 
 
@@ -92,8 +93,7 @@ def forget_author(conn: apsw.Connection, author_id: int) -> int:
     with conn:
         dm_channels = [row[0] for row in conn.execute(
             "SELECT DISTINCT channel_id FROM messages WHERE author_id = ? AND guild_id IS NULL", (author_id,))]
-        conn.execute("DELETE FROM messages WHERE reply_to IN (SELECT id FROM messages WHERE author_id = ?)",
-                     (author_id,))
+        conn.execute("DELETE FROM messages WHERE reply_to_author = ?", (author_id,))
         removed = conn.changes()
         conn.execute("DELETE FROM messages WHERE author_id = ?", (author_id,))
         removed += conn.changes()

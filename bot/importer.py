@@ -16,7 +16,7 @@ from .store import NewMemory
 
 BATCH = 64
 FIELDS = {"text", "scope", "user_id", "channel_id", "guild_id", "importance", "created_at", "external_id",
-          "source_message_ids"}
+          "source_message_ids", "private"}
 
 
 @dataclass
@@ -69,7 +69,8 @@ def memory_from_record(record) -> NewMemory:
                      guild_id=optional_id(record, "guild_id"), importance=importance,
                      created_at=parse_time(record.get("created_at")),
                      source_message_ids=record.get("source_message_ids") or (),
-                     external_id=None if external is None else str(external))
+                     external_id=None if external is None else str(external),
+                     private=record.get("private") is True)
 
 
 def parse_lines(lines: Iterable[str], report: ImportReport) -> Iterable[NewMemory]:

@@ -97,10 +97,12 @@ MIGRATIONS: list[str] = [
         updated_at REAL NOT NULL
     );
     """,
-    # 3: which message a reply of Muninn answers, so forget-all can take the replies too.
+    # 3: whom (and which message) a reply of Muninn answers, so forget-all takes the replies
+    # too, even after history trimming dropped the message they answered.
     """
     ALTER TABLE messages ADD COLUMN reply_to INTEGER;
-    CREATE INDEX messages_reply_to ON messages (reply_to) WHERE reply_to IS NOT NULL;
+    ALTER TABLE messages ADD COLUMN reply_to_author INTEGER;
+    CREATE INDEX messages_reply_to_author ON messages (reply_to_author) WHERE reply_to_author IS NOT NULL;
     """,
 ]
 

@@ -225,7 +225,7 @@ class Pipeline:
             reply_id = await self._record(dict(
                 channel_id=incoming.channel_id, guild_id=incoming.guild_id, author_id=self.assistant_id,
                 author_name=self.assistant_name, role="assistant", content=text, created_at=sent[0].created_at,
-                message_id=sent[0].message_id, reply_to=message_id))
+                message_id=sent[0].message_id, reply_to=message_id, reply_to_author=incoming.author_id))
         if self._forgotten_since(incoming.author_id, received):
             # /memory forget-all ran while this message waited or was answered: keep none of it.
             # Checked after the last await, so an exchange submitted below came before the forget.

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 import apsw
 
-from . import decay, vectors
+from . import decay, fts, vectors
 from .db import query_one, query_value
 from .scope import ACTIVE, SCOPES, Viewer, key_filter, memory_key, visible_keys
 
@@ -171,6 +171,7 @@ def add_link(conn: apsw.Connection, source_id: int, target_id: int, kind: str, w
 def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
     """Hard-delete memories with their FTS rows, vectors and links; returns how many went."""
     ids = list(memory_ids)
+    fts.forget_counts(conn)
     with conn:
         vectors.remove(conn, ids)
         removed = 0
@@ -214,6 +215,7 @@ def scrub(conn: apsw.Connection) -> None:
 
 def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
     """Take a memory out of retrieval (its FTS row and vector go; the row stays, restorable)."""
+    fts.forget_counts(conn)
     with conn:
         conn.execute("UPDATE memories SET archived_at = ?, archive_reason = ?, embedded = 0, updated_at = ? "
                      "WHERE id = ? AND " + ACTIVE,

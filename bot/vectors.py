@@ -40,7 +40,7 @@ class IndexInfo:
 
 
 def normalise(vector: Sequence[float]) -> list[float]:
-    norm = math.sqrt(sum(x * x for x in vector))
+    norm = math.hypot(*vector)  # no overflow for huge components, unlike sqrt(sum(x * x))
     if not math.isfinite(norm) or norm == 0.0:
         raise VectorSizeError("embedding is zero or not finite")
     return [x / norm for x in vector]

@@ -22,17 +22,19 @@ CONVERSATION_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 NO_MENTIONS = discord.AllowedMentions.none()
 
 
-def is_private_channel(channel, guild: discord.Guild | None) -> bool:
+def is_private_channel(channel, guild_id: int | None, guild: discord.Guild | None) -> bool:
     """True when not everyone in the guild can read this channel (a private channel or thread):
-    personal facts learned there then stay there (and in DMs), not the whole server."""
-    if guild is None or channel is None:
-        return False
-    if getattr(channel, "type", None) == discord.ChannelType.private_thread:
+    personal facts learned there then stay there (and in DMs), not the whole server. When it
+    cannot be told (uncached guild, roles or parent channel), the answer is private: that
+    only narrows where a memory surfaces."""
+    if guild_id is None:
+        return False  # a DM
+    if guild is None or channel is None or getattr(channel, "type", None) == discord.ChannelType.private_thread:
         return True
     try:
         return not channel.permissions_for(guild.default_role).read_messages
-    except (AttributeError, TypeError, discord.ClientException):  # partial channel objects: assume public
-        return False
+    except Exception:  # noqa: BLE001 - any failure to tell means private
+        return True
 
 
 def to_incoming(message: discord.Message) -> Incoming:
@@ -47,7 +49,7 @@ def to_incoming(message: discord.Message) -> Incoming:
                     author_id=message.author.id, author_name=author, content=message.clean_content,
                     created_at=message.created_at.timestamp(), message_id=message.id,
                     dm=message.guild is None, place=place,
-                    private=is_private_channel(message.channel, message.guild))
+                    private=is_private_channel(message.channel, message.guild and message.guild.id, message.guild))
 
 
 class DiscordOutlet:

@@ -198,7 +198,8 @@ class MemoryCog(commands.GroupCog, group_name="memory",
             memory = NewMemory(text=text, scope=scope, owner_id=interaction.user.id,
                                channel_id=interaction.channel_id, guild_id=interaction.guild_id,
                                importance=REMEMBERED_IMPORTANCE,
-                               private=is_private_channel(interaction.channel, interaction.guild))
+                               private=is_private_channel(interaction.channel, interaction.guild_id,
+                                                          interaction.guild))
         except ValueError as exc:
             raise Refusal(f"Muninn cannot remember that: {exc}.") from None
         await interaction.response.defer(ephemeral=True, thinking=True)  # embedding may take a moment

@@ -414,3 +414,25 @@ async def test_personal_facts_from_a_private_channel_stay_in_that_channel(world)
     assert (await world.engine.recall("job hunting", Viewer(world.alice.id, dm=True))).ids == [memory.id]
     public = await world.alice.slash(world.general, "memory remember", text="Alice likes jazz")
     assert "in this server" in text_of(public)
+
+
+def test_a_channel_whose_privacy_cannot_be_told_counts_as_private():
+    from cogs.chat import is_private_channel
+
+    class Unreadable:
+        type = discord.ChannelType.text
+
+        def permissions_for(self, role):
+            raise discord.ClientException("parent channel not cached")
+
+    class Public(Unreadable):
+        def permissions_for(self, role):
+            return discord.Permissions(read_messages=True)
+
+    class Guild:
+        default_role = object()
+
+    assert is_private_channel(Unreadable(), 5, Guild()) is True
+    assert is_private_channel(Public(), 5, None) is True        # guild not cached
+    assert is_private_channel(Public(), 5, Guild()) is False
+    assert is_private_channel(Public(), None, None) is False    # a DM

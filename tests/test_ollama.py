@@ -18,7 +18,8 @@ def client_for(fake, **kwargs) -> OllamaClient:
     return OllamaClient(fake.url, **options)
 
 
-@pytest.mark.parametrize("bad", [[0.0] * 768, [float("nan")] * 768, [float("inf")] + [0.1] * 767, []])
+@pytest.mark.parametrize("bad", [[0.0] * 768, [float("nan")] * 768, [float("inf")] + [0.1] * 767, [],
+                                 [10 ** 400] + [0.1] * 767, [True] * 768])
 async def test_unusable_embeddings_are_a_bad_response(fake_ollama, bad):
     fake_ollama.vectors["some text"] = bad
     async with client_for(fake_ollama) as client:

@@ -18,9 +18,11 @@ from bot.settings import load_settings
 from bot.store import NewMemory
 from tests.fakes.ollama import FakeOllamaThread
 
-USERS = [1, 2, 3]
-GUILD_CHANNELS = {100: [11, 12], 200: [21]}
-PLACES = [(guild, channel) for guild, channels in GUILD_CHANNELS.items() for channel in channels] + [(None, 900)]
+# Snowflake-sized ids: vec0 stores text metadata longer than 12 characters on another path.
+S = 10 ** 17
+USERS = [S + 1, S + 2, S + 3]
+GUILD_CHANNELS = {S + 100: [S + 11, S + 12], S + 200: [S + 21]}
+PLACES = [(guild, channel) for guild, channels in GUILD_CHANNELS.items() for channel in channels] + [(None, S + 900)]
 
 
 def oracle_visible(mem: dict, viewer: Viewer) -> bool:
@@ -73,7 +75,7 @@ async def build_world(engine: Engine, mems: list[dict], links) -> list[int]:
     for i, mem in enumerate(mems):
         guild, channel = mem["place"]
         if mem["scope"] == "room" and guild is None:
-            guild, channel = 100, 11  # rooms live in guild channels
+            guild, channel = S + 100, S + 11  # rooms live in guild channels
         mem["guild"], mem["channel"] = guild, channel
         mem["private"] = mem["private"] and guild is not None and mem["scope"] == "personal"
         new.append(NewMemory(f"apple fact number{i} from owner{mem['owner']}", mem["scope"], owner_id=mem["owner"],
