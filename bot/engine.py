@@ -81,20 +81,18 @@ class Engine:
     async def remember(self, memory: store.NewMemory) -> int:
         return (await self.remember_many([memory]))[0]
 
-    async def remember_many(self, memories: Sequence[store.NewMemory], *, link_kind: str | None = None,
-                            now: float | None = None) -> list[int]:
+    async def remember_many(self, memories: Sequence[store.NewMemory], *, now: float | None = None) -> list[int]:
         """Embed (if Ollama can) and store memories in one transaction; a failed embedding
         stores them without vectors, for the backfill to finish later."""
         vecs = await self.embed_or_none([m.text for m in memories])
-        return await self.run(self._insert, list(memories), vecs, link_kind, now)
+        return await self.run(self._insert, list(memories), vecs, now)
 
     def _insert(self, conn: apsw.Connection, memories: list[store.NewMemory],
-                vecs: list[list[float]] | None, link_kind: str | None, now: float | None) -> list[int]:
+                vecs: list[list[float]] | None, now: float | None) -> list[int]:
         with conn:
             info = self.index_for(conn, len(vecs[0])) if vecs else None
             return store.insert_many(conn, memories, base_stability_days=self.settings.base_stability_days,
-                                     vector_info=info, vectors_=vecs if info else None, link_kind=link_kind,
-                                     now=now)
+                                     vector_info=info, vectors_=vecs if info else None, now=now)
 
     def index_for(self, conn: apsw.Connection, dim: int) -> vectors.IndexInfo | None:
         """The index these vectors belong in, creating it on the first embedding ever."""
@@ -252,17 +250,19 @@ class Engine:
             return None, "disabled"
         if not any(ch.isalnum() for ch in query):
             return None, "empty-query"
-        vecs = await self.embed_or_none([query], quiet=True)
-        if isinstance(vecs, str):
-            return None, vecs
-        return vecs[0], "ok"
+        vecs, status = await self.embed_with_status([query])
+        return (vecs[0] if vecs else None), status
 
-    async def embed_or_none(self, texts: list[str], *, quiet: bool = False):
-        """Embeddings, or None (quiet=False) / a status string (quiet=True) when Ollama can't give them."""
+    async def embed_or_none(self, texts: list[str]) -> list[list[float]] | None:
+        """Embeddings, or None when Ollama cannot give them (the reason is logged)."""
+        return (await self.embed_with_status(texts))[0]
+
+    async def embed_with_status(self, texts: list[str]) -> tuple[list[list[float]] | None, str]:
+        """(embeddings, "ok"), or (None, why not) — the vector_status values of RecallResult."""
         if not texts or not self.ollama.enabled:
-            return "disabled" if quiet else None
+            return None, "disabled"
         try:
-            return await self.ollama.embed(texts)
+            return await self.ollama.embed(texts), "ok"
         except OllamaDisabled:
             status = "disabled"
         except OllamaModelMissing as exc:
@@ -276,7 +276,7 @@ class Engine:
         except OllamaError as exc:  # pragma: no cover - future subclasses
             self._warn_once("other", str(exc))
             status = "unreachable"
-        return status if quiet else None
+        return None, status
 
     def _warn_once(self, key: str, message: str, every: float = 60.0) -> None:
         if self._throttle.ready(key, every):

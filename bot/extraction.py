@@ -4,8 +4,9 @@ The pipeline hands each finished exchange to `Extractor.submit`, which returns a
 once; a background worker batches quick consecutive messages of one channel, then
 extracts per author: one LLM call for each person in the batch, whose messages are
 the only source (the others' messages may be shown, marked as context not to be
-mined). Calls run one at a time (so extraction holds at most one of the chat slots
-that replies also use), and each author's facts are stored in one transaction.
+mined). Calls run one at a time on the Ollama client's background slot (replies have
+their own slots and never wait behind extraction), and each author's facts are
+stored in one transaction.
 Nothing here ever reaches the conversation: every failure is logged in one line and
 dropped. Logs at INFO and above carry counts and ids, never what people said.
 
@@ -19,8 +20,9 @@ sister Jane is a doctor") is A's. A room/general fact gets no way around that: i
 names the author it becomes the author's personal fact, if it names anyone else (a
 participant of the batch or of `exchange.extra["participants"]`, or a person as its
 `about`) it is dropped. As a safety net a fact is dropped when fewer than half of its
-words are the author's own and it leans on someone else's message, or restates a
-recalled memory, the persona, or a sentence of the reply (no feedback loop).
+words are the author's own and it leans on someone else's message, a recalled memory,
+the persona, or a sentence of the reply (no feedback loop); a fact the author really
+said again reaches the store, where de-duplication reinforces the existing memory.
 
 Scopes: personal -> the author's memory, learned where the exchange happened (the
 guild, or a DM); room -> the channel's memory (in a DM, where room memories are never
@@ -434,33 +436,26 @@ def echo_reason(fact_text: str, own: Sequence[Exchange], batch: Sequence[Exchang
     return None
 
 
-async def extract_facts(engine_or_client: Any, exchanges: Exchange | Sequence[Exchange], *,
-                        persona: str | None = None) -> list[Fact]:
+async def extract_facts(engine: Any, exchanges: Exchange | Sequence[Exchange]) -> list[Fact]:
     """The facts of these exchanges (one channel): one LLM call per author, validated and
     attributed. Returns [] when there are none or the LLM failed (logged); never raises for Ollama."""
     batch = usable(exchanges)
     facts: list[Fact] = []
     for own in by_author(batch).values():
-        facts += await extract_author_facts(engine_or_client, own, batch, persona=persona)
+        facts += await extract_author_facts(engine, own, batch)
     return facts
 
 
-async def extract_author_facts(engine_or_client: Any, own: Sequence[Exchange], batch: Sequence[Exchange] = (),
-                               *, persona: str | None = None) -> list[Fact]:
+async def extract_author_facts(engine: Any, own: Sequence[Exchange], batch: Sequence[Exchange] = ()) -> list[Fact]:
     """The facts in one author's messages `own`; the rest of `batch` is context only."""
     own = usable(own)
-    if not own:
+    if not own or not engine.ollama.enabled:
         return []
-    client, settings = _client_and_settings(engine_or_client)
-    if not client.enabled:
-        return []
-    if persona is None:
-        persona = settings.persona if settings is not None else ""
     batch = usable(batch) or own
     author_id = own[0].author_id
     context = [e for e in batch if e.author_id != author_id]
     names = participant_names(batch)
-    raw_facts = await ask_json(client, extraction_messages(own, context), FACT_SCHEMA, check_facts_reply,
+    raw_facts = await ask_json(engine.ollama, extraction_messages(own, context), FACT_SCHEMA, check_facts_reply,
                                what=f"fact extraction (channel {own[0].channel_id}, author {author_id})")
     facts: list[Fact] = []
     for raw in raw_facts or []:
@@ -468,7 +463,7 @@ async def extract_author_facts(engine_or_client: Any, own: Sequence[Exchange], b
         if fact is None:
             log.debug("dropped %r: about %r, not its author", raw.text, raw.about)
             continue
-        reason = echo_reason(raw.text, own, batch, persona, names)
+        reason = echo_reason(raw.text, own, batch, engine.settings.persona, names)
         if reason:
             log.debug("dropped %r: %s", raw.text, reason)
             continue
@@ -480,12 +475,6 @@ async def extract_author_facts(engine_or_client: Any, own: Sequence[Exchange], b
         log.info("fact extraction (channel %s, author %s): kept %d of %d facts", own[0].channel_id, author_id,
                  len(facts), len(raw_facts))
     return facts
-
-
-def _client_and_settings(engine_or_client: Any):
-    if isinstance(engine_or_client, OllamaClient):
-        return engine_or_client, None
-    return engine_or_client.ollama, engine_or_client.settings
 
 
 # -- storing -------------------------------------------------------------------

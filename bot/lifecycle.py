@@ -322,20 +322,6 @@ def link_similar(conn: apsw.Connection, info: vectors.IndexInfo | None, memory_i
     return added
 
 
-def link_pairwise(conn: apsw.Connection, ids: Sequence[int], kind: str, *, now: float) -> None:
-    """Link memories pairwise, except two personal memories of different owners."""
-    unique = list(dict.fromkeys(ids))
-    found = store.get_many(conn, unique)
-    for i, a in enumerate(unique):
-        for b in unique[i + 1:]:
-            ma, mb = found.get(a), found.get(b)
-            if ma is None or mb is None:
-                continue
-            if ma.scope == "personal" and mb.scope == "personal" and ma.owner_id != mb.owner_id:
-                continue
-            store.add_link(conn, a, b, kind, now=now)
-
-
 @dataclass
 class WriteOutcome:
     """What `write_facts` did with each fact, in order."""
@@ -380,7 +366,7 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                 if old != target and supersede(conn, old, target, now=now):
                     out.superseded.append((old, target))
             out.ids.append(target)
-        link_pairwise(conn, out.ids, "co_extracted", now=now)
+        store.link_pairwise(conn, out.ids, "co_extracted", now=now)
     return out
 
 

@@ -131,8 +131,8 @@ def insert(conn: apsw.Connection, memory: NewMemory, *, base_stability_days: flo
 def insert_many(conn: apsw.Connection, memories: Sequence[NewMemory], *, base_stability_days: float,
                 vector_info: vectors.IndexInfo | None = None,
                 vectors_: Sequence[Sequence[float] | None] | None = None,
-                link_kind: str | None = None, now: float | None = None) -> list[int]:
-    """Insert memories in one transaction; optionally link them pairwise with `link_kind`."""
+                now: float | None = None) -> list[int]:
+    """Insert memories (and their vectors, if given) in one transaction."""
     now = time.time() if now is None else now
     ids: list[int] = []
     with conn:
@@ -151,21 +151,32 @@ def insert_many(conn: apsw.Connection, memories: Sequence[NewMemory], *, base_st
             vector = vectors_[index] if vectors_ else None
             if vector is not None and vector_info is not None:
                 vectors.put(conn, vector_info, memory_id, memory.vis_key, created, vector)
-        if link_kind:
-            for i, a in enumerate(ids):
-                for b in ids[i + 1:]:
-                    add_link(conn, a, b, link_kind, now=now)
     return ids
 
 
 def add_link(conn: apsw.Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
-             now: float | None = None) -> None:
+             now: float | None = None) -> bool:
+    """Link two memories (an existing link keeps the larger weight). A link never joins two
+    people's personal memories: refused, returns False."""
     if kind not in LINK_KINDS:
         raise ValueError(f"unknown link kind {kind!r}")
+    if query_value(conn, "SELECT count(*) FROM memories a, memories b WHERE a.id = ? AND b.id = ? AND "
+                         "a.scope = 'personal' AND b.scope = 'personal' AND a.owner_id != b.owner_id",
+                   (source_id, target_id)):
+        return False
     conn.execute(
         "INSERT INTO memory_links (source_id, target_id, kind, weight, created_at) VALUES (?, ?, ?, ?, ?) "
         "ON CONFLICT (source_id, target_id, kind) DO UPDATE SET weight = max(weight, excluded.weight)",
         (source_id, target_id, kind, weight, time.time() if now is None else now))
+    return True
+
+
+def link_pairwise(conn: apsw.Connection, ids: Sequence[int], kind: str, *, now: float | None = None) -> None:
+    """Link memories pairwise (as add_link allows), e.g. the facts of one exchange."""
+    unique = list(dict.fromkeys(ids))
+    for i, a in enumerate(unique):
+        for b in unique[i + 1:]:
+            add_link(conn, a, b, kind, now=now)
 
 
 def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:

@@ -114,18 +114,25 @@ async def test_a_failed_batch_writes_nothing(fts_engine):
     good = NewMemory("first fact", "personal", owner_id=1, external_id="dup")
     twin = NewMemory("second fact", "personal", owner_id=1, external_id="dup")  # violates UNIQUE
     with pytest.raises(apsw.ConstraintError):
-        await fts_engine.remember_many([good, twin], link_kind="co_extracted")
+        await fts_engine.remember_many([good, twin])
     stats = await fts_engine.stats()
     assert stats["memories"] == 0 and stats["links"] == 0
     assert await fts_engine.run(db.query_value, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'fact'") == 0
 
 
-async def test_remember_many_links_pairwise(engine):
-    ids = await engine.remember_many([NewMemory(f"fact {i}", "personal", owner_id=1) for i in range(3)],
-                                     link_kind="co_extracted")
-    links = await engine.run(lambda conn: conn.execute("SELECT source_id, target_id, kind FROM memory_links").fetchall())
+async def test_links_are_pairwise_and_never_join_two_peoples_personal_memories(fts_engine):
+    ids = await fts_engine.remember_many([NewMemory(f"fact {i}", "personal", owner_id=1) for i in range(3)])
+    bobs = await fts_engine.remember(NewMemory("Bob's fact", "personal", owner_id=2))
+    room = await fts_engine.remember(NewMemory("a room fact", "room", channel_id=5, guild_id=9))
+
+    def link(conn):
+        with conn:
+            store.link_pairwise(conn, ids, "co_extracted")
+            return store.add_link(conn, ids[0], bobs, "semantic"), store.add_link(conn, bobs, room, "semantic")
+    assert await fts_engine.run(link) == (False, True)
+    links = await fts_engine.run(lambda conn: conn.execute("SELECT source_id, target_id, kind FROM memory_links").fetchall())
     assert sorted(links) == [(ids[0], ids[1], "co_extracted"), (ids[0], ids[2], "co_extracted"),
-                             (ids[1], ids[2], "co_extracted")]
+                             (ids[1], ids[2], "co_extracted"), (bobs, room, "semantic")]
 
 
 @pytest.mark.parametrize("text, problem", [("", "empty"), ("   \n", "empty"), ("x" * 4001, "limit")])
