@@ -104,6 +104,26 @@ MIGRATIONS: list[str] = [
     ALTER TABLE messages ADD COLUMN reply_to_author INTEGER;
     CREATE INDEX messages_reply_to_author ON messages (reply_to_author) WHERE reply_to_author IS NOT NULL;
     """,
+    # 4: an index from a message to the memories learned from it (the JSON list in
+    # memories.source_message_ids stays the truth; triggers keep this in step, like the FTS
+    # table), so a deleted message finds its memories without scanning every row.
+    """
+    CREATE TABLE memory_sources (
+        message_id TEXT NOT NULL,
+        memory_id INTEGER NOT NULL REFERENCES memories (id) ON DELETE CASCADE,
+        PRIMARY KEY (message_id, memory_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX memory_sources_memory ON memory_sources (memory_id);
+    CREATE TRIGGER memory_sources_insert AFTER INSERT ON memories BEGIN
+        INSERT OR IGNORE INTO memory_sources SELECT CAST(value AS TEXT), new.id FROM json_each(new.source_message_ids);
+    END;
+    CREATE TRIGGER memory_sources_update AFTER UPDATE OF source_message_ids ON memories BEGIN
+        DELETE FROM memory_sources WHERE memory_id = new.id;
+        INSERT OR IGNORE INTO memory_sources SELECT CAST(value AS TEXT), new.id FROM json_each(new.source_message_ids);
+    END;
+    INSERT OR IGNORE INTO memory_sources
+        SELECT CAST(j.value AS TEXT), m.id FROM memories m, json_each(m.source_message_ids) j;
+    """,
 ]
 
 

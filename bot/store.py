@@ -186,8 +186,7 @@ def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
     with conn:
         vectors.remove(conn, ids)
         removed = 0
-        for memory_id in ids:
-            conn.execute("DELETE FROM memory_links WHERE source_id = ? OR target_id = ?", (memory_id, memory_id))
+        for memory_id in ids:  # links and source rows go by ON DELETE CASCADE, the FTS row by trigger
             conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
             removed += conn.changes()
     return removed
@@ -202,9 +201,8 @@ def forget_sources(conn: apsw.Connection, message_ids: Sequence[int]) -> list[in
     marks = ",".join("?" * len(wanted))
     with conn:
         rows = conn.execute(
-            f"SELECT id, source_message_ids FROM memories WHERE source_message_ids != '[]' AND EXISTS "
-            f"(SELECT 1 FROM json_each(source_message_ids) WHERE CAST(value AS TEXT) IN ({marks}))",
-            wanted).fetchall()
+            "SELECT DISTINCT m.id, m.source_message_ids FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
+            f"WHERE s.message_id IN ({marks})", wanted).fetchall()
         emptied = []
         for memory_id, sources in rows:
             left = [s for s in json.loads(sources) if str(s) not in wanted]

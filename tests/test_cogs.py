@@ -374,10 +374,10 @@ async def test_forget_all_asks_first_then_erases_every_trace(world):
 
 async def test_an_unexpected_failure_is_logged_and_answered_politely(world, caplog):
     ids = await seed(world)
-    await world.engine.run(lambda conn: conn.execute("DROP TABLE memory_links"))  # a broken database
+    await world.engine.run(lambda conn: conn.execute("DROP TABLE memories_fts"))  # a broken database
     result = await world.alice.slash(world.general, "memory forget", id=ids["alice_here"])
     assert result.ephemeral and text_of(result) == SOMETHING_WENT_WRONG
-    assert "/memory forget failed" in caplog.text and "memory_links" in caplog.text
+    assert "/memory forget failed" in caplog.text and "memories_fts" in caplog.text
     world.failures_expected = True
 
 

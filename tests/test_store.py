@@ -19,6 +19,7 @@ def counts(conn, memory_id: int) -> dict:
         if vectors.table_exists(conn) else 0,
         "links": db.query_value(conn, "SELECT count(*) FROM memory_links WHERE source_id = ? OR target_id = ?",
                                 (memory_id, memory_id)),
+        "sources": db.query_value(conn, "SELECT count(*) FROM memory_sources WHERE memory_id = ?", (memory_id,)),
     }
 
 
@@ -47,13 +48,13 @@ def test_not_a_database_gives_a_clear_error(tmp_path):
 
 
 async def test_delete_removes_row_fts_vector_and_links(engine):
-    a = await engine.remember(NewMemory("the zebra lives in the zoo", "personal", owner_id=1))
+    a = await engine.remember(NewMemory("the zebra lives in the zoo", "personal", owner_id=1, source_message_ids=[42]))
     b = await engine.remember(NewMemory("zoo opening hours", "personal", owner_id=1))
     await engine.run(lambda conn: store.add_link(conn, a, b, "co_extracted"))
     before = await engine.run(counts, a)
-    assert before == {"memories": 1, "fts_match": 1, "vectors": 1, "links": 1}
+    assert before == {"memories": 1, "fts_match": 1, "vectors": 1, "links": 1, "sources": 1}
     assert await engine.forget([a]) == 1
-    assert await engine.run(counts, a) == {"memories": 0, "fts_match": 0, "vectors": 0, "links": 0}
+    assert await engine.run(counts, a) == {"memories": 0, "fts_match": 0, "vectors": 0, "links": 0, "sources": 0}
     await engine.run(fts_integrity_check)
     assert await engine.forget([a]) == 0
 
