@@ -326,17 +326,9 @@ def _record_and_prune(conn, row: dict, keep: int | None) -> int:
     return message_id
 
 
-def memories_of(conn, user_id: int) -> list[store.Memory]:
-    """What forget-all and export cover: a person's personal memories (learned anywhere) and the
-    room memories they taught, archived ones included, oldest first."""
-    rows = conn.execute(f"SELECT {store.COLUMNS} FROM memories WHERE owner_id = ? AND scope IN ('personal', 'room') "
-                        "ORDER BY id", (user_id,))
-    return [store.Memory.from_row(row) for row in rows]
-
-
 def _forget_person(conn, user_id: int) -> Forgotten:
     with conn:
-        memories = memories_of(conn, user_id)
+        memories = store.memories_of(conn, user_id)
         store.delete(conn, [memory.id for memory in memories])
         messages = history.forget_author(conn, user_id)
     store.scrub(conn)  # after the commit: the checkpoint cannot run inside a transaction

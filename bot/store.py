@@ -303,12 +303,13 @@ def list_visible(conn: apsw.Connection, viewer: Viewer, *, scope: str | None = N
     return [Memory.from_row(row) for row in rows], total
 
 
-def personal_memories(conn: apsw.Connection, owner_id: int, *, include_archived: bool = True) -> list[Memory]:
-    """Every personal memory of one owner (for export and forget-all), oldest first."""
-    sql = f"SELECT {COLUMNS} FROM memories WHERE owner_id = ? AND scope = 'personal'"
-    if not include_archived:
-        sql += " AND " + ACTIVE
-    return [Memory.from_row(row) for row in conn.execute(sql + " ORDER BY id", (owner_id,))]
+def memories_of(conn: apsw.Connection, user_id: int, scopes: Sequence[str] = ("personal", "room")) -> list[Memory]:
+    """What forget-all and export cover: a person's personal memories (learned anywhere) and the
+    room memories they taught, archived ones included, oldest first."""
+    marks = ",".join("?" * len(scopes))
+    rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE owner_id = ? AND scope IN ({marks}) ORDER BY id",
+                        (user_id, *scopes))
+    return [Memory.from_row(row) for row in rows]
 
 
 def unembedded_ids(conn: apsw.Connection, limit: int) -> list[tuple[int, str]]:

@@ -26,7 +26,6 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot import store
-from bot.pipeline import memories_of
 from bot.scope import Viewer
 from bot.store import Memory, MemoryNotFound, NewMemory
 
@@ -175,7 +174,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
 
     @app_commands.command(name="forget-all", description="Forget everything Muninn remembers about you")
     async def forget_all(self, interaction: discord.Interaction) -> None:
-        memories = await self.engine.run(memories_of, interaction.user.id)
+        memories = await self.engine.run(store.memories_of, interaction.user.id)
         personal = sum(memory.scope == "personal" for memory in memories)
         view = ConfirmForgetAll(self, interaction.user.id)
         await interaction.response.send_message(
@@ -214,7 +213,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
     @app_commands.command(name="export",
                           description="Download your personal memories and the room memories you taught, as JSON")
     async def export(self, interaction: discord.Interaction) -> None:
-        memories = await self.engine.run(memories_of, interaction.user.id)
+        memories = await self.engine.run(store.memories_of, interaction.user.id)
         personal = sum(memory.scope == "personal" for memory in memories)
         now = datetime.now(timezone.utc)
         data = {"user_id": str(interaction.user.id), "exported_at": now.isoformat(timespec="seconds"),

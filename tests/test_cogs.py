@@ -301,7 +301,7 @@ async def test_forget_follows_the_permission_rules_and_reveals_nothing_about_oth
 async def test_remember_stores_by_hand_with_the_same_rules(world):
     result = await world.alice.slash(world.general, "memory remember", text="Alice's birthday is in May")
     assert result.ephemeral and "Remembered as memory #" in text_of(result)
-    [memory] = await world.engine.run(store.personal_memories, world.alice.id)
+    [memory] = await world.engine.run(store.memories_of, world.alice.id, ("personal",))
     assert (memory.scope, memory.guild_id, memory.text) == ("personal", world.guild.id, "Alice's birthday is in May")
 
     assert "Manage Messages" in text_of(await world.alice.slash(world.general, "memory remember",
@@ -350,7 +350,7 @@ async def test_forget_all_asks_first_then_erases_every_trace(world):
     assert asked.ephemeral and "all 2 of your personal memories" in text_of(asked)
     assert "the 1 room memories you taught" in text_of(asked)
     await world.alice.click(asked.response, label="Cancel")
-    assert len(await world.engine.run(store.personal_memories, world.alice.id)) == 2
+    assert len(await world.engine.run(store.memories_of, world.alice.id, ("personal",))) == 2
 
     asked = await world.alice.slash(world.general, "memory forget-all")
     await world.alice.click(asked.response, label="Forget everything")
@@ -405,7 +405,7 @@ async def test_personal_facts_from_a_private_channel_stay_in_that_channel(world)
         world.alice: discord.PermissionOverwrite(read_messages=True)})
     result = await world.alice.slash(staff, "memory remember", text="Alice is job hunting quietly")
     assert "in this channel" in text_of(result)
-    [memory] = await world.engine.run(store.personal_memories, world.alice.id)
+    [memory] = await world.engine.run(store.memories_of, world.alice.id, ("personal",))
     assert memory.private and memory.vis_key.endswith(f":c{staff.id}")
     from bot.scope import Viewer
     found = lambda channel: world.engine.recall("job hunting", Viewer(world.alice.id, channel, world.guild.id))  # noqa: E731

@@ -256,7 +256,7 @@ async def test_a_fact_told_in_a_dm_is_recalled_in_dms_only_and_forget_person_era
     try:
         await pipeline.respond(said("My sister is called Ylva", channel=ALICE_DM, dm=True), RecordingOutlet([]))
         await extractor.drain()
-        [memory] = await engine.run(store.personal_memories, ALICE)
+        [memory] = await engine.run(store.memories_of, ALICE, ("personal",))
         assert memory.text == "Alice's sister is called Ylva" and memory.guild_id is None and memory.embedded
 
         await pipeline.respond(said("what is my sister's name?", channel=ALICE_DM, dm=True), RecordingOutlet([]))
@@ -442,14 +442,14 @@ async def test_deleting_a_message_takes_back_what_was_learned_from_it_alone(engi
         second = said("As I said, my sister is called Ylva")
         await pipeline.respond(second, RecordingOutlet([]))
         await extractor.drain()
-        [memory] = await engine.run(store.personal_memories, ALICE)
+        [memory] = await engine.run(store.memories_of, ALICE, ("personal",))
         assert set(memory.source_message_ids) == {str(first.message_id), str(second.message_id)}  # reinforced
 
         await pipeline.deleted([first.message_id])
-        [memory] = await engine.run(store.personal_memories, ALICE)
+        [memory] = await engine.run(store.memories_of, ALICE, ("personal",))
         assert memory.source_message_ids == [str(second.message_id)]
         await pipeline.deleted([second.message_id])
-        assert await engine.run(store.personal_memories, ALICE) == []
+        assert await engine.run(store.memories_of, ALICE, ("personal",)) == []
 
         slow = Extractor(engine, batch_delay=5.0)  # a deletion before extraction: never extracted
         pipeline = Pipeline(engine, slow)
@@ -457,7 +457,7 @@ async def test_deleting_a_message_takes_back_what_was_learned_from_it_alone(engi
         await pipeline.respond(third, RecordingOutlet([]))
         await pipeline.deleted([third.message_id])
         await slow.drain()
-        assert await engine.run(store.personal_memories, ALICE) == []
+        assert await engine.run(store.memories_of, ALICE, ("personal",)) == []
         await slow.close()
     finally:
         await extractor.close()
