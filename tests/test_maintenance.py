@@ -96,7 +96,6 @@ async def test_missing_embeddings_and_links_are_filled_in(engine, fake_ollama):
     assert {(s, t) for s, t, kind in await links_of(engine) if kind == "semantic"} == {(b, a)}
     again = await maintenance.run_maintenance(engine)
     assert (again.embedded, again.links, again.archived, again.consolidated) == (0, 0, [], [])
-    assert bob and stamps
 
 
 async def test_a_memory_added_later_is_linked_to_older_ones(engine, fake_ollama):

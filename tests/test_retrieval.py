@@ -127,14 +127,24 @@ def test_rrf_scores_follow_the_seed_formula():
     assert weighted[0].memory_id == 2 and weighted[-1].memory_id == 1
 
 
-async def test_candidates_are_limit_times_three(engine, fake_ollama):
-    for i in range(40):
-        await engine.remember(NewMemory(f"note {i} about the deployment pipeline", "room", owner_id=1, **ROOM))
+async def test_candidates_are_limit_times_three(engine, fake_ollama, monkeypatch):
     from bot import retrieval
-    keys = ["g", "r:10"]
-    hits = await engine.run(retrieval.fts_candidates, "deployment pipeline", keys, 5 * 3, time.time())
-    assert len(hits) == 15
+    await engine.remember_many([NewMemory(f"note {i} about the deployment pipeline", "room", owner_id=1, **ROOM)
+                                for i in range(40)])
+    asked = {}
+
+    def spy(name):
+        real = getattr(retrieval, name)
+
+        def wrapped(*args):
+            hits = real(*args)
+            asked[name] = (args[3] if name == "fts_candidates" else args[4], len(hits))
+            return hits
+        monkeypatch.setattr(retrieval, name, wrapped)
+    spy("fts_candidates")
+    spy("vector_candidates")
     result = await engine.recall("deployment pipeline", ALICE, limit=5)
+    assert asked == {"fts_candidates": (15, 15), "vector_candidates": (15, 15)}
     assert len(result.memories) == 5
 
 

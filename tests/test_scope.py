@@ -111,11 +111,12 @@ def test_no_path_leaks_a_memory(ollama_thread, world, viewers):
                 result = await engine.recall("apple fact", viewer, limit=len(ids))
                 assert set(result.ids) <= allowed, f"leak to {viewer}: {set(result.ids) - allowed}"
                 assert {r.memory.id for r in result.memories if r.candidate.via != "link"} == allowed
-                # KNN alone: the scope filter is inside the KNN, so every visible memory is among the k
+                # KNN alone, with k = what the viewer may see: only a filter inside the KNN returns
+                # all of it (a global top-k filtered afterwards would come back short)
                 keys = await engine.run(visible_keys, viewer)
                 info = await engine.run(vectors.index_info)
                 query = (await engine.ollama.embed(["apple fact"]))[0]
-                hits = await engine.run(retrieval.vector_candidates, info, query, keys, len(ids) + 5)
+                hits = await engine.run(retrieval.vector_candidates, info, query, keys, max(1, len(allowed)))
                 assert {h.memory_id for h in hits} == allowed
                 # listing
                 listed, total = await engine.list_visible(viewer, limit=1000)
@@ -165,3 +166,19 @@ async def test_personal_memory_learned_in_a_private_channel_stays_there(fts_engi
     copy = NewMemory(stored.text, stored.scope, owner_id=stored.owner_id, channel_id=stored.channel_id,
                      guild_id=stored.guild_id, private=stored.private)
     assert copy.vis_key == stored.vis_key  # a copy (consolidation) keeps it in its channel
+
+
+async def test_a_user_with_few_memories_still_gets_their_nearest_among_many(engine):
+    """The scope filter runs inside the KNN: 40 closer memories of someone else do not crowd out
+    the one memory Alice may see."""
+    buckets = vectors.DEFAULT_BUCKETS  # the other person shares Alice's partition: only the vis_key filter separates them
+    bob = next(uid for uid in range(2, 10**6)
+               if vectors.bucket_of(f"p:{uid}:dm", buckets) == vectors.bucket_of("p:1:dm", buckets))
+    await engine.remember_many([NewMemory(f"apple fact {i}", "personal", owner_id=bob) for i in range(40)])
+    alice = await engine.remember(NewMemory("pear note", "personal", owner_id=1))
+    viewer = Viewer(1, dm=True)
+    keys = await engine.run(visible_keys, viewer)
+    info = await engine.run(vectors.index_info)
+    query = (await engine.ollama.embed(["apple fact"]))[0]
+    hits = await engine.run(retrieval.vector_candidates, info, query, keys, 3)
+    assert [h.memory_id for h in hits] == [alice]
