@@ -99,3 +99,14 @@ async def test_a_hung_ollama_is_not_asked_again_during_the_cooldown(fake_ollama)
         with pytest.raises(OllamaUnavailable):
             await client.chat([{"role": "user", "content": "b"}])
         assert time.monotonic() - started < 0.1 and len(fake_ollama.chat_requests()) == calls
+
+
+async def test_concurrent_replies_are_bounded_by_the_setting(fake_ollama, make_settings):
+    fake_ollama.mode, fake_ollama.delay = "slow", 0.4
+    client = OllamaClient.from_settings(make_settings(fake_ollama.url, OLLAMA_MAX_CONCURRENCY=2,
+                                                      OLLAMA_CHAT_TIMEOUT=5))
+    async with client:
+        started = time.monotonic()
+        await asyncio.gather(*(client.chat([{"role": "user", "content": str(n)}]) for n in range(4)))
+        elapsed = time.monotonic() - started
+    assert 0.75 <= elapsed < 1.5  # two at a time: two waves of 0.4 s, not one

@@ -102,6 +102,18 @@ async def test_only_the_last_history_limit_messages_go_into_the_prompt(make_sett
     assert [c.split(": ", 1)[1] for c in contents] == ["chatter 3", "chatter 4", "chatter 5", "now"]
 
 
+async def test_the_token_budget_setting_cuts_the_oldest_history(make_settings, fake_ollama):
+    async with Engine(make_settings(fake_ollama.url, MUNINN_TOKEN_BUDGET=300)) as engine:
+        pipeline = Pipeline(engine)
+        for n in range(10):
+            await pipeline.record(said(f"chatter {n} " + "words " * 40, at=1000.0 + n))
+        await pipeline.respond(said("now " + "long " * 200, at=2000.0), RecordingOutlet([]))
+    contents = [m["content"] for m in fake_ollama.chat_requests()[-1]["messages"][1:]]
+    assert contents[-1].rstrip().endswith("now " + "long " * 199 + "long")  # the current message is never cut
+    kept = [c.split(": ", 1)[1].split(" ")[1] for c in contents[:-1]]
+    assert kept == sorted(kept) and len(kept) < 10 and (not kept or kept[-1] == "9")  # newest kept, oldest cut
+
+
 @pytest.mark.parametrize("failure", ["down", "error", "slow", "missing", "empty"])
 async def test_ollama_trouble_gives_a_short_friendly_reply_and_keeps_the_message(
         make_settings, fake_ollama, caplog, failure):

@@ -276,3 +276,16 @@ async def test_neighbours_lend_score_within_key_and_time_window(fts_engine):
     assert [cand.memory_id for cand in out] == [a, mine, b, late, c]
     assert got[b].reason()["neighbour_of"] == a and got[b].via == "fts"
     assert await fts_engine.run(spread_to_neighbours, ranked[:1], keys, 0.5) == ranked[:1]  # nothing new surfaces
+
+
+async def test_a_changed_embedding_model_is_detected_at_start_and_recall_falls_back(fake_ollama, make_settings,
+                                                                                     caplog):
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        ids = await seed_gpu_memories(engine)
+    fake_ollama.models.append("all-minilm")  # same dimension: only the recorded model name tells them apart
+    with caplog.at_level("WARNING"):
+        async with Engine(make_settings(fake_ollama.url, OLLAMA_EMBED_MODEL="all-minilm")) as engine:
+            assert "muninn reindex" in caplog.text and "'nomic-embed-text'" in caplog.text
+            result = await engine.recall("GPU server", ALICE)
+    assert result.mode == "fts-only" and result.vector_status == "model-mismatch"
+    assert result.ids[0] == ids["gpu"]

@@ -163,3 +163,22 @@ async def test_vectors_are_bucketed_by_visibility_key(engine):
     row = await engine.run(db.query_one, "SELECT bucket, vis_key FROM vec_memories")
     assert row == (vectors.bucket_of("r:5", info.buckets), "r:5")
     assert info.model == "nomic-embed-text" and info.dim == 768
+
+
+async def test_listing_never_touches(fts_engine):
+    memory_id = await fts_engine.remember(NewMemory("a fact", "personal", owner_id=1))
+    await fts_engine.list_visible(Viewer(1, dm=True))
+    await fts_engine.get_visible(Viewer(1, dm=True), memory_id)
+    memory = await fts_engine.run(store.get, memory_id)
+    assert (memory.access_count, memory.last_accessed) == (0, None)
+
+
+async def test_a_delete_that_fails_halfway_removes_nothing(engine):
+    keep = await engine.remember(NewMemory("the zebra lives in the zoo", "personal", owner_id=1))
+    blocker = await engine.remember(NewMemory("a protected fact", "personal", owner_id=1))
+    await engine.run(lambda conn: conn.execute(
+        f"CREATE TEMP TRIGGER refuse BEFORE DELETE ON memories WHEN old.id = {blocker} "
+        "BEGIN SELECT RAISE(ABORT, 'refused'); END"))
+    with pytest.raises(apsw.ConstraintError):
+        await engine.forget([keep, blocker])
+    assert await engine.run(counts, keep) == {"memories": 1, "fts_match": 1, "vectors": 1, "links": 0, "sources": 0}
