@@ -6,6 +6,7 @@ import pytest
 from bot.engine import Engine
 from bot.settings import load_settings
 from tests.fakes.ollama import FakeOllama
+from tests.helpers import Script
 
 
 @pytest.fixture
@@ -38,3 +39,9 @@ async def fts_engine(make_settings):
     """An engine with no OLLAMA_URL: keyword recall only."""
     async with Engine(make_settings("")) as eng:
         yield eng
+
+
+@pytest.fixture
+async def script(fake_ollama):
+    """Scripted LLM answers per kind of request (extract / update / merge) on the fake Ollama."""
+    return Script(fake_ollama)

@@ -4,110 +4,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 
 import apsw
 import pytest
 
-from bot import store
 from bot.engine import Engine
-from bot.exchange import Exchange
 from bot.extraction import (FACT_SCHEMA, Extractor, Fact, extract_facts, parse_json_reply, store_facts,
                             strip_reasoning)
 from bot.scope import Viewer
 from tests.fakes.ollama import FakeOllama
-
-ALICE, BOB, OWNER = 101, 202, 909
-GUILD, CHANNEL, DM_CHANNEL = 7, 70, 71
-
-
-# -- helpers shared with the other lifecycle tests ------------------------------
-
-def exchange(text: str, *, author: int = ALICE, name: str = "Alice", channel: int = CHANNEL,
-             guild: int | None = GUILD, message_id: int = 1, reply: str = "Noted!",
-             recalled: tuple[str, ...] = (), created_at: float | None = None,
-             participants: tuple[str, ...] = ()) -> Exchange:
-    return Exchange(author_id=author, author_name=name, channel_id=channel, guild_id=guild, dm=guild is None,
-                    user_message=text, user_message_id=message_id, reply=reply, reply_message_id=message_id + 1000,
-                    recalled=recalled, created_at=created_at,
-                    extra={"participants": participants} if participants else {})
-
-
-def fact(text: str, about: str = "Alice", scope: str = "personal", importance: float = 0.6) -> dict:
-    return {"text": text, "about": about, "scope": scope, "importance": importance}
-
-
-def facts_reply(*items: dict) -> str:
-    return json.dumps({"facts": list(items)})
-
-
-def author_of(request: dict) -> str | None:
-    """The author an extraction request is about (its "Author: X." line)."""
-    found = re.search(r"^Author: (.*)\.$", request["messages"][1]["content"], re.M)
-    return found.group(1) if found else None
-
-
-def per_author(**answers: str):
-    """A scripted extraction answer that depends on whose messages are asked about (all the
-    answers' facts together for a prompt that names no author)."""
-    def answer(request: dict) -> str:
-        author = author_of(request)
-        if author is None:
-            return json.dumps({"facts": [f for a in answers.values() for f in json.loads(a)["facts"]]})
-        return answers.get(author, "{}")
-    return answer
-
-
-def kind_of(request: dict) -> str:
-    system = request["messages"][0]["content"]
-    if system.startswith("You pick out facts"):
-        return "extract"
-    if system.startswith("You keep a memory store tidy"):
-        return "update"
-    if system.startswith("You merge memories"):
-        return "merge"
-    return "other"
-
-
-class Script:
-    """Scripted chat answers per kind of request (extract / update / merge), in order;
-    when a kind's list is empty the answer is its `always` answer, else `{}` (no facts, no update)."""
-
-    def __init__(self, fake: FakeOllama):
-        self.queues: dict[str, list] = {"extract": [], "update": [], "merge": []}
-        self.always: dict[str, object] = {}
-        self.seen: dict[str, list[dict]] = {"extract": [], "update": [], "merge": [], "other": []}
-        fake.default_chat_reply = self.answer
-
-    def add(self, kind: str, *answers) -> "Script":
-        self.queues[kind].extend(answers)
-        return self
-
-    def answer(self, request: dict) -> str:
-        kind = kind_of(request)
-        self.seen[kind].append(request)
-        queue = self.queues.get(kind) or []
-        item = queue.pop(0) if queue else self.always.get(kind, "{}")
-        return item(request) if callable(item) else item
-
-
-async def memories_of(engine: Engine, *, active_only: bool = True) -> list[store.Memory]:
-    def read(conn):
-        sql = f"SELECT {store.COLUMNS} FROM memories" + (" WHERE archived_at IS NULL" if active_only else "")
-        return [store.Memory.from_row(r) for r in conn.execute(sql + " ORDER BY id")]
-    return await engine.run(read)
-
-
-async def links_of(engine: Engine) -> set[tuple[int, int, str]]:
-    return set(await engine.run(lambda c: [tuple(r) for r in c.execute(
-        "SELECT source_id, target_id, kind FROM memory_links")]))
-
-
-@pytest.fixture
-async def script(fake_ollama):
-    return Script(fake_ollama)
-
+from tests.helpers import (ALICE, BOB, CHANNEL, DM_CHANNEL, GUILD, OWNER, author_of, exchange, fact, facts_reply,
+                           links_of, memories_of, per_author)
 
 # -- parsing (pure) ---------------------------------------------------------------
 

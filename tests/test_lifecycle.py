@@ -2,31 +2,14 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 
 import pytest
 
-from bot import lifecycle, store
+from bot import lifecycle
 from bot.extraction import Fact, store_facts, store_facts_detailed
 from bot.scope import Viewer
-from tests.test_extraction import (ALICE, BOB, CHANNEL, DM_CHANNEL, GUILD, Script, exchange, links_of,
-                                   memories_of)
-
-DIM = 768
-
-
-def axis(i: int) -> list[float]:
-    v = [0.0] * DIM
-    v[i] = 1.0
-    return v
-
-
-def blend(i: int, j: int, cos: float) -> list[float]:
-    """A unit vector at exactly `cos` to axis i (the rest along axis j)."""
-    v = [0.0] * DIM
-    v[i], v[j] = cos, math.sqrt(1.0 - cos * cos)
-    return v
+from tests.helpers import ALICE, BOB, CHANNEL, DM_CHANNEL, GUILD, axis, blend, exchange, links_of, memories_of, one
 
 
 def personal(text: str, owner: int = ALICE, guild: int | None = GUILD, importance: float = 0.5,
@@ -43,15 +26,6 @@ def decide(same: tuple[str, ...] = (), replaces: tuple[str, ...] = ()):
         return json.dumps({"same": [numbers[t] for t in same if t in numbers],
                            "replaces": [numbers[t] for t in replaces if t in numbers]})
     return answer
-
-
-@pytest.fixture
-async def script(fake_ollama):
-    return Script(fake_ollama)
-
-
-async def one(engine, memory_id: int) -> store.Memory:
-    return await engine.run(store.get, memory_id)
 
 
 # -- de-duplication -------------------------------------------------------------------

@@ -12,15 +12,9 @@ from bot import cli, db, maintenance, store
 from bot.engine import Engine
 from bot.scope import Viewer
 from tests.fakes.ollama import FakeOllama, FakeOllamaThread
-from tests.test_extraction import ALICE, BOB, CHANNEL, GUILD, Script, links_of, memories_of
-from tests.test_lifecycle import axis, blend
+from tests.helpers import ALICE, BOB, CHANNEL, GUILD, axis, blend, links_of, memories_of, one
 
 DAY = 86400.0
-
-
-@pytest.fixture
-async def script(fake_ollama):
-    return Script(fake_ollama)
 
 
 def alice(text: str, *, importance: float = 0.5, days_ago: float = 0.0, owner: int = ALICE,
@@ -28,10 +22,6 @@ def alice(text: str, *, importance: float = 0.5, days_ago: float = 0.0, owner: i
     return store.NewMemory(text=text, scope="personal", owner_id=owner, channel_id=CHANNEL, guild_id=GUILD,
                            importance=importance, created_at=time.time() - days_ago * DAY,
                            source_message_ids=[source])
-
-
-async def one(engine, memory_id: int) -> store.Memory:
-    return await engine.run(store.get, memory_id)
 
 
 # -- decay ---------------------------------------------------------------------------
@@ -85,8 +75,8 @@ async def test_missing_embeddings_and_links_are_filled_in(engine, fake_ollama):
     await fake_ollama.go_down()
     a = await engine.remember(alice("Alice likes hiking."))
     b = await engine.remember(alice("Alice hikes every weekend."))
-    bob = await engine.remember(alice("Bob likes hiking.", owner=BOB))
-    stamps = await engine.remember(alice("Alice collects stamps."))
+    await engine.remember(alice("Bob likes hiking.", owner=BOB))      # same vector, another owner: no link
+    await engine.remember(alice("Alice collects stamps."))           # another subject: no link
     down = await maintenance.run_maintenance(engine)
     assert (down.embedded, down.links) == (0, 0)                             # waits for the vectors
     await fake_ollama.come_up()
