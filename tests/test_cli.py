@@ -124,11 +124,8 @@ def test_import_reports_bad_lines_and_is_idempotent(cli, tmp_path, ollama):
 def test_import_while_ollama_is_down_stores_and_says_so(cli, tmp_path, ollama):
     source = tmp_path / "m.jsonl"
     source.write_text(json.dumps({"text": "a fact", "scope": "global"}) + "\n")
-    ollama.go_down()
-    try:
+    with ollama.down():
         code, out, _ = cli("import", source)
-    finally:
-        ollama.come_up()
     assert code == 0 and "imported 1" in out and "muninn maintain" in out
 
 
@@ -154,11 +151,8 @@ def test_reindex_after_a_model_change(cli, monkeypatch, ollama):
 
 def test_reindex_with_ollama_down_drops_nothing(cli, ollama):
     cli("remember", "first fact", "--scope", "global")
-    ollama.go_down()
-    try:
+    with ollama.down():
         code, _, err = cli("reindex")
-    finally:
-        ollama.come_up()
     assert code == 1 and "ollama serve" in err
     assert json.loads(cli("stats", "--json")[1])["embedded"] == 1
 
@@ -170,11 +164,8 @@ def test_doctor_names_the_fix_for_each_problem(cli, ollama):
     code, out, _ = cli("doctor", "--json")
     failed = [c for c in json.loads(out)["checks"] if not c["ok"]]
     assert code == 1 and [c["fix"] for c in failed] == ["ollama pull llama3.2"]
-    ollama.go_down()
-    try:
+    with ollama.down():
         code, out, _ = cli("doctor")
-    finally:
-        ollama.come_up()
     assert code == 1 and "ollama serve" in out
 
 

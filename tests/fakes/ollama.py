@@ -11,6 +11,7 @@ a background thread for synchronous code (CLI tests, ``asyncio.run``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -347,6 +348,15 @@ class FakeOllamaThread:
 
     def come_up(self) -> None:
         self._call(self.fake.come_up())
+
+    @contextlib.contextmanager
+    def down(self):
+        """`with fake.down():` the server refuses connections inside the block, and is back after."""
+        self.go_down()
+        try:
+            yield self
+        finally:
+            self.come_up()
 
     def __enter__(self) -> "FakeOllamaThread":
         return self.start()
