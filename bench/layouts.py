@@ -21,10 +21,18 @@ from pathlib import Path
 
 import numpy as np
 
-from bot import db, vectors
-from bot.scope import visible_keys
+from bot.memory import db, vectors
+from bot.memory.scope import visible_keys
 
-from .speed import EMBED_MODEL, RESULTS, Shape, World, load_vectors, numpy_anchor, summary
+from .speed import (
+    EMBED_MODEL,
+    RESULTS,
+    Shape,
+    World,
+    load_vectors,
+    numpy_anchor,
+    summary,
+)
 
 
 def rebuild(path: Path, buckets: int, chunk: int) -> float:

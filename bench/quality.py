@@ -25,9 +25,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bot import importer
-from bot.engine import Engine
-from bot.scope import Viewer
+from bot.cli import importer
+from bot.memory.engine import Engine
+from bot.memory.scope import Viewer
 from bot.settings import SETTINGS, load_settings
 
 from .embed_server import MINILM_NAME, EmbedServerProcess

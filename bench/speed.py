@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bot import db, store, vectors
-from bot.engine import Engine
-from bot.scope import Viewer, visible_keys
+from bot.memory import db, store, vectors
+from bot.memory.engine import Engine
+from bot.memory.scope import Viewer, visible_keys
 from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess

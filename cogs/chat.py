@@ -13,8 +13,8 @@ from typing import AsyncIterator
 import discord
 from discord.ext import commands
 
-from bot.pipeline import Incoming, Pipeline, Sent
-from bot.text import split_message
+from bot.conversation.pipeline import Incoming, Pipeline, Sent
+from bot.conversation.text import split_message
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot.engine import Engine
-from bot.ollama import OllamaError
-from bot.pipeline import ExchangeSink, Pipeline
+from bot.conversation.pipeline import ExchangeSink, Pipeline
+from bot.llm.ollama import OllamaError
+from bot.memory.engine import Engine
 from bot.settings import Settings
 
 from . import EXTENSIONS
@@ -83,7 +83,7 @@ class MuninnBot(commands.Bot):
         if self.settings.extraction:
             factory = self.extractor_factory
             if factory is None:
-                from bot.extraction import Extractor
+                from bot.lifecycle.extraction import Extractor
                 factory = Extractor
             self.extractor = factory(self.engine)
         assert self.user is not None  # login has happened
@@ -92,7 +92,7 @@ class MuninnBot(commands.Bot):
         for extension in EXTENSIONS:
             await self.load_extension(extension)
         if self.settings.maintenance_hours > 0:  # decay, backfill, links, consolidation
-            from bot.maintenance import maintain_periodically
+            from bot.lifecycle.maintenance import maintain_periodically
             self.maintenance = asyncio.create_task(maintain_periodically(self.engine))
 
     async def on_message(self, message: discord.Message) -> None:

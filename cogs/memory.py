@@ -25,9 +25,9 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot import store
-from bot.scope import Viewer
-from bot.store import Memory, MemoryNotFound, NewMemory
+from bot.memory import store
+from bot.memory.scope import Viewer
+from bot.memory.store import Memory, MemoryNotFound, NewMemory
 
 from .chat import is_private_channel
 from .client import Refusal, answer_privately

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.engine import Engine
+from bot.memory.engine import Engine
 from bot.settings import load_settings
 from tests.fakes.ollama import FakeOllama
 from tests.helpers import Script

@@ -5,9 +5,9 @@ import json
 import math
 import re
 
-from bot import store
-from bot.engine import Engine
-from bot.exchange import Exchange
+from bot.conversation.exchange import Exchange
+from bot.memory import store
+from bot.memory.engine import Engine
 from tests.fakes.ollama import FakeOllama
 
 ALICE, BOB, OWNER = 101, 202, 909

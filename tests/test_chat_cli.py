@@ -5,11 +5,18 @@ import asyncio
 import io
 import json
 
-from bot import history, store
-from bot.chat_cli import LOCAL_CHANNEL_ID, LOCAL_GUILD_ID, LOCAL_USER_ID, local_name, run_chat
-from bot.cli import main
-from bot.engine import Engine
-from bot.scope import Viewer
+from bot.cli.chat import (
+    LOCAL_CHANNEL_ID,
+    LOCAL_GUILD_ID,
+    LOCAL_USER_ID,
+    local_name,
+    run_chat,
+)
+from bot.cli.main import main
+from bot.conversation import history
+from bot.memory import store
+from bot.memory.engine import Engine
+from bot.memory.scope import Viewer
 
 
 def answers(request: dict) -> str:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bot.cli import main
+from bot.cli.main import main
 from tests.fakes.ollama import FakeOllamaThread
 
 

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 
 import discord
 import pytest
-from discord import app_commands
 import simcord
+from discord import app_commands
 
-from bot import history, store
-from bot.pipeline import CANNOT_THINK
-from bot.store import NewMemory
+from bot.conversation import history
+from bot.conversation.pipeline import CANNOT_THINK
+from bot.memory import store
+from bot.memory.store import NewMemory
 from cogs.client import SOMETHING_WENT_WRONG, MuninnBot, Refusal
 from tests.fakes.ollama import FakeOllama
 
@@ -406,7 +407,7 @@ async def test_personal_facts_from_a_private_channel_stay_in_that_channel(world)
     assert "in this channel" in text_of(result)
     [memory] = await world.engine.run(store.memories_of, world.alice.id, ("personal",))
     assert memory.private and memory.vis_key.endswith(f":c{staff.id}")
-    from bot.scope import Viewer
+    from bot.memory.scope import Viewer
     found = lambda channel: world.engine.recall("job hunting", Viewer(world.alice.id, channel, world.guild.id))  # noqa: E731
     assert (await found(staff.id)).ids == [memory.id]
     assert (await found(world.general.id)).ids == []  # the public channel's replies never see it

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from bot import decay, store
-from bot.scope import Viewer
-from bot.store import NewMemory
+from bot.memory import decay, store
+from bot.memory.scope import Viewer
+from bot.memory.store import NewMemory
 
 DAY = 86400.0
 T0 = 1_700_000_000.0
@@ -43,7 +43,7 @@ async def test_recall_resets_the_clock_with_a_fixed_clock(fts_engine):
 
 
 def test_sql_strength_matches_python(tmp_path):
-    from bot import db
+    from bot.memory import db
     conn = db.connect(tmp_path / "m.db")
     value = conn.execute(f"SELECT {decay.strength_sql('?', 'm')} FROM (SELECT ? AS last_accessed, ? AS created_at, "
                          "? AS stability) m", (T0 + 10 * DAY, T0 + DAY, T0, 7.0)).fetchall()[0][0]

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from bot import store
-from bot.cli import main
+from cogs.launch import main
+from bot.memory import store
 from cogs.client import MuninnBot
 from tests.fakes.discord_server import FakeDiscord, Intents, patch_discord_urls
 

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from bot import fts, store
-from bot.scope import Viewer
-from bot.store import NewMemory
+from bot.memory import fts, store
+from bot.memory.scope import Viewer
+from bot.memory.store import NewMemory
 
 ALICE, BOB = 1, 2
 

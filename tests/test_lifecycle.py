@@ -6,10 +6,22 @@ import re
 
 import pytest
 
-from bot import lifecycle
-from bot.extraction import Fact, store_facts, store_facts_detailed
-from bot.scope import Viewer
-from tests.helpers import ALICE, BOB, CHANNEL, DM_CHANNEL, GUILD, axis, blend, exchange, links_of, memories_of, one
+from bot.lifecycle import writes
+from bot.lifecycle.extraction import Fact, store_facts, store_facts_detailed
+from bot.memory.scope import Viewer
+from tests.helpers import (
+    ALICE,
+    BOB,
+    CHANNEL,
+    DM_CHANNEL,
+    GUILD,
+    axis,
+    blend,
+    exchange,
+    links_of,
+    memories_of,
+    one,
+)
 
 
 def personal(text: str, owner: int = ALICE, guild: int | None = GUILD, importance: float = 0.5,
@@ -125,7 +137,7 @@ async def test_an_update_never_touches_another_subject(engine, fake_ollama, scri
     assert (await one(engine, bob)).archived_at is None
     assert (await one(engine, alice_old)).archived_at is not None
     # and the database side refuses it too, whatever an LLM says
-    assert not await engine.run(lambda c: lifecycle.supersede(c, bob, alice_new, now=0.0))
+    assert not await engine.run(lambda c: writes.supersede(c, bob, alice_new, now=0.0))
     assert (await one(engine, bob)).archived_at is None
 
 
@@ -198,11 +210,11 @@ async def test_update_candidates_without_vectors_come_from_keywords(fts_engine):
 
     def candidates(conn):
         new = personal("Alice lives in Bergen.").to_new_memory()
-        return lifecycle.update_candidates(conn, None, new, None, threshold=0.5, subject_name="Alice")
+        return writes.update_candidates(conn, None, new, None, threshold=0.5, subject_name="Alice")
     assert await fts_engine.run(candidates) == [(old, "Alice lives in Oslo.")]
 
 
-# -- the text guards behind the thresholds (pairs measured in docs/lifecycle.md) -----
+# -- the text guards behind the thresholds (pairs measured in docs/writes.md) -----
 
 SAME_PAIRS = [
     ("Alice lives in Oslo.", "Alice lives in Oslo, Norway."),
@@ -223,16 +235,16 @@ CLOSE_UPDATES = [
 
 @pytest.mark.parametrize("a, b", SAME_PAIRS)
 def test_value_guard_lets_paraphrases_through(a, b):
-    assert not lifecycle.values_conflict(a, b)
+    assert not writes.values_conflict(a, b)
 
 
 @pytest.mark.parametrize("a, b", CLOSE_UPDATES)
 def test_value_guard_stops_close_updates(a, b):
-    assert lifecycle.values_conflict(a, b)
+    assert writes.values_conflict(a, b)
 
 
 def test_near_text():
-    assert lifecycle.near_text("Alice lives in Oslo.", "alice lives in oslo")
-    assert lifecycle.near_text("Alice is a night owl.", "Alice is a night owl, I remember.")
-    assert not lifecycle.near_text("Alice lives in Oslo.", "Alice lives in Bergen.")
-    assert not lifecycle.near_text("Eve's favourite colour is green.", "Eve's favourite colour is blue.")
+    assert writes.near_text("Alice lives in Oslo.", "alice lives in oslo")
+    assert writes.near_text("Alice is a night owl.", "Alice is a night owl, I remember.")
+    assert not writes.near_text("Alice lives in Oslo.", "Alice lives in Bergen.")
+    assert not writes.near_text("Eve's favourite colour is green.", "Eve's favourite colour is blue.")

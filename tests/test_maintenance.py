@@ -8,11 +8,23 @@ import time
 
 import pytest
 
-from bot import cli, db, maintenance, store
-from bot.engine import Engine
-from bot.scope import Viewer
+from bot.cli import main as cli
+from bot.lifecycle import maintenance
+from bot.memory import db, store
+from bot.memory.engine import Engine
+from bot.memory.scope import Viewer
 from tests.fakes.ollama import FakeOllama, FakeOllamaThread
-from tests.helpers import ALICE, BOB, CHANNEL, GUILD, axis, blend, links_of, memories_of, one
+from tests.helpers import (
+    ALICE,
+    BOB,
+    CHANNEL,
+    GUILD,
+    axis,
+    blend,
+    links_of,
+    memories_of,
+    one,
+)
 
 DAY = 86400.0
 
@@ -205,7 +217,7 @@ async def test_periodic_task_runs_until_cancelled(engine):
 # -- the command line ----------------------------------------------------------
 
 def test_cli_maintain_is_idempotent_and_lists_and_restores(tmp_path, monkeypatch, capsys):
-    path = tmp_path / "cli.db"
+    path = tmp_path / "main.db"
     conn = db.connect(path)
     now = time.time()
     faded, kept = store.insert_many(conn, [alice("Alice had toast for breakfast.", importance=0.1, days_ago=60),
@@ -233,7 +245,7 @@ def test_cli_maintain_is_idempotent_and_lists_and_restores(tmp_path, monkeypatch
 
 
 async def test_maintenance_trims_the_channel_history(make_settings):
-    from bot import history
+    from bot.conversation import history
     async with Engine(make_settings("", MUNINN_HISTORY_KEEP="100")) as engine:
         def fill(conn):
             with conn:

@@ -6,10 +6,15 @@ import time
 
 import pytest
 
-from bot.ollama import (OllamaBadResponse, OllamaClient, OllamaDisabled, OllamaModelMissing,
-                        OllamaUnavailable)
-from bot.scope import Viewer
-from bot.store import NewMemory
+from bot.llm.ollama import (
+    OllamaBadResponse,
+    OllamaClient,
+    OllamaDisabled,
+    OllamaModelMissing,
+    OllamaUnavailable,
+)
+from bot.memory.scope import Viewer
+from bot.memory.store import NewMemory
 
 
 def client_for(fake, **kwargs) -> OllamaClient:

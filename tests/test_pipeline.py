@@ -10,11 +10,12 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from bot import history, store
-from bot.engine import Engine
-from bot.extraction import Extractor
-from bot.pipeline import CANNOT_THINK, Incoming, Pipeline, Sent
-from bot.store import NewMemory
+from bot.conversation import history
+from bot.conversation.pipeline import CANNOT_THINK, Incoming, Pipeline, Sent
+from bot.lifecycle.extraction import Extractor
+from bot.memory import store
+from bot.memory.engine import Engine
+from bot.memory.store import NewMemory
 from tests.fakes.ollama import FakeOllama
 
 ALICE, BOB = 7, 8
@@ -132,7 +133,7 @@ async def test_ollama_trouble_gives_a_short_friendly_reply_and_keeps_the_message
             fake_ollama.missing.add("llama3.2")
         else:
             fake_ollama.chat_replies.append("   ")
-        with caplog.at_level(logging.WARNING, logger="bot.pipeline"):
+        with caplog.at_level(logging.WARNING, logger="bot.conversation.pipeline"):
             reply = await pipeline.respond(said("are you there?"), RecordingOutlet(events))
         rows = await engine.run(history.recent, GENERAL, 10)
     assert reply.text == CANNOT_THINK and not reply.ok and len(CANNOT_THINK) < 120
@@ -147,7 +148,7 @@ async def test_repeated_failures_are_logged_once_not_per_message(make_settings, 
     async with Engine(make_settings(fake_ollama.url)) as engine:
         pipeline = Pipeline(engine)
         fake_ollama.missing.add("llama3.2")
-        with caplog.at_level(logging.WARNING, logger="bot.pipeline"):
+        with caplog.at_level(logging.WARNING, logger="bot.conversation.pipeline"):
             for n in range(3):
                 await pipeline.respond(said(f"hello {n}"), RecordingOutlet([]))
     assert caplog.text.count("ollama pull llama3.2") == 1
@@ -384,7 +385,7 @@ async def test_a_failing_recall_means_no_memories_and_the_reply_still_happens(en
     events: list = []
     sink = RecordingSink(events)
     pipeline = Pipeline(engine, sink)
-    with caplog.at_level(logging.ERROR, logger="bot.pipeline"):
+    with caplog.at_level(logging.ERROR, logger="bot.conversation.pipeline"):
         first = await pipeline.respond(said("what is my cat called?"), RecordingOutlet(events))
         second = await pipeline.respond(said("and my dog?"), RecordingOutlet(events))
     assert first.ok and second.ok and [e[0] for e in events].count("send") == 2

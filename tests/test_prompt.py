@@ -4,8 +4,8 @@ from __future__ import annotations
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from bot import prompt
-from bot.history import HistoryMessage
+from bot.conversation import prompt
+from bot.conversation.history import HistoryMessage
 
 OSLO = ZoneInfo("Europe/Oslo")
 PERSONA = "You are Muninn, a raven who remembers."

@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from bot import store
-from bot.engine import Engine
-from bot.retrieval import Candidate, fuse, spread_to_neighbours
-from bot.scope import Viewer, visible_keys
-from bot.store import NewMemory
+from bot.memory import store
+from bot.memory.engine import Engine
+from bot.memory.retrieval import Candidate, fuse, spread_to_neighbours
+from bot.memory.scope import Viewer, visible_keys
+from bot.memory.store import NewMemory
 
 ROOM = dict(channel_id=10, guild_id=100)
 ALICE = Viewer(user_id=1, channel_id=10, guild_id=100)
@@ -128,7 +128,7 @@ def test_rrf_scores_follow_the_seed_formula():
 
 
 async def test_candidates_are_limit_times_three(engine, fake_ollama, monkeypatch):
-    from bot import retrieval
+    from bot.memory import retrieval
     await engine.remember_many([NewMemory(f"note {i} about the deployment pipeline", "room", owner_id=1, **ROOM)
                                 for i in range(40)])
     asked = {}

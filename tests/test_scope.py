@@ -9,13 +9,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
-from bot import retrieval, store, vectors
-from bot.engine import Engine
-from bot.scope import Viewer, visible_keys
+from bot.memory import retrieval, store, vectors
+from bot.memory.engine import Engine
+from bot.memory.scope import Viewer, visible_keys
+from bot.memory.store import NewMemory
 from bot.settings import load_settings
-from bot.store import NewMemory
 from tests.fakes.ollama import FakeOllamaThread
 
 # Snowflake-sized ids: vec0 stores text metadata longer than 12 characters on another path.

@@ -53,7 +53,7 @@ def test_env_example_lists_every_setting_with_its_default():
 
 def test_cli_reports_a_bad_setting_in_one_line(tmp_path):
     env = {**os.environ, "OLLAMA_URL": "localhost", "MUNINN_DB_PATH": str(tmp_path / "m.db")}
-    proc = subprocess.run([sys.executable, "-m", "bot", "stats"], env=env, cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "cogs", "stats"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "OLLAMA_URL" in proc.stderr

@@ -4,10 +4,10 @@ from __future__ import annotations
 import apsw
 import pytest
 
-from bot import db, store, vectors
-from bot.migrations import MIGRATIONS
-from bot.scope import Viewer
-from bot.store import NewMemory
+from bot.memory import db, store, vectors
+from bot.memory.migrations import MIGRATIONS
+from bot.memory.scope import Viewer
+from bot.memory.store import NewMemory
 
 
 def counts(conn, memory_id: int) -> dict:

@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from bot import store
-from bot.extraction import Extractor
+from bot.lifecycle.extraction import Extractor
+from bot.memory import store
 from cogs.client import MuninnBot
 
 FACT = "Alice's sister is called Ylva"

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from bot.text import DISCORD_LIMIT, split_message
+from bot.conversation.text import DISCORD_LIMIT, split_message
 
 FENCE_RE = re.compile(r"```")
 

@@ -52,7 +52,18 @@ import time
 import uuid
 import zlib
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Tuple,
+    Union,
+)
 
 from aiohttp import WSMsgType, web
 
@@ -1689,9 +1700,9 @@ class FakeDiscord:
 
 # ---------------------------------------------------------------------- pointing discord.py at the fake
 def _targets(fake: FakeDiscord) -> List[Tuple[Any, str, Any]]:
-    import yarl
     import discord.gateway
     import discord.http
+    import yarl
 
     if fake._runner is None:
         raise RuntimeError("start the FakeDiscord before patching discord.py's URLs")

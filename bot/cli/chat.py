@@ -12,9 +12,9 @@ import sys
 import time
 from typing import TextIO
 
-from .engine import Engine
-from .pipeline import Incoming, Pipeline, Sent, no_typing
-from .settings import Settings
+from bot.conversation.pipeline import Incoming, Pipeline, Sent, no_typing
+from bot.memory.engine import Engine
+from bot.settings import Settings
 
 LOCAL_USER_ID = 1
 LOCAL_CHANNEL_ID = 0
@@ -52,7 +52,7 @@ async def run_chat(settings: Settings, *, stdin: TextIO | None = None, stdout: T
         extractor = None
         if settings.extraction:
             if extractor_factory is None:
-                from .extraction import Extractor
+                from bot.lifecycle.extraction import Extractor
                 extractor_factory = Extractor
             extractor = extractor_factory(engine)
         pipeline = Pipeline(engine, extractor)

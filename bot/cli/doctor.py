@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import db, vectors
-from .migrations import MIGRATIONS, schema_version
-from .ollama import OllamaClient, OllamaError
-from .settings import Settings
+from bot.llm.ollama import OllamaClient, OllamaError
+from bot.memory import db, vectors
+from bot.memory.migrations import MIGRATIONS, schema_version
+from bot.settings import Settings
 
 
 @dataclass

@@ -6,15 +6,14 @@ through a second SQLite library in the same process: it crashes.
 """
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import importlib.util
+import logging
 import os
+from pathlib import Path
 
 import apsw
 
-from .migrations import migrate
+from bot.memory.migrations import migrate
 
 log = logging.getLogger(__name__)
 

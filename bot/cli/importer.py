@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
-from .engine import Engine
-from .store import NewMemory
+from bot.memory.engine import Engine
+from bot.memory.store import NewMemory
 
 BATCH = 64
 FIELDS = {"text", "scope", "user_id", "channel_id", "guild_id", "importance", "created_at", "external_id",

@@ -46,10 +46,11 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
-from . import lifecycle, vectors
-from .exchange import Exchange
-from .ollama import OllamaClient, OllamaError
-from .store import NewMemory
+from bot.conversation.exchange import Exchange
+from bot.lifecycle import writes
+from bot.llm.ollama import OllamaClient, OllamaError
+from bot.memory import vectors
+from bot.memory.store import NewMemory
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -232,7 +233,7 @@ def _symbols(text: str) -> str:
 def name_key(name: str) -> str:
     """A display name compared as the model will write it: "Alice 🌸" and "alice" match;
     a name of emoji only keeps its emoji."""
-    return lifecycle.normalise(name) or _symbols(name)
+    return writes.normalise(name) or _symbols(name)
 
 
 def same_name(a: str, b: str) -> bool:
@@ -242,9 +243,9 @@ def same_name(a: str, b: str) -> bool:
 
 def mentions(text: str, name: str) -> bool:
     """Whether `text` names `name`, as a whole word ("Al" is not in "Alice")."""
-    key = lifecycle.normalise(name)
+    key = writes.normalise(name)
     if key:
-        return f" {key} " in f" {lifecycle.normalise(text)} "
+        return f" {key} " in f" {writes.normalise(text)} "
     symbols = _symbols(name)
     return bool(symbols) and symbols in _symbols(text)
 
@@ -406,15 +407,15 @@ def echo_reason(fact_text: str, own: Sequence[Exchange], batch: Sequence[Exchang
     author_id = own[0].author_id if own else None
     own_words: set[str] = set()
     for exchange in own:
-        own_words |= lifecycle.content_words(exchange.user_message)
+        own_words |= writes.content_words(exchange.user_message)
     other_words: set[str] = set()
     for exchange in everyone:
         if exchange.author_id != author_id:
-            other_words |= lifecycle.content_words(exchange.user_message)
+            other_words |= writes.content_words(exchange.user_message)
     name_words: set[str] = set()
     for name in [*names, *(e.author_name for e in everyone)]:
-        name_words |= lifecycle.content_words(name)
-    fact_words = lifecycle.content_words(fact_text) - name_words
+        name_words |= writes.content_words(name)
+    fact_words = writes.content_words(fact_text) - name_words
     support = len(fact_words & own_words) / len(fact_words) if fact_words else 1.0
     if support < REPLY_SUPPORT and fact_words & (other_words - own_words):
         return "leans on another person's message"
@@ -424,14 +425,14 @@ def echo_reason(fact_text: str, own: Sequence[Exchange], batch: Sequence[Exchang
         return None
     for exchange in everyone:
         for recalled in exchange.recalled:
-            if lifecycle.near_text(fact_text, recalled):
+            if writes.near_text(fact_text, recalled):
                 return "restates a recalled memory"
     for sentence in _sentences(persona):
-        if lifecycle.near_text(fact_text, sentence):
+        if writes.near_text(fact_text, sentence):
             return "restates the system prompt"
     for exchange in everyone:
         for sentence in _sentences(exchange.reply):
-            if lifecycle.near_text(fact_text, sentence):
+            if writes.near_text(fact_text, sentence):
                 return "comes from Muninn's reply"
     return None
 
@@ -467,7 +468,7 @@ async def extract_author_facts(engine: Any, own: Sequence[Exchange], batch: Sequ
         if reason:
             log.debug("dropped %r: %s", raw.text, reason)
             continue
-        if any(lifecycle.normalise(f.text) == lifecycle.normalise(fact.text) and f.scope == fact.scope
+        if any(writes.normalise(f.text) == writes.normalise(fact.text) and f.scope == fact.scope
                for f in facts):
             continue
         facts.append(fact)
@@ -480,12 +481,12 @@ async def extract_author_facts(engine: Any, own: Sequence[Exchange], batch: Sequ
 # -- storing -------------------------------------------------------------------
 
 async def decide_update(client: OllamaClient, fact_text: str,
-                        candidates: Sequence[tuple[int, str]]) -> lifecycle.UpdateDecision | None:
+                        candidates: Sequence[tuple[int, str]]) -> writes.UpdateDecision | None:
     """Ask the LLM whether the new fact repeats or replaces any of these older memories."""
     if not candidates or not client.enabled:
         return None
-    return await ask_json(client, lifecycle.update_messages(fact_text, candidates), lifecycle.UPDATE_SCHEMA,
-                          lambda data: lifecycle.check_update_reply(data, candidates),
+    return await ask_json(client, writes.update_messages(fact_text, candidates), writes.UPDATE_SCHEMA,
+                          lambda data: writes.check_update_reply(data, candidates),
                           what="update decision")
 
 
@@ -500,12 +501,12 @@ async def store_facts(engine: Any, facts: Sequence[Fact], exchange: Exchange | S
 async def store_facts_detailed(engine: Any, facts: Sequence[Fact],
                                exchange: Exchange | Sequence[Exchange] | None = None, *,
                                now: float | None = None, keep: Callable[[], bool] | None = None
-                               ) -> lifecycle.WriteOutcome:
+                               ) -> writes.WriteOutcome:
     """`keep`, if given, is asked on the database thread right before the write: False stores
     nothing (the author was forgotten meanwhile). A forget-all that runs on that thread after
     the write deletes what it wrote, so between the two nothing can slip through."""
     if not facts:
-        return lifecycle.WriteOutcome()
+        return writes.WriteOutcome()
     exchanges = [] if exchange is None else [exchange] if isinstance(exchange, Exchange) else list(exchange)
     now = time.time() if now is None else now
     said_at = max((e.created_at for e in exchanges if e.created_at is not None), default=None)
@@ -516,7 +517,7 @@ async def store_facts_detailed(engine: Any, facts: Sequence[Fact],
     vecs = await engine.embed_or_none([m.text for m in memories])
     candidates = await engine.run(_plan_updates, engine.current_index, memories, vecs, settings,
                                   [f.about for f in facts])
-    decisions: list[lifecycle.UpdateDecision | None] = []
+    decisions: list[writes.UpdateDecision | None] = []
     for fact, found in zip(facts, candidates):
         decisions.append(await decide_update(engine.ollama, fact.text, found) if found else None)
     outcome = await engine.run(
@@ -529,11 +530,11 @@ async def store_facts_detailed(engine: Any, facts: Sequence[Fact],
     return outcome
 
 
-def _write_if_kept(conn, keep: Callable[[], bool] | None, *args, **kwargs) -> lifecycle.WriteOutcome:
+def _write_if_kept(conn, keep: Callable[[], bool] | None, *args, **kwargs) -> writes.WriteOutcome:
     if keep is not None and not keep():
         log.info("dropped %d facts: their author was forgotten while they were extracted", len(args[0]))
-        return lifecycle.WriteOutcome()
-    return lifecycle.write_facts(conn, *args, **kwargs)
+        return writes.WriteOutcome()
+    return writes.write_facts(conn, *args, **kwargs)
 
 
 def _plan_updates(conn, current_index: Callable[[Any], vectors.IndexInfo | None], memories: list[NewMemory],
@@ -544,11 +545,11 @@ def _plan_updates(conn, current_index: Callable[[Any], vectors.IndexInfo | None]
     out: list[list[tuple[int, str]]] = []
     for index, memory in enumerate(memories):
         vector = vecs[index] if info is not None and len(vecs[index]) == info.dim else None
-        duplicate = lifecycle.find_duplicate(conn, info, memory, vector, settings.dedup_cosine)
+        duplicate = writes.find_duplicate(conn, info, memory, vector, settings.dedup_cosine)
         if duplicate is not None:
             out.append([])
             continue
-        out.append(lifecycle.update_candidates(conn, info, memory, vector, threshold=settings.update_cosine,
+        out.append(writes.update_candidates(conn, info, memory, vector, threshold=settings.update_cosine,
                                                subject_name=names[index]))
     return out
 

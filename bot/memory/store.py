@@ -15,9 +15,16 @@ from typing import Iterable, Sequence
 
 import apsw
 
-from . import decay, fts, vectors
-from .db import query_one, query_value
-from .scope import ACTIVE, SCOPES, Viewer, key_filter, memory_key, visible_keys
+from bot.memory import decay, fts, vectors
+from bot.memory.db import query_one, query_value
+from bot.memory.scope import (
+    ACTIVE,
+    SCOPES,
+    Viewer,
+    key_filter,
+    memory_key,
+    visible_keys,
+)
 
 LINK_KINDS = ("co_extracted", "consolidated", "semantic", "superseded_by")
 MAX_TEXT_CHARS = 4000

@@ -31,9 +31,9 @@ from typing import Any, Callable, Sequence
 
 import apsw
 
-from . import decay, fts, store, vectors
-from .db import query_value
-from .scope import ACTIVE, key_filter
+from bot.memory import decay, fts, store, vectors
+from bot.memory.db import query_value
+from bot.memory.scope import ACTIVE, key_filter
 
 NEAR_JACCARD = 0.7        # two sentences with this share of content words say the same thing
 UPDATE_CANDIDATES = 5     # older memories shown to the LLM for one new fact

@@ -14,12 +14,19 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import apsw
 
-from . import db, retrieval, store, vectors
-from .logs import Throttle
-from .ollama import (OllamaBadResponse, OllamaClient, OllamaDisabled, OllamaError, OllamaModelMissing,
-                     OllamaUnavailable, usable_vector)
-from .scope import Viewer, visible_keys
-from .settings import Settings
+from bot.llm.ollama import (
+    OllamaBadResponse,
+    OllamaClient,
+    OllamaDisabled,
+    OllamaError,
+    OllamaModelMissing,
+    OllamaUnavailable,
+    usable_vector,
+)
+from bot.logs import Throttle
+from bot.memory import db, retrieval, store, vectors
+from bot.memory.scope import Viewer, visible_keys
+from bot.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

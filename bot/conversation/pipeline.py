@@ -28,12 +28,18 @@ from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import AsyncContextManager, AsyncIterator, Protocol
 
-from . import history, prompt, store
-from .engine import Engine
-from .exchange import Exchange
-from .logs import Throttle
-from .ollama import OllamaDisabled, OllamaError, OllamaModelMissing, OllamaUnavailable
-from .scope import Viewer
+from bot.conversation import history, prompt
+from bot.conversation.exchange import Exchange
+from bot.llm.ollama import (
+    OllamaDisabled,
+    OllamaError,
+    OllamaModelMissing,
+    OllamaUnavailable,
+)
+from bot.logs import Throttle
+from bot.memory import store
+from bot.memory.engine import Engine
+from bot.memory.scope import Viewer
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import apsw
 
-from .db import query_one, query_value
+from bot.memory.db import query_one, query_value
 
 ROLES = ("user", "assistant")
 

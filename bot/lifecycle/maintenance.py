@@ -32,10 +32,12 @@ from typing import Any, Callable, Sequence
 
 import apsw
 
-from . import decay, history, lifecycle, store, vectors
-from .db import get_meta, query_value, set_meta
-from .extraction import FIRST_PERSON, GENERIC_SUBJECT, ask_json
-from .scope import ACTIVE
+from bot.conversation import history
+from bot.lifecycle import writes
+from bot.lifecycle.extraction import FIRST_PERSON, GENERIC_SUBJECT, ask_json
+from bot.memory import decay, store, vectors
+from bot.memory.db import get_meta, query_value, set_meta
+from bot.memory.scope import ACTIVE
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +176,7 @@ def link_batch(conn: apsw.Connection, *, current_index: Callable[[apsw.Connectio
     added = 0
     with conn:
         for memory_id, vis_key in batch:
-            added += lifecycle.link_similar(conn, info, memory_id, vis_key, threshold=threshold, now=now)
+            added += writes.link_similar(conn, info, memory_id, vis_key, threshold=threshold, now=now)
         if batch:
             advance(conn, LINKS_WATERMARK, batch[-1][0])
     return added, bool(batch) and not blocked
@@ -214,7 +216,7 @@ def find_clusters(conn: apsw.Connection, *, current_index: Callable[[apsw.Connec
             other = others.get(other_id)
             if (other is None or other_id in taken or other.archived_at is not None
                     or vectors.cosine_from_distance(distance) < threshold
-                    or lifecycle.values_conflict(seed.text, other.text)):
+                    or writes.values_conflict(seed.text, other.text)):
                 continue
             members.append(other_id)
             if len(members) >= MAX_CLUSTER:
@@ -263,8 +265,8 @@ def check_merge(data: Any, memories: Sequence[store.Memory]) -> tuple[str, list[
         raise ValueError("'text' uses I/me/you or 'the user': name the subject")
     known: set[str] = set()
     for memory in memories:
-        known |= lifecycle.value_tokens(memory.text)
-    invented = lifecycle.value_tokens(text) - known
+        known |= writes.value_tokens(memory.text)
+    invented = writes.value_tokens(text) - known
     if invented:  # the reason is logged: it names how many, not which (those are the memory's words)
         raise ValueError(f"'text' adds {len(invented)} name(s) or number(s) that no memory has")
     return text, []
@@ -288,7 +290,7 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
         stability = max(m.stability for m in members)
         last_seen = max(m.last_accessed or m.created_at for m in members)
         first = min(members, key=lambda m: (m.created_at, m.id))
-        if merged_text is not None and lifecycle.normalise(merged_text) not in {lifecycle.normalise(m.text)
+        if merged_text is not None and writes.normalise(merged_text) not in {writes.normalise(m.text)
                                                                                   for m in members}:
             info = index_for(conn, len(vector)) if vector is not None else None
             survivor_id = store.insert_many(
@@ -301,7 +303,7 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
             merged_by, originals = "llm", [m.id for m in members]
         else:
             if merged_text is not None:  # the LLM returned one of the originals verbatim: keep that one
-                keep = next(m for m in members if lifecycle.normalise(m.text) == lifecycle.normalise(merged_text))
+                keep = next(m for m in members if writes.normalise(m.text) == writes.normalise(merged_text))
             else:
                 keep = clearest(members)
             survivor_id, merged_by = keep.id, "kept"

@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 
 import apsw
 
-from .db import get_meta, query_value, set_meta
+from bot.memory.db import get_meta, query_value, set_meta
 
 DEFAULT_BUCKETS = 256  # chosen by bench/layouts.py (bench/README.md): fast at 100k, <= 1.5x raw disk at 10k
 DEFAULT_CHUNK_SIZE = 32

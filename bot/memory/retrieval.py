@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import apsw
 
-from . import decay, fts, store, vectors
-from .scope import ACTIVE, key_filter
+from bot.memory import decay, fts, store, vectors
+from bot.memory.scope import ACTIVE, key_filter
 
 GRAPH_LINK_KINDS = ("co_extracted", "consolidated", "semantic")
 

@@ -11,15 +11,17 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Awaitable, Callable, Protocol, TypeVar
 
-from . import store
-from .engine import Engine
-from .importer import import_lines, parse_time
-from .progress import Progress
-from .scope import SCOPES, Viewer
-from .settings import Settings, SettingsError, load_settings
+from bot.cli.importer import import_lines, parse_time
+from bot.cli.progress import Progress
+from bot.memory import store
+from bot.memory.engine import Engine
+from bot.memory.scope import SCOPES, Viewer
+from bot.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("muninn")
+T = TypeVar("T")
 
 
 class UsageError(Exception):
@@ -167,7 +169,7 @@ async def cmd_reindex(args, settings: Settings) -> int:
 
 
 async def cmd_doctor(args, settings: Settings) -> int:
-    from .doctor import run_doctor
+    from bot.cli.doctor import run_doctor
     checks = await run_doctor(settings)
     human = "\n".join(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" + (f"\n     fix: {c.fix}" if c.fix else "")
                       for c in checks)
@@ -185,14 +187,28 @@ def discord_token_problem(settings: Settings) -> str | None:
     return None
 
 
-async def on_discord(command: str, settings: Settings, action):
-    """Run `action(cogs.client)` (discord.py is imported only here), or say in one line why not.
+class DiscordAdapter(Protocol):
+    """What the command line needs from the Discord adapter (`cogs.client`)."""
+    StartupError: type[Exception]
+
+    async def run_bot(self, settings: Settings) -> None: ...
+
+    async def sync_commands(self, settings: Settings, guild_id: int | None = None) -> list[str]: ...
+
+
+async def on_discord(args, settings: Settings, action: Callable[[DiscordAdapter], Awaitable[T]]) -> tuple[int, T | None]:
+    """Run `action(adapter)` (discord.py is loaded only here), or say in one line why not.
     Returns (exit status, the action's result)."""
+    command = args.command
     problem = discord_token_problem(settings)
     if problem:
         print(problem, file=sys.stderr)
         return 1, None
-    from cogs import client
+    if args.load_discord is None:
+        print(f"muninn {command}: this entry point has no Discord adapter; start the bot with the `muninn` command",
+              file=sys.stderr)
+        return 2, None
+    client = args.load_discord()
     try:
         return 0, await action(client)
     except client.StartupError as exc:
@@ -201,12 +217,12 @@ async def on_discord(command: str, settings: Settings, action):
 
 
 async def cmd_run(args, settings: Settings) -> int:
-    status, _ = await on_discord("run", settings, lambda client: client.run_bot(settings))
+    status, _ = await on_discord(args, settings, lambda client: client.run_bot(settings))
     return status
 
 
 async def cmd_sync(args, settings: Settings) -> int:
-    status, names = await on_discord("sync", settings, lambda client: client.sync_commands(settings, args.guild))
+    status, names = await on_discord(args, settings, lambda client: client.sync_commands(settings, args.guild))
     if status:
         return status
     where = f"to guild {args.guild} (usable now)" if args.guild else "globally (Discord may take up to an hour)"
@@ -216,12 +232,12 @@ async def cmd_sync(args, settings: Settings) -> int:
 
 
 async def cmd_chat(args, settings: Settings) -> int:
-    from .chat_cli import run_chat
+    from bot.cli.chat import run_chat
     return await run_chat(settings)
 
 
 async def cmd_maintain(args, settings: Settings) -> int:
-    from . import maintenance
+    from bot.lifecycle import maintenance
     async with Engine(settings) as engine:
         if args.restore is not None:
             try:
@@ -347,10 +363,12 @@ def setup_logging(settings: Settings, verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapter] | None = None) -> int:
+    """The command line. `load_discord` plugs in the Discord adapter (see `cogs.launch`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:  # plain `muninn` (or `python -m bot`) runs the bot
+    args.load_discord = load_discord
+    if args.command is None:  # plain `muninn` runs the bot
         args.command, args.handler = "run", cmd_run
     try:
         overrides = {"db_path": args.db} if getattr(args, "db", None) else {}
@@ -372,8 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one line for operators; the traceback only with -v
         if args.verbose:
             raise
-        from .db import DatabaseError
-        from .ollama import OllamaError
+        from bot.llm.ollama import OllamaError
+        from bot.memory.db import DatabaseError
         if isinstance(exc, (DatabaseError, OllamaError, SettingsError)):
             print(f"muninn {args.command}: {exc}", file=sys.stderr)
             return 1
