@@ -83,7 +83,7 @@ class MuninnBot(commands.Bot):
         if self.settings.extraction:
             factory = self.extractor_factory
             if factory is None:
-                from bot.lifecycle.extraction import Extractor
+                from bot.lifecycle.extractor import Extractor
                 factory = Extractor
             self.extractor = factory(self.engine)
         assert self.user is not None  # login has happened

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from cogs.launch import main
 from bot.memory import store
 from cogs.client import MuninnBot
+from cogs.launch import main
 from tests.fakes.discord_server import FakeDiscord, Intents, patch_discord_urls
 
 FACT = "Alice's sister is called Ylva"

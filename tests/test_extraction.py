@@ -9,15 +9,10 @@ import time
 import apsw
 import pytest
 
-from bot.lifecycle.extraction import (
-    FACT_SCHEMA,
-    Extractor,
-    Fact,
-    extract_facts,
-    parse_json_reply,
-    store_facts,
-    strip_reasoning,
-)
+from bot.lifecycle.extractor import Extractor
+from bot.lifecycle.fact_store import store_facts
+from bot.lifecycle.facts import FACT_SCHEMA, Fact, extract_facts
+from bot.llm.answers import parse_json_reply, strip_reasoning
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from tests.fakes.ollama import FakeOllama
@@ -137,7 +132,7 @@ async def test_invalid_answer_is_retried_once_with_the_reason(engine, fake_ollam
 
 async def test_invalid_twice_is_logged_and_dropped(engine, fake_ollama, script, caplog):
     script.add("extract", "garbage", "<think>still thinking</think>")
-    with caplog.at_level(logging.WARNING, logger="bot.lifecycle.extraction"):
+    with caplog.at_level(logging.WARNING, logger="bot"):
         assert await extract_facts(engine, exchange("I live in Oslo.")) == []
     assert len(script.seen["extract"]) == 2
     assert "invalid twice" in caplog.text
@@ -153,7 +148,7 @@ async def test_valid_part_of_a_twice_invalid_answer_is_kept(engine, fake_ollama,
 
 async def test_http_500_is_logged_and_dropped(engine, fake_ollama, script, caplog):
     fake_ollama.chat_replies.append(FakeOllama.HTTP_500)
-    with caplog.at_level(logging.WARNING, logger="bot.lifecycle.extraction"):
+    with caplog.at_level(logging.WARNING, logger="bot"):
         assert await extract_facts(engine, exchange("I live in Oslo.")) == []
     assert "fact extraction" in caplog.text and "500" in caplog.text
 
@@ -163,7 +158,7 @@ async def test_timeout_is_logged_and_dropped(fake_ollama, make_settings, caplog)
     fake_ollama.chat_replies.append(FakeOllama.TIMEOUT)
     async with Engine(make_settings(fake_ollama.url, OLLAMA_CHAT_TIMEOUT="0.2")) as engine:
         started = time.perf_counter()
-        with caplog.at_level(logging.WARNING, logger="bot.lifecycle.extraction"):
+        with caplog.at_level(logging.WARNING, logger="bot"):
             assert await extract_facts(engine, exchange("I live in Oslo.")) == []
         assert time.perf_counter() - started < 1.5
     assert "did not answer" in caplog.text
@@ -171,14 +166,14 @@ async def test_timeout_is_logged_and_dropped(fake_ollama, make_settings, caplog)
 
 async def test_missing_model_is_logged_with_the_fix(engine, fake_ollama, caplog):
     fake_ollama.missing.add("llama3.2")
-    with caplog.at_level(logging.WARNING, logger="bot.lifecycle.extraction"):
+    with caplog.at_level(logging.WARNING, logger="bot"):
         assert await extract_facts(engine, exchange("I live in Oslo.")) == []
     assert "ollama pull llama3.2" in caplog.text
 
 
 async def test_ollama_down_is_logged_and_dropped(engine, fake_ollama, caplog):
     await fake_ollama.go_down()
-    with caplog.at_level(logging.WARNING, logger="bot.lifecycle.extraction"):
+    with caplog.at_level(logging.WARNING, logger="bot"):
         assert await extract_facts(engine, exchange("I live in Oslo.")) == []
     assert "cannot reach Ollama" in caplog.text
 
@@ -435,7 +430,7 @@ async def test_extractor_survives_a_failing_store(engine, fake_ollama, script, c
         "CREATE TRIGGER tripwire BEFORE INSERT ON memories BEGIN SELECT RAISE(ABORT, 'disk on fire'); END"))
     script.add("extract", facts_reply(fact("Alice lives in Oslo.")))
     extractor = Extractor(engine, batch_delay=0.01)
-    with caplog.at_level(logging.ERROR, logger="bot.lifecycle.extraction"):
+    with caplog.at_level(logging.ERROR, logger="bot"):
         extractor.submit(exchange("I live in Oslo."))
         await extractor.close()
     assert extractor.failed == 1

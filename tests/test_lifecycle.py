@@ -7,7 +7,8 @@ import re
 import pytest
 
 from bot.lifecycle import writes
-from bot.lifecycle.extraction import Fact, store_facts, store_facts_detailed
+from bot.lifecycle.fact_store import store_facts, store_facts_detailed
+from bot.lifecycle.facts import Fact
 from bot.memory.scope import Viewer
 from tests.helpers import (
     ALICE,

@@ -12,7 +12,7 @@ import pytest
 
 from bot.conversation import history
 from bot.conversation.pipeline import CANNOT_THINK, Incoming, Pipeline, Sent
-from bot.lifecycle.extraction import Extractor
+from bot.lifecycle.extractor import Extractor
 from bot.memory import store
 from bot.memory.engine import Engine
 from bot.memory.store import NewMemory
@@ -341,7 +341,7 @@ async def test_forget_person_removes_taught_room_memories_and_leaves_no_recovera
 
 
 class ForgettingSink(RecordingSink):
-    """An extractor that can drop a person's queued work, as bot.extraction.Extractor does."""
+    """An extractor that can drop a person's queued work, as bot.lifecycle.extractor.Extractor does."""
 
     def __init__(self, events: list):
         super().__init__(events)

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from bot.lifecycle.extraction import Extractor
+from bot.lifecycle.extractor import Extractor
 from bot.memory import store
 from cogs.client import MuninnBot
 

@@ -52,7 +52,7 @@ async def run_chat(settings: Settings, *, stdin: TextIO | None = None, stdout: T
         extractor = None
         if settings.extraction:
             if extractor_factory is None:
-                from bot.lifecycle.extraction import Extractor
+                from bot.lifecycle.extractor import Extractor
                 extractor_factory = Extractor
             extractor = extractor_factory(engine)
         pipeline = Pipeline(engine, extractor)

@@ -34,7 +34,8 @@ import apsw
 
 from bot.conversation import history
 from bot.lifecycle import writes
-from bot.lifecycle.extraction import FIRST_PERSON, GENERIC_SUBJECT, ask_json
+from bot.lifecycle.facts import FIRST_PERSON, GENERIC_SUBJECT
+from bot.llm.answers import ask_json
 from bot.memory import decay, store, vectors
 from bot.memory.db import get_meta, query_value, set_meta
 from bot.memory.scope import ACTIVE

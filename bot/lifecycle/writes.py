@@ -1,7 +1,7 @@
 """Write-time memory lifecycle: de-duplication, updates that supersede, semantic links.
 
 Everything here runs on the database thread (`conn` first) except the pure text
-helpers and the prompt for the update decision, which `extraction.py` sends. The
+helpers and the prompt for the update decision, which `fact_store.py` sends. The
 one transaction that stores the facts of an exchange is `write_facts`.
 
 Subjects and owners. A memory's *subject* is who or what it is about: the owner for
@@ -101,7 +101,7 @@ def near_text(a: str, b: str, threshold: float = NEAR_JACCARD) -> bool:
     return jaccard(content_words(a), content_words(b)) >= threshold and not values_conflict(a, b)
 
 
-# -- the update decision (prompt and validation; extraction.py sends it) ------
+# -- the update decision (prompt and validation; fact_store.py sends it) ------
 
 UPDATE_SCHEMA = {
     "type": "object",

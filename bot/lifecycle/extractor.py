@@ -1,0 +1,206 @@
+"""The background extractor: `submit` returns at once; a worker batches quick consecutive
+messages of one channel, extracts per author and stores each author's facts in one
+transaction. Failures are logged in one line and dropped; the conversation never notices."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any, Callable, Iterable, Sequence, TypeVar
+
+from bot.conversation.exchange import Exchange
+from bot.lifecycle.fact_store import store_facts
+from bot.lifecycle.facts import by_author, extract_author_facts, usable
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 8             # exchanges of one channel in one batch (one LLM call per author in it)
+MAX_BACKLOG = 200         # batches waiting; beyond it the oldest are dropped (logged)
+T = TypeVar("T")
+
+# -- the background extractor ----------------------------------------------------
+
+def _clock() -> float:
+    """The event loop's clock (monotonic), also when called outside a running loop."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
+class Extractor:
+    """Runs extraction in the background: `submit` never blocks or raises."""
+
+    def __init__(self, engine: Any, *, batch_delay: float = 1.5):
+        self.engine = engine
+        self.batch_delay = batch_delay
+        self.max_wait = batch_delay * 4        # a busy channel is still extracted every few seconds
+        self._pending: dict[int, list[Exchange]] = {}
+        self._first_seen: dict[int, float] = {}
+        self._last_seen: dict[int, float] = {}
+        self._timers: dict[int, asyncio.Task] = {}
+        self._queue: list[list[Exchange]] = []
+        self._worker: asyncio.Task | None = None
+        self._forgotten: dict[int, float] = {}   # user id -> when forget() was called
+        self._in_flight: list[float] = []        # when each batch being processed was taken
+        self._closed = False
+        self.processed = 0       # batches finished (for tests and stats)
+        self.failed = 0          # batches whose processing raised (logged)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.engine.settings.extraction) and self.engine.ollama.enabled
+
+    def submit(self, exchange: Exchange) -> None:
+        """Queue an exchange for extraction; returns immediately."""
+        try:
+            if self._closed or not self.enabled:
+                return
+            loop = asyncio.get_running_loop()
+            channel = exchange.channel_id
+            now = loop.time()
+            self._pending.setdefault(channel, []).append(exchange)
+            self._first_seen.setdefault(channel, now)
+            self._last_seen[channel] = now
+            if len(self._pending[channel]) >= MAX_BATCH:
+                self._flush(channel)
+            elif channel not in self._timers:
+                self._timers[channel] = loop.create_task(self._debounce(channel))
+        except Exception:  # the conversation must never notice
+            log.exception("could not queue an exchange for fact extraction")
+
+    def forget(self, user_id: int) -> None:
+        """A person asked to be forgotten: drop their waiting messages, and make a batch already
+        being processed store nothing of theirs (checked again on the database thread right
+        before each write). Call it before deleting their memories."""
+        self._forgotten[user_id] = _clock()
+        self._drop_waiting(lambda exchange: exchange.author_id == user_id)
+
+    def forget_messages(self, message_ids: Iterable[int]) -> None:
+        """Messages were deleted before their facts were extracted: never extract them."""
+        gone = set(message_ids)
+        self._drop_waiting(lambda exchange: exchange.user_message_id in gone)
+
+    def _drop_waiting(self, unwanted: Callable[[Exchange], bool]) -> None:
+        for channel in list(self._pending):
+            kept = [e for e in self._pending[channel] if not unwanted(e)]
+            if kept:
+                self._pending[channel] = kept
+            else:
+                self._drop_pending(channel)
+        self._queue = [kept for kept in ([e for e in batch if not unwanted(e)] for batch in self._queue) if kept]
+
+    def _forgotten_since(self, user_id: int | None, taken_at: float) -> bool:
+        at = self._forgotten.get(user_id) if user_id is not None else None
+        return at is not None and at >= taken_at
+
+    async def _debounce(self, channel: int) -> None:
+        """Wait until the channel is quiet for batch_delay (at most max_wait), then flush."""
+        loop = asyncio.get_running_loop()
+        try:
+            while channel in self._pending:
+                quiet_at = self._last_seen[channel] + self.batch_delay
+                latest = self._first_seen[channel] + self.max_wait
+                wait = min(quiet_at, latest) - loop.time()
+                if wait <= 0:
+                    break
+                await asyncio.sleep(wait)
+        finally:
+            if self._timers.get(channel) is asyncio.current_task():
+                del self._timers[channel]
+        self._flush(channel)
+
+    def _drop_pending(self, channel: int) -> list[Exchange] | None:
+        batch = self._pending.pop(channel, None)
+        self._first_seen.pop(channel, None)
+        self._last_seen.pop(channel, None)
+        timer = self._timers.pop(channel, None)
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()
+        return batch
+
+    def _flush(self, channel: int) -> None:
+        batch = self._drop_pending(channel)
+        if not batch:
+            return
+        if len(self._queue) >= MAX_BACKLOG:
+            dropped = self._queue.pop(0)
+            log.warning("fact extraction is %d batches behind; dropped %d old messages of channel %s",
+                        MAX_BACKLOG, len(dropped), dropped[0].channel_id)
+        self._queue.append(batch)
+        self._ensure_worker()
+
+    def _ensure_worker(self) -> None:
+        # The worker ends when the queue is empty (an idle task would look like unfinished work
+        # to test harnesses and keeps nothing useful); a new batch starts a new one.
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._work())
+
+    async def _work(self) -> None:
+        while self._queue:
+            batch = self._queue.pop(0)
+            try:
+                await self.process(batch, taken_at=_clock())
+                self.processed += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.failed += 1
+                log.exception("fact extraction failed for %d messages in channel %s; they are skipped",
+                              len(batch), batch[0].channel_id)
+
+    async def process(self, batch: Sequence[Exchange], *, taken_at: float | None = None) -> list[int]:
+        """Extract and store the facts of one channel's batch, author by author (one LLM call
+        and one transaction each); returns the memory ids. Nothing is stored for an author
+        forgotten after `taken_at` (default: now)."""
+        taken_at = _clock() if taken_at is None else taken_at
+        self._in_flight.append(taken_at)
+        try:
+            batch = usable(batch)
+            ids: list[int] = []
+            for author_id, own in by_author(batch).items():
+                if self._forgotten_since(author_id, taken_at):
+                    continue
+                facts = await extract_author_facts(self.engine, own, batch)
+                if self._forgotten_since(author_id, taken_at):
+                    continue
+
+                def keep(author_id: int = author_id) -> bool:   # on the database thread
+                    return not self._forgotten_since(author_id, taken_at)
+                ids += await store_facts(self.engine, facts, own, keep=keep)
+            return ids
+        finally:
+            self._in_flight.remove(taken_at)
+            oldest = min(self._in_flight, default=math.inf)
+            self._forgotten = {uid: at for uid, at in self._forgotten.items() if at >= oldest}
+
+    async def drain(self) -> None:
+        """Flush every waiting batch now and wait until all work is done."""
+        while True:
+            for channel in list(self._pending):
+                self._flush(channel)
+            worker = self._worker
+            if worker is None or worker.done():
+                if not self._queue:
+                    return
+                self._ensure_worker()
+                continue
+            await asyncio.wait([worker])   # never raises, and never cancels the worker
+
+    async def close(self) -> None:
+        """Finish queued work, then stop; later submits are ignored."""
+        if self._closed:
+            return
+        try:
+            await self.drain()
+        finally:
+            self._closed = True
+            for timer in list(self._timers.values()):
+                timer.cancel()
+            if self._worker is not None:
+                self._worker.cancel()
+                try:
+                    await self._worker
+                except (asyncio.CancelledError, Exception):
+                    pass
