@@ -143,9 +143,9 @@ async def build(path: Path, shape: Shape, buckets: int, chunk_size: int, batch: 
     world = World(shape)
     started = time.perf_counter()
     async with Engine(bench_settings(path)) as engine:
-        await engine.run(lambda conn: vectors.create_index(conn, EMBED_MODEL, DIM, buckets=buckets,
+        await engine.write(lambda conn: vectors.create_index(conn, EMBED_MODEL, DIM, buckets=buckets,
                                                            chunk_size=chunk_size))
-        info = await engine.run(vectors.index_info)
+        info = await engine.write(vectors.index_info)
         pending: list = []
 
         def flush(conn, rows):
@@ -154,12 +154,12 @@ async def build(path: Path, shape: Shape, buckets: int, chunk_size: int, batch: 
         for item in world.memories():
             pending.append(item)
             if len(pending) >= batch:
-                await engine.run(flush, pending)
+                await engine.write(flush, pending)
                 pending = []
         if pending:
-            await engine.run(flush, pending)
-        await engine.run(lambda conn: db.set_meta(conn, "bench_built", "1"))
-        await engine.run(lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+            await engine.write(flush, pending)
+        await engine.write(lambda conn: db.set_meta(conn, "bench_built", "1"))
+        await engine.write(lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
     return {"build_s": round(time.perf_counter() - started, 2)}
 
 
@@ -199,7 +199,7 @@ def numpy_anchor(matrix: np.ndarray, query: np.ndarray, k: int, repeat: int = 5)
 async def measure_reads(path: Path, shape: Shape, viewers: int) -> dict:
     world = World(shape, seed=99)
     async with Engine(bench_settings(path)) as engine:
-        matrix, by_key = await engine.run(load_vectors)
+        matrix, by_key = await engine.write(load_vectors)
         k = engine.settings.recall_limit * 3
         steps: dict[str, list[float]] = {s: [] for s in ("fts", "vector", "fuse_graph_touch", "total", "numpy",
                                                          "ratio", "visible")}
@@ -207,7 +207,7 @@ async def measure_reads(path: Path, shape: Shape, viewers: int) -> dict:
             viewer = world.viewer()
             text, qvec = world.query()
             result = await engine.recall(text, viewer, query_vector=qvec.tolist())
-            keys = await engine.run(visible_keys, viewer)
+            keys = await engine.write(visible_keys, viewer)
             idx = np.concatenate([by_key.get(key, np.zeros(0, dtype=np.int64)) for key in keys]).astype(np.int64)
             visible = np.ascontiguousarray(matrix[idx])
             anchor = numpy_anchor(visible, qvec, k)
@@ -219,7 +219,7 @@ async def measure_reads(path: Path, shape: Shape, viewers: int) -> dict:
             steps["numpy"].append(anchor)
             steps["ratio"].append(t["vector"] / anchor if anchor > 0 else float("nan"))
             steps["visible"].append(len(idx))
-        raw = matrix.nbytes + await engine.run(lambda conn: db.query_value(
+        raw = matrix.nbytes + await engine.write(lambda conn: db.query_value(
             conn, "SELECT sum(length(CAST(text AS BLOB))) FROM memories"))
         out = {name: summary(values) for name, values in steps.items()}
         out["raw_bytes"] = int(raw)
@@ -248,7 +248,7 @@ async def measure_writes(path: Path, shape: Shape, url: str, singles: int = 300,
         for group in many:
             await engine.remember_many(group)
         out[f"batch_{batch_size}_per_s"] = round(batches * batch_size / (time.perf_counter() - t), 1)
-        embedded = await engine.run(lambda conn: db.query_value(
+        embedded = await engine.write(lambda conn: db.query_value(
             conn, "SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL"))
         out["left_unembedded"] = embedded
     return out

@@ -86,11 +86,11 @@ async def memories_of(engine: Engine, *, active_only: bool = True) -> list[store
     def read(conn):
         sql = f"SELECT {store.COLUMNS} FROM memories" + (" WHERE archived_at IS NULL" if active_only else "")
         return [store.Memory.from_row(r) for r in conn.execute(sql + " ORDER BY id")]
-    return await engine.run(read)
+    return await engine.write(read)
 
 
 async def links_of(engine: Engine) -> set[tuple[int, int, str]]:
-    return set(await engine.run(lambda c: [tuple(r) for r in c.execute(
+    return set(await engine.write(lambda c: [tuple(r) for r in c.execute(
         "SELECT source_id, target_id, kind FROM memory_links")]))
 
 
@@ -111,4 +111,4 @@ def blend(i: int, j: int, cos: float) -> list[float]:
 
 
 async def one(engine, memory_id: int) -> store.Memory:
-    return await engine.run(store.get, memory_id)
+    return await engine.write(store.get, memory_id)

@@ -33,10 +33,10 @@ def test_stability_grows_with_each_recall_and_is_capped():
 async def test_recall_resets_the_clock_with_a_fixed_clock(fts_engine):
     memory_id = await fts_engine.remember(NewMemory("the kettle is broken", "personal", owner_id=1,
                                                     importance=0.0, created_at=T0))
-    memory = await fts_engine.run(store.get, memory_id)
+    memory = await fts_engine.write(store.get, memory_id)
     assert memory.retention(T0 + 7 * DAY) == pytest.approx(math.exp(-1))
     await fts_engine.recall("kettle", Viewer(1, dm=True), as_of=T0 + 7 * DAY)
-    recalled = await fts_engine.run(store.get, memory_id)
+    recalled = await fts_engine.write(store.get, memory_id)
     assert recalled.retention(T0 + 7 * DAY) == 1.0
     assert recalled.stability == pytest.approx(7.0 * 1.5)
     assert recalled.retention(T0 + 7 * DAY + 10.5 * DAY) == pytest.approx(math.exp(-1))

@@ -69,7 +69,7 @@ async def test_a_fact_told_in_a_dm_stays_private_and_forget_all_erases_it(simcor
         # 1. Alice tells Muninn a fact in a DM; it becomes her personal memory, learned in a DM.
         await alice.user.send_dm("My sister is called Ylva.")
         await extract()
-        [memory] = await bot.engine.run(store.memories_of, alice.id, ("personal",))
+        [memory] = await bot.engine.write(store.memories_of, alice.id, ("personal",))
         assert (memory.text, memory.scope, memory.owner_id, memory.guild_id) == (FACT, "personal", alice.id, None)
 
         # 2. Later, in a DM, she asks: the fact is in the prompt sent to the LLM, as a quoted memory.
@@ -99,7 +99,7 @@ async def test_a_fact_told_in_a_dm_stays_private_and_forget_all_erases_it(simcor
                 "SELECT count(*) FROM memory_links",
                 "SELECT count(*) FROM messages WHERE content LIKE '%Ylva%'",
             )}
-        assert set((await bot.engine.run(traces)).values()) == {0}
+        assert set((await bot.engine.write(traces)).values()) == {0}
 
         # ...and asking again in a DM finds nothing to recall.
         await alice.user.send_dm("What is my sister called?")

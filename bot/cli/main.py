@@ -73,7 +73,7 @@ async def cmd_remember(args, settings: Settings) -> int:
         raise UsageError(str(exc)) from None
     async with Engine(settings) as engine:
         memory_id = await engine.remember(memory)
-        embedded = (await engine.run(store.get, memory_id)).embedded
+        embedded = (await engine.get(memory_id)).embedded
     emit(args, {"id": memory_id, "embedded": embedded}, str(memory_id))
     return 0
 
@@ -241,7 +241,7 @@ async def cmd_maintain(args, settings: Settings) -> int:
     async with Engine(settings) as engine:
         if args.restore is not None:
             try:
-                memory = await engine.run(store.get, args.restore)
+                memory = await engine.get(args.restore)
             except store.MemoryNotFound as exc:
                 raise UsageError(str(exc)) from None
             if memory.archived_at is None:
@@ -250,7 +250,7 @@ async def cmd_maintain(args, settings: Settings) -> int:
             emit(args, {"restored": memory.id}, f"restored #{memory.id}: {memory.text}")
             return 0
         if args.archived:
-            memories, total = await engine.run(maintenance.list_archived, reason=args.reason, limit=args.limit or 50)
+            memories, total = await maintenance.archived(engine, reason=args.reason, limit=args.limit or 50)
             human = "\n".join([f"{total} archived memories"] + [
                 f"#{m.id} [{m.scope}] {m.text}  ({m.archive_reason}, {store.iso(m.archived_at)})" for m in memories])
             emit(args, {"total": total, "memories": [m.to_dict() for m in memories]}, human)

@@ -1,7 +1,7 @@
 """The local channel history the prompt is built from, and per-channel options.
 
 Plain synchronous functions on one apsw connection (callers on the event loop go
-through `engine.run`). Rows mirror Discord messages by id; `muninn chat` uses small
+through `Engine.read`/`Engine.write`). Rows mirror Discord messages by id; `muninn chat` uses small
 local ids, which can never collide with Discord snowflakes (those are above 2^22).
 A deleted message keeps its row (so a late edit event cannot resurrect it) but loses
 its text: Muninn should not remember what a person took back. Each channel keeps its

@@ -45,6 +45,7 @@ from typing import Any, Iterable, Sequence, TypeVar
 from bot.conversation.exchange import Exchange
 from bot.lifecycle import writes
 from bot.llm.answers import InvalidReply, ask_json
+from bot.memory.engine import Engine
 from bot.memory.store import NewMemory
 
 log = logging.getLogger(__name__)
@@ -343,7 +344,7 @@ def echo_reason(fact_text: str, own: Sequence[Exchange], batch: Sequence[Exchang
     return None
 
 
-async def extract_facts(engine: Any, exchanges: Exchange | Sequence[Exchange]) -> list[Fact]:
+async def extract_facts(engine: Engine, exchanges: Exchange | Sequence[Exchange]) -> list[Fact]:
     """The facts of these exchanges (one channel): one LLM call per author, validated and
     attributed. Returns [] when there are none or the LLM failed (logged); never raises for Ollama."""
     batch = usable(exchanges)
@@ -353,7 +354,7 @@ async def extract_facts(engine: Any, exchanges: Exchange | Sequence[Exchange]) -
     return facts
 
 
-async def extract_author_facts(engine: Any, own: Sequence[Exchange], batch: Sequence[Exchange] = ()) -> list[Fact]:
+async def extract_author_facts(engine: Engine, own: Sequence[Exchange], batch: Sequence[Exchange] = ()) -> list[Fact]:
     """The facts in one author's messages `own`; the rest of `batch` is context only."""
     own = usable(own)
     if not own or not engine.ollama.enabled:

@@ -38,6 +38,7 @@ from bot.lifecycle.facts import FIRST_PERSON, GENERIC_SUBJECT
 from bot.llm.answers import ask_json
 from bot.memory import decay, store, vectors
 from bot.memory.db import get_meta, query_value, set_meta
+from bot.memory.engine import Engine
 from bot.memory.scope import ACTIVE
 
 log = logging.getLogger(__name__)
@@ -111,16 +112,21 @@ def archive_faded(conn: apsw.Connection, ids: Sequence[int], *, now: float) -> l
     return done
 
 
-async def archive_decayed(engine: Any, *, now: float | None = None) -> list[int]:
+async def archive_decayed(engine: Engine, *, now: float | None = None) -> list[int]:
     settings = engine.settings
     now = time.time() if now is None else now
     archived: list[int] = []
     while True:
-        ids = await engine.run(faded_ids, now=now, retention_below=settings.archive_retention,
+        ids = await engine.read(faded_ids, now=now, retention_below=settings.archive_retention,
                                importance_below=settings.archive_importance, limit=ARCHIVE_BATCH)
         if not ids:
             return archived
-        archived += await engine.run(archive_faded, ids, now=now)
+        archived += await engine.write(archive_faded, ids, now=now)
+
+
+async def archived(engine: Engine, *, reason: str | None = None, limit: int = 50) -> tuple[list[store.Memory], int]:
+    """`muninn maintain --archived`: see list_archived."""
+    return await engine.read(list_archived, reason=reason, limit=limit)
 
 
 def list_archived(conn: apsw.Connection, *, owner_id: int | None = None, reason: str | None = None,
@@ -166,11 +172,11 @@ def advance(conn: apsw.Connection, watermark_key: str, memory_id: int) -> None:
 
 # -- links ------------------------------------------------------------------------
 
-def link_batch(conn: apsw.Connection, *, current_index: Callable[[apsw.Connection], vectors.IndexInfo | None],
+def link_batch(conn: apsw.Connection, *, model: str,
                threshold: float, now: float) -> tuple[int, bool]:
     """Semantic links for the next batch; returns (links added, more to do now).
-    `current_index` is `Engine.current_index`."""
-    info = current_index(conn)
+    `model` is the configured embedding model."""
+    info = vectors.current_index(conn, model)
     if info is None:
         return 0, False
     batch, blocked = scan_batch(conn, LINKS_WATERMARK, SCAN_BATCH)
@@ -183,11 +189,11 @@ def link_batch(conn: apsw.Connection, *, current_index: Callable[[apsw.Connectio
     return added, bool(batch) and not blocked
 
 
-async def build_links(engine: Any, *, now: float | None = None) -> int:
+async def build_links(engine: Engine, *, now: float | None = None) -> int:
     now = time.time() if now is None else now
     total = 0
     while True:
-        added, more = await engine.run(link_batch, current_index=engine.current_index,
+        added, more = await engine.write(link_batch, model=engine.settings.embed_model,
                                        threshold=engine.settings.link_cosine, now=now)
         total += added
         if not more:
@@ -196,11 +202,11 @@ async def build_links(engine: Any, *, now: float | None = None) -> int:
 
 # -- consolidation -------------------------------------------------------------
 
-def find_clusters(conn: apsw.Connection, *, current_index: Callable[[apsw.Connection], vectors.IndexInfo | None],
+def find_clusters(conn: apsw.Connection, *, model: str,
                   threshold: float, limit: int = SCAN_BATCH) -> tuple[list[list[store.Memory]], int | None, bool]:
     """Clusters of near-duplicates among the next scanned memories and their neighbours (same
     visibility key), the last id scanned, and whether more remain to scan now."""
-    info = current_index(conn)
+    info = vectors.current_index(conn, model)
     if info is None:
         return [], None, False
     batch, blocked = scan_batch(conn, CONSOLIDATION_WATERMARK, limit)
@@ -275,10 +281,9 @@ def check_merge(data: Any, memories: Sequence[store.Memory]) -> tuple[str, list[
 
 def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merged_text: str | None,
                         vector: Sequence[float] | None, *,
-                        index_for: Callable[[apsw.Connection, int], vectors.IndexInfo | None],
-                        base_stability_days: float, now: float) -> Consolidation | None:
-    """One cluster, one transaction: write the survivor, archive the others, link them.
-    `index_for` is `Engine.index_for`."""
+                        model: str, base_stability_days: float, now: float) -> Consolidation | None:
+    """One cluster, one transaction: write the survivor (its vector in `model`'s index), archive
+    the others, link them."""
     with conn:
         found = store.get_many(conn, list(cluster_ids))
         members = [found[i] for i in cluster_ids if i in found and found[i].archived_at is None]
@@ -293,7 +298,7 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
         first = min(members, key=lambda m: (m.created_at, m.id))
         if merged_text is not None and writes.normalise(merged_text) not in {writes.normalise(m.text)
                                                                                   for m in members}:
-            info = index_for(conn, len(vector)) if vector is not None else None
+            info = vectors.index_for(conn, model, len(vector)) if vector is not None else None
             survivor_id = store.insert_many(
                 conn, [store.NewMemory(text=merged_text, scope=first.scope, owner_id=first.owner_id,
                                        channel_id=first.channel_id, guild_id=first.guild_id, importance=importance,
@@ -319,12 +324,12 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
     return Consolidation(survivor_id, originals, merged_by, text)
 
 
-async def consolidate(engine: Any, *, now: float | None = None, use_llm: bool = True) -> list[Consolidation]:
+async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool = True) -> list[Consolidation]:
     settings = engine.settings
     now = time.time() if now is None else now
     done: list[Consolidation] = []
     while True:
-        clusters, last_id, more = await engine.run(find_clusters, current_index=engine.current_index,
+        clusters, last_id, more = await engine.read(find_clusters, model=engine.settings.embed_model,
                                                    threshold=settings.dedup_cosine)
         for members in clusters:
             merged_text = None
@@ -336,21 +341,21 @@ async def consolidate(engine: Any, *, now: float | None = None, use_llm: bool = 
             if merged_text is not None:
                 vecs = await engine.embed_or_none([merged_text])
                 vector = vecs[0] if vecs else None
-            result = await engine.run(apply_consolidation, [m.id for m in members], merged_text, vector,
-                                      index_for=engine.index_for,
+            result = await engine.write(apply_consolidation, [m.id for m in members], merged_text, vector,
+                                      model=engine.settings.embed_model,
                                       base_stability_days=settings.base_stability_days, now=now)
             if result is not None:
                 log.info("consolidated %s into #%d (%s)", result.originals, result.survivor, result.merged_by)
                 done.append(result)
         if last_id is not None:
-            await engine.run(advance, CONSOLIDATION_WATERMARK, last_id)
+            await engine.write(advance, CONSOLIDATION_WATERMARK, last_id)
         if not more:
             return done
 
 
 # -- the whole task ----------------------------------------------------------------
 
-async def run_maintenance(engine: Any, *, now: float | None = None, use_llm: bool = True,
+async def run_maintenance(engine: Engine, *, now: float | None = None, use_llm: bool = True,
                           on_step: Callable[[str], None] | None = None) -> MaintenanceReport:
     """Decay, embeddings, consolidation, links, in that order (archived memories are not
     embedded, and clusters and links need the vectors). Each step's line goes to `on_step`."""
@@ -364,7 +369,7 @@ async def run_maintenance(engine: Any, *, now: float | None = None, use_llm: boo
     _say(on_step, report.lines()[2])
     report.links = await build_links(engine, now=now)
     _say(on_step, report.lines()[3])
-    report.history_pruned = await engine.run(history.prune_all, engine.settings.history_keep)
+    report.history_pruned = await engine.write(history.prune_all, engine.settings.history_keep)
     _say(on_step, report.lines()[4])
     report.seconds = time.perf_counter() - started
     return report
@@ -375,7 +380,7 @@ def _say(on_step: Callable[[str], None] | None, line: str) -> None:
         on_step(line)
 
 
-async def maintain_periodically(engine: Any, *, hours: float | None = None, first_delay: float = 60.0) -> None:
+async def maintain_periodically(engine: Engine, *, hours: float | None = None, first_delay: float = 60.0) -> None:
     """The bot's background task: run maintenance every `hours` (MUNINN_MAINTENANCE_HOURS) until
     cancelled. A failed run is logged and retried at the next interval."""
     hours = engine.settings.maintenance_hours if hours is None else hours

@@ -27,7 +27,7 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import apsw
 
@@ -329,22 +329,21 @@ class WriteOutcome:
     inserted: list[int] = field(default_factory=list)
     reinforced: list[int] = field(default_factory=list)
     superseded: list[tuple[int, int]] = field(default_factory=list)  # (old, new)
-    semantic_links: int = 0
 
 
 def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                 vecs: Sequence[Sequence[float]] | None, decisions: Sequence[UpdateDecision | None], *,
-                index_for: Callable[[apsw.Connection, int], vectors.IndexInfo | None],
+                model: str,
                 base_stability_days: float, growth: float, dedup_cosine: float, link_cosine: float,
                 now: float) -> WriteOutcome:
     """Store the facts of one exchange in ONE transaction: for each fact, reinforce its
     duplicate or insert it (with its vector), archive what it replaces, link it to similar
     memories; then link the exchange's memories pairwise as co_extracted. A failure anywhere
-    rolls back all of it. `index_for` is `Engine.index_for` (the index, created on the first
-    embedding; None when the vectors do not fit it)."""
+    rolls back all of it. Vectors go in `model`'s index (created on the first embedding); when
+    they do not fit it, the facts are stored without them."""
     out = WriteOutcome()
     with conn:
-        info = index_for(conn, len(vecs[0])) if vecs else None
+        info = vectors.index_for(conn, model, len(vecs[0])) if vecs else None
         for index, memory in enumerate(memories):
             vector = vecs[index] if vecs and info is not None else None
             decision = decisions[index] if index < len(decisions) and decisions[index] else UpdateDecision()
@@ -360,7 +359,7 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                                            vector_info=info, vectors_=[vector] if vector is not None else None,
                                            now=now)[0]
                 out.inserted.append(target)
-                out.semantic_links += link_similar(conn, info, target, memory.vis_key,
+                link_similar(conn, info, target, memory.vis_key,
                                                    threshold=link_cosine, now=now)
             for old in decision.replaces:
                 if old != target and supersede(conn, old, target, now=now):

@@ -50,10 +50,10 @@ class Engine:
 
     async def start(self) -> "Engine":
         """Open the database (running migrations) and warn if the embedding model changed."""
-        await self.run(lambda conn: None)
-        info = await self.run(vectors.index_info)
+        await self._run(lambda conn: None)
+        info = await self._run(vectors.index_info)
         if info is not None:  # databases made before the index existed get it now
-            await self.run(lambda conn: vectors.index_partitions(conn))
+            await self._run(lambda conn: vectors.index_partitions(conn))
         if info is not None and info.model != self.settings.embed_model:
             log.warning("the vectors were made with %r but OLLAMA_EMBED_MODEL is %r: vector recall is off "
                         "until you run `muninn reindex`", info.model, self.settings.embed_model)
@@ -77,11 +77,24 @@ class Engine:
             self._conn = db.connect(self.settings.db_path)
         return self._conn
 
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(conn, *args, **kwargs)` on the database thread."""
-        def call():
+        def call() -> T:
             return fn(self._connection(), *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    # -- jobs of the layers that keep their own tables here ---------------------
+    # The conversation history (bot/conversation/history.py) and the lifecycle rules
+    # (bot/lifecycle/) keep their SQL in their own modules and run it through these two;
+    # everything else (cogs, command line) uses the named methods below.
+
+    async def read(self, job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a read-only `job(conn, *args, **kwargs)` off the event loop."""
+        return await self._run(job, *args, **kwargs)
+
+    async def write(self, job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `job(conn, *args, **kwargs)`, which writes in its own transaction, on the writer."""
+        return await self._run(job, *args, **kwargs)
 
     # -- writes --------------------------------------------------------------
 
@@ -92,64 +105,46 @@ class Engine:
         """Embed (if Ollama can) and store memories in one transaction; a failed embedding
         stores them without vectors, for the backfill to finish later."""
         vecs = await self.embed_or_none([m.text for m in memories])
-        return await self.run(self._insert, list(memories), vecs, now)
+        return await self._run(self._insert, list(memories), vecs, now)
 
     def _insert(self, conn: apsw.Connection, memories: list[store.NewMemory],
                 vecs: list[list[float]] | None, now: float | None) -> list[int]:
         with conn:
-            info = self.index_for(conn, len(vecs[0])) if vecs else None
+            info = vectors.index_for(conn, self.settings.embed_model, len(vecs[0])) if vecs else None
             return store.insert_many(conn, memories, base_stability_days=self.settings.base_stability_days,
                                      vector_info=info, vectors_=vecs if info else None, now=now)
-
-    def index_for(self, conn: apsw.Connection, dim: int) -> vectors.IndexInfo | None:
-        """The index these vectors belong in, creating it on the first embedding ever."""
-        info = vectors.index_info(conn)
-        if info is None:
-            return vectors.create_index(conn, self.settings.embed_model, dim)
-        if info.model != self.settings.embed_model:
-            return None  # reindex pending; the backfill embeds these later
-        if info.dim != dim:
-            self._warn_once("dim", f"{self.settings.embed_model} returned {dim}-dimensional vectors but the index "
-                                   f"holds {info.dim}: run `muninn reindex`")
-            return None
-        return info
-
-    def current_index(self, conn: apsw.Connection) -> vectors.IndexInfo | None:
-        """The vector index if it belongs to the configured embedding model (else None)."""
-        info = vectors.index_info(conn)
-        return info if info is not None and info.model == self.settings.embed_model else None
 
     async def forget(self, memory_ids: Sequence[int], *, scrub: bool = False) -> int:
         """Hard-delete memories; with `scrub`, also rewrite the indexes and the WAL so that no
         trace of their text stays recoverable on disk (slower: for forget-all, not routine)."""
-        removed = await self.run(store.delete, list(memory_ids))
+        removed = await self._run(store.delete, list(memory_ids))
         if scrub:
-            await self.run(store.scrub)
+            await self._run(store.scrub)
         return removed
 
     async def archive(self, memory_id: int, reason: str) -> None:
-        await self.run(store.archive, memory_id, reason)
+        await self._run(store.archive, memory_id, reason)
 
     async def restore(self, memory_id: int) -> None:
         """Bring an archived memory back, re-embedding it now if Ollama can (else the backfill will)."""
-        await self.run(store.restore, memory_id)
-        memory = await self.run(store.get, memory_id)
+        await self._run(store.restore, memory_id)
+        memory = await self._run(store.get, memory_id)
         vecs = await self.embed_or_none([memory.text])
         if vecs is not None:
-            await self.run(self._store_vectors, [memory_id], vecs)
+            await self._run(self._store_vectors, [memory_id], vecs)
 
     async def backfill(self, *, batch: int = EMBED_BATCH, progress: Callable[[int], None] | None = None) -> int:
         """Embed active memories that have no vector yet; returns how many were embedded.
         Stops quietly (returning the count so far) when Ollama is unavailable."""
         done = 0
         while True:
-            pending = await self.run(store.unembedded_ids, batch)
+            pending = await self._run(store.unembedded_ids, batch)
             if not pending:
                 return done
             vecs = await self.embed_or_none([text for _, text in pending])
             if vecs is None:
                 return done
-            stored = await self.run(self._store_vectors, [mid for mid, _ in pending], vecs)
+            stored = await self._run(self._store_vectors, [mid for mid, _ in pending], vecs)
             if stored == 0:
                 return done
             done += stored
@@ -158,7 +153,7 @@ class Engine:
 
     def _store_vectors(self, conn: apsw.Connection, ids: list[int], vecs: list[list[float]]) -> int:
         with conn:
-            info = self.index_for(conn, len(vecs[0]))
+            info = vectors.index_for(conn, self.settings.embed_model, len(vecs[0]))
             if info is None:
                 return 0
             for memory_id, vector in zip(ids, vecs):
@@ -169,14 +164,14 @@ class Engine:
     async def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop every vector and re-embed all active memories with the configured model."""
         probe = await self.ollama.embed(["muninn reindex probe"])  # fails loudly before anything is dropped
-        total = await self.run(lambda conn: db.query_value(
+        total = await self._run(lambda conn: db.query_value(
             conn, "SELECT count(*) FROM memories WHERE archived_at IS NULL"))
 
         def reset(conn: apsw.Connection) -> None:
             with conn:
                 vectors.drop_index(conn)
                 vectors.create_index(conn, self.settings.embed_model, len(probe[0]))
-        await self.run(reset)
+        await self._run(reset)
         done = 0
 
         def step(n: int) -> None:
@@ -202,7 +197,7 @@ class Engine:
         embedding = asyncio.create_task(self._query_vector(query) if query_vector is None
                                         else _given(list(query_vector)))
         try:
-            keys, fts_hits, info = await self.run(self._fts_step, query, viewer, limit * 3, now, as_of)
+            keys, fts_hits, info = await self._run(self._fts_step, query, viewer, limit * 3, now, as_of)
         except BaseException:
             embedding.cancel()
             raise
@@ -220,7 +215,7 @@ class Engine:
                 self._warn_once("wrong-size", f"{self.settings.embed_model} returned a {len(vector)}-dimensional "
                                               f"vector, the index holds {info.dim}: run `muninn reindex`")
                 vector, status = None, "wrong-size"
-        memories, candidates, mode, finish = await self.run(
+        memories, candidates, mode, finish = await self._run(
             self._finish_step, keys, fts_hits, info, vector, limit, now, as_of, touch)
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
                                         memories=[retrieval.Recalled(memories[c.memory_id], c)
@@ -292,10 +287,29 @@ class Engine:
     # -- inspection (never touches) -----------------------------------------
 
     async def list_visible(self, viewer: Viewer, *, scope: str | None = None, limit: int = 50, offset: int = 0):
-        return await self.run(store.list_visible, viewer, scope=scope, limit=limit, offset=offset)
+        return await self._run(store.list_visible, viewer, scope=scope, limit=limit, offset=offset)
 
     async def get_visible(self, viewer: Viewer, memory_id: int) -> store.Memory:
-        return await self.run(store.get_visible, viewer, memory_id)
+        return await self._run(store.get_visible, viewer, memory_id)
+
+    async def get(self, memory_id: int) -> store.Memory:
+        """Any memory, whoever's it is: for operators (the command line), never for a viewer."""
+        return await self._run(store.get, memory_id)
+
+    async def get_many(self, memory_ids: Sequence[int]) -> dict[int, store.Memory]:
+        return await self._run(store.get_many, list(memory_ids))
+
+    async def memories_of(self, user_id: int, scopes: Sequence[str] = ("personal", "room")) -> list[store.Memory]:
+        """A person's personal memories and the room memories they taught (their data, for
+        export and forget-all), archived ones included."""
+        return await self._run(store.memories_of, user_id, tuple(scopes))
+
+    async def existing_external_ids(self, ids: Sequence[str]) -> set[str]:
+        return await self._run(store.existing_external_ids, list(ids))
+
+    async def forget_sources(self, message_ids: Sequence[int]) -> list[int]:
+        """Messages were deleted: forget what was learned from them alone (see store.forget_sources)."""
+        return await self._run(store.forget_sources, list(message_ids))
 
     async def stats(self) -> dict:
-        return await self.run(store.stats)
+        return await self._run(store.stats)

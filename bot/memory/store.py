@@ -127,14 +127,6 @@ def iso(ts: float | None) -> str | None:
 
 # -- writes ------------------------------------------------------------------
 
-def insert(conn: apsw.Connection, memory: NewMemory, *, base_stability_days: float,
-           vector_info: vectors.IndexInfo | None = None, vector: Sequence[float] | None = None,
-           now: float | None = None) -> int:
-    """Insert one memory (and its vector, if given) in one transaction; returns its id."""
-    return insert_many(conn, [memory], base_stability_days=base_stability_days, vector_info=vector_info,
-                       vectors_=[vector] if vector is not None else None, now=now)[0]
-
-
 def insert_many(conn: apsw.Connection, memories: Sequence[NewMemory], *, base_stability_days: float,
                 vector_info: vectors.IndexInfo | None = None,
                 vectors_: Sequence[Sequence[float] | None] | None = None,
@@ -317,6 +309,15 @@ def memories_of(conn: apsw.Connection, user_id: int, scopes: Sequence[str] = ("p
     rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE owner_id = ? AND scope IN ({marks}) ORDER BY id",
                         (user_id, *scopes))
     return [Memory.from_row(row) for row in rows]
+
+
+def existing_external_ids(conn: apsw.Connection, ids: Sequence[str]) -> set[str]:
+    """Which of these external ids (of an imported data set) are stored already."""
+    if not ids:
+        return set()
+    rows = conn.execute(f"SELECT external_id FROM memories WHERE external_id IN ({','.join('?' * len(ids))})",
+                        list(ids))
+    return {row[0] for row in rows}
 
 
 def unembedded_ids(conn: apsw.Connection, limit: int) -> list[tuple[int, str]]:

@@ -14,6 +14,7 @@ dimension; the model and dimension are recorded in `meta`.
 """
 from __future__ import annotations
 
+import logging
 import math
 import struct
 import zlib
@@ -22,7 +23,11 @@ from typing import Iterable, Sequence
 
 import apsw
 
+from bot.logs import Throttle
 from bot.memory.db import get_meta, query_value, set_meta
+
+log = logging.getLogger(__name__)
+_warnings = Throttle()
 
 DEFAULT_BUCKETS = 256  # chosen by bench/layouts.py (bench/README.md): fast at 100k, <= 1.5x raw disk at 10k
 DEFAULT_CHUNK_SIZE = 32
@@ -63,6 +68,29 @@ def index_info(conn: apsw.Connection) -> IndexInfo | None:
     if model is None or not table_exists(conn):
         return None
     return IndexInfo(model, int(get_meta(conn, "embed_dim")), int(get_meta(conn, "vec_buckets")))
+
+
+def current_index(conn: apsw.Connection, model: str) -> IndexInfo | None:
+    """The vector index if it was made with `model` (else None: a reindex is pending)."""
+    info = index_info(conn)
+    return info if info is not None and info.model == model else None
+
+
+def index_for(conn: apsw.Connection, model: str, dim: int) -> IndexInfo | None:
+    """The index that `dim`-dimensional vectors of `model` belong in, created on the first
+    embedding ever. None when they do not fit (another model, another size): the memory is
+    stored without a vector and the backfill embeds it after `muninn reindex`."""
+    info = index_info(conn)
+    if info is None:
+        return create_index(conn, model, dim)
+    if info.model != model:
+        return None
+    if info.dim != dim:
+        if _warnings.ready("dim"):
+            log.warning("%s returned %d-dimensional vectors but the index holds %d: run `muninn reindex`",
+                        model, dim, info.dim)
+        return None
+    return info
 
 
 def table_exists(conn: apsw.Connection) -> bool:
