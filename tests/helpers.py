@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import Sequence
 
 from bot.conversation.exchange import Exchange
+from bot.lifecycle.facts import Fact, by_author, extract_author_facts, usable
 from bot.memory import store
 from bot.memory.engine import Engine
 from tests.fakes.ollama import FakeOllama
@@ -21,7 +23,16 @@ def exchange(text: str, *, author: int = ALICE, name: str = "Alice", channel: in
     return Exchange(author_id=author, author_name=name, channel_id=channel, guild_id=guild, dm=guild is None,
                     user_message=text, user_message_id=message_id, reply=reply, reply_message_id=message_id + 1000,
                     recalled=recalled, created_at=created_at,
-                    extra={"participants": participants} if participants else {})
+                    participants=participants)
+
+
+async def extract_facts(engine: Engine, exchanges: Exchange | Sequence[Exchange]) -> list[Fact]:
+    """The facts of these exchanges, author by author, as the extractor gets them (no storing)."""
+    batch = usable(exchanges)
+    facts: list[Fact] = []
+    for own in by_author(batch).values():
+        facts += await extract_author_facts(engine, own, batch)
+    return facts
 
 
 def fact(text: str, about: str = "Alice", scope: str = "personal", importance: float = 0.6) -> dict:

@@ -11,7 +11,7 @@ import pytest
 
 from bot.lifecycle.extractor import Extractor
 from bot.lifecycle.fact_store import store_facts
-from bot.lifecycle.facts import FACT_SCHEMA, Fact, extract_facts
+from bot.lifecycle.facts import FACT_SCHEMA, Fact
 from bot.llm.answers import parse_json_reply, strip_reasoning
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
@@ -25,6 +25,7 @@ from tests.helpers import (
     OWNER,
     author_of,
     exchange,
+    extract_facts,
     fact,
     facts_reply,
     links_of,

@@ -149,7 +149,7 @@ async def test_an_update_learned_elsewhere_retires_the_old_fact_everywhere(engin
     script.add("update", decide(replaces=("Alice lives in Oslo.",)))
     (in_guild,) = await store_facts(engine, [personal("Alice lives in Bergen.")], exchange("."))
     assert (await one(engine, in_dm)).archive_reason == f"superseded by #{in_guild}"
-    assert (await engine.recall("Alice lives", Viewer.owner_everywhere(ALICE))).ids == [in_guild]
+    assert (await engine.recall("Alice lives", Viewer(ALICE, dm=True))).ids == [in_guild]
 
 
 async def test_same_and_replaces_together_reinforce_one_and_retire_the_other(engine, fake_ollama, script):

@@ -55,6 +55,15 @@ class RecordingSink:
         self.events.append(("submit", exchange.user_message))
         self.exchanges.append(exchange)
 
+    def forget(self, user_id: int) -> None:
+        pass
+
+    def forget_messages(self, message_ids) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
 
 def chat_texts(fake: FakeOllama) -> list[str]:
     """The user-visible parts of every chat request, one string per request."""
@@ -85,7 +94,7 @@ async def test_answer_uses_memories_history_and_current_message_then_hands_over(
     exchange = sink.exchanges[0]
     assert (exchange.author_id, exchange.channel_id, exchange.guild_id, exchange.dm) == (ALICE, GENERAL, GUILD, False)
     assert exchange.reply == "Miso is a lovely name." and exchange.recalled == ("Alice's cat is called Miso",)
-    assert exchange.extra == {"participants": ["Bob", "Alice"]}  # for extraction: who else was talking
+    assert exchange.participants == ("Bob", "Alice")  # for extraction: who else was talking
     rows = await engine.write(history.recent, GENERAL, 10)
     assert [(r.role, r.author_name, r.content) for r in rows] == [
         ("user", "Bob", "the weather is nice"), ("user", "Alice", "what is my cat called?"),

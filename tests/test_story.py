@@ -30,6 +30,12 @@ class Handoff:
     def submit(self, exchange) -> None:
         self.exchanges.append(exchange)
 
+    def forget(self, user_id: int) -> None:
+        pass
+
+    def forget_messages(self, message_ids) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 

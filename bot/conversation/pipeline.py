@@ -26,9 +26,16 @@ import logging
 import time
 from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import AsyncContextManager, AsyncIterator, Awaitable, Protocol, TypeVar
+from typing import (
+    AsyncContextManager,
+    AsyncIterator,
+    Awaitable,
+    Iterable,
+    Protocol,
+    TypeVar,
+)
 
-from bot.conversation import history, prompt
+from bot.conversation import channel_settings, history, prompt
 from bot.conversation.exchange import Exchange
 from bot.llm.ollama import (
     OllamaDisabled,
@@ -88,10 +95,19 @@ class Outlet(Protocol):
 
 
 class ExchangeSink(Protocol):
-    """The fact extractor, as the pipeline sees it: takes an exchange, never blocks. One that
-    queues work also has `forget(user_id)`, which drops that person's queued and in-flight work."""
+    """The fact extractor, as the pipeline and the bot see it (bot.lifecycle.extractor.Extractor)."""
 
-    def submit(self, exchange: Exchange) -> None: ...
+    def submit(self, exchange: Exchange) -> None:
+        """Take an exchange for extraction; never blocks, never raises."""
+
+    def forget(self, user_id: int) -> None:
+        """Drop that person's queued and in-flight work (their forget-all ran)."""
+
+    def forget_messages(self, message_ids: Iterable[int]) -> None:
+        """Drop queued exchanges that came from these messages (they were deleted)."""
+
+    async def close(self) -> None:
+        """Finish queued work, then stop."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +181,7 @@ class Pipeline:
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
         """A person deleted messages: mark them in the history, and take back what Muninn
         learned from them alone (and what it was about to learn)."""
-        if self.extractor is not None and hasattr(self.extractor, "forget_messages"):
+        if self.extractor is not None:
             self.extractor.forget_messages(message_ids)
         removed = await self.engine.write(history.delete, list(message_ids), deleted_at)
         await self.engine.forget_sources(message_ids)
@@ -176,11 +192,11 @@ class Pipeline:
 
     async def always_answer(self, channel_id: int) -> bool:
         """An admin's choice for the channel, else the MUNINN_ALWAYS_ANSWER_CHANNELS default."""
-        chosen = await self.engine.read(history.always_answer, channel_id)
+        chosen = await self.engine.read(channel_settings.always_answer, channel_id)
         return chosen if chosen is not None else channel_id in self.settings.always_answer_channels
 
     async def set_always_answer(self, channel_id: int, guild_id: int | None, enabled: bool) -> None:
-        await self.engine.write(history.set_always_answer, channel_id, guild_id, enabled)
+        await self.engine.write(channel_settings.set_always_answer, channel_id, guild_id, enabled)
 
     async def forget_person(self, user_id: int) -> Forgotten:
         """Delete a person's personal memories, the room memories they taught (with FTS rows,
@@ -188,9 +204,8 @@ class Pipeline:
         database so no deleted text stays recoverable. Their exchanges waiting for extraction
         are dropped first, and replies still being written for them are not kept."""
         self._forgotten_at[user_id] = time.monotonic()
-        forget = getattr(self.extractor, "forget", None)  # sinks that queue nothing need not have it
-        if forget is not None:
-            forget(user_id)
+        if self.extractor is not None:
+            self.extractor.forget(user_id)
         return await self.engine.write(_forget_person, user_id)
 
     def _forgotten_since(self, user_id: int, received: float) -> bool:
@@ -245,7 +260,7 @@ class Pipeline:
                 guild_id=incoming.guild_id, dm=incoming.dm, user_message=incoming.content,
                 user_message_id=message_id, reply=text, reply_message_id=reply_id,
                 recalled=tuple(built.memories), created_at=incoming.created_at,
-                extra={"participants": participants(recent, incoming)}, private=incoming.private))
+                participants=participants(recent, incoming), private=incoming.private))
         return reply
 
     async def _recall(self, incoming: Incoming) -> list[str]:
@@ -320,11 +335,11 @@ def storable(incoming: Incoming) -> Incoming:
                                author_name=history.storable(incoming.author_name))
 
 
-def participants(recent: list[history.HistoryMessage], incoming: Incoming) -> list[str]:
+def participants(recent: list[history.HistoryMessage], incoming: Incoming) -> tuple[str, ...]:
     """Display names of the people in the conversation (the recent history and the author), so
     extraction can tell a fact about the author from one about someone else who was there."""
     names = [m.author_name for m in recent if m.role == "user"] + [incoming.author_name]
-    return list(dict.fromkeys(name for name in names if name))
+    return tuple(dict.fromkeys(name for name in names if name))
 
 
 def _record_and_prune(conn, row: dict, keep: int | None) -> int:

@@ -25,6 +25,7 @@ from bot.llm.ollama import (
 )
 from bot.logs import Throttle
 from bot.memory import db, retrieval, store, vectors
+from bot.memory.retrieval import VectorStatus
 from bot.memory.scope import Viewer, visible_keys
 from bot.settings import Settings
 
@@ -34,8 +35,8 @@ T = TypeVar("T")
 EMBED_BATCH = 32
 
 
-async def _given(vector: list[float]) -> tuple[list[float] | None, str]:
-    return (vector, "ok") if usable_vector(vector) else (None, "bad-response")
+async def _given(vector: list[float]) -> tuple[list[float] | None, VectorStatus]:
+    return (vector, VectorStatus.OK) if usable_vector(vector) else (None, VectorStatus.BAD_RESPONSE)
 
 
 class Engine:
@@ -206,15 +207,15 @@ class Engine:
         embed_done = time.perf_counter()
         if vector is not None:
             if info is None:
-                vector, status = None, "no-embeddings"
+                vector, status = None, VectorStatus.NO_EMBEDDINGS
             elif info.model != self.settings.embed_model:
-                vector, status = None, "model-mismatch"
+                vector, status = None, VectorStatus.MODEL_MISMATCH
                 self._warn_once("mismatch", f"vectors were made with {info.model!r}, OLLAMA_EMBED_MODEL is "
                                             f"{self.settings.embed_model!r}: run `muninn reindex`")
             elif len(vector) != info.dim:
                 self._warn_once("wrong-size", f"{self.settings.embed_model} returned a {len(vector)}-dimensional "
                                               f"vector, the index holds {info.dim}: run `muninn reindex`")
-                vector, status = None, "wrong-size"
+                vector, status = None, VectorStatus.WRONG_SIZE
         memories, candidates, mode, finish = await self._run(
             self._finish_step, keys, fts_hits, info, vector, limit, now, as_of, touch)
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
@@ -247,11 +248,11 @@ class Engine:
         return (memories, chosen, retrieval.mode_of(vector is not None, fts_hits),
                 {"vector": (t1 - t0) * 1000, "fuse_graph_touch": (t2 - t1) * 1000})
 
-    async def _query_vector(self, query: str) -> tuple[list[float] | None, str]:
+    async def _query_vector(self, query: str) -> tuple[list[float] | None, VectorStatus]:
         if not self.ollama.enabled:
-            return None, "disabled"
+            return None, VectorStatus.DISABLED
         if not any(ch.isalnum() for ch in query):
-            return None, "empty-query"
+            return None, VectorStatus.EMPTY_QUERY
         vecs, status = await self.embed_with_status([query])
         return (vecs[0] if vecs else None), status
 
@@ -259,25 +260,25 @@ class Engine:
         """Embeddings, or None when Ollama cannot give them (the reason is logged)."""
         return (await self.embed_with_status(texts))[0]
 
-    async def embed_with_status(self, texts: list[str]) -> tuple[list[list[float]] | None, str]:
-        """(embeddings, "ok"), or (None, why not) — the vector_status values of RecallResult."""
+    async def embed_with_status(self, texts: list[str]) -> tuple[list[list[float]] | None, VectorStatus]:
+        """(embeddings, OK), or (None, why not) — the vector_status values of RecallResult."""
         if not texts or not self.ollama.enabled:
-            return None, "disabled"
+            return None, VectorStatus.DISABLED
         try:
-            return await self.ollama.embed(texts), "ok"
+            return await self.ollama.embed(texts), VectorStatus.OK
         except OllamaDisabled:
-            status = "disabled"
+            status = VectorStatus.DISABLED
         except OllamaModelMissing as exc:
             self._warn_once("missing", str(exc))
-            status = "model-missing"
+            status = VectorStatus.MODEL_MISSING
         except OllamaUnavailable:
-            status = "unreachable"  # the client has logged it, once per cooldown
+            status = VectorStatus.UNREACHABLE  # the client has logged it, once per cooldown
         except OllamaBadResponse as exc:
             self._warn_once("bad", f"{exc}; recall uses keywords only")
-            status = "bad-response"
+            status = VectorStatus.BAD_RESPONSE
         except OllamaError as exc:  # pragma: no cover - future subclasses
             self._warn_once("other", str(exc))
-            status = "unreachable"
+            status = VectorStatus.UNREACHABLE
         return None, status
 
     def _warn_once(self, key: str, message: str, every: float = 60.0) -> None:

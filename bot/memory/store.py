@@ -21,6 +21,7 @@ from bot.memory.scope import (
     ACTIVE,
     SCOPES,
     Viewer,
+    is_private,
     key_filter,
     memory_key,
     visible_keys,
@@ -96,7 +97,7 @@ class Memory:
     @property
     def private(self) -> bool:
         """Learned in a private channel (its key names the channel): copies must keep that."""
-        return self.scope == "personal" and ":c" in self.vis_key
+        return is_private(self.vis_key)
 
     def retention(self, now: float | None = None) -> float:
         return decay.retention(now or time.time(), self.last_accessed or self.created_at, self.stability)
