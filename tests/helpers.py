@@ -7,7 +7,14 @@ import re
 from typing import Sequence
 
 from bot.conversation.exchange import Exchange
-from bot.lifecycle.facts import Fact, by_author, extract_author_facts, usable
+from bot.lifecycle import maintenance, writes
+from bot.lifecycle.facts import (
+    FACT_SCHEMA,
+    Fact,
+    by_author,
+    extract_author_facts,
+    usable,
+)
 from bot.memory import store
 from bot.memory.engine import Engine
 from tests.fakes.ollama import FakeOllama
@@ -61,14 +68,13 @@ def per_author(**answers: str):
 
 
 def kind_of(request: dict) -> str:
-    system = request["messages"][0]["content"]
-    if system.startswith("You pick out facts"):
-        return "extract"
-    if system.startswith("You keep a memory store tidy"):
-        return "update"
-    if system.startswith("You merge memories"):
-        return "merge"
-    return "other"
+    """What a chat request asks for, by the JSON schema it sends as `format` (the structured
+    output contract), so rewording a prompt never misroutes a scripted answer."""
+    return SCHEMA_KINDS.get(json.dumps(request.get("format"), sort_keys=True), "other")
+
+
+SCHEMA_KINDS = {json.dumps(schema, sort_keys=True): kind for schema, kind in (
+    (FACT_SCHEMA, "extract"), (writes.UPDATE_SCHEMA, "update"), (maintenance.MERGE_SCHEMA, "merge"))}
 
 
 class Script:

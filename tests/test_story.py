@@ -5,8 +5,9 @@ Muninn sends to the LLM; asked in a server channel, the DM-learned fact stays ou
 /memory forget-all nothing of it remains in any table.
 
 The fact extractor is the real one. simcord counts every task the bot owns as work to
-wait for, and the extractor's idle worker waits forever by design, so the bot's pipeline
-hands its exchanges to `Handoff` and the test runs them through a real `Extractor` it owns.
+wait for, and the extractor batches a channel's messages behind a debounce timer, so each
+reply would wait for it; instead the bot's pipeline hands its exchanges to `Handoff` and the
+test runs them through a real `Extractor` it owns, draining it when the story needs the facts.
 """
 from __future__ import annotations
 
