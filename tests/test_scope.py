@@ -90,7 +90,7 @@ async def build_world(engine: Engine, mems: list[dict], links) -> list[int]:
                 if a != b:
                     store.add_link(conn, ids[a], ids[b], kind)
     await engine.write(link_and_archive)
-    for memory_id, mem in zip(ids, mems):
+    for memory_id, mem in zip(ids, mems, strict=True):
         if mem["archived"]:
             await engine.archive(memory_id, "test")
     return ids
@@ -106,7 +106,7 @@ def test_no_path_leaks_a_memory(ollama_thread, world, viewers):
                                   "OLLAMA_COOLDOWN": "0", "MUNINN_GRAPH_LIMIT": "50"})
         async with Engine(settings) as engine:
             ids = await build_world(engine, mems, links)
-            by_id = dict(zip(ids, mems))
+            by_id = dict(zip(ids, mems, strict=True))
             for viewer in viewers:
                 allowed = {mid for mid, mem in by_id.items() if oracle_visible(mem, viewer)}
                 # hybrid recall, graph walk included

@@ -162,7 +162,11 @@ async def cmd_stats(args, settings: Settings) -> int:
 async def cmd_reindex(args, settings: Settings) -> int:
     async with Engine(settings) as engine:
         bar = Progress(f"embedding with {settings.embed_model}", None)
-        count = await engine.reindex(progress=lambda done, total: (setattr(bar, "total", total), bar.update(done)))
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done)
+        count = await engine.reindex(progress=progress)
         bar.finish()
     emit(args, {"reindexed": count, "model": settings.embed_model}, f"re-embedded {count} memories")
     return 0
@@ -223,7 +227,7 @@ async def cmd_run(args, settings: Settings) -> int:
 
 async def cmd_sync(args, settings: Settings) -> int:
     status, names = await on_discord(args, settings, lambda client: client.sync_commands(settings, args.guild))
-    if status:
+    if status or names is None:
         return status
     where = f"to guild {args.guild} (usable now)" if args.guild else "globally (Discord may take up to an hour)"
     emit(args, {"synced": names, "guild": args.guild}, f"synced {len(names)} commands {where}: "

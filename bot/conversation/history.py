@@ -51,14 +51,13 @@ def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, auth
     created_at = time.time() if created_at is None else created_at
     content, author_name = storable(content), storable(author_name)
     with conn:
-        if message_id is None:
-            message_id = next_local_id(conn)
+        row_id: int = next_local_id(conn) if message_id is None else message_id
         conn.execute(
             "INSERT INTO messages (id, channel_id, guild_id, author_id, author_name, role, content, created_at, "
             "reply_to, reply_to_author) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            (message_id, channel_id, guild_id, author_id, author_name, role, content, created_at, reply_to,
+            (row_id, channel_id, guild_id, author_id, author_name, role, content, created_at, reply_to,
              reply_to_author))
-    return message_id
+    return row_id
 
 
 def next_local_id(conn: apsw.Connection) -> int:
@@ -71,7 +70,8 @@ def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float 
     with conn:
         conn.execute("UPDATE messages SET content = ?, edited_at = ? WHERE id = ? AND deleted_at IS NULL",
                      (storable(content), time.time() if edited_at is None else edited_at, message_id))
-        return conn.changes() > 0
+        changed = conn.changes() > 0
+    return changed
 
 
 def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
@@ -120,7 +120,8 @@ def prune(conn: apsw.Connection, channel_id: int, keep: int) -> int:
         conn.execute(
             "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE channel_id = ? "
             "ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?)", (channel_id, keep))
-        return conn.changes()
+        removed = conn.changes()
+    return removed
 
 
 def prune_all(conn: apsw.Connection, keep: int) -> int:

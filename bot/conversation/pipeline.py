@@ -233,7 +233,7 @@ class Pipeline:
             role="user", content=incoming.content, created_at=incoming.created_at)
         async with outlet.typing():
             memories = await self._recall(incoming)
-            recent = await self._db_or([], "read the channel history", self.engine.read(
+            recent: list[history.HistoryMessage] = await self._db_or([], "read the channel history", self.engine.read(
                 history.recent, incoming.channel_id, self.settings.history_limit, before=current))
             built = prompt.build(persona=self.settings.persona, tz=self.settings.timezone,
                                  memories=memories, history=recent, current=current,

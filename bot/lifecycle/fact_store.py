@@ -61,7 +61,7 @@ async def store_facts_detailed(engine: Engine, facts: Sequence[Fact],
     candidates = await engine.read(_plan_updates, settings.embed_model, memories, vecs, settings,
                                   [f.about for f in facts])
     decisions: list[writes.UpdateDecision | None] = []
-    for fact, found in zip(facts, candidates):
+    for fact, found in zip(facts, candidates, strict=True):
         decisions.append(await decide_update(engine.ollama, fact.text, found) if found else None)
     outcome = await engine.write(
         _write_if_kept, keep, memories, vecs, decisions, model=settings.embed_model,
@@ -87,7 +87,7 @@ def _plan_updates(conn: apsw.Connection, model: str, memories: list[NewMemory],
     info = vectors.current_index(conn, model) if vecs else None
     out: list[list[tuple[int, str]]] = []
     for index, memory in enumerate(memories):
-        vector = vecs[index] if info is not None and len(vecs[index]) == info.dim else None
+        vector = vecs[index] if vecs is not None and info is not None and len(vecs[index]) == info.dim else None
         duplicate = writes.find_duplicate(conn, info, memory, vector, settings.dedup_cosine)
         if duplicate is not None:
             out.append([])

@@ -23,6 +23,7 @@ backfill has embedded it), so nothing is skipped and nothing is scanned twice.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -152,7 +153,7 @@ def list_archived(conn: apsw.Connection, *, owner_id: int | None = None, reason:
 def scan_batch(conn: apsw.Connection, watermark_key: str, limit: int) -> tuple[list[tuple[int, str]], bool]:
     """The next active memories after the watermark, [(id, vis_key)], stopping before the first
     one without a vector; and whether such a blocker was hit."""
-    after = int(get_meta(conn, watermark_key, "0"))
+    after = int(get_meta(conn, watermark_key) or 0)
     out: list[tuple[int, str]] = []
     for memory_id, vis_key, embedded in conn.execute(
             "SELECT id, vis_key, embedded FROM memories WHERE id > ? AND " + ACTIVE + " ORDER BY id LIMIT ?",
@@ -165,7 +166,7 @@ def scan_batch(conn: apsw.Connection, watermark_key: str, limit: int) -> tuple[l
 
 def advance(conn: apsw.Connection, watermark_key: str, memory_id: int) -> None:
     with conn:
-        current = int(get_meta(conn, watermark_key, "0"))
+        current = int(get_meta(conn, watermark_key) or 0)
         if memory_id > current:
             set_meta(conn, watermark_key, str(memory_id))
 
@@ -254,7 +255,7 @@ MERGE_SYSTEM = (
 
 
 def merge_messages(memories: Sequence[store.Memory]) -> list[dict[str, str]]:
-    listing = "\n".join(f"{i}. ({store.iso(m.created_at)[:10]}) {m.text}" for i, m in enumerate(memories, start=1))
+    listing = "\n".join(f"{i}. ({(store.iso(m.created_at) or '')[:10]}) {m.text}" for i, m in enumerate(memories, start=1))
     return [{"role": "system", "content": MERGE_SYSTEM}, {"role": "user", "content": f"Memories, oldest first:\n{listing}"}]
 
 
@@ -335,7 +336,7 @@ async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool
             merged_text = None
             if use_llm and engine.ollama.enabled:
                 merged_text = await ask_json(engine.ollama, merge_messages(members), MERGE_SCHEMA,
-                                             lambda data, ms=members: check_merge(data, ms),
+                                             functools.partial(check_merge, memories=members),
                                              what=f"consolidation of {[m.id for m in members]}")
             vector = None
             if merged_text is not None:

@@ -346,7 +346,7 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
         info = vectors.index_for(conn, model, len(vecs[0])) if vecs else None
         for index, memory in enumerate(memories):
             vector = vecs[index] if vecs and info is not None else None
-            decision = decisions[index] if index < len(decisions) and decisions[index] else UpdateDecision()
+            decision = (decisions[index] if index < len(decisions) else None) or UpdateDecision()
             target = find_duplicate(conn, info, memory, vector, dedup_cosine)
             if target is None:
                 target = _llm_duplicate(conn, memory, decision)

@@ -112,8 +112,9 @@ class Engine:
                 vecs: list[list[float]] | None, now: float | None) -> list[int]:
         with conn:
             info = vectors.index_for(conn, self.settings.embed_model, len(vecs[0])) if vecs else None
-            return store.insert_many(conn, memories, base_stability_days=self.settings.base_stability_days,
-                                     vector_info=info, vectors_=vecs if info else None, now=now)
+            ids = store.insert_many(conn, memories, base_stability_days=self.settings.base_stability_days,
+                                    vector_info=info, vectors_=vecs if info else None, now=now)
+        return ids
 
     async def forget(self, memory_ids: Sequence[int], *, scrub: bool = False) -> int:
         """Hard-delete memories; with `scrub`, also rewrite the indexes and the WAL so that no
@@ -157,7 +158,7 @@ class Engine:
             info = vectors.index_for(conn, self.settings.embed_model, len(vecs[0]))
             if info is None:
                 return 0
-            for memory_id, vector in zip(ids, vecs):
+            for memory_id, vector in zip(ids, vecs, strict=True):
                 if len(vector) == info.dim:
                     store.set_vector(conn, info, memory_id, vector)
         return len(ids)

@@ -47,7 +47,7 @@ class Candidate:
         if self.fts_rank is not None:
             out["fts_rank"] = self.fts_rank
             out["fts_score"] = float(f"{self.fts_score:.6g}")
-        if self.vector_rank is not None:
+        if self.vector_rank is not None and self.distance is not None:
             out["vector_rank"] = self.vector_rank
             out["cosine"] = round(vectors.cosine_from_distance(self.distance), 4)
         if self.neighbour_of is not None:

@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import apsw
 
@@ -200,10 +200,10 @@ def forget_sources(conn: apsw.Connection, message_ids: Sequence[int]) -> list[in
         return []
     marks = ",".join("?" * len(wanted))
     with conn:
-        rows = conn.execute(
+        rows: list[Any] = conn.execute(
             "SELECT DISTINCT m.id, m.source_message_ids FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
             f"WHERE s.message_id IN ({marks})", wanted).fetchall()
-        emptied = []
+        emptied: list[int] = []
         for memory_id, sources in rows:
             left = [s for s in json.loads(sources) if str(s) not in wanted]
             if left:

@@ -67,7 +67,7 @@ def index_info(conn: apsw.Connection) -> IndexInfo | None:
     model = get_meta(conn, "embed_model")
     if model is None or not table_exists(conn):
         return None
-    return IndexInfo(model, int(get_meta(conn, "embed_dim")), int(get_meta(conn, "vec_buckets")))
+    return IndexInfo(model, int(get_meta(conn, "embed_dim") or 0), int(get_meta(conn, "vec_buckets") or 0))
 
 
 def current_index(conn: apsw.Connection, model: str) -> IndexInfo | None:
