@@ -33,6 +33,23 @@ def exchange(text: str, *, author: int = ALICE, name: str = "Alice", channel: in
                     participants=participants)
 
 
+class QuietSink:
+    """An ExchangeSink with nothing queued: forgetting and closing have nothing to do.
+    Test sinks subclass it and override `submit`."""
+
+    def submit(self, exchange: Exchange) -> None:
+        pass
+
+    def forget(self, user_id: int) -> None:
+        pass
+
+    def forget_messages(self, message_ids) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
 async def extract_facts(engine: Engine, exchanges: Exchange | Sequence[Exchange]) -> list[Fact]:
     """The facts of these exchanges, author by author, as the extractor gets them (no storing)."""
     batch = usable(exchanges)

@@ -17,6 +17,7 @@ from bot.memory import store
 from bot.memory.engine import Engine
 from bot.memory.store import NewMemory
 from tests.fakes.ollama import FakeOllama
+from tests.helpers import QuietSink
 
 ALICE, BOB = 7, 8
 GUILD, GENERAL, RANDOM, ALICE_DM = 900, 50, 51, 60
@@ -46,7 +47,7 @@ class RecordingOutlet:
         return [Sent(next(_ids), time.time())]
 
 
-class RecordingSink:
+class RecordingSink(QuietSink):
     def __init__(self, events: list):
         self.events = events
         self.exchanges = []
@@ -54,15 +55,6 @@ class RecordingSink:
     def submit(self, exchange) -> None:
         self.events.append(("submit", exchange.user_message))
         self.exchanges.append(exchange)
-
-    def forget(self, user_id: int) -> None:
-        pass
-
-    def forget_messages(self, message_ids) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
 
 def chat_texts(fake: FakeOllama) -> list[str]:

@@ -18,11 +18,12 @@ import pytest
 from bot.lifecycle.extractor import Extractor
 from bot.memory import store
 from cogs.client import MuninnBot
+from tests.helpers import QuietSink
 
 FACT = "Alice's sister is called Ylva"
 
 
-class Handoff:
+class Handoff(QuietSink):
     """The bot's extractor: keeps the exchanges for the test to extract."""
 
     def __init__(self):
@@ -30,15 +31,6 @@ class Handoff:
 
     def submit(self, exchange) -> None:
         self.exchanges.append(exchange)
-
-    def forget(self, user_id: int) -> None:
-        pass
-
-    def forget_messages(self, message_ids) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
 
 def ollama_answers(request: dict) -> str:
