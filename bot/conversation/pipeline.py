@@ -38,6 +38,7 @@ from bot.llm.ollama import (
 )
 from bot.logs import Throttle
 from bot.memory import store
+from bot.memory.db import write_transaction
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 
@@ -333,7 +334,7 @@ def _record_and_prune(conn, row: dict, keep: int | None) -> int:
 
 
 def _forget_person(conn, user_id: int) -> Forgotten:
-    with conn:
+    with write_transaction(conn):
         memories = store.memories_of(conn, user_id)
         store.delete(conn, [memory.id for memory in memories])
         messages = history.forget_author(conn, user_id)

@@ -37,7 +37,7 @@ from bot.lifecycle import writes
 from bot.lifecycle.facts import FIRST_PERSON, GENERIC_SUBJECT
 from bot.llm.answers import ask_json
 from bot.memory import decay, store, vectors
-from bot.memory.db import get_meta, query_value, set_meta
+from bot.memory.db import get_meta, query_value, set_meta, write_transaction
 from bot.memory.scope import ACTIVE
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def faded_ids(conn: apsw.Connection, *, now: float, retention_below: float, impo
 
 def archive_faded(conn: apsw.Connection, ids: Sequence[int], *, now: float) -> list[int]:
     done = []
-    with conn:
+    with write_transaction(conn):
         for memory_id in ids:
             memory = store.get(conn, memory_id)
             if memory.archived_at is not None:
@@ -158,7 +158,7 @@ def scan_batch(conn: apsw.Connection, watermark_key: str, limit: int) -> tuple[l
 
 
 def advance(conn: apsw.Connection, watermark_key: str, memory_id: int) -> None:
-    with conn:
+    with write_transaction(conn):
         current = int(get_meta(conn, watermark_key, "0"))
         if memory_id > current:
             set_meta(conn, watermark_key, str(memory_id))
@@ -175,7 +175,7 @@ def link_batch(conn: apsw.Connection, *, current_index: Callable[[apsw.Connectio
         return 0, False
     batch, blocked = scan_batch(conn, LINKS_WATERMARK, SCAN_BATCH)
     added = 0
-    with conn:
+    with write_transaction(conn):
         for memory_id, vis_key in batch:
             added += writes.link_similar(conn, info, memory_id, vis_key, threshold=threshold, now=now)
         if batch:
@@ -279,7 +279,7 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
                         base_stability_days: float, now: float) -> Consolidation | None:
     """One cluster, one transaction: write the survivor, archive the others, link them.
     `index_for` is `Engine.index_for`."""
-    with conn:
+    with write_transaction(conn):
         found = store.get_many(conn, list(cluster_ids))
         members = [found[i] for i in cluster_ids if i in found and found[i].archived_at is None]
         if len(members) < 2 or len({m.vis_key for m in members}) != 1:

@@ -25,6 +25,7 @@ from bot.llm.ollama import (
 )
 from bot.logs import Throttle
 from bot.memory import db, retrieval, store, vectors
+from bot.memory.db import write_transaction
 from bot.memory.scope import Viewer, visible_keys
 from bot.settings import Settings
 
@@ -96,7 +97,7 @@ class Engine:
 
     def _insert(self, conn: apsw.Connection, memories: list[store.NewMemory],
                 vecs: list[list[float]] | None, now: float | None) -> list[int]:
-        with conn:
+        with write_transaction(conn):
             info = self.index_for(conn, len(vecs[0])) if vecs else None
             return store.insert_many(conn, memories, base_stability_days=self.settings.base_stability_days,
                                      vector_info=info, vectors_=vecs if info else None, now=now)
@@ -157,7 +158,7 @@ class Engine:
                 progress(stored)
 
     def _store_vectors(self, conn: apsw.Connection, ids: list[int], vecs: list[list[float]]) -> int:
-        with conn:
+        with write_transaction(conn):
             info = self.index_for(conn, len(vecs[0]))
             if info is None:
                 return 0
@@ -173,7 +174,7 @@ class Engine:
             conn, "SELECT count(*) FROM memories WHERE archived_at IS NULL"))
 
         def reset(conn: apsw.Connection) -> None:
-            with conn:
+            with write_transaction(conn):
                 vectors.drop_index(conn)
                 vectors.create_index(conn, self.settings.embed_model, len(probe[0]))
         await self.run(reset)

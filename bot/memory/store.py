@@ -8,6 +8,7 @@ the database thread.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -15,8 +16,9 @@ from typing import Iterable, Sequence
 
 import apsw
 
+from bot import validate
 from bot.memory import decay, fts, vectors
-from bot.memory.db import query_one, query_value
+from bot.memory.db import query_one, query_value, write_transaction
 from bot.memory.scope import (
     ACTIVE,
     SCOPES,
@@ -25,6 +27,11 @@ from bot.memory.scope import (
     memory_key,
     visible_keys,
 )
+
+# Times Python can render (datetime covers years 1 to 9999): a stored value outside is
+# shown clamped, never allowed to crash a recall or an export.
+RENDERABLE_FROM = datetime(1, 1, 2, tzinfo=timezone.utc).timestamp()
+RENDERABLE_UNTIL = datetime(9999, 12, 30, tzinfo=timezone.utc).timestamp()
 
 LINK_KINDS = ("co_extracted", "consolidated", "semantic", "superseded_by")
 MAX_TEXT_CHARS = 4000
@@ -52,12 +59,22 @@ class NewMemory:
     private: bool = False  # learned in a guild channel not everyone there can read (scope.memory_key)
 
     def __post_init__(self):
-        self.text = clean_text(self.text)
+        # The last line of defence for every writer (import, CLI, slash commands, LLM output):
+        # nothing that would fail to store or later fail to render gets in.
+        self.text = clean_text(validate.stored_text(self.text))
         if self.scope not in SCOPES:
-            raise ValueError(f"unknown scope {self.scope!r}; use one of {', '.join(SCOPES)}")
-        if not (0.0 <= float(self.importance) <= 1.0):
-            raise ValueError(f"importance {self.importance!r} must be between 0 and 1")
-        self.importance = float(self.importance)
+            raise ValueError(f"unknown scope {validate.replace_invalid(repr(self.scope))}; "
+                             f"use one of {', '.join(SCOPES)}")
+        self.importance = validate.number(self.importance, "importance", low=0.0, high=1.0)
+        self.owner_id = validate.snowflake(self.owner_id, "owner id")
+        self.channel_id = validate.snowflake(self.channel_id, "channel id")
+        self.guild_id = validate.snowflake(self.guild_id, "guild id")
+        if self.created_at is not None:
+            self.created_at = validate.number(self.created_at, "created_at", low=0.0, high=RENDERABLE_UNTIL)
+        if self.external_id is not None:
+            self.external_id = validate.stored_text(self.external_id, "external_id")
+        self.source_message_ids = [validate.stored_text(str(s), "source_message_ids")
+                                   for s in self.source_message_ids]
         memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id, self.private)  # validates ids
 
     @property
@@ -88,9 +105,19 @@ class Memory:
 
     @classmethod
     def from_row(cls, row) -> "Memory":
+        """A memory as stored; whatever is in the file (an odd type, broken JSON), this does not raise."""
         values = list(row)
-        values[15] = json.loads(values[15] or "[]")
+        values[15] = _id_list(values[15])
         values[17] = bool(values[17])
+        for index in (7, 8, 10, 11, 12, 13):  # importance, stability and the times: numbers or None
+            if values[index] is not None and not isinstance(values[index], (int, float)):
+                values[index] = _as_float(values[index])
+        if values[11] is None:
+            values[11] = 0.0
+        if values[12] is None:
+            values[12] = values[11]
+        if not isinstance(values[1], str):
+            values[1] = str(values[1])
         return cls(*values)
 
     @property
@@ -99,7 +126,12 @@ class Memory:
         return self.scope == "personal" and ":c" in self.vis_key
 
     def retention(self, now: float | None = None) -> float:
-        return decay.retention(now or time.time(), self.last_accessed or self.created_at, self.stability)
+        """Retention now; a stored value that makes no sense (stability 0, a NaN) gives 0.0 or 1.0."""
+        try:
+            value = decay.retention(now or time.time(), self.last_accessed or self.created_at, self.stability)
+        except (ArithmeticError, TypeError, ValueError):
+            return 0.0
+        return value if math.isfinite(value) else 0.0
 
     def to_dict(self, now: float | None = None) -> dict:
         out = asdict(self)
@@ -122,7 +154,31 @@ def clean_text(text: str) -> str:
 
 
 def iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+    """ISO-8601 UTC; a time Python cannot render (year < 1 or > 9999, NaN) is clamped and marked
+    with a trailing "?" so that a damaged row still shows, and shows that it is damaged."""
+    if ts is None:
+        return None
+    if isinstance(ts, (int, float)) and math.isfinite(ts) and RENDERABLE_FROM <= ts <= RENDERABLE_UNTIL:
+        return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+    if not isinstance(ts, (int, float)) or math.isnan(ts):
+        return "invalid?"
+    edge = RENDERABLE_FROM if ts < RENDERABLE_FROM else RENDERABLE_UNTIL
+    return datetime.fromtimestamp(edge, timezone.utc).isoformat(timespec="seconds") + "?"
+
+
+def _id_list(raw) -> list:
+    try:
+        value = json.loads(raw or "[]")
+    except (ValueError, TypeError):
+        return []
+    return value if isinstance(value, list) else []
+
+
+def _as_float(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 # -- writes ------------------------------------------------------------------
@@ -142,7 +198,7 @@ def insert_many(conn: apsw.Connection, memories: Sequence[NewMemory], *, base_st
     """Insert memories (and their vectors, if given) in one transaction."""
     now = time.time() if now is None else now
     ids: list[int] = []
-    with conn:
+    with write_transaction(conn):
         for index, memory in enumerate(memories):
             created = memory.created_at if memory.created_at is not None else now
             conn.execute(
@@ -190,7 +246,7 @@ def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
     """Hard-delete memories with their FTS rows, vectors and links; returns how many went."""
     ids = list(memory_ids)
     fts.forget_counts(conn)
-    with conn:
+    with write_transaction(conn):
         vectors.remove(conn, ids)
         removed = 0
         for memory_id in ids:  # links and source rows go by ON DELETE CASCADE, the FTS row by trigger
@@ -206,7 +262,7 @@ def forget_sources(conn: apsw.Connection, message_ids: Sequence[int]) -> list[in
     if not wanted:
         return []
     marks = ",".join("?" * len(wanted))
-    with conn:
+    with write_transaction(conn):
         rows = conn.execute(
             "SELECT DISTINCT m.id, m.source_message_ids FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
             f"WHERE s.message_id IN ({marks})", wanted).fetchall()
@@ -232,7 +288,7 @@ def scrub(conn: apsw.Connection) -> None:
 def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
     """Take a memory out of retrieval (its FTS row and vector go; the row stays, restorable)."""
     fts.forget_counts(conn)
-    with conn:
+    with write_transaction(conn):
         conn.execute("UPDATE memories SET archived_at = ?, archive_reason = ?, embedded = 0, updated_at = ? "
                      "WHERE id = ? AND " + ACTIVE,
                      (time.time() if now is None else now, reason, time.time(), memory_id))
@@ -242,7 +298,7 @@ def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | Non
 def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> None:
     """Bring an archived memory back; its vector is rebuilt by the next backfill."""
     now = time.time() if now is None else now
-    with conn:
+    with write_transaction(conn):
         conn.execute("UPDATE memories SET archived_at = NULL, archive_reason = NULL, last_accessed = ?, "
                      "updated_at = ? WHERE id = ?", (now, now, memory_id))
 
@@ -250,7 +306,7 @@ def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> 
 def touch(conn: apsw.Connection, memory_ids: Iterable[int], *, growth: float, now: float | None = None) -> None:
     """Record a recall: count it, reset the decay clock, strengthen the memory."""
     now = time.time() if now is None else now
-    with conn:
+    with write_transaction(conn):
         for memory_id in memory_ids:
             conn.execute(
                 "UPDATE memories SET access_count = access_count + 1, last_accessed = max(?, coalesce(last_accessed, 0)), "
@@ -259,7 +315,7 @@ def touch(conn: apsw.Connection, memory_ids: Iterable[int], *, growth: float, no
 
 
 def set_vector(conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int, vector: Sequence[float]) -> None:
-    with conn:
+    with write_transaction(conn):
         row = query_one(conn, "SELECT vis_key, created_at FROM memories WHERE id = ? AND " + ACTIVE, (memory_id,))
         if row is not None:  # archived or deleted meanwhile: nothing to index
             vectors.put(conn, info, memory_id, row[0], row[1], vector)
