@@ -44,7 +44,7 @@ def snowflake(value: Any, name: str, *, optional: bool = True) -> int | None:
         raise Invalid(f"{name} {value!r} must be a numeric id")
     if isinstance(value, int):
         number = value
-    elif isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19:
+    elif isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 40:
         number = int(value)
     elif isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         number = int(value)
@@ -134,7 +134,7 @@ def stored_text(value: Any, name: str = "text") -> str:
         raise Invalid(f"{name} must be a string")
     if not encodable(value):
         raise Invalid(f"{name} contains invalid characters (a lone surrogate, i.e. broken UTF-16/UTF-8); "
-                      "the line was rejected, fix the text")
+                      "rejected: fix the text")
     return value
 
 

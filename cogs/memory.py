@@ -25,6 +25,7 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
+from bot import validate
 from bot.memory import store
 from bot.memory.scope import Viewer
 from bot.memory.store import Memory, MemoryNotFound, NewMemory
@@ -218,7 +219,8 @@ class MemoryCog(commands.GroupCog, group_name="memory",
         now = datetime.now(timezone.utc)
         data = {"user_id": str(interaction.user.id), "exported_at": now.isoformat(timespec="seconds"),
                 "memories": [memory.to_dict() for memory in memories]}  # each says its scope
-        payload = json.dumps(data, ensure_ascii=False, indent=2).encode("utf-8")
+        # replace_invalid: a lone surrogate stored by an older Muninn must not make the export fail
+        payload = validate.replace_invalid(json.dumps(data, ensure_ascii=False, indent=2)).encode("utf-8")
         file = discord.File(io.BytesIO(payload), filename=f"muninn-memories-{interaction.user.id}.json")
         await interaction.response.send_message(
             f"Your {personal} personal memories and the {len(memories) - personal} room memories you taught.",

@@ -190,7 +190,7 @@ class Pipeline:
         forget = getattr(self.extractor, "forget", None)  # sinks that queue nothing need not have it
         if forget is not None:
             forget(user_id)
-        return await self.engine.run(_forget_person, user_id)
+        return await self.engine.run_write(_forget_person, user_id, what=f"forget everything about user {user_id}")
 
     def _forgotten_since(self, user_id: int, received: float) -> bool:
         return self._forgotten_at.get(user_id, float("-inf")) >= received

@@ -59,8 +59,9 @@ async def store_facts_detailed(engine: Any, facts: Sequence[Fact],
     decisions: list[writes.UpdateDecision | None] = []
     for fact, found in zip(facts, candidates):
         decisions.append(await decide_update(engine.ollama, fact.text, found) if found else None)
-    outcome = await engine.run(
-        _write_if_kept, keep, memories, vecs, decisions, index_for=engine.index_for,
+    outcome = await engine.run_write(
+        _write_if_kept, keep, memories, vecs, decisions, what=f"store {len(memories)} extracted facts",
+        index_for=engine.index_for,
         base_stability_days=settings.base_stability_days, growth=settings.stability_growth,
         dedup_cosine=settings.dedup_cosine, link_cosine=settings.link_cosine, now=now)
     if outcome.inserted or outcome.reinforced or outcome.superseded:

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import apsw
 
+from bot import validate
 from bot.conversation import history
 from bot.lifecycle import writes
 from bot.lifecycle.facts import FIRST_PERSON, GENERIC_SUBJECT
@@ -259,7 +260,7 @@ def check_merge(data: Any, memories: Sequence[store.Memory]) -> tuple[str, list[
         data = {"text": data}
     if not isinstance(data, dict) or not isinstance(data.get("text"), str):
         raise ValueError("expected {\"text\": \"...\"}")
-    text = " ".join(data["text"].split())
+    text = " ".join(validate.stored_text(data["text"], "'text'").split())
     if not 3 <= len(text) <= store.MAX_TEXT_CHARS:
         raise ValueError("'text' is empty or too long")
     if FIRST_PERSON.search(text) or GENERIC_SUBJECT.search(text):

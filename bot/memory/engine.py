@@ -26,6 +26,7 @@ from bot.llm.ollama import (
 from bot.logs import Throttle
 from bot.memory import db, retrieval, store, vectors
 from bot.memory.db import write_transaction
+from bot.memory.files import DatabaseBusy
 from bot.memory.scope import Viewer, visible_keys
 from bot.settings import Settings
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 EMBED_BATCH = 32
+WRITE_RETRY_DELAYS_S = (1.0, 4.0, 15.0)   # after the ~20 s each attempt already waits for the lock
 
 
 async def _given(vector: list[float]) -> tuple[list[float] | None, str]:
@@ -84,6 +86,27 @@ class Engine:
             return fn(self._connection(), *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
+    async def run_write(self, fn: Callable[..., T], *args: Any, what: str, **kwargs: Any) -> T:
+        """`run` for a write that is ONE transaction (so repeating it after it never began is safe):
+        when another process keeps the lock past the busy timeout and its retries, wait (off the
+        database thread) and try again; in the end log an error naming what was not written and
+        why, and raise. Nothing a person asked for is dropped silently."""
+        for attempt, delay in enumerate((*WRITE_RETRY_DELAYS_S, None), start=1):
+            try:
+                return await self.run(fn, *args, **kwargs)
+            except DatabaseBusy as exc:
+                if delay is None:
+                    log.error("could not %s after %d attempts: %s", what, attempt, exc)
+                    raise
+                log.warning("could not %s yet (attempt %d): %s; retrying in %.0f s", what, attempt, exc, delay)
+                await asyncio.sleep(delay)
+            except Exception as exc:
+                message = db.explain(exc)
+                if message is not None:  # a full disk, a damaged file: say so in one line
+                    log.error("could not %s: %s", what, message)
+                raise
+        raise AssertionError("unreachable")
+
     # -- writes --------------------------------------------------------------
 
     async def remember(self, memory: store.NewMemory) -> int:
@@ -93,7 +116,7 @@ class Engine:
         """Embed (if Ollama can) and store memories in one transaction; a failed embedding
         stores them without vectors, for the backfill to finish later."""
         vecs = await self.embed_or_none([m.text for m in memories])
-        return await self.run(self._insert, list(memories), vecs, now)
+        return await self.run_write(self._insert, list(memories), vecs, now, what=f"store {len(memories)} memories")
 
     def _insert(self, conn: apsw.Connection, memories: list[store.NewMemory],
                 vecs: list[list[float]] | None, now: float | None) -> list[int]:
@@ -123,7 +146,7 @@ class Engine:
     async def forget(self, memory_ids: Sequence[int], *, scrub: bool = False) -> int:
         """Hard-delete memories; with `scrub`, also rewrite the indexes and the WAL so that no
         trace of their text stays recoverable on disk (slower: for forget-all, not routine)."""
-        removed = await self.run(store.delete, list(memory_ids))
+        removed = await self.run_write(store.delete, list(memory_ids), what=f"forget {len(memory_ids)} memories")
         if scrub:
             await self.run(store.scrub)
         return removed

@@ -83,6 +83,14 @@ def check_before_open(path: Path) -> None:
     if len(header) < 100 or not header.startswith(HEADER):
         raise DatabaseError(f"{str(path)!r} is not a SQLite database (nor Muninn's); "
                             "point MUNINN_DB_PATH (or --db) at another file")
+    page_size = int.from_bytes(header[16:18], "big") or 65536   # 1 means 65536
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    valid_for = int.from_bytes(header[92:96], "big") == int.from_bytes(header[24:28], "big")
+    if valid_for and pages and path.stat().st_size < pages * page_size:
+        raise DatabaseError(f"{str(path)!r} is truncated ({path.stat().st_size} bytes, its header says "
+                            f"{pages * page_size}): it was left unchanged; restore a backup "
+                            "(or try `sqlite3 FILE .recover`)")
     app_id, version, tables = _read_only_facts(path)
     if app_id not in (0, APPLICATION_ID):
         raise DatabaseError(f"{str(path)!r} belongs to another program (application_id {app_id:#x}); "

@@ -281,7 +281,8 @@ def scrub(conn: apsw.Connection) -> None:
     """Leave no recoverable trace of deleted text: FTS5 keeps deleted terms in its segments
     until they merge, and old pages linger in the WAL (free pages are zeroed by
     `secure_delete`, set in db.connect)."""
-    conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('optimize')")
+    with write_transaction(conn):
+        conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('optimize')")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
