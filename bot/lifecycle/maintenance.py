@@ -104,9 +104,9 @@ def archive_faded(conn: apsw.Connection, ids: Sequence[int], *, now: float) -> l
     done = []
     with write_transaction(conn):
         for memory_id in ids:
-            memory = store.get(conn, memory_id)
-            if memory.archived_at is not None:
-                continue
+            memory = store.get_many(conn, [memory_id]).get(memory_id)
+            if memory is None or memory.archived_at is not None:
+                continue  # forgotten or archived by another process since it was found
             store.archive(conn, memory_id, f"decayed (retention {memory.retention(now):.3f})", now=now)
             done.append(memory_id)
     return done
@@ -210,7 +210,9 @@ def find_clusters(conn: apsw.Connection, *, current_index: Callable[[apsw.Connec
     for memory_id, vis_key in batch:
         if memory_id in taken:
             continue
-        seed = store.get(conn, memory_id)
+        seed = store.get_many(conn, [memory_id]).get(memory_id)
+        if seed is None:
+            continue  # forgotten (by the bot, in another process) since the scan read it
         members = [memory_id]
         neighbours = vectors.similar_to_memory(conn, info, memory_id, [vis_key], CLUSTER_NEIGHBOURS)
         others = store.get_many(conn, [mid for mid, _ in neighbours])
