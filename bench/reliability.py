@@ -77,6 +77,8 @@ def import_file(path: Path, prefix: str, n: int) -> Path:
 
 
 def count(db_path: Path, sql: str, params: tuple = ()) -> int:
+    if not db_path.exists():
+        return 0
     conn = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         return conn.execute(sql, params).fetchall()[0][0]
@@ -248,6 +250,7 @@ def bad_input(work: Path, *, good: int = 200) -> list[Figures]:
     """Every bad line of BAD_IMPORT_LINES among good ones, twice (the re-run must not stop either)."""
     db_path = work / "bad-input.db"
     env = cli_env(db_path)
+    finished(muninn(env, "stats"))
     source = work / "mixed.jsonl"
     rng = random.Random(9)
     lines = [json.dumps({"text": f"good line {i} about otters", "scope": "global", "external_id": f"good-{i}"})
@@ -281,9 +284,9 @@ def bad_input(work: Path, *, good: int = 200) -> list[Figures]:
         out.append(figures)
     # stored values that poison reading, written directly as an older Muninn could have
     conn = apsw.Connection(str(db_path))
-    conn.execute("UPDATE memories SET created_at = -1e11, last_accessed = 1e300 WHERE id = 1")
+    conn.execute("UPDATE memories SET created_at = -1e11, last_accessed = 1e300")
     conn.close()
-    figures = Figures("recall/export of a poisoned row", tried=2)
+    figures = Figures("recall, --archived of poisoned rows", tried=2)
     code, stdout, err = finished(muninn(env, "recall", "otters", "--user", "1", "--dm", "--json"))
     figures.failed += int(code != 0)
     figures.tracebacks += int(has_traceback(err))

@@ -193,7 +193,7 @@ async def cmd_reindex(args, settings: Settings) -> int:
 
 async def cmd_doctor(args, settings: Settings) -> int:
     from bot.cli.doctor import run_doctor
-    checks = await run_doctor(settings)
+    checks = await run_doctor(settings, fix=args.fix)
     human = "\n".join(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" + (f"\n     fix: {c.fix}" if c.fix else "")
                       for c in checks)
     emit(args, {"ok": all(c.ok for c in checks), "checks": [c.to_dict() for c in checks]}, human)
@@ -367,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_reindex)
 
     p = sub.add_parser("doctor", parents=[common], help="check the database, sqlite-vec and Ollama")
+    p.add_argument("--fix", action="store_true",
+                   help="also clamp nonsense stored values and make the database files private")
     p.set_defaults(handler=cmd_doctor)
 
     p = sub.add_parser("run", parents=[common], help="start the Discord bot (the default with no COMMAND)")
