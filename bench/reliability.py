@@ -142,14 +142,14 @@ async def _bot_writes(db_path: Path, ollama_url: str, ops: int, stop_after: floa
                 fact = Fact(text=f"Alice owns {i + 1000} llamas named Fluffy{i}", about="Alice", scope="personal",
                             importance=0.6, owner_id=777, channel_id=70, guild_id=7, source_message_ids=(i,))
                 stored_facts += await store_facts(engine, [fact])
-            except Exception as exc:  # noqa: BLE001 - the figure is the point
+            except Exception as exc:
                 facts.failed += 1
                 facts.notes = [f"{type(exc).__name__}: {str(exc)[:80]}"]
             remembers.tried += 1
             try:
                 remembered.append(await engine.remember(
                     NewMemory(text=f"Bob's locker code is {5000 + i}", scope="personal", owner_id=888)))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 remembers.failed += 1
                 remembers.notes = [f"{type(exc).__name__}: {str(exc)[:80]}"]
             if remembered and i % 2 == 1:
@@ -160,7 +160,7 @@ async def _bot_writes(db_path: Path, ollama_url: str, ops: int, stop_after: floa
                         forgotten.append(victim)
                     else:
                         forgets.lost += 1
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     forgets.failed += 1
                     remembered.insert(0, victim)
                     forgets.notes = [f"{type(exc).__name__}: {str(exc)[:80]}"]
@@ -200,7 +200,7 @@ def concurrent_writers(work: Path, *, lines: int = 1500, ops: int = 100, ollama_
 
     bot_figures = asyncio.run(run_all())
     out = []
-    for name, proc, path in zip(("alpha", "beta"), imports, files):
+    for name, proc in zip(("alpha", "beta"), imports, strict=True):
         figures = Figures(f"cli: import {name}", tried=lines)
         code, _, err = finished(proc)
         figures.tracebacks = int(has_traceback(err))
@@ -256,7 +256,7 @@ def bad_input(work: Path, *, good: int = 200) -> list[Figures]:
     lines = [json.dumps({"text": f"good line {i} about otters", "scope": "global", "external_id": f"good-{i}"})
              .encode() for i in range(good)]
     bad_at: dict[int, str] = {}
-    for what, raw in BAD_IMPORT_LINES:
+    for _, raw in BAD_IMPORT_LINES:
         position = rng.randrange(len(lines) + 1)
         lines.insert(position, raw)
     for number, raw in enumerate(lines, start=1):
@@ -336,7 +336,8 @@ def kill_and_rerun(work: Path, *, lines: int = 3000, ollama_url: str, seed: int 
     for command in (["import", str(source)], ["maintain", "--no-llm"], ["reindex"]):
         figures = Figures(f"kill -9 during {command[0]}, re-run", tried=1)
         proc = muninn(env, *command)
-        time.sleep(rng.uniform(0.3, 1.2))
+        _wait_until_working(db_path, command[0], proc)
+        time.sleep(rng.uniform(0.0, 0.3))
         killed = proc.poll() is None
         if killed:
             os.kill(proc.pid, signal.SIGKILL)
@@ -357,6 +358,23 @@ def kill_and_rerun(work: Path, *, lines: int = 3000, ollama_url: str, seed: int 
             figures.notes.append("; ".join(problems))
         out.append(figures)
     return out
+
+
+def _wait_until_working(db_path: Path, command: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """Until the command has written something (so the kill lands mid-work, not at start-up)."""
+    deadline = time.monotonic() + timeout
+    before = count(db_path, "SELECT count(*) FROM memory_links") if command == "maintain" else 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if command == "import" and count(db_path, "SELECT count(*) FROM memories") > 0:
+                return
+            if command == "reindex" and count(db_path, "SELECT count(*) FROM memories WHERE embedded = 0") > 0:
+                return
+            if command == "maintain" and count(db_path, "SELECT count(*) FROM memory_links") != before:
+                return
+        except apsw.Error:
+            pass  # the file is being created or migrated
+        time.sleep(0.02)
 
 
 # -- disk full ------------------------------------------------------------------------
