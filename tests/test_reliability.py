@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench import reliability
+from bot.llm.ollama import OllamaError
 from bot.cli.main import main
 from bot.memory import db, files, repair, store, transactions
 from bot.memory import engine as engine_module
@@ -251,3 +252,57 @@ def test_database_error_messages_are_single_lines():
         assert message and "\n" not in message
     assert files.explain(ValueError("x")) is None
     assert isinstance(DatabaseBusy("x"), DatabaseError)
+
+
+# -- the minor points ------------------------------------------------------------------------
+
+async def test_a_first_embedding_wider_than_the_index_allows_still_stores_the_memory(fake_ollama, make_settings):
+    fake_ollama.wrong_dim = 9000
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        memory_id = await engine.remember(store.NewMemory(text="otters are wide", scope="global"))
+        memory = await engine.run(store.get, memory_id)
+    assert memory.text == "otters are wide" and not memory.embedded
+
+
+async def test_recall_says_partial_while_a_reindex_is_unfinished(fake_ollama, make_settings):
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        await engine.remember_many([store.NewMemory(text=f"otter fact {i}", scope="global") for i in range(40)])
+        viewer = Viewer(user_id=1, dm=True)
+        assert (await engine.recall("otter", viewer, touch=False)).vector_status == "ok"
+        calls = 0
+        real_embed = fake_ollama.embed_text
+
+        def embed_then_fail(text, dim=None):  # the re-index stops after its probe and first batch of 32
+            nonlocal calls
+            calls += 1
+            if calls > 2:
+                fake_ollama.mode = "down"
+            return real_embed(text, dim)
+        fake_ollama.embed_text = embed_then_fail
+        with pytest.raises(OllamaError):
+            await engine.reindex()
+        fake_ollama.mode = "up"
+        fake_ollama.embed_text = real_embed
+        assert (await engine.recall("otter", viewer, touch=False)).vector_status == "partial"
+        await engine.backfill()
+        assert (await engine.recall("otter", viewer, touch=False)).vector_status == "ok"
+
+
+def test_interaction_and_bot_tokens_never_reach_the_log(capsys):
+    from bot import redact
+    logger = logging.getLogger("test.redact")
+    handler = logging.StreamHandler(sys.stderr)
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    redact.install(logger)
+    try:
+        token = "aW50ZXJhY3Rpb246MTIzNDU2Nzg5MDEyMzQ1Njc4OTpBQkNERUZHSElKS0xN"
+        logger.debug("%s %s has returned %s", "POST",
+                     f"https://discord.com/api/v10/interactions/123456789012345678/{token}/callback", 204)
+        logger.debug("PATCH https://discord.com/api/v10/webhooks/42/%s/messages/@original", token)
+        logger.debug("token MTA5ODc2NTQzMjEwOTg3NjU0Mw.GaBcDe.abcdefghijklmnopqrstuvwxyz0123456789")
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert token not in err and "abcdefghijklmnopqrstuvwxyz0123456789" not in err
+    assert err.count("<token>") == 3 and "/callback" in err

@@ -396,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
 def setup_logging(settings: Settings, verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else getattr(logging, settings.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from bot import redact
+    redact.install()  # discord.py logs interaction URLs (with their tokens) at DEBUG
 
 
 def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapter] | None = None) -> int:

@@ -159,15 +159,17 @@ class Pipeline:
         return message_id
 
     async def edited(self, message_id: int, content: str, edited_at: float | None = None) -> bool:
-        return await self.engine.run(history.edit, message_id, content, edited_at)
+        return await self.engine.run_write(history.edit, message_id, content, edited_at, what="record an edit")
 
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
         """A person deleted messages: mark them in the history, and take back what Muninn
         learned from them alone (and what it was about to learn)."""
         if self.extractor is not None and hasattr(self.extractor, "forget_messages"):
             self.extractor.forget_messages(message_ids)
-        removed = await self.engine.run(history.delete, list(message_ids), deleted_at)
-        await self.engine.run(store.forget_sources, list(message_ids))
+        removed = await self.engine.run_write(history.delete, list(message_ids), deleted_at,
+                                              what=f"mark {len(message_ids)} deleted messages")
+        await self.engine.run_write(store.forget_sources, list(message_ids),
+                                    what=f"take back what was learned from {len(message_ids)} deleted messages")
         return removed
 
     async def is_own_message(self, message_id: int) -> bool:

@@ -129,6 +129,10 @@ class Engine:
         """The index these vectors belong in, creating it on the first embedding ever."""
         info = vectors.index_info(conn)
         if info is None:
+            if not vectors.usable_dim(dim):  # store the memories without vectors rather than not at all
+                self._warn_once("dim", f"{self.settings.embed_model} returned {dim}-dimensional vectors; Muninn "
+                                       f"indexes 1 to {vectors.MAX_DIM}: choose another OLLAMA_EMBED_MODEL")
+                return None
             return vectors.create_index(conn, self.settings.embed_model, dim)
         if info.model != self.settings.embed_model:
             return None  # reindex pending; the backfill embeds these later
@@ -169,6 +173,7 @@ class Engine:
         while True:
             pending = await self.run(store.unembedded_ids, batch)
             if not pending:
+                await self.run(vectors.mark_reindex_done)
                 return done
             vecs = await self.embed_or_none([text for _, text in pending])
             if vecs is None:
@@ -200,6 +205,7 @@ class Engine:
             with write_transaction(conn):
                 vectors.drop_index(conn)
                 vectors.create_index(conn, self.settings.embed_model, len(probe[0]))
+                vectors.mark_reindex_pending(conn)  # recall says "partial" until every vector is back
         await self.run(reset)
         done = 0
 
@@ -226,7 +232,7 @@ class Engine:
         embedding = asyncio.create_task(self._query_vector(query) if query_vector is None
                                         else _given(list(query_vector)))
         try:
-            keys, fts_hits, info = await self.run(self._fts_step, query, viewer, limit * 3, now, as_of)
+            keys, fts_hits, info, partial = await self.run(self._fts_step, query, viewer, limit * 3, now, as_of)
         except BaseException:
             embedding.cancel()
             raise
@@ -244,6 +250,8 @@ class Engine:
                 self._warn_once("wrong-size", f"{self.settings.embed_model} returned a {len(vector)}-dimensional "
                                               f"vector, the index holds {info.dim}: run `muninn reindex`")
                 vector, status = None, "wrong-size"
+            elif partial:
+                status = "partial"  # a re-index is under way or was interrupted: some vectors are missing
         memories, candidates, mode, finish = await self.run(
             self._finish_step, keys, fts_hits, info, vector, limit, now, as_of, touch)
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
@@ -256,7 +264,7 @@ class Engine:
     def _fts_step(self, conn, query, viewer, candidates, now, as_of):
         keys = visible_keys(conn, viewer)
         hits = retrieval.fts_candidates(conn, query, keys, candidates, now, as_of)
-        return keys, hits, vectors.index_info(conn)
+        return keys, hits, vectors.index_info(conn), vectors.reindex_pending(conn)
 
     def _finish_step(self, conn, keys, fts_hits, info, vector, limit, now, as_of, touch):
         t0 = time.perf_counter()

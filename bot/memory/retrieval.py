@@ -73,7 +73,7 @@ class Recalled:
 class RecallResult:
     query: str
     mode: str
-    vector_status: str            # ok | disabled | unreachable | model-missing | bad-response | wrong-size
+    vector_status: str            # ok | partial | disabled | unreachable | model-missing | bad-response | wrong-size
     #                               | no-embeddings | model-mismatch
     memories: list[Recalled] = field(default_factory=list)
     timings_ms: dict = field(default_factory=dict)
