@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from bench import reliability
-from bot.llm.ollama import OllamaError
 from bot.cli.main import main
+from bot.llm.ollama import OllamaError
 from bot.memory import db, files, repair, store, transactions
 from bot.memory import engine as engine_module
 from bot.memory.engine import Engine
