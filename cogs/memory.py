@@ -169,8 +169,11 @@ class MemoryCog(commands.GroupCog, group_name="memory",
         if memory is None or not await self.may_change(interaction, memory):
             needed = await self.permission_needed(interaction, memory) if memory is not None else None
             raise Refusal(needed or f"No memory #{memory_id} that you can change here.")
+        # Deferred: when an import or maintain holds the database, the forget waits (and retries) for
+        # longer than the 3 s Discord gives a first answer.
+        await interaction.response.defer(ephemeral=True, thinking=True)
         await self.engine.forget([memory_id])
-        await interaction.response.send_message(
+        await interaction.followup.send(
             f"Forgot memory #{memory_id}: {discord.utils.escape_markdown(shorten(memory.text))}", ephemeral=True)
 
     @app_commands.command(name="forget-all", description="Forget everything Muninn remembers about you")

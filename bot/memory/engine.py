@@ -27,6 +27,7 @@ from bot.logs import Throttle
 from bot.memory import db, retrieval, store, vectors
 from bot.memory.db import write_transaction
 from bot.memory.files import DatabaseBusy
+from bot.validate import MAX_RECALL_LIMIT
 from bot.memory.scope import Viewer, visible_keys
 from bot.settings import Settings
 
@@ -226,7 +227,8 @@ class Engine:
                      touch: bool = True, query_vector: Sequence[float] | None = None) -> retrieval.RecallResult:
         """Hybrid retrieval for `viewer`: FTS5 + vector KNN fused by RRF, then the graph, then touch.
         `query_vector` (an embedding of `query` made earlier) skips the embedding call."""
-        limit = limit or self.settings.recall_limit
+        # Callers validate their limit (bot/validate.py); the cap here keeps vec0's k (3 x limit) legal.
+        limit = min(limit or self.settings.recall_limit, MAX_RECALL_LIMIT)
         now = as_of if as_of is not None else time.time()
         started = time.perf_counter()
         embedding = asyncio.create_task(self._query_vector(query) if query_vector is None

@@ -54,7 +54,10 @@ def prepare(path: Path) -> None:
     Muninn's or is newer than this code. Raises DatabaseError; changes nothing it refuses."""
     folder = path.parent
     if not folder.exists():
-        folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+        try:
+            folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DatabaseError(f"cannot create the folder {str(folder)!r}: {exc.strerror}") from exc
     if not path.exists():
         try:
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE))
@@ -113,9 +116,9 @@ def _read_only_facts(path: Path) -> tuple[int, int, set[str]]:
         raise DatabaseError(f"cannot open database {str(path)!r}: {explain(exc) or exc}") from exc
     try:
         conn.set_busy_timeout(5000)
-        app_id = conn.execute("PRAGMA application_id").fetchall()[0][0]
-        version = conn.execute("PRAGMA user_version").fetchall()[0][0]
-        tables = {row[0] for row in conn.execute(
+        app_id = _pragma_int(conn, "application_id")
+        version = _pragma_int(conn, "user_version")
+        tables = {str(row[0]) for row in conn.execute(
             "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%'")}
     except apsw.NotADBError as exc:
         raise DatabaseError(f"{str(path)!r} is not a SQLite database; point MUNINN_DB_PATH (or --db) at "
@@ -127,9 +130,14 @@ def _read_only_facts(path: Path) -> tuple[int, int, set[str]]:
     return app_id, version, tables
 
 
+def _pragma_int(conn: apsw.Connection, name: str) -> int:
+    value = conn.execute(f"PRAGMA {name}").fetchall()[0][0]
+    return value if isinstance(value, int) else 0
+
+
 def mark(conn: apsw.Connection) -> None:
     """Stamp the file as Muninn's (once; a no-op afterwards)."""
-    if conn.execute("PRAGMA application_id").fetchall()[0][0] != APPLICATION_ID:
+    if _pragma_int(conn, "application_id") != APPLICATION_ID:
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
 

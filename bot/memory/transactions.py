@@ -60,7 +60,7 @@ def _begin_immediate(conn: apsw.Connection) -> None:
         except apsw.BusyError as exc:
             if attempt == LOCK_RETRIES:
                 raise DatabaseBusy(
-                    f"the database stayed locked by another process for {time.monotonic() - started:.0f} s "
+                    f"the database stayed locked by another process for {time.monotonic() - started:.1f} s "
                     "(an import or maintain?): try again when it is done") from exc
             log.debug("database locked; waiting again (attempt %d)", attempt + 2)
             time.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
