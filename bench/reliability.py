@@ -45,7 +45,7 @@ class Figures:
     notes: list[str] = field(default_factory=list)
 
     def row(self) -> str:
-        return (f"{self.scenario:<34} tried {self.tried:>6}  failed {self.failed:>5}  lost {self.lost:>5}  "
+        return (f"{self.scenario:<44} tried {self.tried:>6}  failed {self.failed:>5}  lost {self.lost:>5}  "
                 f"tracebacks {self.tracebacks:>2}" + (f"  ({'; '.join(self.notes)})" if self.notes else ""))
 
 
@@ -282,18 +282,23 @@ def bad_input(work: Path, *, good: int = 200) -> list[Figures]:
             figures.notes.append(f"no report (exit {code})")
         figures.notes.append(f"exit {code}")
         out.append(figures)
-    # stored values that poison reading, written directly as an older Muninn could have
+    # stored values that poison reading, written directly as an older Muninn (or an old import) could have
+    for i in range(3):
+        finished(muninn(env, "remember", f"otters hold hands while sleeping {i}", "--scope", "global"))
     conn = apsw.Connection(str(db_path))
-    conn.execute("UPDATE memories SET created_at = -1e11, last_accessed = 1e300")
+    conn.execute("UPDATE memories SET created_at = -1e11, last_accessed = 1e300 WHERE text LIKE 'otters hold%'")
     conn.close()
-    figures = Figures("recall, --archived of poisoned rows", tried=2)
-    code, stdout, err = finished(muninn(env, "recall", "otters", "--user", "1", "--dm", "--json"))
-    figures.failed += int(code != 0)
-    figures.tracebacks += int(has_traceback(err))
-    code, stdout, err = finished(muninn(env, "maintain", "--archived", "--json"))
-    figures.failed += int(code != 0)
-    figures.tracebacks += int(has_traceback(err))
+    figures = Figures("recall of poisoned rows (touch, no-touch)", tried=2)
+    for extra in ([], ["--no-touch"]):
+        code, stdout, err = finished(muninn(env, "recall", "otters hold hands", "--user", "1", "--dm", "--json", *extra))
+        figures.failed += int(code != 0)
+        figures.tracebacks += int(has_traceback(err))
+        try:
+            figures.lost += 3 - sum("hold hands" in m["text"] for m in json.loads(stdout)["memories"])
+        except (ValueError, KeyError):
+            figures.lost += 3
     out.append(figures)
+    out += bad_line_kinds(work)
     batch = work / "batch.jsonl"
     batch_lines = [
         json.dumps({"query": "otters", "user_id": 1, "dm": True, "no_touch": True}).encode(),
@@ -321,6 +326,32 @@ def bad_input(work: Path, *, good: int = 200) -> list[Figures]:
     figures.lost = len({1, 2, 9} - answered)
     figures.notes.append(f"exit {code}, {len(results)} result lines")
     out.append(figures)
+    return out
+
+
+def bad_line_kinds(work: Path, *, around: int = 40) -> list[Figures]:
+    """Each kind of bad line alone, with `around` good lines before and after it (so it shares a
+    64-line batch with good ones): how many good lines are stored, and what the run says."""
+    out = []
+    for index, (what, raw) in enumerate(BAD_IMPORT_LINES):
+        db_path = work / f"kind-{index}.db"
+        env = cli_env(db_path)
+        finished(muninn(env, "stats"))
+        good = [json.dumps({"text": f"good line {i}", "scope": "global", "external_id": f"k{i}"}).encode()
+                for i in range(2 * around)]
+        source = work / f"kind-{index}.jsonl"
+        source.write_bytes(b"\n".join([*good[:around], raw, *good[around:]]) + b"\n")
+        figures = Figures(f"  one bad line: {what}", tried=2 * around + 1)
+        code, _, err = finished(muninn(env, "import", str(source)))
+        figures.tracebacks = int(has_traceback(err))
+        stored = count(db_path, "SELECT count(*) FROM memories WHERE external_id LIKE 'k%'")
+        figures.lost = 2 * around - stored
+        figures.failed = 2 * around + 1 - stored
+        figures.notes.append(f"exit {code}")
+        if count(db_path, "SELECT count(*) FROM memories") > stored:
+            figures.failed -= 1
+            figures.notes.append("the bad value was STORED")
+        out.append(figures)
     return out
 
 

@@ -306,3 +306,12 @@ def test_interaction_and_bot_tokens_never_reach_the_log(capsys):
     err = capsys.readouterr().err
     assert token not in err and "abcdefghijklmnopqrstuvwxyz0123456789" not in err
     assert err.count("<token>") == 3 and "/callback" in err
+
+
+async def test_a_far_future_as_of_never_stamps_a_future_recall_time(fts_engine):
+    """Validation refuses it at the boundary; the engine also never writes it (library callers)."""
+    import time
+    memory_id = await fts_engine.remember(store.NewMemory(text="otters sleep holding hands", scope="global"))
+    await fts_engine.recall("otters", Viewer(user_id=1, dm=True), as_of=1e12, touch=True)
+    memory = await fts_engine.run(store.get, memory_id)
+    assert memory.access_count == 1 and memory.last_accessed <= time.time() + 86400

@@ -27,7 +27,7 @@ from bot.logs import Throttle
 from bot.memory import db, retrieval, store, vectors
 from bot.memory.db import write_transaction
 from bot.memory.files import DatabaseBusy
-from bot.validate import MAX_RECALL_LIMIT
+from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
 from bot.memory.scope import Viewer, visible_keys
 from bot.settings import Settings
 
@@ -279,8 +279,9 @@ class Engine:
         linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
         ids = [c.memory_id for c in chosen]
-        if touch and ids:
-            store.touch(conn, ids, growth=self.settings.stability_growth, now=now)
+        if touch and ids:  # never stamp a future recall time: it would pin the memories so they never fade
+            store.touch(conn, ids, growth=self.settings.stability_growth,
+                        now=min(now, time.time() + FUTURE_SLACK_S))
         memories = store.get_many(conn, ids)
         t2 = time.perf_counter()
         return (memories, chosen, retrieval.mode_of(vector is not None, fts_hits),
