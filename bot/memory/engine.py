@@ -27,9 +27,9 @@ from bot.logs import Throttle
 from bot.memory import db, retrieval, store, vectors
 from bot.memory.db import write_transaction
 from bot.memory.files import DatabaseBusy
-from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
 from bot.memory.scope import Viewer, visible_keys
 from bot.settings import Settings
+from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
