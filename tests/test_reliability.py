@@ -315,3 +315,20 @@ async def test_a_far_future_as_of_never_stamps_a_future_recall_time(fts_engine):
     await fts_engine.recall("otters", Viewer(user_id=1, dm=True), as_of=1e12, touch=True)
     memory = await fts_engine.run(store.get, memory_id)
     assert memory.access_count == 1 and memory.last_accessed <= time.time() + 86400
+
+
+async def test_text_that_is_not_utf8_reads_with_replacement_and_doctor_repairs_it(fts_engine):
+    memory_id = await fts_engine.remember(store.NewMemory(text="otters float", scope="global"))
+
+    def scribble(conn):  # another program wrote bytes that are not UTF-8 into the TEXT column
+        conn.execute("UPDATE memories SET text = CAST(X'6f7474657273ff20666c6f6174' AS TEXT) WHERE id = ?",
+                     (memory_id,))
+    await fts_engine.run(scribble)
+    result = await fts_engine.recall("otters", Viewer(user_id=1, dm=True), touch=False)
+    assert [r.memory.text for r in result.memories] == ["otters\ufffd float"]
+    assert await fts_engine.run(repair.find_bad_rows) == {repair.BAD_UTF8: [memory_id]}
+    await fts_engine.run(repair.fix_bad_rows)
+    assert await fts_engine.run(repair.find_bad_rows) == {}
+    assert (await fts_engine.recall("float", Viewer(user_id=1, dm=True), touch=False)).memories
+    assert await fts_engine.run(lambda c: c.execute(
+        "INSERT INTO memories_fts(memories_fts, rank) VALUES ('integrity-check', 1)")) is not None

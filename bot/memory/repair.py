@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import apsw
 
-from bot.memory import decay
+from bot.memory import decay, vectors
 from bot.memory.transactions import write_transaction
 from bot.validate import EARLIEST, FUTURE_SLACK_S
 
@@ -51,6 +51,20 @@ def _params(now: float) -> dict[str, float]:
     return {"now": now, "earliest": EARLIEST, "latest": now + FUTURE_SLACK_S}
 
 
+BAD_UTF8 = "text that is not valid UTF-8 (shown with U+FFFD)"
+
+
+def invalid_utf8_ids(conn: apsw.Connection) -> list[int]:
+    """Memories whose text is not valid UTF-8 (SQLite does not check; another program may write it)."""
+    ids = []
+    for memory_id, raw in conn.execute("SELECT id, CAST(text AS BLOB) FROM memories ORDER BY id"):
+        try:
+            bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            ids.append(memory_id)
+    return ids
+
+
 def find_bad_rows(conn: apsw.Connection, now: float | None = None) -> dict[str, list[int]]:
     """{what is wrong: [memory ids]} (only the rules with findings)."""
     params = _params(time.time() if now is None else now)
@@ -59,15 +73,28 @@ def find_bad_rows(conn: apsw.Connection, now: float | None = None) -> dict[str, 
         ids = [row[0] for row in conn.execute(f"SELECT id FROM memories WHERE {rule.where} ORDER BY id", params)]
         if ids:
             found[rule.what] = ids
+    broken = invalid_utf8_ids(conn)
+    if broken:
+        found[BAD_UTF8] = broken
     return found
 
 
 def fix_bad_rows(conn: apsw.Connection, now: float | None = None) -> int:
-    """Clamp every value `find_bad_rows` reports, in one transaction; returns the rows changed."""
+    """Clamp every value `find_bad_rows` reports, in one transaction; returns the values changed."""
     params = _params(time.time() if now is None else now)
     changed = 0
     with write_transaction(conn):
+        moved = [row[0] for row in conn.execute(f"SELECT id FROM memories WHERE {RULES[0].where}", params)]
         for rule in RULES:
             conn.execute(f"UPDATE memories SET {rule.fix} WHERE {rule.where}", params)
             changed += conn.changes()
+        for memory_id in invalid_utf8_ids(conn):  # the update trigger re-indexes it in FTS (old row out by its old bytes)
+            raw = conn.execute("SELECT CAST(text AS BLOB) FROM memories WHERE id = ?", (memory_id,)).fetchall()[0][0]
+            conn.execute("UPDATE memories SET text = ? WHERE id = ?", (bytes(raw).decode("utf-8", "replace"), memory_id))
+            changed += 1
+        if moved and vectors.table_exists(conn):  # vec0 keeps its own created_at (for --as-of): keep it in step
+            for memory_id, created in conn.execute(
+                    f"SELECT id, created_at FROM memories WHERE embedded = 1 AND id IN ({','.join('?' * len(moved))})",
+                    moved).fetchall():
+                conn.execute("UPDATE vec_memories SET created_at = ? WHERE memory_id = ?", (float(created), memory_id))
     return changed

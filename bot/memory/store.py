@@ -36,9 +36,11 @@ RENDERABLE_UNTIL = datetime(9999, 12, 30, tzinfo=timezone.utc).timestamp()
 LINK_KINDS = ("co_extracted", "consolidated", "semantic", "superseded_by")
 MAX_TEXT_CHARS = 4000
 
-COLUMNS = ("id, text, scope, owner_id, channel_id, guild_id, vis_key, importance, stability, access_count, "
-           "last_accessed, created_at, updated_at, archived_at, archive_reason, source_message_ids, "
-           "external_id, embedded")
+# Free text comes back as bytes and is decoded leniently (Memory.from_row): SQLite never checks
+# that TEXT is UTF-8, and one bad byte written by another program must not break every read.
+COLUMNS = ("id, CAST(text AS BLOB), scope, owner_id, channel_id, guild_id, vis_key, importance, stability, "
+           "access_count, last_accessed, created_at, updated_at, archived_at, CAST(archive_reason AS BLOB), "
+           "source_message_ids, CAST(external_id AS BLOB), embedded")
 
 
 class MemoryNotFound(LookupError):
@@ -107,6 +109,9 @@ class Memory:
     def from_row(cls, row) -> "Memory":
         """A memory as stored; whatever is in the file (an odd type, broken JSON), this does not raise."""
         values = list(row)
+        for index in (1, 14, 16):  # text, archive_reason, external_id
+            if isinstance(values[index], bytes):
+                values[index] = lenient_text(values[index])
         values[15] = _id_list(values[15])
         values[17] = bool(values[17])
         for index in (7, 8, 10, 11, 12, 13):  # importance, stability and the times: numbers or None
@@ -164,6 +169,11 @@ def iso(ts: float | None) -> str | None:
         return "invalid?"
     edge = RENDERABLE_FROM if ts < RENDERABLE_FROM else RENDERABLE_UNTIL
     return datetime.fromtimestamp(edge, timezone.utc).isoformat(timespec="seconds") + "?"
+
+
+def lenient_text(raw: bytes) -> str:
+    """Stored bytes as text; invalid UTF-8 becomes U+FFFD (`muninn doctor` reports such rows)."""
+    return raw.decode("utf-8", "replace")
 
 
 def _id_list(raw) -> list:
@@ -377,8 +387,9 @@ def memories_of(conn: apsw.Connection, user_id: int, scopes: Sequence[str] = ("p
 
 
 def unembedded_ids(conn: apsw.Connection, limit: int) -> list[tuple[int, str]]:
-    return [(row[0], row[1]) for row in conn.execute(
-        "SELECT id, text FROM memories WHERE embedded = 0 AND " + ACTIVE + " ORDER BY id LIMIT ?", (limit,))]
+    return [(row[0], lenient_text(row[1])) for row in conn.execute(
+        "SELECT id, CAST(text AS BLOB) FROM memories WHERE embedded = 0 AND " + ACTIVE + " ORDER BY id LIMIT ?",
+        (limit,))]
 
 
 def stats(conn: apsw.Connection) -> dict:
