@@ -64,6 +64,7 @@ def cli(tmp_path, monkeypatch, capsys):
     (lambda p: other_apps_file(p), "another program's SQLite database"),
     (lambda p: other_apps_file(p, application_id=0x1234), "belongs to another program"),
     (lambda p: p.write_bytes(b"just some text file\n" * 20), "not a SQLite database"),
+    (lambda p: wal_mode(other_apps_file(p)), "another program's SQLite database"),
 ])
 def test_a_file_that_is_not_muninns_is_refused_unchanged(cli, tmp_path, make, reason):
     path = tmp_path / "other.db"
@@ -73,7 +74,14 @@ def test_a_file_that_is_not_muninns_is_refused_unchanged(cli, tmp_path, make, re
     assert code == 1 and reason in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert digest(path) == before
-    assert not Path(f"{path}-wal").exists()  # not switched to WAL either
+    assert not Path(f"{path}-wal").exists() and not Path(f"{path}-shm").exists()  # no litter, no WAL switch
+
+
+def wal_mode(path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = wal")
+    conn.close()
+    return path
 
 
 def test_a_clashing_table_is_refused_unchanged(cli, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import urllib.parse
 from pathlib import Path
 
 import apsw
@@ -111,7 +112,11 @@ def _read_only_facts(path: Path) -> tuple[int, int, set[str]]:
     """(application_id, user_version, table names), read without writing (the WAL, if any,
     is read too: the header in the main file may not have been checkpointed yet)."""
     try:
-        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        if Path(f"{path}-wal").exists():  # its WAL may hold newer pages: a normal read-only open reads them
+            conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        else:  # immutable: no -wal/-shm files get created next to a file that may not be ours
+            uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?immutable=1"
+            conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
     except apsw.Error as exc:
         raise DatabaseError(f"cannot open database {str(path)!r}: {explain(exc) or exc}") from exc
     try:
