@@ -59,7 +59,8 @@ def invalid_utf8_ids(conn: apsw.Connection) -> list[int]:
     ids = []
     for memory_id, raw in conn.execute("SELECT id, CAST(text AS BLOB) FROM memories ORDER BY id"):
         try:
-            bytes(raw).decode("utf-8")
+            if isinstance(raw, bytes):
+                raw.decode("utf-8")
         except UnicodeDecodeError:
             ids.append(memory_id)
     return ids
@@ -88,13 +89,15 @@ def fix_bad_rows(conn: apsw.Connection, now: float | None = None) -> int:
         for rule in RULES:
             conn.execute(f"UPDATE memories SET {rule.fix} WHERE {rule.where}", params)
             changed += conn.changes()
-        for memory_id in invalid_utf8_ids(conn):  # the update trigger re-indexes it in FTS (old row out by its old bytes)
-            raw = conn.execute("SELECT CAST(text AS BLOB) FROM memories WHERE id = ?", (memory_id,)).fetchall()[0][0]
-            conn.execute("UPDATE memories SET text = ? WHERE id = ?", (bytes(raw).decode("utf-8", "replace"), memory_id))
-            changed += 1
+        for broken in invalid_utf8_ids(conn):  # the update trigger re-indexes it in FTS (old row out by its old bytes)
+            raw = conn.execute("SELECT CAST(text AS BLOB) FROM memories WHERE id = ?", (broken,)).fetchall()[0][0]
+            if isinstance(raw, bytes):
+                conn.execute("UPDATE memories SET text = ? WHERE id = ?", (raw.decode("utf-8", "replace"), broken))
+                changed += 1
         if moved and vectors.table_exists(conn):  # vec0 keeps its own created_at (for --as-of): keep it in step
-            for memory_id, created in conn.execute(
-                    f"SELECT id, created_at FROM memories WHERE embedded = 1 AND id IN ({','.join('?' * len(moved))})",
-                    moved).fetchall():
-                conn.execute("UPDATE vec_memories SET created_at = ? WHERE memory_id = ?", (float(created), memory_id))
+            rows = conn.execute(
+                f"SELECT id, created_at FROM memories WHERE embedded = 1 AND id IN ({','.join('?' * len(moved))})",
+                moved).fetchall()
+            for row in rows:
+                conn.execute("UPDATE vec_memories SET created_at = ? WHERE memory_id = ?", (row[1], row[0]))
     return changed
