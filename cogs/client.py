@@ -15,6 +15,7 @@ from discord.ext import commands
 from bot.conversation.pipeline import ExchangeSink, Pipeline
 from bot.llm.ollama import OllamaError
 from bot.memory.engine import Engine
+from bot.memory.files import explain
 from bot.settings import Settings
 
 from . import EXTENSIONS
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 INVITE_PERMISSIONS = discord.Permissions(view_channel=True, send_messages=True, send_messages_in_threads=True,
                                          read_message_history=True)
 SOMETHING_WENT_WRONG = "Something went wrong on my side; it has been logged. Please try again later."
+DATABASE_UNAVAILABLE = ("My memory is unavailable right now (busy with maintenance, or a disk problem); nothing "
+                        "was changed. It has been logged. Please try again in a few minutes.")
 
 
 class StartupError(RuntimeError):
@@ -42,6 +45,10 @@ class MuninnTree(app_commands.CommandTree):
             text = str(error)
             log.debug("refused /%s for %s: %s", getattr(interaction.command, "qualified_name", "?"),
                       interaction.user.id, text)
+        elif explain(getattr(error, "original", error)) is not None:  # locked, full or damaged: one line
+            log.error("/%s failed for user %s: %s", getattr(interaction.command, "qualified_name", "?"),
+                      interaction.user.id, explain(getattr(error, "original", error)))
+            text = DATABASE_UNAVAILABLE
         else:
             original = getattr(error, "original", error)
             log.error("/%s failed for user %s", getattr(interaction.command, "qualified_name", "?"),

@@ -25,6 +25,7 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
+from bot import validate
 from bot.memory import store
 from bot.memory.scope import Viewer
 from bot.memory.store import Memory, MemoryNotFound, NewMemory
@@ -168,8 +169,11 @@ class MemoryCog(commands.GroupCog, group_name="memory",
         if memory is None or not await self.may_change(interaction, memory):
             needed = await self.permission_needed(interaction, memory) if memory is not None else None
             raise Refusal(needed or f"No memory #{memory_id} that you can change here.")
+        # Deferred: when an import or maintain holds the database, the forget waits (and retries) for
+        # longer than the 3 s Discord gives a first answer.
+        await interaction.response.defer(ephemeral=True, thinking=True)
         await self.engine.forget([memory_id])
-        await interaction.response.send_message(
+        await interaction.followup.send(
             f"Forgot memory #{memory_id}: {discord.utils.escape_markdown(shorten(memory.text))}", ephemeral=True)
 
     @app_commands.command(name="forget-all", description="Forget everything Muninn remembers about you")
@@ -218,7 +222,8 @@ class MemoryCog(commands.GroupCog, group_name="memory",
         now = datetime.now(timezone.utc)
         data = {"user_id": str(interaction.user.id), "exported_at": now.isoformat(timespec="seconds"),
                 "memories": [memory.to_dict() for memory in memories]}  # each says its scope
-        payload = json.dumps(data, ensure_ascii=False, indent=2).encode("utf-8")
+        # replace_invalid: a lone surrogate stored by an older Muninn must not make the export fail
+        payload = validate.replace_invalid(json.dumps(data, ensure_ascii=False, indent=2)).encode("utf-8")
         file = discord.File(io.BytesIO(payload), filename=f"muninn-memories-{interaction.user.id}.json")
         await interaction.response.send_message(
             f"Your {personal} personal memories and the {len(memories) - personal} room memories you taught.",

@@ -89,14 +89,16 @@ def test_recall_batch_keeps_order_and_isolates_bad_lines(cli, tmp_path):
         json.dumps({"query": "GPU", "user_id": 1, "as_of": "not a time"}),
         json.dumps({"query": "GPU", "user_id": 1, "colour": "red"}),
         json.dumps({"query": "GPU", "user_id": 1, "channel_id": 7, "guild_id": 5, "as_of": "2999-01-01T00:00:00"}),
+        json.dumps({"query": "GPU", "user_id": 1, "channel_id": 7, "guild_id": 5}),
     ]) + "\n")
     code, out, _ = cli("recall", "--batch", batch, "--json")
     results = jsonl(out)
-    assert code == 0 and [r["line"] for r in results] == [1, 2, 3, 4, 5, 6, 7]
+    assert code == 3 and [r["line"] for r in results] == [1, 2, 3, 4, 5, 6, 7, 8]  # 3: some lines were bad
     assert [(m["id"], m["access_count"]) for m in results[0]["memories"]] == [(1, 0)]  # no_touch
     assert "error" in results[1] and "error" in results[2] and "error" in results[4] and "colour" in results[5]["error"]
     assert results[3]["memories"] == []  # a room memory never shows in a DM
-    assert [(m["id"], m["access_count"]) for m in results[6]["memories"]] == [(1, 1)]
+    assert "no_touch" in results[6]["error"]  # a far-future touch would pin the memory: refused
+    assert [(m["id"], m["access_count"]) for m in results[7]["memories"]] == [(1, 1)]
 
 
 def test_import_reports_bad_lines_and_is_idempotent(cli, tmp_path, ollama):
@@ -110,7 +112,7 @@ def test_import_reports_bad_lines_and_is_idempotent(cli, tmp_path, ollama):
     source.write_text("\n".join(lines) + "\n")
     code, out, err = cli("import", source, "--json")
     report = json.loads(out)
-    assert code == 0 and report["imported"] == 70
+    assert code == 3 and report["imported"] == 70  # 3: the good lines are in, some lines were bad
     assert [e["line"] for e in report["errors"]] == [4, 11, 21]
     assert "line 4:" in err and "importing" in err
     assert report["missing_vectors"] == 0

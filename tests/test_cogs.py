@@ -436,3 +436,25 @@ def test_a_channel_whose_privacy_cannot_be_told_counts_as_private():
     assert is_private_channel(Public(), 5, None) is True        # guild not cached
     assert is_private_channel(Public(), 5, Guild()) is False
     assert is_private_channel(Public(), None, None) is False    # a DM
+
+
+async def test_a_forget_while_another_process_holds_the_database_says_so_and_changes_nothing(world, monkeypatch):
+    from bot.memory import db, transactions
+    from bot.memory import engine as engine_module
+    from cogs.client import DATABASE_UNAVAILABLE
+    ids = await seed(world)
+    world.failures_expected = True   # the failed forget reaches the tree's error handler, on purpose
+    monkeypatch.setattr(transactions, "LOCK_RETRIES", 0)
+    monkeypatch.setattr(engine_module, "WRITE_RETRY_DELAYS_S", (0.05,))
+    await world.engine.write(lambda conn: conn.set_busy_timeout(50))
+    other = db.connect(world.engine.settings.db_path)   # e.g. `muninn import` in another process
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        result = await world.alice.slash(world.general, "memory forget", id=ids["alice_here"])
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert result.ephemeral and text_of(result) == DATABASE_UNAVAILABLE
+    assert ids["alice_here"] in await world.engine.write(store.get_many, [ids["alice_here"]])
+    result = await world.alice.slash(world.general, "memory forget", id=ids["alice_here"])
+    assert "Forgot memory" in text_of(result)

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from bot.llm.ollama import OllamaClient, OllamaError
-from bot.memory import db, vectors
+from bot.memory import db, files, repair, vectors
 from bot.memory.migrations import MIGRATIONS, schema_version
 from bot.settings import Settings
 
@@ -20,13 +21,17 @@ class Check:
         return {"check": self.name, "ok": self.ok, "detail": self.detail, "fix": self.fix}
 
 
-def database_checks(settings: Settings) -> list[Check]:
+def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
+    """With `fix`, also repair what can be repaired safely: clamp nonsense stored values and make
+    the database files private."""
     checks: list[Check] = []
     try:
         conn = db.connect(settings.db_path)
     except Exception as exc:  # any failure to open is the finding itself
         return [Check("database", False, str(exc), "point MUNINN_DB_PATH (or --db) at a writable file")]
     try:
+        checks.append(permission_check(Path(settings.db_path), fix))
+        checks.append(stored_values_check(conn, fix))
         version = conn.execute("SELECT vec_version()").fetchall()[0][0]
         checks.append(Check("sqlite-vec", True, f"{version} loaded from {db.vec_path()}"))
         integrity = conn.execute("PRAGMA quick_check").fetchall()[0][0]
@@ -48,6 +53,31 @@ def database_checks(settings: Settings) -> list[Check]:
     return checks
 
 
+def permission_check(db_path: Path, fix: bool) -> Check:
+    loose = files.loose_modes(db_path)
+    if loose and fix:
+        files.tighten_modes(db_path)
+        return Check("permissions", True, f"made private: {'; '.join(loose)}")
+    if loose:
+        return Check("permissions", False, f"other users can read your memories: {'; '.join(loose)}",
+                     f"muninn doctor --fix (or chmod 600 {db_path}* and chmod 700 {db_path.parent}); "
+                     "keep .env private too (chmod 600 .env)")
+    return Check("permissions", True, "database files readable by their owner only")
+
+
+def stored_values_check(conn, fix: bool) -> Check:
+    bad = repair.find_bad_rows(conn)
+    if not bad:
+        return Check("stored values", True, "every memory has sane times, stability and sources")
+    listing = "; ".join(f"{what}: {len(ids)} (#{', #'.join(map(str, ids[:5]))}{', ...' if len(ids) > 5 else ''})"
+                        for what, ids in bad.items())
+    if fix:
+        changed = repair.fix_bad_rows(conn)
+        return Check("stored values", True, f"clamped {changed} values: {listing}")
+    return Check("stored values", False, listing, "muninn doctor --fix (clamps them; recall and export show them "
+                                                  "clamped meanwhile)")
+
+
 async def ollama_checks(settings: Settings) -> list[Check]:
     if not settings.ollama_url:
         return [Check("ollama", False, "OLLAMA_URL is empty: recall is keyword-only and Muninn cannot chat",
@@ -66,7 +96,7 @@ async def ollama_checks(settings: Settings) -> list[Check]:
     return checks
 
 
-async def run_doctor(settings: Settings) -> list[Check]:
+async def run_doctor(settings: Settings, *, fix: bool = False) -> list[Check]:
     import asyncio
-    database = await asyncio.to_thread(database_checks, settings)
+    database = await asyncio.to_thread(database_checks, settings, fix=fix)
     return database + await ollama_checks(settings)

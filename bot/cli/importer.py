@@ -1,18 +1,25 @@
 """`muninn import`: memories from a JSON-lines file, embedded and stored in batches.
 
-A bad line is reported with its number and skipped; the rest are imported. Lines
-whose external_id is already in the database are skipped, so re-running an import
+A bad line (not UTF-8, not JSON, or a value `bot.validate` refuses) is reported with
+its number and reason and skipped; every other line is imported. If the database refuses
+a batch, its lines are stored one by one so only the offending line is lost, and reported.
+Lines whose external_id is already in the database are skipped, so re-running an import
 is safe.
 """
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Callable, Iterable
 
+import apsw
+
+from bot import validate
 from bot.memory.engine import Engine
 from bot.memory.store import NewMemory
+
+log = logging.getLogger(__name__)
 
 BATCH = 64
 FIELDS = {"text", "scope", "user_id", "channel_id", "guild_id", "importance", "created_at", "external_id",
@@ -27,92 +34,99 @@ class ImportReport:
 
 
 def parse_time(value) -> float | None:
-    """ISO-8601 text (naive = UTC) or unix seconds."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
+    """ISO-8601 text (naive = UTC) or unix seconds, from 2000 to a day ahead of now."""
+    return validate.timestamp(value, "time")
+
+
+def decode_line(raw: bytes | str) -> object:
+    """One line as JSON; ValueError says why not (bad UTF-8 with the byte offset)."""
+    if isinstance(raw, bytes):
         try:
-            moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-        except ValueError:
-            raise ValueError(f"time {value!r} is not ISO-8601 (e.g. 2026-04-05T21:14:00Z)") from None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=timezone.utc)
-        return moment.timestamp()
-    raise ValueError(f"time {value!r} must be ISO-8601 text or unix seconds")
-
-
-def optional_id(record: dict, key: str) -> int | None:
-    value = record.get(key)
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool) or not str(value).isdigit():
-        raise ValueError(f"{key} {value!r} must be a numeric id")
-    return int(value)
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise validate.Invalid(f"not valid UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})") from None
+    return json.loads(raw, parse_constant=validate.reject_json_constant)
 
 
 def memory_from_record(record) -> NewMemory:
     if not isinstance(record, dict):
-        raise ValueError("line is not a JSON object")
+        raise validate.Invalid("line is not a JSON object")
     unknown = set(record) - FIELDS
     if unknown:
-        raise ValueError(f"unknown field(s): {', '.join(sorted(unknown))}")
+        raise validate.Invalid(f"unknown field(s): {validate.replace_invalid(', '.join(sorted(unknown)))}")
     if "text" not in record:
-        raise ValueError("missing field 'text'")
-    importance = record.get("importance", 0.5)
-    if isinstance(importance, bool) or not isinstance(importance, (int, float)):
-        raise ValueError(f"importance {importance!r} must be a number between 0 and 1")
-    external = record.get("external_id")
-    return NewMemory(text=record["text"], scope=record.get("scope", "personal"),
-                     owner_id=optional_id(record, "user_id"), channel_id=optional_id(record, "channel_id"),
-                     guild_id=optional_id(record, "guild_id"), importance=importance,
-                     created_at=parse_time(record.get("created_at")),
-                     source_message_ids=record.get("source_message_ids") or (),
-                     external_id=None if external is None else str(external),
-                     private=record.get("private") is True)
+        raise validate.Invalid("missing field 'text'")
+    scope = record.get("scope", "personal")
+    if not isinstance(scope, str):
+        raise validate.Invalid("scope must be text")
+    return NewMemory(text=validate.stored_text(record["text"]), scope=scope,
+                     owner_id=validate.snowflake(record.get("user_id"), "user_id"),
+                     channel_id=validate.snowflake(record.get("channel_id"), "channel_id"),
+                     guild_id=validate.snowflake(record.get("guild_id"), "guild_id"),
+                     importance=validate.number(record.get("importance", 0.5), "importance", low=0.0, high=1.0),
+                     created_at=validate.timestamp(record.get("created_at"), "created_at"),
+                     source_message_ids=validate.message_ids(record.get("source_message_ids")),
+                     external_id=validate.external_id(record.get("external_id")),
+                     private=validate.boolean(record.get("private"), "private"))
 
 
-def parse_lines(lines: Iterable[str], report: ImportReport) -> Iterable[NewMemory]:
+def parse_lines(lines: Iterable[bytes | str], report: ImportReport) -> Iterable[tuple[int, NewMemory]]:
+    """(line number, memory) for each good line; each bad one goes to `report.errors`."""
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            yield memory_from_record(json.loads(line))
-        except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
-            report.errors.append((number, str(exc)))
+            yield number, memory_from_record(decode_line(line))
+        except (ValueError, TypeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+            report.errors.append((number, validate.replace_invalid(str(exc)) or type(exc).__name__))
 
 
 
 
-async def import_lines(engine: Engine, lines: Iterable[str], *, batch: int = BATCH,
+async def import_lines(engine: Engine, lines: Iterable[bytes | str], *, batch: int = BATCH,
                        on_progress: Callable[[int], None] | None = None) -> ImportReport:
     report = ImportReport()
-    pending: list[NewMemory] = []
+    pending: list[tuple[int, NewMemory]] = []
 
     async def flush() -> None:
-        external = [m.external_id for m in pending if m.external_id is not None]
+        external = [m.external_id for _, m in pending if m.external_id is not None]
         existing = await engine.existing_external_ids(external)
         seen: set[str] = set()
-        fresh = []
-        for memory in pending:
+        fresh: list[tuple[int, NewMemory]] = []
+        for number, memory in pending:
             if memory.external_id is not None and (memory.external_id in existing or memory.external_id in seen):
                 report.skipped_existing += 1
                 continue
             if memory.external_id is not None:
                 seen.add(memory.external_id)
-            fresh.append(memory)
+            fresh.append((number, memory))
         if fresh:
-            await engine.remember_many(fresh)
-            report.imported += len(fresh)
+            await _store(engine, fresh, report)
         if on_progress:
             on_progress(len(pending))
         pending.clear()
 
-    for memory in parse_lines(lines, report):
-        pending.append(memory)
+    for number, memory in parse_lines(lines, report):
+        pending.append((number, memory))
         if len(pending) >= batch:
             await flush()
     if pending:
         await flush()
+    report.errors.sort()
     return report
+
+
+async def _store(engine: Engine, fresh: list[tuple[int, NewMemory]], report: ImportReport) -> None:
+    """Store a batch in one transaction; if the database refuses a row of it (a constraint),
+    store the lines one by one so that only the offending one is lost, and reported."""
+    try:
+        await engine.remember_many([m for _, m in fresh])
+        report.imported += len(fresh)
+        return
+    except (apsw.ConstraintError, apsw.TooBigError, apsw.RangeError, ValueError, OverflowError) as exc:
+        if len(fresh) == 1:
+            report.errors.append((fresh[0][0], f"the database refused it: {exc}"))
+            return
+        log.debug("a batch was refused (%s); storing its lines one by one", exc)
+    for item in fresh:
+        await _store(engine, [item], report)

@@ -1,7 +1,8 @@
 """The `muninn` command line: operators, scripts and our own checks use it, so keep it stable.
 
 Each subcommand is a `cmd_*` coroutine taking (args, settings); `build_parser` wires
-them. Bad input exits with status 2 and one line on stderr; nothing is lost.
+them. Bad input exits with status 2 and one line on stderr; nothing is lost. An import
+or a recall batch with some bad lines runs the good ones and exits with status 3.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Awaitable, Callable, Protocol, TypeVar
 
-from bot.cli.importer import import_lines, parse_time
+from bot import validate
+from bot.cli.importer import import_lines
 from bot.cli.progress import Progress
 from bot.memory import store
 from bot.memory.engine import Engine
@@ -23,6 +25,8 @@ from bot.settings import Settings, SettingsError, load_settings
 log = logging.getLogger("muninn")
 T = TypeVar("T")
 
+SOME_LINES_BAD = 3   # exit status: the good lines ran, some lines were bad (each reported)
+
 
 class UsageError(Exception):
     """Bad command-line input; the message is shown as one line."""
@@ -31,25 +35,32 @@ class UsageError(Exception):
 # -- shared helpers ----------------------------------------------------------
 
 def emit(args: argparse.Namespace, data, human: str) -> None:
-    print(json.dumps(data, ensure_ascii=False) if getattr(args, "json", False) else human)
+    """Print a result; text that cannot be encoded (a lone surrogate in stored text) is replaced,
+    never allowed to abort the output."""
+    text = json.dumps(data, ensure_ascii=False) if getattr(args, "json", False) else human
+    print(validate.replace_invalid(text), flush=True)
 
 
 def viewer_from(user_id, channel_id, guild_id, dm) -> Viewer:
     if user_id is None:
         raise UsageError("a viewer needs --user ID (user_id in batch files)")
-    for name, value in (("user", user_id), ("channel", channel_id), ("guild", guild_id)):
-        if value is not None and (isinstance(value, bool) or not str(value).isdigit()):
-            raise UsageError(f"{name} id {value!r} must be a number")
-    if dm and guild_id is not None:
-        raise UsageError("--dm and --guild exclude each other: a DM has no guild")
-    return Viewer(user_id=int(user_id), channel_id=None if channel_id is None else int(channel_id),
-                  guild_id=None if guild_id is None else int(guild_id), dm=bool(dm))
-
-
-def as_of_from(value) -> float | None:
     try:
-        return parse_time(value)
-    except ValueError as exc:
+        user = validate.snowflake(user_id, "user id", optional=False)
+        channel = validate.snowflake(channel_id, "channel id")
+        guild = validate.snowflake(guild_id, "guild id")
+        in_dm = validate.boolean(dm, "dm")
+    except validate.Invalid as exc:
+        raise UsageError(str(exc)) from None
+    if in_dm and guild is not None:
+        raise UsageError("--dm and --guild exclude each other: a DM has no guild")
+    assert user is not None
+    return Viewer(user_id=user, channel_id=channel, guild_id=guild, dm=in_dm)
+
+
+def as_of_from(value, *, touch: bool = True) -> float | None:
+    try:
+        return validate.as_of(value, touch=touch)
+    except validate.Invalid as exc:
         raise UsageError(f"--as-of: {exc}") from None
 
 
@@ -69,7 +80,7 @@ async def cmd_remember(args, settings: Settings) -> int:
     try:
         memory = store.NewMemory(text=args.text, scope=args.scope, owner_id=args.user, channel_id=args.channel,
                                  guild_id=args.guild, importance=args.importance)
-    except ValueError as exc:
+    except ValueError as exc:  # validate.Invalid included: a lone surrogate from a bad terminal byte
         raise UsageError(str(exc)) from None
     async with Engine(settings) as engine:
         memory_id = await engine.remember(memory)
@@ -84,9 +95,10 @@ async def cmd_recall(args, settings: Settings) -> int:
     if args.query is None:
         raise UsageError("give a QUERY, or --batch FILE")
     viewer = viewer_from(args.user, args.channel, args.guild, args.dm)
-    as_of = as_of_from(args.as_of)
+    as_of = as_of_from(args.as_of, touch=not args.no_touch)
+    query, _ = validate.query_text(args.query)
     async with Engine(settings) as engine:
-        result = await engine.recall(args.query, viewer, limit=args.limit, as_of=as_of, touch=not args.no_touch)
+        result = await engine.recall(query, viewer, limit=args.limit, as_of=as_of, touch=not args.no_touch)
     emit(args, result.to_dict(as_of), human_recall(result))
     return 0
 
@@ -94,52 +106,63 @@ async def cmd_recall(args, settings: Settings) -> int:
 BATCH_KEYS = {"query", "user_id", "channel_id", "guild_id", "dm", "limit", "as_of", "no_touch"}
 
 
+def batch_request(raw: bytes) -> tuple[dict, bool]:
+    """One batch line checked: (the recall's arguments, whether the query had invalid characters
+    replaced). Raises UsageError or validate.Invalid with the reason."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"not valid UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})") from None
+    request = json.loads(line, parse_constant=validate.reject_json_constant)
+    if not isinstance(request, dict):
+        raise UsageError("line is not a JSON object")
+    unknown = set(request) - BATCH_KEYS
+    if unknown:
+        raise UsageError(f"unknown key(s): {validate.replace_invalid(', '.join(sorted(unknown)))}")
+    query, replaced = validate.query_text(request.get("query"), "'query'")
+    touch = not validate.boolean(request.get("no_touch"), "no_touch")
+    return {"query": query, "viewer": viewer_from(request.get("user_id"), request.get("channel_id"),
+                                                  request.get("guild_id"), request.get("dm", False)),
+            "limit": validate.limit(request.get("limit"), "'limit'"),
+            "as_of": as_of_from(request.get("as_of"), touch=touch), "touch": touch}, replaced
+
+
 async def recall_batch(args, settings: Settings) -> int:
     path = Path(args.batch)
     if not path.is_file():
         raise UsageError(f"--batch: no file {str(path)!r}")
+    bad = 0
     async with Engine(settings) as engine:
-        with path.open(encoding="utf-8") as lines:
+        with path.open("rb") as lines:
             for number, line in enumerate(lines, start=1):
                 if not line.strip():
                     continue
                 try:
-                    request = json.loads(line)
-                    if not isinstance(request, dict):
-                        raise UsageError("line is not a JSON object")
-                    unknown = set(request) - BATCH_KEYS
-                    if unknown:
-                        raise UsageError(f"unknown key(s): {', '.join(sorted(unknown))}")
-                    query = request.get("query")
-                    if not isinstance(query, str):
-                        raise UsageError("'query' must be a string")
-                    limit = request.get("limit")
-                    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-                        raise UsageError("'limit' must be a positive whole number")
-                    viewer = viewer_from(request.get("user_id"), request.get("channel_id"),
-                                         request.get("guild_id"), request.get("dm", False))
-                    as_of = as_of_from(request.get("as_of"))
-                    result = await engine.recall(query, viewer, limit=limit, as_of=as_of,
-                                                 touch=not request.get("no_touch", False))
-                    out = {"line": number, **result.to_dict(as_of)}
-                except (UsageError, ValueError) as exc:
-                    out = {"line": number, "error": str(exc)}
-                print(json.dumps(out, ensure_ascii=False), flush=True)
-    return 0
+                    request, replaced = batch_request(line)
+                    result = await engine.recall(request["query"], request["viewer"], limit=request["limit"],
+                                                 as_of=request["as_of"], touch=request["touch"])
+                    out = {"line": number, **result.to_dict(request["as_of"])}
+                    if replaced:
+                        out["warning"] = "the query had invalid characters (lone surrogates); they were replaced"
+                except (UsageError, ValueError, RecursionError) as exc:
+                    bad += 1
+                    out = {"line": number, "error": validate.replace_invalid(str(exc))}
+                print(validate.replace_invalid(json.dumps(out, ensure_ascii=False)), flush=True)
+    return SOME_LINES_BAD if bad else 0
 
 
 async def cmd_import(args, settings: Settings) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise UsageError(f"no file {str(path)!r}")
-    with path.open(encoding="utf-8") as lines:
+    with path.open("rb") as lines:
         total = sum(1 for line in lines if line.strip())
     async with Engine(settings) as engine:
-        with Progress("importing", total) as bar, path.open(encoding="utf-8") as lines:
+        with Progress("importing", total) as bar, path.open("rb") as lines:
             report = await import_lines(engine, lines, on_progress=bar.advance)
         missing = (await engine.stats())["missing_vectors"]
     for number, error in report.errors:
-        print(f"line {number}: {error}", file=sys.stderr)
+        print(validate.replace_invalid(f"line {number}: {error}"), file=sys.stderr)
     data = {"imported": report.imported, "skipped_existing": report.skipped_existing,
             "errors": [{"line": n, "error": e} for n, e in report.errors], "missing_vectors": missing}
     human = (f"imported {report.imported}, skipped {report.skipped_existing} already present, "
@@ -147,7 +170,7 @@ async def cmd_import(args, settings: Settings) -> int:
     if missing:
         human += f"; {missing} memories await embeddings (Ollama unavailable?): run `muninn maintain` later"
     emit(args, data, human)
-    return 0
+    return SOME_LINES_BAD if report.errors else 0
 
 
 async def cmd_stats(args, settings: Settings) -> int:
@@ -174,7 +197,7 @@ async def cmd_reindex(args, settings: Settings) -> int:
 
 async def cmd_doctor(args, settings: Settings) -> int:
     from bot.cli.doctor import run_doctor
-    checks = await run_doctor(settings)
+    checks = await run_doctor(settings, fix=args.fix)
     human = "\n".join(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" + (f"\n     fix: {c.fix}" if c.fix else "")
                       for c in checks)
     emit(args, {"ok": all(c.ok for c in checks), "checks": [c.to_dict() for c in checks]}, human)
@@ -272,24 +295,34 @@ def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{validate.replace_invalid(repr(text))} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
     return value
 
 
+def recall_limit(text: str) -> int:
+    value = positive_int(text)
+    if value > validate.MAX_RECALL_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {validate.MAX_RECALL_LIMIT}")
+    return value
+
+
 def snowflake(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a numeric id")
-    return int(text)
+    try:
+        value = validate.snowflake(text, "id", optional=False)
+    except validate.Invalid as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert value is not None
+    return value
 
 
 def importance(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{validate.replace_invalid(repr(text))} is not a number") from None
+    if not 0.0 <= value <= 1.0:  # NaN fails this too
         raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 1")
     return value
 
@@ -321,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--channel", type=snowflake)
     p.add_argument("--guild", type=snowflake)
     p.add_argument("--dm", action="store_true", help="the viewer is in a DM with Muninn")
-    p.add_argument("--limit", type=positive_int)
+    p.add_argument("--limit", type=recall_limit, help=f"at most {validate.MAX_RECALL_LIMIT}")
     p.add_argument("--as-of", metavar="ISO-TIME", help="evaluate at this time (decay, touch, newer memories hidden)")
     p.add_argument("--no-touch", action="store_true", help="inspect only: do not count this as a recall")
     p.add_argument("--batch", metavar="FILE.jsonl", help="one query object a line, one result a line")
@@ -338,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_reindex)
 
     p = sub.add_parser("doctor", parents=[common], help="check the database, sqlite-vec and Ollama")
+    p.add_argument("--fix", action="store_true",
+                   help="also clamp nonsense stored values and make the database files private")
     p.set_defaults(handler=cmd_doctor)
 
     p = sub.add_parser("run", parents=[common], help="start the Discord bot (the default with no COMMAND)")
@@ -365,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
 def setup_logging(settings: Settings, verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else getattr(logging, settings.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from bot import redact
+    redact.install()  # discord.py logs interaction URLs (with their tokens) at DEBUG
 
 
 def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapter] | None = None) -> int:
@@ -395,9 +432,10 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
         if args.verbose:
             raise
         from bot.llm.ollama import OllamaError
-        from bot.memory.db import DatabaseError
-        if isinstance(exc, (DatabaseError, OllamaError, SettingsError)):
-            print(f"muninn {args.command}: {exc}", file=sys.stderr)
+        from bot.memory.files import explain
+        message = str(exc) if isinstance(exc, (OllamaError, SettingsError)) else explain(exc)
+        if message is not None:
+            print(validate.replace_invalid(f"muninn {args.command}: {message}"), file=sys.stderr)
             return 1
         raise
 

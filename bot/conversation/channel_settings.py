@@ -7,12 +7,12 @@ import time
 
 import apsw
 
-from bot.memory.db import query_value
+from bot.memory.db import query_value, write_transaction
 
 
 def set_always_answer(conn: apsw.Connection, channel_id: int, guild_id: int | None, enabled: bool,
                       now: float | None = None) -> None:
-    with conn:
+    with write_transaction(conn):
         conn.execute(
             "INSERT INTO channel_settings (channel_id, guild_id, always_answer, updated_at) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (channel_id) DO UPDATE SET always_answer = excluded.always_answer, "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import apsw
 
-from bot.memory.db import query_one, query_value
+from bot.memory.db import query_one, query_value, write_transaction
 
 ROLES = ("user", "assistant")
 
@@ -50,7 +50,7 @@ def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, auth
         raise ValueError(f"unknown role {role!r}")
     created_at = time.time() if created_at is None else created_at
     content, author_name = storable(content), storable(author_name)
-    with conn:
+    with write_transaction(conn):
         row_id: int = next_local_id(conn) if message_id is None else message_id
         conn.execute(
             "INSERT INTO messages (id, channel_id, guild_id, author_id, author_name, role, content, created_at, "
@@ -67,7 +67,7 @@ def next_local_id(conn: apsw.Connection) -> int:
 
 def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float | None = None) -> bool:
     """Replace the text of a message we know (not of a deleted one); True if a row changed."""
-    with conn:
+    with write_transaction(conn):
         conn.execute("UPDATE messages SET content = ?, edited_at = ? WHERE id = ? AND deleted_at IS NULL",
                      (storable(content), time.time() if edited_at is None else edited_at, message_id))
         changed = conn.changes() > 0
@@ -79,7 +79,7 @@ def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
     """Mark messages deleted and drop their text; returns how many were known."""
     now = time.time() if deleted_at is None else deleted_at
     changed = 0
-    with conn:
+    with write_transaction(conn):
         for message_id in message_ids:
             conn.execute("UPDATE messages SET content = '', deleted_at = ? WHERE id = ? AND deleted_at IS NULL",
                          (now, message_id))
@@ -90,7 +90,7 @@ def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
 def forget_author(conn: apsw.Connection, author_id: int) -> int:
     """Erase a person from the history: their messages everywhere, Muninn's replies to them
     (which may repeat what they said), and whole DM conversations with them. Returns rows removed."""
-    with conn:
+    with write_transaction(conn):
         dm_channels = [row[0] for row in conn.execute(
             "SELECT DISTINCT channel_id FROM messages WHERE author_id = ? AND guild_id IS NULL", (author_id,))]
         conn.execute("DELETE FROM messages WHERE reply_to_author = ?", (author_id,))
@@ -106,7 +106,7 @@ def forget_author(conn: apsw.Connection, author_id: int) -> int:
 def remove(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...]) -> int:
     """Delete rows outright (no tombstone); returns how many went."""
     removed = 0
-    with conn:
+    with write_transaction(conn):
         for message_id in message_ids:
             conn.execute("DELETE FROM messages WHERE id = ?", (message_id,))
             removed += conn.changes()
@@ -116,7 +116,7 @@ def remove(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...]) -> i
 def prune(conn: apsw.Connection, channel_id: int, keep: int) -> int:
     """Delete all but the newest `keep` messages of a channel; returns how many went.
     Cheap: it walks `keep` entries of the (channel_id, created_at) index."""
-    with conn:
+    with write_transaction(conn):
         conn.execute(
             "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE channel_id = ? "
             "ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?)", (channel_id, keep))

@@ -45,6 +45,7 @@ from bot.llm.ollama import (
 )
 from bot.logs import Throttle
 from bot.memory import store
+from bot.memory.db import write_transaction
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 
@@ -176,14 +177,15 @@ class Pipeline:
         return message_id
 
     async def edited(self, message_id: int, content: str, edited_at: float | None = None) -> bool:
-        return await self.engine.write(history.edit, message_id, content, edited_at)
+        return await self.engine.write(history.edit, message_id, content, edited_at, what="record an edit")
 
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
         """A person deleted messages: mark them in the history, and take back what Muninn
         learned from them alone (and what it was about to learn)."""
         if self.extractor is not None:
             self.extractor.forget_messages(message_ids)
-        removed = await self.engine.write(history.delete, list(message_ids), deleted_at)
+        removed = await self.engine.write(history.delete, list(message_ids), deleted_at,
+                                          what=f"mark {len(message_ids)} deleted messages")
         await self.engine.forget_sources(message_ids)
         return removed
 
@@ -206,7 +208,7 @@ class Pipeline:
         self._forgotten_at[user_id] = time.monotonic()
         if self.extractor is not None:
             self.extractor.forget(user_id)
-        return await self.engine.write(_forget_person, user_id)
+        return await self.engine.write(_forget_person, user_id, what=f"forget everything about user {user_id}")
 
     def _forgotten_since(self, user_id: int, received: float) -> bool:
         return self._forgotten_at.get(user_id, float("-inf")) >= received
@@ -350,7 +352,7 @@ def _record_and_prune(conn, row: dict, keep: int | None) -> int:
 
 
 def _forget_person(conn, user_id: int) -> Forgotten:
-    with conn:
+    with write_transaction(conn):
         memories = store.memories_of(conn, user_id)
         store.delete(conn, [memory.id for memory in memories])
         messages = history.forget_author(conn, user_id)

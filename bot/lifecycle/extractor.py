@@ -13,6 +13,7 @@ from bot.conversation.exchange import Exchange
 from bot.lifecycle.fact_store import store_facts
 from bot.lifecycle.facts import by_author, extract_author_facts, usable
 from bot.memory.engine import Engine
+from bot.memory.files import explain
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +147,15 @@ class Extractor:
                 self.processed += 1
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 self.failed += 1
-                log.exception("fact extraction failed for %d messages in channel %s; they are skipped",
-                              len(batch), batch[0].channel_id)
+                cause = explain(exc)
+                if cause is not None:  # the database's fault (locked, full, damaged): one line says which
+                    log.error("fact extraction failed for %d messages in channel %s; their facts are NOT "
+                              "stored: %s", len(batch), batch[0].channel_id, cause)
+                else:
+                    log.exception("fact extraction failed for %d messages in channel %s; they are skipped",
+                                  len(batch), batch[0].channel_id)
 
     async def process(self, batch: Sequence[Exchange], *, taken_at: float | None = None) -> list[int]:
         """Extract and store the facts of one channel's batch, author by author (one LLM call

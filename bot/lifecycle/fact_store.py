@@ -64,7 +64,8 @@ async def store_facts_detailed(engine: Engine, facts: Sequence[Fact],
     for fact, found in zip(facts, candidates, strict=True):
         decisions.append(await decide_update(engine.ollama, fact.text, found) if found else None)
     outcome = await engine.write(
-        _write_if_kept, keep, memories, vecs, decisions, settings=settings, now=now)
+        _write_if_kept, keep, memories, vecs, decisions, what=f"store {len(memories)} extracted facts",
+        settings=settings, now=now)
     if outcome.inserted or outcome.reinforced or outcome.superseded:
         log.info("memories: stored %s, reinforced %s, superseded %s", outcome.inserted, outcome.reinforced,
                  [f"#{old}->#{new}" for old, new in outcome.superseded])

@@ -42,6 +42,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence, TypeVar
 
+from bot import validate
 from bot.conversation.exchange import Exchange
 from bot.lifecycle import writes
 from bot.llm.answers import InvalidReply, ask_json
@@ -165,7 +166,7 @@ def check_fact(item: Any) -> RawFact:
     text = item.get("text")
     if not isinstance(text, str):
         raise ValueError("'text' must be a string")
-    text = " ".join(text.split())
+    text = " ".join(validate.stored_text(text, "'text'").split())
     if len(text) < MIN_FACT_CHARS or len(text) > MAX_FACT_CHARS:
         raise ValueError(f"'text' must be {MIN_FACT_CHARS} to {MAX_FACT_CHARS} characters")
     if FIRST_PERSON.search(text):
@@ -173,7 +174,7 @@ def check_fact(item: Any) -> RawFact:
     if GENERIC_SUBJECT.search(text):
         raise ValueError("'text' says 'the user': use the display name")
     about = item.get("about")
-    if not isinstance(about, str) or not about.strip() or len(about) > 100:
+    if not isinstance(about, str) or not about.strip() or len(about) > 100 or not validate.encodable(about):
         raise ValueError("'about' must be a display name, 'room' or 'general'")
     about = about.strip()
     scope = item.get("scope")
@@ -187,7 +188,7 @@ def check_fact(item: Any) -> RawFact:
         except ValueError:
             raise ValueError("'importance' must be a number from 0 to 1") from None
     if isinstance(importance, bool) or not isinstance(importance, (int, float)) or not 0 <= importance <= 1:
-        raise ValueError("'importance' must be a number from 0 to 1")
+        raise ValueError("'importance' must be a number from 0 to 1")  # NaN fails the range test too
     if scope == "personal" and not mentions(text, about):
         raise ValueError("'text' does not name the person in 'about'")
     return RawFact(text=text, about=about, scope=scope, importance=float(importance))

@@ -33,12 +33,13 @@ from typing import Any, Callable, Sequence
 
 import apsw
 
+from bot import validate
 from bot.conversation import history
 from bot.lifecycle import writes
 from bot.lifecycle.facts import FIRST_PERSON, GENERIC_SUBJECT
 from bot.llm.answers import ask_json
 from bot.memory import decay, store, vectors
-from bot.memory.db import get_meta, query_value, set_meta
+from bot.memory.db import get_meta, query_value, set_meta, write_transaction
 from bot.memory.engine import Engine
 from bot.memory.scope import ACTIVE
 
@@ -103,11 +104,11 @@ def faded_ids(conn: apsw.Connection, *, now: float, retention_below: float, impo
 
 def archive_faded(conn: apsw.Connection, ids: Sequence[int], *, now: float) -> list[int]:
     done = []
-    with conn:
+    with write_transaction(conn):
         for memory_id in ids:
-            memory = store.get(conn, memory_id)
-            if memory.archived_at is not None:
-                continue
+            memory = store.get_many(conn, [memory_id]).get(memory_id)
+            if memory is None or memory.archived_at is not None:
+                continue  # forgotten or archived by another process since it was found
             store.archive(conn, memory_id, f"decayed (retention {memory.retention(now):.3f})", now=now)
             done.append(memory_id)
     return done
@@ -165,7 +166,7 @@ def scan_batch(conn: apsw.Connection, watermark_key: str, limit: int) -> tuple[l
 
 
 def advance(conn: apsw.Connection, watermark_key: str, memory_id: int) -> None:
-    with conn:
+    with write_transaction(conn):
         current = int(get_meta(conn, watermark_key) or 0)
         if memory_id > current:
             set_meta(conn, watermark_key, str(memory_id))
@@ -182,7 +183,7 @@ def link_batch(conn: apsw.Connection, *, model: str,
         return 0, False
     batch, blocked = scan_batch(conn, LINKS_WATERMARK, SCAN_BATCH)
     added = 0
-    with conn:
+    with write_transaction(conn):
         for memory_id, vis_key in batch:
             added += writes.link_similar(conn, info, memory_id, vis_key, threshold=threshold, now=now)
         if batch:
@@ -216,7 +217,9 @@ def find_clusters(conn: apsw.Connection, *, model: str,
     for memory_id, vis_key in batch:
         if memory_id in taken:
             continue
-        seed = store.get(conn, memory_id)
+        seed = store.get_many(conn, [memory_id]).get(memory_id)
+        if seed is None:
+            continue  # forgotten (by the bot, in another process) since the scan read it
         members = [memory_id]
         neighbours = vectors.similar_to_memory(conn, info, memory_id, [vis_key], CLUSTER_NEIGHBOURS)
         others = store.get_many(conn, [mid for mid, _ in neighbours])
@@ -266,7 +269,7 @@ def check_merge(data: Any, memories: Sequence[store.Memory]) -> tuple[str, list[
         data = {"text": data}
     if not isinstance(data, dict) or not isinstance(data.get("text"), str):
         raise ValueError("expected {\"text\": \"...\"}")
-    text = " ".join(data["text"].split())
+    text = " ".join(validate.stored_text(data["text"], "'text'").split())
     if not 3 <= len(text) <= store.MAX_TEXT_CHARS:
         raise ValueError("'text' is empty or too long")
     if FIRST_PERSON.search(text) or GENERIC_SUBJECT.search(text):
@@ -285,7 +288,7 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
                         model: str, base_stability_days: float, now: float) -> Consolidation | None:
     """One cluster, one transaction: write the survivor (its vector in `model`'s index), archive
     the others, link them."""
-    with conn:
+    with write_transaction(conn):
         found = store.get_many(conn, list(cluster_ids))
         members = [found[i] for i in cluster_ids if i in found and found[i].archived_at is None]
         if len(members) < 2 or len({m.vis_key for m in members}) != 1:

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import apsw
 
 from bot.memory import decay, fts, store, vectors
-from bot.memory.db import query_value
+from bot.memory.db import query_value, write_transaction
 from bot.memory.scope import ACTIVE, key_filter
 from bot.settings import Settings
 
@@ -273,7 +273,7 @@ def update_candidates(conn: apsw.Connection, info: vectors.IndexInfo | None, mem
 def reinforce(conn: apsw.Connection, memory_id: int, *, importance: float, source_ids: Sequence[Any],
               growth: float, now: float) -> None:
     """The same fact was stated again: strengthen the memory instead of storing a copy."""
-    with conn:
+    with write_transaction(conn):
         raw = query_value(conn, "SELECT source_message_ids FROM memories WHERE id = ?", (memory_id,), "[]")
         sources = [str(s) for s in json.loads(raw or "[]")]
         sources += [str(s) for s in source_ids if str(s) not in sources]
@@ -289,7 +289,7 @@ def supersede(conn: apsw.Connection, old_id: int, new_id: int, *, now: float) ->
     same subject), linking old -> new as superseded_by. Returns whether it happened."""
     if old_id == new_id:
         return False
-    with conn:
+    with write_transaction(conn):
         found = store.get_many(conn, [old_id, new_id])
         old, new = found.get(old_id), found.get(new_id)
         if old is None or new is None or old.archived_at is not None or new.archived_at is not None:
@@ -308,7 +308,7 @@ def link_similar(conn: apsw.Connection, info: vectors.IndexInfo | None, memory_i
     if info is None:
         return 0
     added = 0
-    with conn:
+    with write_transaction(conn):
         for other, distance in vectors.similar_to_memory(conn, info, memory_id, [vis_key], k):
             cosine = vectors.cosine_from_distance(distance)
             if cosine < threshold:
@@ -342,7 +342,7 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
     embedding); when they do not fit it, the facts are stored without them. The thresholds and
     the stability constants come from `settings`."""
     out = WriteOutcome()
-    with conn:
+    with write_transaction(conn):
         info = vectors.index_for(conn, settings.embed_model, len(vecs[0])) if vecs else None
         for index, memory in enumerate(memories):
             vector = vecs[index] if vecs and info is not None else None

@@ -14,26 +14,29 @@ from typing import Any
 
 import apsw
 
+from bot.memory import files
+from bot.memory.files import DatabaseError, explain
 from bot.memory.migrations import migrate
+from bot.memory.transactions import write_transaction
+
+__all__ = ["DatabaseError", "explain", "write_transaction", "connect"]
 
 log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 5000
 
 
-class DatabaseError(RuntimeError):
-    """The database cannot be opened or used; the message says what to do."""
-
-
 def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection:
-    """Open (creating if needed) the memory database, load sqlite-vec, apply migrations."""
+    """Open (creating if needed, private to this user) the memory database, load sqlite-vec,
+    apply migrations. A file that is not Muninn's, or is newer than this code, is refused
+    before a byte of it changes (files.check_before_open)."""
     path = str(path)
     if path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        files.prepare(Path(path))
     try:
         conn = apsw.Connection(path)
     except apsw.Error as exc:
-        raise DatabaseError(f"cannot open database {path!r}: {exc}") from exc
+        raise DatabaseError(f"cannot open database {path!r}: {explain(exc) or exc}") from exc
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     load_vec(conn)
     try:
@@ -44,8 +47,16 @@ def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection
         conn.execute("PRAGMA mmap_size=268435456")
         if migrate_schema:
             migrate(conn)
+            files.mark(conn)
     except apsw.NotADBError as exc:
+        conn.close()
         raise DatabaseError(f"{path!r} is not a SQLite database; point MUNINN_DB_PATH (or --db) at another file") from exc
+    except apsw.Error as exc:
+        conn.close()
+        message = explain(exc)
+        if message is None:
+            raise
+        raise DatabaseError(f"{path}: {message}") from exc
     return conn
 
 

@@ -25,14 +25,18 @@ from bot.llm.ollama import (
 )
 from bot.logs import Throttle
 from bot.memory import db, retrieval, store, vectors
+from bot.memory.db import write_transaction
+from bot.memory.files import DatabaseBusy
 from bot.memory.retrieval import VectorStatus
 from bot.memory.scope import Viewer, visible_keys
 from bot.settings import Settings
+from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 EMBED_BATCH = 32
+WRITE_RETRY_DELAYS_S = (1.0, 4.0, 15.0)   # after the ~20 s each attempt already waits for the lock
 
 
 async def _given(vector: list[float]) -> tuple[list[float] | None, VectorStatus]:
@@ -93,9 +97,26 @@ class Engine:
         """Run a read-only `job(conn, *args, **kwargs)` off the event loop."""
         return await self._run(job, *args, **kwargs)
 
-    async def write(self, job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run `job(conn, *args, **kwargs)`, which writes in its own transaction, on the writer."""
-        return await self._run(job, *args, **kwargs)
+    async def write(self, job: Callable[..., T], *args: Any, what: str = "write to the database", **kwargs: Any) -> T:
+        """Run `job(conn, *args, **kwargs)`, a write that is ONE transaction (so repeating it after
+        it never began is safe): when another process keeps the lock past the busy timeout and its
+        retries, wait (off the database thread) and try again; in the end log an error naming
+        `what` was not written and why, and raise. Nothing a person asked for is dropped silently."""
+        for attempt, delay in enumerate((*WRITE_RETRY_DELAYS_S, None), start=1):
+            try:
+                return await self._run(job, *args, **kwargs)
+            except DatabaseBusy as exc:
+                if delay is None:
+                    log.error("could not %s after %d attempts: %s", what, attempt, exc)
+                    raise
+                log.warning("could not %s yet (attempt %d): %s; retrying in %.0f s", what, attempt, exc, delay)
+                await asyncio.sleep(delay)
+            except Exception as exc:
+                message = db.explain(exc)
+                if message is not None:  # a full disk, a damaged file: say so in one line
+                    log.error("could not %s: %s", what, message)
+                raise
+        raise AssertionError("unreachable")
 
     # -- writes --------------------------------------------------------------
 
@@ -106,11 +127,11 @@ class Engine:
         """Embed (if Ollama can) and store memories in one transaction; a failed embedding
         stores them without vectors, for the backfill to finish later."""
         vecs = await self.embed_or_none([m.text for m in memories])
-        return await self._run(self._insert, list(memories), vecs, now)
+        return await self.write(self._insert, list(memories), vecs, now, what=f"store {len(memories)} memories")
 
     def _insert(self, conn: apsw.Connection, memories: list[store.NewMemory],
                 vecs: list[list[float]] | None, now: float | None) -> list[int]:
-        with conn:
+        with write_transaction(conn):
             info = vectors.index_for(conn, self.settings.embed_model, len(vecs[0])) if vecs else None
             ids = store.insert_many(conn, memories, base_stability_days=self.settings.base_stability_days,
                                     vector_info=info, vectors_=vecs if info else None, now=now)
@@ -119,7 +140,7 @@ class Engine:
     async def forget(self, memory_ids: Sequence[int], *, scrub: bool = False) -> int:
         """Hard-delete memories; with `scrub`, also rewrite the indexes and the WAL so that no
         trace of their text stays recoverable on disk (slower: for forget-all, not routine)."""
-        removed = await self._run(store.delete, list(memory_ids))
+        removed = await self.write(store.delete, list(memory_ids), what=f"forget {len(memory_ids)} memories")
         if scrub:
             await self._run(store.scrub)
         return removed
@@ -142,6 +163,7 @@ class Engine:
         while True:
             pending = await self._run(store.unembedded_ids, batch)
             if not pending:
+                await self._run(vectors.mark_reindex_done)
                 return done
             vecs = await self.embed_or_none([text for _, text in pending])
             if vecs is None:
@@ -154,7 +176,7 @@ class Engine:
                 progress(stored)
 
     def _store_vectors(self, conn: apsw.Connection, ids: list[int], vecs: list[list[float]]) -> int:
-        with conn:
+        with write_transaction(conn):
             info = vectors.index_for(conn, self.settings.embed_model, len(vecs[0]))
             if info is None:
                 return 0
@@ -170,9 +192,10 @@ class Engine:
             conn, "SELECT count(*) FROM memories WHERE archived_at IS NULL"))
 
         def reset(conn: apsw.Connection) -> None:
-            with conn:
+            with write_transaction(conn):
                 vectors.drop_index(conn)
                 vectors.create_index(conn, self.settings.embed_model, len(probe[0]))
+                vectors.mark_reindex_pending(conn)  # recall says "partial" until every vector is back
         await self._run(reset)
         done = 0
 
@@ -193,13 +216,14 @@ class Engine:
                      touch: bool = True, query_vector: Sequence[float] | None = None) -> retrieval.RecallResult:
         """Hybrid retrieval for `viewer`: FTS5 + vector KNN fused by RRF, then the graph, then touch.
         `query_vector` (an embedding of `query` made earlier) skips the embedding call."""
-        limit = limit or self.settings.recall_limit
+        # Callers validate their limit (bot/validate.py); the cap here keeps vec0's k (3 x limit) legal.
+        limit = min(limit or self.settings.recall_limit, MAX_RECALL_LIMIT)
         now = as_of if as_of is not None else time.time()
         started = time.perf_counter()
         embedding = asyncio.create_task(self._query_vector(query) if query_vector is None
                                         else _given(list(query_vector)))
         try:
-            keys, fts_hits, info = await self._run(self._fts_step, query, viewer, limit * 3, now, as_of)
+            keys, fts_hits, info, partial = await self._run(self._fts_step, query, viewer, limit * 3, now, as_of)
         except BaseException:
             embedding.cancel()
             raise
@@ -217,6 +241,8 @@ class Engine:
                 self._warn_once("wrong-size", f"{self.settings.embed_model} returned a {len(vector)}-dimensional "
                                               f"vector, the index holds {info.dim}: run `muninn reindex`")
                 vector, status = None, VectorStatus.WRONG_SIZE
+            elif partial:
+                status = VectorStatus.PARTIAL  # a re-index is under way or was interrupted: some vectors are missing
         memories, candidates, mode, finish = await self._run(
             self._finish_step, keys, fts_hits, info, vector, limit, now, as_of, touch)
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
@@ -229,7 +255,7 @@ class Engine:
     def _fts_step(self, conn, query, viewer, candidates, now, as_of):
         keys = visible_keys(conn, viewer)
         hits = retrieval.fts_candidates(conn, query, keys, candidates, now, as_of)
-        return keys, hits, vectors.index_info(conn)
+        return keys, hits, vectors.index_info(conn), vectors.reindex_pending(conn)
 
     def _finish_step(self, conn, keys, fts_hits, info, vector, limit, now, as_of, touch):
         t0 = time.perf_counter()
@@ -242,8 +268,9 @@ class Engine:
         linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
         ids = [c.memory_id for c in chosen]
-        if touch and ids:
-            store.touch(conn, ids, growth=self.settings.stability_growth, now=now)
+        if touch and ids:  # never stamp a future recall time: it would pin the memories so they never fade
+            store.touch(conn, ids, growth=self.settings.stability_growth,
+                        now=min(now, time.time() + FUTURE_SLACK_S))
         memories = store.get_many(conn, ids)
         t2 = time.perf_counter()
         return (memories, chosen, retrieval.mode_of(vector is not None, fts_hits),
@@ -311,7 +338,8 @@ class Engine:
 
     async def forget_sources(self, message_ids: Sequence[int]) -> list[int]:
         """Messages were deleted: forget what was learned from them alone (see store.forget_sources)."""
-        return await self._run(store.forget_sources, list(message_ids))
+        return await self.write(store.forget_sources, list(message_ids),
+                                what=f"take back what was learned from {len(message_ids)} deleted messages")
 
     async def stats(self) -> dict:
         return await self._run(store.stats)

@@ -11,6 +11,8 @@ from typing import Any
 
 import apsw
 
+from bot.memory.transactions import write_transaction
+
 log = logging.getLogger(__name__)
 
 MIGRATIONS: list[str] = [
@@ -140,7 +142,9 @@ def migrate(conn: apsw.Connection) -> int:
         raise RuntimeError(
             f"database schema version {current} is newer than this Muninn ({len(MIGRATIONS)}); upgrade Muninn")
     for number in range(current + 1, len(MIGRATIONS) + 1):
-        with conn:  # one transaction per migration
+        with write_transaction(conn):  # one transaction per migration
+            if schema_version(conn) >= number:
+                continue  # another process applied it while we waited for the lock
             conn.execute(MIGRATIONS[number - 1])
             conn.execute(f"PRAGMA user_version = {number}")
         log.info("applied schema migration %d", number)

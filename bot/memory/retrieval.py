@@ -73,6 +73,7 @@ class Recalled:
 class VectorStatus(StrEnum):
     """Why the vector path did or did not run (shown by `recall` and `/memory search`)."""
     OK = "ok"
+    PARTIAL = "partial"                # a reindex is unfinished: some memories have no vector yet
     DISABLED = "disabled"              # no OLLAMA_URL
     EMPTY_QUERY = "empty-query"        # nothing to embed (no letters or digits)
     UNREACHABLE = "unreachable"        # Ollama down or cooling down

@@ -8,6 +8,7 @@ the database thread.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -15,8 +16,9 @@ from typing import Any, Iterable, Sequence
 
 import apsw
 
+from bot import validate
 from bot.memory import decay, fts, vectors
-from bot.memory.db import query_one, query_value
+from bot.memory.db import query_one, query_value, write_transaction
 from bot.memory.scope import (
     ACTIVE,
     SCOPES,
@@ -27,12 +29,19 @@ from bot.memory.scope import (
     visible_keys,
 )
 
+# Times Python can render (datetime covers years 1 to 9999): a stored value outside is
+# shown clamped, never allowed to crash a recall or an export.
+RENDERABLE_FROM = datetime(1, 1, 2, tzinfo=timezone.utc).timestamp()
+RENDERABLE_UNTIL = datetime(9999, 12, 30, tzinfo=timezone.utc).timestamp()
+
 LINK_KINDS = ("co_extracted", "consolidated", "semantic", "superseded_by")
 MAX_TEXT_CHARS = 4000
 
-COLUMNS = ("id, text, scope, owner_id, channel_id, guild_id, vis_key, importance, stability, access_count, "
-           "last_accessed, created_at, updated_at, archived_at, archive_reason, source_message_ids, "
-           "external_id, embedded")
+# Free text comes back as bytes and is decoded leniently (Memory.from_row): SQLite never checks
+# that TEXT is UTF-8, and one bad byte written by another program must not break every read.
+COLUMNS = ("id, CAST(text AS BLOB), scope, owner_id, channel_id, guild_id, vis_key, importance, stability, "
+           "access_count, last_accessed, created_at, updated_at, archived_at, CAST(archive_reason AS BLOB), "
+           "source_message_ids, CAST(external_id AS BLOB), embedded")
 
 
 class MemoryNotFound(LookupError):
@@ -53,12 +62,22 @@ class NewMemory:
     private: bool = False  # learned in a guild channel not everyone there can read (scope.memory_key)
 
     def __post_init__(self):
-        self.text = clean_text(self.text)
+        # The last line of defence for every writer (import, CLI, slash commands, LLM output):
+        # nothing that would fail to store or later fail to render gets in.
+        self.text = clean_text(validate.stored_text(self.text))
         if self.scope not in SCOPES:
-            raise ValueError(f"unknown scope {self.scope!r}; use one of {', '.join(SCOPES)}")
-        if not (0.0 <= float(self.importance) <= 1.0):
-            raise ValueError(f"importance {self.importance!r} must be between 0 and 1")
-        self.importance = float(self.importance)
+            raise ValueError(f"unknown scope {validate.replace_invalid(repr(self.scope))}; "
+                             f"use one of {', '.join(SCOPES)}")
+        self.importance = validate.number(self.importance, "importance", low=0.0, high=1.0)
+        self.owner_id = validate.snowflake(self.owner_id, "owner id")
+        self.channel_id = validate.snowflake(self.channel_id, "channel id")
+        self.guild_id = validate.snowflake(self.guild_id, "guild id")
+        if self.created_at is not None:
+            self.created_at = validate.number(self.created_at, "created_at", low=0.0, high=RENDERABLE_UNTIL)
+        if self.external_id is not None:
+            self.external_id = validate.stored_text(self.external_id, "external_id")
+        self.source_message_ids = [validate.stored_text(str(s), "source_message_ids")
+                                   for s in self.source_message_ids]
         memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id, self.private)  # validates ids
 
     @property
@@ -89,9 +108,22 @@ class Memory:
 
     @classmethod
     def from_row(cls, row) -> "Memory":
+        """A memory as stored; whatever is in the file (an odd type, broken JSON), this does not raise."""
         values = list(row)
-        values[15] = json.loads(values[15] or "[]")
+        for index in (1, 14, 16):  # text, archive_reason, external_id
+            if isinstance(values[index], bytes):
+                values[index] = lenient_text(values[index])
+        values[15] = _id_list(values[15])
         values[17] = bool(values[17])
+        for index in (7, 8, 10, 11, 12, 13):  # importance, stability and the times: numbers or None
+            if values[index] is not None and not isinstance(values[index], (int, float)):
+                values[index] = _as_float(values[index])
+        if values[11] is None:
+            values[11] = 0.0
+        if values[12] is None:
+            values[12] = values[11]
+        if not isinstance(values[1], str):
+            values[1] = str(values[1])
         return cls(*values)
 
     @property
@@ -100,7 +132,12 @@ class Memory:
         return is_private(self.vis_key)
 
     def retention(self, now: float | None = None) -> float:
-        return decay.retention(now or time.time(), self.last_accessed or self.created_at, self.stability)
+        """Retention now; a stored value that makes no sense (stability 0, a NaN) gives 0.0 or 1.0."""
+        try:
+            value = decay.retention(now or time.time(), self.last_accessed or self.created_at, self.stability)
+        except (ArithmeticError, TypeError, ValueError):
+            return 0.0
+        return value if math.isfinite(value) else 0.0
 
     def to_dict(self, now: float | None = None) -> dict:
         out = asdict(self)
@@ -123,7 +160,36 @@ def clean_text(text: str) -> str:
 
 
 def iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+    """ISO-8601 UTC; a time Python cannot render (year < 1 or > 9999, NaN) is clamped and marked
+    with a trailing "?" so that a damaged row still shows, and shows that it is damaged."""
+    if ts is None:
+        return None
+    if isinstance(ts, (int, float)) and math.isfinite(ts) and RENDERABLE_FROM <= ts <= RENDERABLE_UNTIL:
+        return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+    if not isinstance(ts, (int, float)) or math.isnan(ts):
+        return "invalid?"
+    edge = RENDERABLE_FROM if ts < RENDERABLE_FROM else RENDERABLE_UNTIL
+    return datetime.fromtimestamp(edge, timezone.utc).isoformat(timespec="seconds") + "?"
+
+
+def lenient_text(raw: bytes) -> str:
+    """Stored bytes as text; invalid UTF-8 becomes U+FFFD (`muninn doctor` reports such rows)."""
+    return raw.decode("utf-8", "replace")
+
+
+def _id_list(raw) -> list:
+    try:
+        value = json.loads(raw or "[]")
+    except (ValueError, TypeError):
+        return []
+    return value if isinstance(value, list) else []
+
+
+def _as_float(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 # -- writes ------------------------------------------------------------------
@@ -135,7 +201,7 @@ def insert_many(conn: apsw.Connection, memories: Sequence[NewMemory], *, base_st
     """Insert memories (and their vectors, if given) in one transaction."""
     now = time.time() if now is None else now
     ids: list[int] = []
-    with conn:
+    with write_transaction(conn):
         for index, memory in enumerate(memories):
             created = memory.created_at if memory.created_at is not None else now
             conn.execute(
@@ -183,7 +249,7 @@ def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
     """Hard-delete memories with their FTS rows, vectors and links; returns how many went."""
     ids = list(memory_ids)
     fts.forget_counts(conn)
-    with conn:
+    with write_transaction(conn):
         vectors.remove(conn, ids)
         removed = 0
         for memory_id in ids:  # links and source rows go by ON DELETE CASCADE, the FTS row by trigger
@@ -199,7 +265,7 @@ def forget_sources(conn: apsw.Connection, message_ids: Sequence[int]) -> list[in
     if not wanted:
         return []
     marks = ",".join("?" * len(wanted))
-    with conn:
+    with write_transaction(conn):
         rows: list[Any] = conn.execute(
             "SELECT DISTINCT m.id, m.source_message_ids FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
             f"WHERE s.message_id IN ({marks})", wanted).fetchall()
@@ -218,14 +284,15 @@ def scrub(conn: apsw.Connection) -> None:
     """Leave no recoverable trace of deleted text: FTS5 keeps deleted terms in its segments
     until they merge, and old pages linger in the WAL (free pages are zeroed by
     `secure_delete`, set in db.connect)."""
-    conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('optimize')")
+    with write_transaction(conn):
+        conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('optimize')")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
     """Take a memory out of retrieval (its FTS row and vector go; the row stays, restorable)."""
     fts.forget_counts(conn)
-    with conn:
+    with write_transaction(conn):
         conn.execute("UPDATE memories SET archived_at = ?, archive_reason = ?, embedded = 0, updated_at = ? "
                      "WHERE id = ? AND " + ACTIVE,
                      (time.time() if now is None else now, reason, time.time(), memory_id))
@@ -235,7 +302,7 @@ def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | Non
 def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> None:
     """Bring an archived memory back; its vector is rebuilt by the next backfill."""
     now = time.time() if now is None else now
-    with conn:
+    with write_transaction(conn):
         conn.execute("UPDATE memories SET archived_at = NULL, archive_reason = NULL, last_accessed = ?, "
                      "updated_at = ? WHERE id = ?", (now, now, memory_id))
 
@@ -243,7 +310,7 @@ def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> 
 def touch(conn: apsw.Connection, memory_ids: Iterable[int], *, growth: float, now: float | None = None) -> None:
     """Record a recall: count it, reset the decay clock, strengthen the memory."""
     now = time.time() if now is None else now
-    with conn:
+    with write_transaction(conn):
         for memory_id in memory_ids:
             conn.execute(
                 "UPDATE memories SET access_count = access_count + 1, last_accessed = max(?, coalesce(last_accessed, 0)), "
@@ -252,7 +319,7 @@ def touch(conn: apsw.Connection, memory_ids: Iterable[int], *, growth: float, no
 
 
 def set_vector(conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int, vector: Sequence[float]) -> None:
-    with conn:
+    with write_transaction(conn):
         row = query_one(conn, "SELECT vis_key, created_at FROM memories WHERE id = ? AND " + ACTIVE, (memory_id,))
         if row is not None:  # archived or deleted meanwhile: nothing to index
             vectors.put(conn, info, memory_id, row[0], row[1], vector)
@@ -322,8 +389,9 @@ def existing_external_ids(conn: apsw.Connection, ids: Sequence[str]) -> set[str]
 
 
 def unembedded_ids(conn: apsw.Connection, limit: int) -> list[tuple[int, str]]:
-    return [(row[0], row[1]) for row in conn.execute(
-        "SELECT id, text FROM memories WHERE embedded = 0 AND " + ACTIVE + " ORDER BY id LIMIT ?", (limit,))]
+    return [(row[0], lenient_text(row[1])) for row in conn.execute(
+        "SELECT id, CAST(text AS BLOB) FROM memories WHERE embedded = 0 AND " + ACTIVE + " ORDER BY id LIMIT ?",
+        (limit,))]
 
 
 def stats(conn: apsw.Connection) -> dict:

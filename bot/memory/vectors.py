@@ -31,6 +31,8 @@ _warnings = Throttle()
 
 DEFAULT_BUCKETS = 256  # chosen by bench/layouts.py (bench/README.md): fast at 100k, <= 1.5x raw disk at 10k
 DEFAULT_CHUNK_SIZE = 32
+MAX_DIM = 8192
+REINDEX_PENDING = "reindex_pending"
 
 
 class VectorSizeError(ValueError):
@@ -82,6 +84,11 @@ def index_for(conn: apsw.Connection, model: str, dim: int) -> IndexInfo | None:
     stored without a vector and the backfill embeds it after `muninn reindex`."""
     info = index_info(conn)
     if info is None:
+        if not usable_dim(dim):  # store the memories without vectors rather than not at all
+            if _warnings.ready("dim"):
+                log.warning("%s returned %d-dimensional vectors; Muninn indexes 1 to %d: choose another "
+                            "OLLAMA_EMBED_MODEL", model, dim, MAX_DIM)
+            return None
         return create_index(conn, model, dim)
     if info.model != model:
         return None
@@ -100,7 +107,7 @@ def table_exists(conn: apsw.Connection) -> bool:
 def create_index(conn: apsw.Connection, model: str, dim: int, *, buckets: int = DEFAULT_BUCKETS,
                  chunk_size: int = DEFAULT_CHUNK_SIZE) -> IndexInfo:
     """Create the vec0 table for this model's dimension (call inside a transaction)."""
-    if dim < 1 or dim > 8192:
+    if not usable_dim(dim):
         raise VectorSizeError(f"embedding dimension {dim} is not usable")
     conn.execute(
         f"CREATE VIRTUAL TABLE vec_memories USING vec0("
@@ -111,6 +118,24 @@ def create_index(conn: apsw.Connection, model: str, dim: int, *, buckets: int = 
     set_meta(conn, "embed_dim", str(dim))
     set_meta(conn, "vec_buckets", str(buckets))
     return IndexInfo(model, dim, buckets)
+
+
+def usable_dim(dim: int) -> bool:
+    return 1 <= dim <= MAX_DIM
+
+
+def mark_reindex_pending(conn: apsw.Connection) -> None:
+    set_meta(conn, REINDEX_PENDING, "1")
+
+
+def reindex_pending(conn: apsw.Connection) -> bool:
+    return get_meta(conn, REINDEX_PENDING) is not None
+
+
+def mark_reindex_done(conn: apsw.Connection) -> None:
+    """Every active memory has its vector again (called when the backfill finds none missing)."""
+    if reindex_pending(conn):
+        conn.execute("DELETE FROM meta WHERE key = ?", (REINDEX_PENDING,))
 
 
 def index_partitions(conn: apsw.Connection) -> None:

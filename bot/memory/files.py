@@ -1,0 +1,169 @@
+"""The database file itself: whose it is, who may read it, and what its errors mean.
+
+Before SQLite opens a file read-write (which already rewrites the header to switch to
+WAL), `prepare` checks that it is Muninn's: the header's `application_id`, or for a
+file made before that mark existed, Muninn's tables. Another program's SQLite file, a
+file of a newer Muninn and a file that is not SQLite at all are refused without one
+byte changing. New files and folders are created private (0600 / 0700): the memories
+of DMs are in there.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import urllib.parse
+from pathlib import Path
+
+import apsw
+
+APPLICATION_ID = 0x4D554E4E   # "MUNN" in the header at offset 68 (PRAGMA application_id)
+HEADER = b"SQLite format 3\x00"
+FILE_MODE = 0o600
+FOLDER_MODE = 0o700
+MUNINN_TABLES = {"meta", "memories"}
+
+
+class DatabaseError(RuntimeError):
+    """The database cannot be opened or used; the message says what to do."""
+
+
+class DatabaseBusy(DatabaseError):
+    """Another process held the write lock for longer than we wait."""
+
+
+def explain(exc: BaseException) -> str | None:
+    """One line saying what a SQLite error means for the operator, or None if it is not one
+    of the file-level failures (a full disk, a damaged file, a lock held too long)."""
+    if isinstance(exc, DatabaseError):
+        return str(exc)
+    if isinstance(exc, apsw.FullError):
+        return "the disk is full (or the file hit its size limit): free some space, then run the command again"
+    if isinstance(exc, (apsw.CorruptError, apsw.NotADBError)):
+        return ("the database file is damaged: stop Muninn, copy the file aside, then restore a backup "
+                "(or try `sqlite3 FILE .recover`); `muninn doctor` shows the integrity check")
+    if isinstance(exc, apsw.BusyError):
+        return "another process keeps the database locked (an import or maintain?): try again when it is done"
+    if isinstance(exc, apsw.ReadOnlyError):
+        return "the database file or its folder is read-only for this user: check owner and permissions"
+    if isinstance(exc, (apsw.IOError, apsw.CantOpenError)):
+        return f"the disk could not read or write the database ({exc}): check the disk, its space and permissions"
+    return None
+
+
+def prepare(path: Path) -> None:
+    """Create the folder and an empty file privately if missing; refuse a file that is not
+    Muninn's or is newer than this code. Raises DatabaseError; changes nothing it refuses."""
+    folder = path.parent
+    if not folder.exists():
+        try:
+            folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DatabaseError(f"cannot create the folder {str(folder)!r}: {exc.strerror}") from exc
+    if not path.exists():
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE))
+        except FileExistsError:
+            pass  # another process created it meanwhile: check it below
+        except OSError as exc:
+            raise DatabaseError(f"cannot create database {str(path)!r}: {exc.strerror}") from exc
+    check_before_open(path)
+
+
+def read_header(path: Path) -> bytes:
+    try:
+        with path.open("rb") as f:
+            return f.read(100)
+    except OSError as exc:
+        raise DatabaseError(f"cannot read database {str(path)!r}: {exc.strerror}") from exc
+
+
+def check_before_open(path: Path) -> None:
+    """Refuse (DatabaseError) a file Muninn must not open read-write; see the module doc."""
+    from bot.memory.migrations import MIGRATIONS  # late: migrations imports transactions imports this
+
+    header = read_header(path)
+    if not header:
+        return  # empty file: a new database
+    if len(header) < 100 or not header.startswith(HEADER):
+        raise DatabaseError(f"{str(path)!r} is not a SQLite database (nor Muninn's); "
+                            "point MUNINN_DB_PATH (or --db) at another file")
+    page_size = int.from_bytes(header[16:18], "big") or 65536   # 1 means 65536
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    valid_for = int.from_bytes(header[92:96], "big") == int.from_bytes(header[24:28], "big")
+    if valid_for and pages and path.stat().st_size < pages * page_size:
+        raise DatabaseError(f"{str(path)!r} is truncated ({path.stat().st_size} bytes, its header says "
+                            f"{pages * page_size}): it was left unchanged; restore a backup "
+                            "(or try `sqlite3 FILE .recover`)")
+    app_id, version, tables = _read_only_facts(path)
+    if app_id not in (0, APPLICATION_ID):
+        raise DatabaseError(f"{str(path)!r} belongs to another program (application_id {app_id:#x}); "
+                            "Muninn left it unchanged: point MUNINN_DB_PATH (or --db) at another file")
+    if version > len(MIGRATIONS):
+        raise DatabaseError(f"{str(path)!r} has schema version {version}, newer than this Muninn "
+                            f"({len(MIGRATIONS)}); it was left unchanged: upgrade Muninn")
+    if app_id == 0 and tables and not (MUNINN_TABLES <= tables and version >= 1):
+        raise DatabaseError(f"{str(path)!r} is another program's SQLite database (tables: "
+                            f"{', '.join(sorted(tables)[:5])}); Muninn left it unchanged: "
+                            "point MUNINN_DB_PATH (or --db) at another file")
+
+
+def _read_only_facts(path: Path) -> tuple[int, int, set[str]]:
+    """(application_id, user_version, table names), read without writing (the WAL, if any,
+    is read too: the header in the main file may not have been checkpointed yet)."""
+    try:
+        if Path(f"{path}-wal").exists():  # its WAL may hold newer pages: a normal read-only open reads them
+            conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        else:  # immutable: no -wal/-shm files get created next to a file that may not be ours
+            uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?immutable=1"
+            conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+    except apsw.Error as exc:
+        raise DatabaseError(f"cannot open database {str(path)!r}: {explain(exc) or exc}") from exc
+    try:
+        conn.set_busy_timeout(5000)
+        app_id = _pragma_int(conn, "application_id")
+        version = _pragma_int(conn, "user_version")
+        tables = {str(row[0]) for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%'")}
+    except apsw.NotADBError as exc:
+        raise DatabaseError(f"{str(path)!r} is not a SQLite database; point MUNINN_DB_PATH (or --db) at "
+                            "another file") from exc
+    except apsw.Error as exc:
+        raise DatabaseError(f"{str(path)}: {explain(exc) or exc}") from exc
+    finally:
+        conn.close()
+    return app_id, version, tables
+
+
+def _pragma_int(conn: apsw.Connection, name: str) -> int:
+    value = conn.execute(f"PRAGMA {name}").fetchall()[0][0]
+    return value if isinstance(value, int) else 0
+
+
+def mark(conn: apsw.Connection) -> None:
+    """Stamp the file as Muninn's (once; a no-op afterwards)."""
+    if _pragma_int(conn, "application_id") != APPLICATION_ID:
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+
+def loose_modes(db_path: Path) -> list[str]:
+    """Files and the folder of the database that other users can read or enter."""
+    found = []
+    candidates = [db_path, Path(f"{db_path}-wal"), Path(f"{db_path}-shm")]
+    for candidate in candidates:
+        if candidate.exists() and stat.S_IMODE(candidate.stat().st_mode) & 0o077:
+            found.append(f"{candidate} is {stat.S_IMODE(candidate.stat().st_mode):o}")
+    folder = db_path.parent
+    if folder.exists() and stat.S_IMODE(folder.stat().st_mode) & 0o077 and folder.resolve() != Path.cwd().resolve():
+        found.append(f"{folder} is {stat.S_IMODE(folder.stat().st_mode):o}")
+    return found
+
+
+def tighten_modes(db_path: Path) -> None:
+    """chmod the database files 0600 and their folder 0700 (not the working directory)."""
+    for candidate in (db_path, Path(f"{db_path}-wal"), Path(f"{db_path}-shm")):
+        if candidate.exists():
+            candidate.chmod(FILE_MODE)
+    folder = db_path.parent
+    if folder.exists() and folder.resolve() != Path.cwd().resolve():
+        folder.chmod(FOLDER_MODE)

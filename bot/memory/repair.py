@@ -1,0 +1,103 @@
+"""Stored values that make no sense, found and fixed (`muninn doctor`, `muninn doctor --fix`).
+
+Reading never crashes on them (store.iso clamps and marks them), but they still do harm:
+a created_at before 2000 or in the future sorts and decays wrongly, and a last_accessed in
+the future (a touch at a far-future `as_of`, or an old import) pins a memory so that it
+never fades. Validation keeps new ones out; this finds those already in a file.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import apsw
+
+from bot.memory import decay, vectors
+from bot.memory.transactions import write_transaction
+from bot.validate import EARLIEST, FUTURE_SLACK_S
+
+
+@dataclass(frozen=True)
+class Rule:
+    what: str
+    where: str      # SQL condition on memories, with :now and :earliest
+    fix: str        # SQL SET clause, with the same parameters
+
+
+RULES = (
+    Rule("created_at before 2000, in the future or not a number",
+         "typeof(created_at) NOT IN ('integer', 'real') OR created_at < :earliest OR created_at > :latest",
+         "created_at = CASE WHEN typeof(created_at) IN ('integer', 'real') AND created_at > :latest THEN :now "
+         "ELSE max(:earliest, min(coalesce(updated_at, :now), :now)) END"),
+    Rule("updated_at not a number or in the future",
+         "typeof(updated_at) NOT IN ('integer', 'real') OR updated_at > :latest",
+         "updated_at = :now"),
+    Rule("last_accessed in the future (pins the memory so it never fades) or not a number",
+         "last_accessed IS NOT NULL AND (typeof(last_accessed) NOT IN ('integer', 'real') "
+         "OR last_accessed > :latest OR last_accessed < 0)",
+         "last_accessed = CASE WHEN typeof(last_accessed) IN ('integer', 'real') AND last_accessed > :latest "
+         "THEN :now ELSE NULL END"),
+    Rule("stability not a positive number of days",
+         f"typeof(stability) NOT IN ('integer', 'real') OR stability <= 0 OR stability > {decay.MAX_STABILITY_DAYS}",
+         f"stability = CASE WHEN typeof(stability) IN ('integer', 'real') AND stability > "
+         f"{decay.MAX_STABILITY_DAYS} THEN {decay.MAX_STABILITY_DAYS} ELSE 1.0 END"),
+    Rule("source_message_ids not a JSON list",
+         "json_valid(source_message_ids) = 0 OR json_type(source_message_ids) != 'array'",
+         "source_message_ids = '[]'"),
+)
+
+
+def _params(now: float) -> dict[str, float]:
+    return {"now": now, "earliest": EARLIEST, "latest": now + FUTURE_SLACK_S}
+
+
+BAD_UTF8 = "text that is not valid UTF-8 (shown with U+FFFD)"
+
+
+def invalid_utf8_ids(conn: apsw.Connection) -> list[int]:
+    """Memories whose text is not valid UTF-8 (SQLite does not check; another program may write it)."""
+    ids = []
+    for memory_id, raw in conn.execute("SELECT id, CAST(text AS BLOB) FROM memories ORDER BY id"):
+        try:
+            if isinstance(raw, bytes):
+                raw.decode("utf-8")
+        except UnicodeDecodeError:
+            ids.append(memory_id)
+    return ids
+
+
+def find_bad_rows(conn: apsw.Connection, now: float | None = None) -> dict[str, list[int]]:
+    """{what is wrong: [memory ids]} (only the rules with findings)."""
+    params = _params(time.time() if now is None else now)
+    found = {}
+    for rule in RULES:
+        ids = [row[0] for row in conn.execute(f"SELECT id FROM memories WHERE {rule.where} ORDER BY id", params)]
+        if ids:
+            found[rule.what] = ids
+    broken = invalid_utf8_ids(conn)
+    if broken:
+        found[BAD_UTF8] = broken
+    return found
+
+
+def fix_bad_rows(conn: apsw.Connection, now: float | None = None) -> int:
+    """Clamp every value `find_bad_rows` reports, in one transaction; returns the values changed."""
+    params = _params(time.time() if now is None else now)
+    changed = 0
+    with write_transaction(conn):
+        moved = [row[0] for row in conn.execute(f"SELECT id FROM memories WHERE {RULES[0].where}", params)]
+        for rule in RULES:
+            conn.execute(f"UPDATE memories SET {rule.fix} WHERE {rule.where}", params)
+            changed += conn.changes()
+        for broken in invalid_utf8_ids(conn):  # the update trigger re-indexes it in FTS (old row out by its old bytes)
+            raw = conn.execute("SELECT CAST(text AS BLOB) FROM memories WHERE id = ?", (broken,)).fetchall()[0][0]
+            if isinstance(raw, bytes):
+                conn.execute("UPDATE memories SET text = ? WHERE id = ?", (raw.decode("utf-8", "replace"), broken))
+                changed += 1
+        if moved and vectors.table_exists(conn):  # vec0 keeps its own created_at (for --as-of): keep it in step
+            rows = conn.execute(
+                f"SELECT id, created_at FROM memories WHERE embedded = 1 AND id IN ({','.join('?' * len(moved))})",
+                moved).fetchall()
+            for row in rows:
+                conn.execute("UPDATE vec_memories SET created_at = ? WHERE memory_id = ?", (row[1], row[0]))
+    return changed
