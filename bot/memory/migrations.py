@@ -124,6 +124,14 @@ MIGRATIONS: list[str] = [
     INSERT OR IGNORE INTO memory_sources
         SELECT CAST(j.value AS TEXT), m.id FROM memories m, json_each(m.source_message_ids) j;
     """,
+    # 5: every vector stored or removed is logged, so the in-memory vector search of each
+    # process (bot/memory/vector_cache.py) applies what others wrote; pruned by maintenance.
+    """
+    CREATE TABLE vector_changes (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        memory_id INTEGER NOT NULL
+    );
+    """,
 ]
 
 
