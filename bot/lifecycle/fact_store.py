@@ -84,10 +84,13 @@ def _plan_updates(conn, current_index: Callable[[Any], vectors.IndexInfo | None]
     out: list[list[tuple[int, str]]] = []
     for index, memory in enumerate(memories):
         vector = vecs[index] if info is not None and len(vecs[index]) == info.dim else None
-        duplicate = writes.find_duplicate(conn, info, memory, vector, settings.dedup_cosine)
+        # One search of the fact's own key serves both questions when that key is all there is.
+        near = writes.nearest(conn, info, vector, [memory.vis_key],
+                              max(writes.DUPLICATE_NEIGHBOURS, writes.UPDATE_CANDIDATES))
+        duplicate = writes.find_duplicate(conn, info, memory, vector, settings.dedup_cosine, near=near)
         if duplicate is not None:
             out.append([])
             continue
         out.append(writes.update_candidates(conn, info, memory, vector, threshold=settings.update_cosine,
-                                               subject_name=names[index]))
+                                               subject_name=names[index], near=near))
     return out

@@ -166,58 +166,58 @@ def advance(conn: apsw.Connection, watermark_key: str, memory_id: int) -> None:
 
 # -- links ------------------------------------------------------------------------
 
-def link_batch(conn: apsw.Connection, *, current_index: Callable[[apsw.Connection], vectors.IndexInfo | None],
-               threshold: float, now: float) -> tuple[int, bool]:
-    """Semantic links for the next batch; returns (links added, more to do now).
-    `current_index` is `Engine.current_index`."""
-    info = current_index(conn)
-    if info is None:
-        return 0, False
-    batch, blocked = scan_batch(conn, LINKS_WATERMARK, SCAN_BATCH)
+def write_links(conn: apsw.Connection, batch: Sequence[tuple[int, str]],
+                found: dict[int, list[tuple[int, float]]], *, threshold: float, now: float) -> int:
+    """Semantic links for a scanned batch from its precomputed neighbours (id, cosine), and the
+    watermark moved past it: one short transaction on the writer."""
     added = 0
     with conn:
-        for memory_id, vis_key in batch:
-            added += writes.link_similar(conn, info, memory_id, vis_key, threshold=threshold, now=now)
+        for memory_id, _ in batch:
+            for other, cosine in found.get(memory_id, []):
+                if cosine >= threshold:
+                    added += writes.add_semantic_link(conn, memory_id, other, cosine, now=now)
         if batch:
             advance(conn, LINKS_WATERMARK, batch[-1][0])
-    return added, bool(batch) and not blocked
+    return added
 
 
 async def build_links(engine: Any, *, now: float | None = None) -> int:
+    """The neighbours of each batch are found on a read connection (one matrix product per
+    visibility key), so the writer only holds the short link-writing transaction."""
     now = time.time() if now is None else now
     total = 0
     while True:
-        added, more = await engine.run(link_batch, current_index=engine.current_index,
-                                       threshold=engine.settings.link_cosine, now=now)
-        total += added
-        if not more:
+        batch, blocked = await engine.run(scan_batch, LINKS_WATERMARK, SCAN_BATCH)
+        if not batch:
+            return total
+        found = await engine.nearest_neighbours(batch, writes.LINK_NEIGHBOURS)
+        if found is None:  # no usable index (none yet, or a reindex is pending)
+            return total
+        total += await engine.run(write_links, batch, found, threshold=engine.settings.link_cosine, now=now)
+        if blocked:
             return total
 
 
 # -- consolidation -------------------------------------------------------------
 
-def find_clusters(conn: apsw.Connection, *, current_index: Callable[[apsw.Connection], vectors.IndexInfo | None],
-                  threshold: float, limit: int = SCAN_BATCH) -> tuple[list[list[store.Memory]], int | None, bool]:
-    """Clusters of near-duplicates among the next scanned memories and their neighbours (same
-    visibility key), the last id scanned, and whether more remain to scan now."""
-    info = current_index(conn)
-    if info is None:
-        return [], None, False
-    batch, blocked = scan_batch(conn, CONSOLIDATION_WATERMARK, limit)
+def find_clusters(conn: apsw.Connection, batch: Sequence[tuple[int, str]],
+                  found: dict[int, list[tuple[int, float]]], *, threshold: float) -> list[list[store.Memory]]:
+    """Clusters of near-duplicates among a scanned batch and its precomputed neighbours (same
+    visibility key, (id, cosine) nearest first). Only the memories above the threshold are read."""
     clusters: list[list[int]] = []
     taken: set[int] = set()
-    for memory_id, vis_key in batch:
-        if memory_id in taken:
+    for memory_id, _ in batch:
+        close = [other for other, cosine in found.get(memory_id, []) if cosine >= threshold and other not in taken]
+        if memory_id in taken or not close:
             continue
-        seed = store.get(conn, memory_id)
+        rows = store.get_many(conn, [memory_id, *close])
+        seed = rows.get(memory_id)
+        if seed is None or seed.archived_at is not None:
+            continue
         members = [memory_id]
-        neighbours = vectors.similar_to_memory(conn, info, memory_id, [vis_key], CLUSTER_NEIGHBOURS)
-        others = store.get_many(conn, [mid for mid, _ in neighbours])
-        for other_id, distance in neighbours:
-            other = others.get(other_id)
-            if (other is None or other_id in taken or other.archived_at is not None
-                    or vectors.cosine_from_distance(distance) < threshold
-                    or writes.values_conflict(seed.text, other.text)):
+        for other_id in close:
+            other = rows.get(other_id)
+            if other is None or other.archived_at is not None or writes.values_conflict(seed.text, other.text):
                 continue
             members.append(other_id)
             if len(members) >= MAX_CLUSTER:
@@ -225,8 +225,7 @@ def find_clusters(conn: apsw.Connection, *, current_index: Callable[[apsw.Connec
         if len(members) > 1:
             clusters.append(members)
             taken.update(members)
-    found = [sorted(store.get_many(conn, ids).values(), key=lambda m: (m.created_at, m.id)) for ids in clusters]
-    return found, (batch[-1][0] if batch else None), bool(batch) and not blocked
+    return [sorted(store.get_many(conn, ids).values(), key=lambda m: (m.created_at, m.id)) for ids in clusters]
 
 
 def clearest(memories: Sequence[store.Memory]) -> store.Memory:
@@ -324,8 +323,13 @@ async def consolidate(engine: Any, *, now: float | None = None, use_llm: bool = 
     now = time.time() if now is None else now
     done: list[Consolidation] = []
     while True:
-        clusters, last_id, more = await engine.run(find_clusters, current_index=engine.current_index,
-                                                   threshold=settings.dedup_cosine)
+        batch, blocked = await engine.run(scan_batch, CONSOLIDATION_WATERMARK, SCAN_BATCH)
+        if not batch:
+            return done
+        found = await engine.nearest_neighbours(batch, CLUSTER_NEIGHBOURS)
+        if found is None:  # no usable index
+            return done
+        clusters = await engine.run(find_clusters, batch, found, threshold=settings.dedup_cosine)
         for members in clusters:
             merged_text = None
             if use_llm and engine.ollama.enabled:
@@ -342,9 +346,8 @@ async def consolidate(engine: Any, *, now: float | None = None, use_llm: bool = 
             if result is not None:
                 log.info("consolidated %s into #%d (%s)", result.originals, result.survivor, result.merged_by)
                 done.append(result)
-        if last_id is not None:
-            await engine.run(advance, CONSOLIDATION_WATERMARK, last_id)
-        if not more:
+        await engine.run(advance, CONSOLIDATION_WATERMARK, batch[-1][0])
+        if blocked:
             return done
 
 

@@ -231,13 +231,16 @@ def texts_of(conn: apsw.Connection, ids: Sequence[int]) -> dict[int, str]:
 
 
 def find_duplicate(conn: apsw.Connection, info: vectors.IndexInfo | None, memory: store.NewMemory,
-                   vector: Sequence[float] | None, threshold: float) -> int | None:
-    """An active memory with the same visibility key that says the same thing, if any."""
+                   vector: Sequence[float] | None, threshold: float,
+                   near: Sequence[tuple[int, float]] | None = None) -> int | None:
+    """An active memory with the same visibility key that says the same thing, if any. `near`:
+    the caller's `nearest(..., [memory.vis_key], k >= DUPLICATE_NEIGHBOURS)`, to search once."""
     match = same_text_match(conn, memory.vis_key, memory.text)
     if match is not None:
         return match
-    hits = [(mid, cos) for mid, cos in nearest(conn, info, vector, [memory.vis_key], DUPLICATE_NEIGHBOURS)
-            if cos >= threshold]
+    if near is None:
+        near = nearest(conn, info, vector, [memory.vis_key], DUPLICATE_NEIGHBOURS)
+    hits = [(mid, cos) for mid, cos in near[:DUPLICATE_NEIGHBOURS] if cos >= threshold]
     texts = texts_of(conn, [mid for mid, _ in hits])
     for memory_id, _ in hits:
         if memory_id in texts and not values_conflict(memory.text, texts[memory_id]):
@@ -247,13 +250,18 @@ def find_duplicate(conn: apsw.Connection, info: vectors.IndexInfo | None, memory
 
 def update_candidates(conn: apsw.Connection, info: vectors.IndexInfo | None, memory: store.NewMemory,
                       vector: Sequence[float] | None, *, threshold: float, subject_name: str | None = None,
-                      exclude: Sequence[int] = (), limit: int = UPDATE_CANDIDATES) -> list[tuple[int, str]]:
+                      exclude: Sequence[int] = (), limit: int = UPDATE_CANDIDATES,
+                      near: Sequence[tuple[int, float]] | None = None) -> list[tuple[int, str]]:
     """Older active memories of the same subject that the new fact might update: the vector
     neighbours above `threshold`, or without vectors the keyword matches on its content words
-    (the subject's name left out, since every memory about Alice contains "Alice")."""
+    (the subject's name left out, since every memory about Alice contains "Alice"). `near`: the
+    caller's `nearest(..., [memory.vis_key], k)`, used when that key is the subject's only one."""
     keys = subject_keys(conn, memory)
     if info is not None and vector is not None:
-        ids = [mid for mid, cos in nearest(conn, info, vector, keys, limit + len(exclude)) if cos >= threshold]
+        wanted = limit + len(exclude)
+        if near is None or keys != [memory.vis_key] or len(near) < wanted:
+            near = nearest(conn, info, vector, keys, wanted)
+        ids = [mid for mid, cos in near[:wanted] if cos >= threshold]
     else:
         name_words = set(fts.tokens(subject_name or ""))
         words = [w for w in fts.tokens(memory.text) if w not in name_words]
@@ -301,25 +309,36 @@ def supersede(conn: apsw.Connection, old_id: int, new_id: int, *, now: float) ->
 
 
 def link_similar(conn: apsw.Connection, info: vectors.IndexInfo | None, memory_id: int, vis_key: str, *,
-                 threshold: float, now: float, k: int = LINK_NEIGHBOURS) -> int:
+                 threshold: float, now: float, k: int = LINK_NEIGHBOURS,
+                 neighbours: Sequence[tuple[int, float]] | None = None) -> int:
     """Semantic links between `memory_id` and its nearest memories under the same visibility
-    key. One row per pair, always newer -> older, so re-running adds nothing. Returns new links."""
+    key. One row per pair, always newer -> older, so re-running adds nothing. `neighbours`
+    ((id, cosine), nearest first) saves the search when the caller has just made it.
+    Returns new links."""
     if info is None:
         return 0
+    if neighbours is None:
+        neighbours = [(other, vectors.cosine_from_distance(distance))
+                      for other, distance in vectors.similar_to_memory(conn, info, memory_id, [vis_key], k)]
     added = 0
     with conn:
-        for other, distance in vectors.similar_to_memory(conn, info, memory_id, [vis_key], k):
-            cosine = vectors.cosine_from_distance(distance)
-            if cosine < threshold:
-                continue
-            source, target = max(memory_id, other), min(memory_id, other)
-            exists = query_value(conn, "SELECT count(*) FROM memory_links WHERE kind = 'semantic' AND "
-                                       "((source_id = ? AND target_id = ?) OR (source_id = ? AND target_id = ?))",
-                                 (source, target, target, source))
-            if not exists:
-                store.add_link(conn, source, target, "semantic", weight=round(cosine, 4), now=now)
-                added += 1
+        for other, cosine in neighbours[:k]:
+            if other != memory_id and cosine >= threshold:
+                added += add_semantic_link(conn, memory_id, other, cosine, now=now)
     return added
+
+
+def add_semantic_link(conn: apsw.Connection, memory_id: int, other: int, cosine: float, *, now: float) -> int:
+    """One semantic link (newer -> older) unless the pair has one or either side left retrieval; 1 if added."""
+    source, target = max(memory_id, other), min(memory_id, other)
+    exists = query_value(conn, "SELECT count(*) FROM memory_links WHERE kind = 'semantic' AND "
+                               "((source_id = ? AND target_id = ?) OR (source_id = ? AND target_id = ?))",
+                         (source, target, target, source))
+    if exists or query_value(conn, f"SELECT count(*) FROM memories WHERE id IN (?, ?) AND {ACTIVE}",
+                             (source, target)) != 2:
+        return 0
+    store.add_link(conn, source, target, "semantic", weight=round(cosine, 4), now=now)
+    return 1
 
 
 @dataclass
@@ -348,7 +367,9 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
         for index, memory in enumerate(memories):
             vector = vecs[index] if vecs and info is not None else None
             decision = decisions[index] if index < len(decisions) and decisions[index] else UpdateDecision()
-            target = find_duplicate(conn, info, memory, vector, dedup_cosine)
+            # One search serves the duplicate check and the semantic links (same key, same vector).
+            near = nearest(conn, info, vector, [memory.vis_key], max(DUPLICATE_NEIGHBOURS, LINK_NEIGHBOURS))
+            target = find_duplicate(conn, info, memory, vector, dedup_cosine, near=near)
             if target is None:
                 target = _llm_duplicate(conn, memory, decision)
             if target is not None:
@@ -361,7 +382,7 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                                            now=now)[0]
                 out.inserted.append(target)
                 out.semantic_links += link_similar(conn, info, target, memory.vis_key,
-                                                   threshold=link_cosine, now=now)
+                                                   threshold=link_cosine, now=now, neighbours=near)
             for old in decision.replaces:
                 if old != target and supersede(conn, old, target, now=now):
                     out.superseded.append((old, target))

@@ -129,13 +129,15 @@ class Engine:
             return fn(self._reader(), *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._readers, call)
 
-    async def nearest_neighbours(self, items: Sequence[tuple[int, str]], k: int) -> dict[int, list[tuple[int, float]]]:
+    async def nearest_neighbours(self, items: Sequence[tuple[int, str]],
+                                 k: int) -> dict[int, list[tuple[int, float]]] | None:
         """For each (memory id, vis_key): its k nearest memories under that key, as (id, cosine),
-        computed on a read connection (maintenance's heavy part, off the writer)."""
-        def find(conn: apsw.Connection) -> dict[int, list[tuple[int, float]]]:
+        computed on a read connection (maintenance's heavy part, off the writer); None when
+        there is no usable vector index."""
+        def find(conn: apsw.Connection) -> dict[int, list[tuple[int, float]]] | None:
             info = self.current_index(conn)
             if info is None:
-                return {}
+                return None
             return {mid: [(other, vectors.cosine_from_distance(d)) for other, d in found]
                     for mid, found in vectors.neighbours_many(conn, info, items, k).items()}
         return await self._read(find)

@@ -31,8 +31,9 @@ from bot.memory import vectors
 from bot.memory.db import get_meta, query_value
 from bot.memory.scope import ACTIVE
 
-MIN_ROWS = 64
-GROWTH = 1.25
+SLACK_ROWS = 4             # room for a few new vectors before a key's arrays are copied
+GROWTH = 1.25              # then 25 % more, so appends cost O(1) on average
+MIN_DEAD_TO_COMPACT = 64
 RELOAD_AFTER_CHANGES = 256  # more changes than this to one cached key: drop it, reload on demand
 
 
@@ -44,7 +45,7 @@ class KeyVectors:
 
     def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray):
         n = len(ids)
-        cap = max(MIN_ROWS, int(n * GROWTH))
+        cap = n + SLACK_ROWS
         self.ids = np.full(cap, -1, dtype=np.int64)
         self.created = np.zeros(cap, dtype=np.float64)
         self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.float32)
@@ -69,13 +70,13 @@ class KeyVectors:
         if row is not None:
             self.ids[row] = -1
             self.dead += 1
-            if self.dead > MIN_ROWS and self.dead * 4 > self.n:
+            if self.dead > MIN_DEAD_TO_COMPACT and self.dead * 4 > self.n:
                 self._compact()
 
     def add(self, memory_id: int, created_at: float, vector: np.ndarray) -> None:
         self.discard(memory_id)
         if self.n == len(self.ids):
-            self._regrow(max(MIN_ROWS, int(self.n * GROWTH) + 1))
+            self._regrow(int(self.n * GROWTH) + SLACK_ROWS)
         row = self.n
         self.matrix[row] = vector
         self.created[row] = created_at
@@ -86,7 +87,7 @@ class KeyVectors:
     def _regrow(self, capacity: int) -> None:
         alive = self.ids[:self.n] >= 0
         count = int(alive.sum())
-        capacity = max(capacity, MIN_ROWS, count + 1)
+        capacity = max(capacity, count + 1)
         ids = np.full(capacity, -1, dtype=np.int64)
         created = np.zeros(capacity, dtype=np.float64)
         matrix = np.zeros((capacity, self.matrix.shape[1]), dtype=np.float32)
@@ -96,7 +97,7 @@ class KeyVectors:
         self.row_of = {int(mid): i for i, mid in enumerate(ids[:count])}
 
     def _compact(self) -> None:
-        self._regrow(int((self.n - self.dead) * GROWTH) + 1)
+        self._regrow(self.n - self.dead + SLACK_ROWS)
 
 
 class VectorCache:
