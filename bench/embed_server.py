@@ -69,7 +69,7 @@ def make_app(embedder, model_name: str) -> web.Application:
         texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
         todo = list(dict.fromkeys(t for t in texts if t not in cache))
         if todo:
-            cache.update(zip(todo, embedder(todo).tolist()))
+            cache.update(zip(todo, embedder(todo).tolist(), strict=True))
         return web.json_response({"model": body.get("model", model_name), "embeddings": [cache[t] for t in texts]})
 
     async def tags(request: web.Request) -> web.Response:

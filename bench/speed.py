@@ -167,7 +167,7 @@ VIEWER_CLASSES = ("typical", "busy", "dm_heavy", "global_only")
 class SkewWorld(World):
     """Memories and viewers of a SkewShape. Channel 0 is the busy one (in guild 0)."""
 
-    def __init__(self, shape: SkewShape, seed: int = 7):  # noqa: D107 - same vocabulary as World
+    def __init__(self, shape: SkewShape, seed: int = 7):
         self.shape = shape  # type: ignore[assignment]
         rng = np.random.default_rng(seed)
         self.rng = rng
@@ -267,8 +267,8 @@ async def build(path: Path, shape: Shape | SkewShape, chunk_size: int = vectors.
     world = make_world(shape)
     started = time.perf_counter()
     async with Engine(bench_settings(path)) as engine:
-        await engine.run(lambda conn: vectors.create_index(conn, EMBED_MODEL, DIM, chunk_size=chunk_size))
-        info = await engine.run(vectors.index_info)
+        await engine.write(lambda conn: vectors.create_index(conn, EMBED_MODEL, DIM, chunk_size=chunk_size))
+        info = await engine.write(vectors.index_info)
         pending: list = []
 
         def flush(conn, rows):
@@ -277,12 +277,12 @@ async def build(path: Path, shape: Shape | SkewShape, chunk_size: int = vectors.
         for item in world.memories():
             pending.append(item)
             if len(pending) >= batch:
-                await engine.run(flush, pending)
+                await engine.write(flush, pending)
                 pending = []
         if pending:
-            await engine.run(flush, pending)
-        await engine.run(lambda conn: db.set_meta(conn, "bench_built", "1"))
-        await engine.run(lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+            await engine.write(flush, pending)
+        await engine.write(lambda conn: db.set_meta(conn, "bench_built", "1"))
+        await engine.write(lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
     return {"build_s": round(time.perf_counter() - started, 2)}
 
 
@@ -322,7 +322,7 @@ def numpy_anchor(matrix: np.ndarray, query: np.ndarray, k: int, repeat: int = 5)
 async def measure_reads(path: Path, shape: Shape, viewers: int) -> dict:
     world = make_world(shape, seed=99)
     async with Engine(bench_settings(path)) as engine:
-        matrix, by_key = await engine.run(load_vectors)
+        matrix, by_key = await engine.write(load_vectors)
         k = engine.settings.recall_limit * 3
         steps: dict[str, list[float]] = {s: [] for s in ("fts", "vector", "fuse_graph_touch", "total", "numpy",
                                                          "ratio", "visible")}
@@ -330,7 +330,7 @@ async def measure_reads(path: Path, shape: Shape, viewers: int) -> dict:
             viewer = world.viewer()
             text, qvec = world.query()
             result = await engine.recall(text, viewer, query_vector=qvec.tolist())
-            keys = await engine.run(visible_keys, viewer)
+            keys = await engine.read(visible_keys, viewer)
             idx = np.concatenate([by_key.get(key, np.zeros(0, dtype=np.int64)) for key in keys]).astype(np.int64)
             visible = np.ascontiguousarray(matrix[idx])
             anchor = numpy_anchor(visible, qvec, k)
@@ -342,7 +342,7 @@ async def measure_reads(path: Path, shape: Shape, viewers: int) -> dict:
             steps["numpy"].append(anchor)
             steps["ratio"].append(t["vector"] / anchor if anchor > 0 else float("nan"))
             steps["visible"].append(len(idx))
-        raw = matrix.nbytes + await engine.run(lambda conn: db.query_value(
+        raw = matrix.nbytes + await engine.write(lambda conn: db.query_value(
             conn, "SELECT sum(length(CAST(text AS BLOB))) FROM memories"))
         out = {name: summary(values) for name, values in steps.items()}
         out["raw_bytes"] = int(raw)
@@ -371,7 +371,7 @@ async def measure_writes(path: Path, shape: Shape, url: str, singles: int = 300,
         for group in many:
             await engine.remember_many(group)
         out[f"batch_{batch_size}_per_s"] = round(batches * batch_size / (time.perf_counter() - t), 1)
-        embedded = await engine.run(lambda conn: db.query_value(
+        embedded = await engine.write(lambda conn: db.query_value(
             conn, "SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL"))
         out["left_unembedded"] = embedded
     return out
@@ -429,7 +429,7 @@ async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: in
     world = SkewWorld(shape, seed=99)
     out: dict = {}
     async with Engine(bench_settings(path)) as engine:
-        matrix, by_key = await engine.run(load_vectors)
+        matrix, by_key = await engine.write(load_vectors)
         k = engine.settings.recall_limit * 3
         for kind in VIEWER_CLASSES:
             steps: dict[str, list[float]] = {s: [] for s in ("fts", "vector", "fuse_graph_touch", "total", "numpy",
@@ -438,7 +438,7 @@ async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: in
                 viewer = world.viewer_of(kind)
                 text, qvec = world.query()
                 result = await engine.recall(text, viewer, query_vector=qvec.tolist())
-                keys = await engine.run(visible_keys, viewer)
+                keys = await engine.read(visible_keys, viewer)
                 parts = [by_key.get(key, np.zeros(0, dtype=np.int64)) for key in keys]
                 idx = np.concatenate(parts).astype(np.int64)
                 anchor = numpy_anchor(np.ascontiguousarray(matrix[idx]), qvec, k)
@@ -470,14 +470,14 @@ async def measure_concurrency(path: Path, shape, concurrency: int = 20, burst: i
             sem = asyncio.Semaphore(level)
             totals: list[float] = []
 
-            async def one() -> None:
+            async def one(sem: asyncio.Semaphore, world: World, engine: Engine, totals: list[float]) -> None:
                 async with sem:
                     text, qvec = world.query()
                     t = time.perf_counter()
                     await engine.recall(text, world.viewer(), query_vector=qvec.tolist())
                     totals.append((time.perf_counter() - t) * 1000)
             t = time.perf_counter()
-            await asyncio.gather(*(one() for _ in range(burst)))
+            await asyncio.gather(*(one(sem, world, engine, totals) for _ in range(burst)))
             out[f"x{level}"] = {"latency_ms": summary(totals), "recalls_per_s": round(burst / (time.perf_counter() - t), 1)}
     out["p95_ratio"] = round(out[f"x{concurrency}"]["latency_ms"]["p95"] / out["x1"]["latency_ms"]["p95"], 2)
     return out
@@ -501,17 +501,15 @@ async def measure_fact_writes(path: Path, shape: SkewShape, per_kind: int = 30) 
                 memory = make()
                 vec = world.query()[1].tolist()
                 t0 = time.perf_counter()
-                await engine.run(fact_store._plan_updates, engine.current_index, [memory], [vec], st, ["someone"])
+                await engine.read(fact_store._plan_updates, st.embed_model, [memory], [vec], st, ["someone"])
                 t1 = time.perf_counter()
-                await engine.run(writes.write_facts, [memory], [vec], [None], index_for=engine.index_for,
-                                 base_stability_days=st.base_stability_days, growth=st.stability_growth,
-                                 dedup_cosine=st.dedup_cosine, link_cosine=st.link_cosine, now=NOW)
+                await engine.write(writes.write_facts, [memory], [vec], [None], settings=st, now=NOW)
                 t2 = time.perf_counter()
                 if i >= 3:
                     plan.append((t1 - t0) * 1000)
                     write.append((t2 - t1) * 1000)
             out[kind] = {"plan_ms": summary(plan), "write_ms": summary(write),
-                         "total_ms": summary([a + b for a, b in zip(plan, write)])}
+                         "total_ms": summary([a + b for a, b in zip(plan, write, strict=True)])}
             print(f"  fact {kind}: plan {out[kind]['plan_ms']['median']:.2f} + write "
                   f"{out[kind]['write_ms']['median']:.2f} ms (median)", flush=True)
     return out
@@ -547,14 +545,14 @@ async def measure_maintenance(path: Path, shape: SkewShape, added: int = 1000) -
         out["first_run_s"] = round(report.seconds, 2)
         out["recall_idle_ms"], out["recall_during_ms"] = summary(idle), summary(during or [float("nan")])
         out["during_p95_ratio"] = round(out["recall_during_ms"]["p95"] / out["recall_idle_ms"]["p95"], 2)
-        info = await engine.run(vectors.index_info)
+        info = await engine.write(vectors.index_info)
         gen = world.memories()
         rows = [next(gen) for _ in range(added)]
 
         def add(conn) -> None:
             store.insert_many(conn, [m for m, _ in rows], base_stability_days=7, vector_info=info,
                               vectors_=[v.tolist() for _, v in rows], now=NOW)
-        await engine.run(add)
+        await engine.write(add)
         report = await maintenance.run_maintenance(engine, use_llm=False)
         out["incremental_run_s"] = round(report.seconds, 2)
         out["incremental_added"] = added
@@ -592,10 +590,10 @@ async def _probe(path: Path) -> dict:
         out["after_class_recalls_mb"] = round(rss_mb(), 1)
         cache = getattr(engine, "vector_cache", None)
         if cache is not None:
-            keys = await engine.run(lambda conn: [r[0] for r in conn.execute("SELECT DISTINCT vis_key FROM memories")])
+            keys = await engine.write(lambda conn: [r[0] for r in conn.execute("SELECT DISTINCT vis_key FROM memories")])
             _, qvec = world.query()
             for start in range(0, len(keys), 200):
-                await engine._read(lambda conn, ks=keys[start:start + 200]: vectors.knn(
+                await engine.read(lambda conn, ks=keys[start:start + 200]: vectors.knn(
                     conn, vectors.index_info(conn), qvec.tolist(), ks, 1))
             out["all_keys_loaded_mb"] = round(rss_mb(), 1)
             out["cache_mb"] = round(cache.nbytes / 2**20, 1)

@@ -13,8 +13,6 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
 
 class SettingsError(ValueError):
     """A setting has a value Muninn cannot use; the message names it."""

@@ -33,7 +33,7 @@ def is_private_channel(channel, guild_id: int | None, guild: discord.Guild | Non
         return True
     try:
         return not channel.permissions_for(guild.default_role).read_messages
-    except Exception:  # noqa: BLE001 - any failure to tell means private
+    except Exception:
         return True
 
 
@@ -49,7 +49,7 @@ def to_incoming(message: discord.Message) -> Incoming:
                     author_id=message.author.id, author_name=author, content=message.clean_content,
                     created_at=message.created_at.timestamp(), message_id=message.id,
                     dm=message.guild is None, place=place,
-                    private=is_private_channel(message.channel, message.guild and message.guild.id, message.guild))
+                    private=is_private_channel(message.channel, message.guild.id if message.guild else None, message.guild))
 
 
 class DiscordOutlet:
@@ -76,8 +76,10 @@ class DiscordOutlet:
         reference = self.message.to_reference(fail_if_not_exists=False)
         for part in split_message(text):
             try:
-                posted = await self.message.channel.send(part, reference=None if sent else reference,
-                                                         allowed_mentions=NO_MENTIONS)
+                if reference is not None and not sent:  # the first part answers the message
+                    posted = await self.message.channel.send(part, reference=reference, allowed_mentions=NO_MENTIONS)
+                else:
+                    posted = await self.message.channel.send(part, allowed_mentions=NO_MENTIONS)
             except discord.Forbidden:
                 log.warning("cannot post in channel %s: Muninn lacks the Send Messages permission there",
                             self.message.channel.id)

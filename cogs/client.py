@@ -72,7 +72,7 @@ class MuninnBot(commands.Bot):
         self.settings = settings
         self.extractor_factory = extractor_factory
         self.engine: Engine | None = None
-        self.extractor = None
+        self.extractor: ExchangeSink | None = None
         self.pipeline: Pipeline | None = None
         self.maintenance: asyncio.Task | None = None
         self._checked_models = False
@@ -134,7 +134,9 @@ class MuninnBot(commands.Bot):
             await engine.close()
 
 
-def invite_url(application_id: int) -> str:
+def invite_url(application_id: int | None) -> str:
+    if application_id is None:  # not logged in yet: the generic page to add a bot
+        return "https://discord.com/developers/applications (OAuth2 > URL Generator)"
     return discord.utils.oauth_url(application_id, permissions=INVITE_PERMISSIONS,
                                    scopes=("bot", "applications.commands"))
 

@@ -162,7 +162,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
     @app_commands.describe(memory_id="The memory's number, as /memory list shows it")
     async def forget(self, interaction: discord.Interaction, memory_id: app_commands.Range[int, 1]) -> None:
         try:
-            memory = await self.engine.run(store.get, memory_id)
+            memory = await self.engine.get(memory_id)
         except MemoryNotFound:
             memory = None
         if memory is None or not await self.may_change(interaction, memory):
@@ -174,7 +174,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
 
     @app_commands.command(name="forget-all", description="Forget everything Muninn remembers about you")
     async def forget_all(self, interaction: discord.Interaction) -> None:
-        memories = await self.engine.run(store.memories_of, interaction.user.id)
+        memories = await self.engine.memories_of(interaction.user.id)
         personal = sum(memory.scope == "personal" for memory in memories)
         view = ConfirmForgetAll(self, interaction.user.id)
         await interaction.response.send_message(
@@ -213,7 +213,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
     @app_commands.command(name="export",
                           description="Download your personal memories and the room memories you taught, as JSON")
     async def export(self, interaction: discord.Interaction) -> None:
-        memories = await self.engine.run(store.memories_of, interaction.user.id)
+        memories = await self.engine.memories_of(interaction.user.id)
         personal = sum(memory.scope == "personal" for memory in memories)
         now = datetime.now(timezone.utc)
         data = {"user_id": str(interaction.user.id), "exported_at": now.isoformat(timespec="seconds"),

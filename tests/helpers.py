@@ -4,8 +4,17 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import Sequence
 
 from bot.conversation.exchange import Exchange
+from bot.lifecycle import maintenance, writes
+from bot.lifecycle.facts import (
+    FACT_SCHEMA,
+    Fact,
+    by_author,
+    extract_author_facts,
+    usable,
+)
 from bot.memory import store
 from bot.memory.engine import Engine
 from tests.fakes.ollama import FakeOllama
@@ -21,7 +30,33 @@ def exchange(text: str, *, author: int = ALICE, name: str = "Alice", channel: in
     return Exchange(author_id=author, author_name=name, channel_id=channel, guild_id=guild, dm=guild is None,
                     user_message=text, user_message_id=message_id, reply=reply, reply_message_id=message_id + 1000,
                     recalled=recalled, created_at=created_at,
-                    extra={"participants": participants} if participants else {})
+                    participants=participants)
+
+
+class QuietSink:
+    """An ExchangeSink with nothing queued: forgetting and closing have nothing to do.
+    Test sinks subclass it and override `submit`."""
+
+    def submit(self, exchange: Exchange) -> None:
+        pass
+
+    def forget(self, user_id: int) -> None:
+        pass
+
+    def forget_messages(self, message_ids) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+async def extract_facts(engine: Engine, exchanges: Exchange | Sequence[Exchange]) -> list[Fact]:
+    """The facts of these exchanges, author by author, as the extractor gets them (no storing)."""
+    batch = usable(exchanges)
+    facts: list[Fact] = []
+    for own in by_author(batch).values():
+        facts += await extract_author_facts(engine, own, batch)
+    return facts
 
 
 def fact(text: str, about: str = "Alice", scope: str = "personal", importance: float = 0.6) -> dict:
@@ -50,14 +85,13 @@ def per_author(**answers: str):
 
 
 def kind_of(request: dict) -> str:
-    system = request["messages"][0]["content"]
-    if system.startswith("You pick out facts"):
-        return "extract"
-    if system.startswith("You keep a memory store tidy"):
-        return "update"
-    if system.startswith("You merge memories"):
-        return "merge"
-    return "other"
+    """What a chat request asks for, by the JSON schema it sends as `format` (the structured
+    output contract), so rewording a prompt never misroutes a scripted answer."""
+    return SCHEMA_KINDS.get(json.dumps(request.get("format"), sort_keys=True), "other")
+
+
+SCHEMA_KINDS = {json.dumps(schema, sort_keys=True): kind for schema, kind in (
+    (FACT_SCHEMA, "extract"), (writes.UPDATE_SCHEMA, "update"), (maintenance.MERGE_SCHEMA, "merge"))}
 
 
 class Script:
@@ -86,11 +120,11 @@ async def memories_of(engine: Engine, *, active_only: bool = True) -> list[store
     def read(conn):
         sql = f"SELECT {store.COLUMNS} FROM memories" + (" WHERE archived_at IS NULL" if active_only else "")
         return [store.Memory.from_row(r) for r in conn.execute(sql + " ORDER BY id")]
-    return await engine.run(read)
+    return await engine.write(read)
 
 
 async def links_of(engine: Engine) -> set[tuple[int, int, str]]:
-    return set(await engine.run(lambda c: [tuple(r) for r in c.execute(
+    return set(await engine.write(lambda c: [tuple(r) for r in c.execute(
         "SELECT source_id, target_id, kind FROM memory_links")]))
 
 
@@ -111,4 +145,4 @@ def blend(i: int, j: int, cos: float) -> list[float]:
 
 
 async def one(engine, memory_id: int) -> store.Memory:
-    return await engine.run(store.get, memory_id)
+    return await engine.write(store.get, memory_id)

@@ -37,11 +37,11 @@ async def test_chat_answers_remembers_and_recalls_in_the_local_room(fake_ollama,
     assert out.getvalue() == "muninn> You said: I grow tomatoes\n"  # not interactive: no prompts or banner
 
     async with Engine(settings) as engine:
-        [memory] = await engine.run(store.memories_of, LOCAL_USER_ID, ("personal",))
+        [memory] = await engine.write(store.memories_of, LOCAL_USER_ID, ("personal",))
         assert (memory.guild_id, memory.channel_id) == (LOCAL_GUILD_ID, LOCAL_CHANNEL_ID)
         recalled = await engine.recall("tomatoes", Viewer(user_id=LOCAL_USER_ID, channel_id=0, guild_id=0))
         assert recalled.texts == [memory.text]
-        rows = await engine.run(history.recent, LOCAL_CHANNEL_ID, 10)
+        rows = await engine.write(history.recent, LOCAL_CHANNEL_ID, 10)
         assert [r.role for r in rows] == ["user", "assistant"]
 
     out = io.StringIO()

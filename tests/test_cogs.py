@@ -100,7 +100,7 @@ async def test_every_dm_is_answered_as_a_reply_with_the_message_in_the_prompt(wo
 async def test_in_a_server_muninn_stays_quiet_unless_mentioned_or_replied_to(world):
     await world.alice.send(world.general, "just chatting about boats")
     assert world.bot_messages(world.general) == [] and world.ollama.chat_requests() == []
-    rows = await world.engine.run(history.recent, world.general.id, 10)
+    rows = await world.engine.write(history.recent, world.general.id, 10)
     assert [r.content for r in rows] == ["just chatting about boats"]  # recorded all the same
 
     await world.alice.send(world.general, f"{world.bot.user.mention} what were we talking about?")
@@ -164,9 +164,9 @@ async def test_edits_and_deletions_reach_the_history(world):
     gone = await world.alice.send(world.general, "my password is hunter2")
     await world.alice.edit(kept, "I live in Oslo")
     await world.alice.delete(gone)
-    rows = await world.engine.run(history.recent, world.general.id, 10)
+    rows = await world.engine.write(history.recent, world.general.id, 10)
     assert [r.content for r in rows] == ["I live in Oslo"]
-    assert (await world.engine.run(history.get, gone.id)).content == ""
+    assert (await world.engine.write(history.get, gone.id)).content == ""
 
 
 async def test_ollama_down_gets_a_friendly_answer_and_nothing_breaks(world):
@@ -174,7 +174,7 @@ async def test_ollama_down_gets_a_friendly_answer_and_nothing_breaks(world):
     await world.alice.user.send_dm("are you awake?")
     [answer] = world.bot_messages(world.alice.user.dm_channel)
     assert answer.content == CANNOT_THINK
-    rows = await world.engine.run(history.recent, world.alice.user.dm_channel.id, 10)
+    rows = await world.engine.write(history.recent, world.alice.user.dm_channel.id, 10)
     assert [r.content for r in rows] == ["are you awake?"]
     assert world.env.errors == []
 
@@ -185,7 +185,7 @@ async def test_without_permission_to_post_muninn_logs_and_carries_on(world, capl
     await world.alice.send(world.general, f"{world.bot.user.mention} can you hear me?")
     assert world.bot_messages(world.general) == []
     assert "lacks the Send Messages permission" in caplog.text
-    rows = await world.engine.run(history.recent, world.general.id, 10)
+    rows = await world.engine.write(history.recent, world.general.id, 10)
     assert [r.role for r in rows] == ["user"]
     await world.alice.send(world.general, f"{world.bot.user.mention} and now?")  # the fault was one-off
     assert len(world.bot_messages(world.general)) == 1
@@ -247,13 +247,13 @@ async def test_list_is_paginated_with_buttons(world):
 
 async def test_search_explains_without_touching(world):
     ids = await seed(world)
-    before = await world.engine.run(store.get, ids["alice_here"])
+    before = await world.engine.write(store.get, ids["alice_here"])
     result = await world.alice.slash(world.general, "memory search", query="who keeps bees?")
     assert result.ephemeral
     text = text_of(result)
     assert f"`#{ids['alice_here']}`" in text and "keyword rank 1" in text and "Nothing was touched" in text
     assert f"`#{ids['bob_here']}`" not in text
-    after = await world.engine.run(store.get, ids["alice_here"])
+    after = await world.engine.write(store.get, ids["alice_here"])
     assert (after.access_count, after.last_accessed) == (before.access_count, before.last_accessed)
 
 
@@ -285,7 +285,7 @@ async def test_forget_follows_the_permission_rules_and_reveals_nothing_about_oth
     assert "Manage Messages" in await forget(world.alice, "room_general", world.general)
     assert "Only the bot's owner" in await forget(world.mod, "global", world.general)
     assert "Only the bot's owner" in await forget(world.alice, "global", False)
-    remaining = {m.id for m in (await world.engine.run(store.get_many, list(ids.values()))).values()}
+    remaining = {m.id for m in (await world.engine.write(store.get_many, list(ids.values()))).values()}
     assert remaining == set(ids.values())
 
     assert "Forgot memory" in await forget(world.alice, "alice_here", world.general)
@@ -293,7 +293,7 @@ async def test_forget_follows_the_permission_rules_and_reveals_nothing_about_oth
     assert "Forgot memory" in await forget(world.mod, "room_random", world.general)  # mod in that channel
     assert "Forgot memory" in await forget(world.owner, "global", world.general)
     assert "Forgot memory" in await forget(world.bob, "room_elsewhere", False)  # he taught it: his to forget
-    remaining = set((await world.engine.run(store.get_many, list(ids.values()))).keys())
+    remaining = set((await world.engine.write(store.get_many, list(ids.values()))).keys())
     assert remaining == {ids["bob_here"], ids["room_general"]}
     assert "Forgot memory" in await forget(world.bob, "room_general", world.random)  # taught, from anywhere
 
@@ -301,7 +301,7 @@ async def test_forget_follows_the_permission_rules_and_reveals_nothing_about_oth
 async def test_remember_stores_by_hand_with_the_same_rules(world):
     result = await world.alice.slash(world.general, "memory remember", text="Alice's birthday is in May")
     assert result.ephemeral and "Remembered as memory #" in text_of(result)
-    [memory] = await world.engine.run(store.memories_of, world.alice.id, ("personal",))
+    [memory] = await world.engine.write(store.memories_of, world.alice.id, ("personal",))
     assert (memory.scope, memory.guild_id, memory.text) == ("personal", world.guild.id, "Alice's birthday is in May")
 
     assert "Manage Messages" in text_of(await world.alice.slash(world.general, "memory remember",
@@ -342,15 +342,15 @@ async def test_forget_all_asks_first_then_erases_every_trace(world):
     ids["alice_taught"] = await world.engine.remember(NewMemory(
         "the general channel knows Alice's address", "room", owner_id=world.alice.id, guild_id=world.guild.id,
         channel_id=world.general.id))
-    await world.engine.run(store.add_link, ids["alice_here"], ids["alice_dm"], "co_extracted")
-    await world.engine.run(store.add_link, ids["alice_here"], ids["room_general"], "semantic")
+    await world.engine.write(store.add_link, ids["alice_here"], ids["alice_dm"], "co_extracted")
+    await world.engine.write(store.add_link, ids["alice_here"], ids["room_general"], "semantic")
     await world.alice.user.send_dm("I keep bees")  # history of hers, and Muninn's reply in her DM
 
     asked = await world.alice.slash(world.general, "memory forget-all")
     assert asked.ephemeral and "all 2 of your personal memories" in text_of(asked)
     assert "the 1 room memories you taught" in text_of(asked)
     await world.alice.click(asked.response, label="Cancel")
-    assert len(await world.engine.run(store.memories_of, world.alice.id, ("personal",))) == 2
+    assert len(await world.engine.write(store.memories_of, world.alice.id, ("personal",))) == 2
 
     asked = await world.alice.slash(world.general, "memory forget-all")
     await world.alice.click(asked.response, label="Forget everything")
@@ -367,14 +367,14 @@ async def test_forget_all_asks_first_then_erases_every_trace(world):
             (f"SELECT count(*) FROM memory_links WHERE source_id IN ({marks}) OR target_id IN ({marks})", 2),
         )] + [conn.execute("SELECT count(*) FROM messages WHERE author_id = ? OR channel_id = ?",
                            (world.alice.id, world.alice.user.dm_channel.id)).fetchall()[0][0]]
-    assert await world.engine.run(traces) == [0, 0, 0, 0, 0]
-    left = set((await world.engine.run(store.get_many, list(ids.values()))).keys())
+    assert await world.engine.write(traces) == [0, 0, 0, 0, 0]
+    left = set((await world.engine.write(store.get_many, list(ids.values()))).keys())
     assert left == {ids["bob_here"], ids["room_general"], ids["room_random"], ids["global"]}
 
 
 async def test_an_unexpected_failure_is_logged_and_answered_politely(world, caplog):
     ids = await seed(world)
-    await world.engine.run(lambda conn: conn.execute("DROP TABLE memories_fts"))  # a broken database
+    await world.engine.write(lambda conn: conn.execute("DROP TABLE memories_fts"))  # a broken database
     result = await world.alice.slash(world.general, "memory forget", id=ids["alice_here"])
     assert result.ephemeral and text_of(result) == SOMETHING_WENT_WRONG
     assert "/memory forget failed" in caplog.text and "memories_fts" in caplog.text
@@ -405,7 +405,7 @@ async def test_personal_facts_from_a_private_channel_stay_in_that_channel(world)
         world.alice: discord.PermissionOverwrite(read_messages=True)})
     result = await world.alice.slash(staff, "memory remember", text="Alice is job hunting quietly")
     assert "in this channel" in text_of(result)
-    [memory] = await world.engine.run(store.memories_of, world.alice.id, ("personal",))
+    [memory] = await world.engine.write(store.memories_of, world.alice.id, ("personal",))
     assert memory.private and memory.vis_key.endswith(f":c{staff.id}")
     from bot.memory.scope import Viewer
     found = lambda channel: world.engine.recall("job hunting", Viewer(world.alice.id, channel, world.guild.id))  # noqa: E731

@@ -22,21 +22,24 @@ def test_retention_follows_exp_minus_t_over_s():
     assert decay.strength(T0 + 1000 * DAY, T0, s0) == pytest.approx(decay.STRENGTH_FLOOR)
 
 
-def test_stability_grows_with_each_recall_and_is_capped():
-    s = 7.0
+async def test_stability_grows_with_each_recall_and_is_capped(fts_engine):
+    memory_id = await fts_engine.remember(NewMemory("the kettle is broken", "personal", owner_id=1, created_at=T0))
+    start = (await fts_engine.get(memory_id)).stability
     for _ in range(3):
-        s = decay.recalled_stability(s, 1.5)
-    assert s == pytest.approx(23.625)
-    assert decay.recalled_stability(3000.0, 2.0) == decay.MAX_STABILITY_DAYS
+        await fts_engine.write(store.touch, [memory_id], growth=1.5, now=T0)
+    assert (await fts_engine.get(memory_id)).stability == pytest.approx(start * 1.5 ** 3)
+    for _ in range(40):
+        await fts_engine.write(store.touch, [memory_id], growth=2.0, now=T0)
+    assert (await fts_engine.get(memory_id)).stability == decay.MAX_STABILITY_DAYS
 
 
 async def test_recall_resets_the_clock_with_a_fixed_clock(fts_engine):
     memory_id = await fts_engine.remember(NewMemory("the kettle is broken", "personal", owner_id=1,
                                                     importance=0.0, created_at=T0))
-    memory = await fts_engine.run(store.get, memory_id)
+    memory = await fts_engine.write(store.get, memory_id)
     assert memory.retention(T0 + 7 * DAY) == pytest.approx(math.exp(-1))
     await fts_engine.recall("kettle", Viewer(1, dm=True), as_of=T0 + 7 * DAY)
-    recalled = await fts_engine.run(store.get, memory_id)
+    recalled = await fts_engine.write(store.get, memory_id)
     assert recalled.retention(T0 + 7 * DAY) == 1.0
     assert recalled.stability == pytest.approx(7.0 * 1.5)
     assert recalled.retention(T0 + 7 * DAY + 10.5 * DAY) == pytest.approx(math.exp(-1))

@@ -66,7 +66,7 @@ async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, f
         # (the reply reaches the fake before the bot hands the exchange over: wait for the hand-over)
         await fake.wait_for(lambda: bot.extractor.processed >= 1 or bot.extractor._pending or bot.extractor._queue)
         await bot.extractor.drain()
-        [memory] = await bot.engine.run(store.memories_of, int(alice["id"]), ("personal",))
+        [memory] = await bot.engine.write(store.memories_of, int(alice["id"]), ("personal",))
         assert (memory.text, memory.guild_id) == (FACT, None)
 
         # Asked in a DM, the fact is in the prompt...

@@ -11,7 +11,7 @@ import pytest
 
 from bot.lifecycle.extractor import Extractor
 from bot.lifecycle.fact_store import store_facts
-from bot.lifecycle.facts import FACT_SCHEMA, Fact, extract_facts
+from bot.lifecycle.facts import FACT_SCHEMA, Fact
 from bot.llm.answers import parse_json_reply, strip_reasoning
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
@@ -25,6 +25,7 @@ from tests.helpers import (
     OWNER,
     author_of,
     exchange,
+    extract_facts,
     fact,
     facts_reply,
     links_of,
@@ -368,7 +369,7 @@ async def test_one_exchange_is_one_transaction(engine, fake_ollama):
     def install_tripwire(conn):
         conn.execute("CREATE TRIGGER tripwire BEFORE INSERT ON memories WHEN new.text LIKE '%explodes%' "
                      "BEGIN SELECT RAISE(ABORT, 'tripwire'); END")
-    await engine.run(install_tripwire)
+    await engine.write(install_tripwire)
     ex = exchange("...")
     facts = [Fact("Alice lives in Oslo.", "Alice", "personal", 0.5, ALICE, CHANNEL, GUILD, (1,)),
              Fact("Alice explodes on Mondays.", "Alice", "personal", 0.5, ALICE, CHANNEL, GUILD, (1,))]
@@ -426,7 +427,7 @@ async def test_extractor_failures_never_propagate(engine, fake_ollama, script):
 
 
 async def test_extractor_survives_a_failing_store(engine, fake_ollama, script, caplog):
-    await engine.run(lambda c: c.execute(
+    await engine.write(lambda c: c.execute(
         "CREATE TRIGGER tripwire BEFORE INSERT ON memories BEGIN SELECT RAISE(ABORT, 'disk on fire'); END"))
     script.add("extract", facts_reply(fact("Alice lives in Oslo.")))
     extractor = Extractor(engine, batch_delay=0.01)
@@ -477,12 +478,12 @@ async def test_each_authors_facts_are_one_transaction(engine, fake_ollama, scrip
                                                              scope="room")),
         Bob=facts_reply(fact("Bob has two cats.", about="Bob"), fact("Bob works as a baker.", about="Bob")))
     commits: list[int] = []
-    await engine.run(lambda conn: conn.set_commit_hook(lambda: commits.append(1) or False))
+    await engine.write(lambda conn: conn.set_commit_hook(lambda: commits.append(1) or False))
     extractor = Extractor(engine, batch_delay=10)
     extractor.submit(exchange("I live in Oslo. We play chess here on Fridays.", message_id=1))
     extractor.submit(exchange("I have two cats and work as a baker.", author=BOB, name="Bob", message_id=2))
     await extractor.close()
-    await engine.run(lambda conn: conn.set_commit_hook(None))
+    await engine.write(lambda conn: conn.set_commit_hook(None))
     assert len(commits) == 2
     assert [(m.owner_id, m.scope) for m in await memories_of(engine)] == [
         (ALICE, "personal"), (ALICE, "room"), (BOB, "personal"), (BOB, "personal")]

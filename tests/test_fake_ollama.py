@@ -22,7 +22,7 @@ EMB = "nomic-embed-text"
 
 
 def cos(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b))
+    return sum(x * y for x, y in zip(a, b, strict=True))
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, dict]:

@@ -14,7 +14,7 @@ ALICE, BOB = 1, 2
 
 async def crowd(engine, word: str, count: int) -> list[int]:
     """`count` of Bob's memories holding `word` (enough to make it common)."""
-    return await engine.run(lambda conn: store.insert_many(
+    return await engine.write(lambda conn: store.insert_many(
         conn, [NewMemory(f"Bob ate {word} number {i}", "personal", owner_id=BOB) for i in range(count)],
         base_stability_days=7.0))
 
@@ -36,10 +36,10 @@ async def test_a_common_word_dropped_from_a_long_query_returns_after_a_forget(ft
     crowd_ids = await crowd(fts_engine, "pizza", 600)
     mine = await fts_engine.remember(NewMemory("Alice loves pizza with salad at lunch", "personal", owner_id=ALICE))
     words = ["pizza", "lunch", "salad"]
-    kept = await fts_engine.run(fts.selective, words)
+    kept = await fts_engine.write(fts.selective, words)
     assert "pizza" not in kept  # common: left out
     await fts_engine.forget(crowd_ids)
-    assert "pizza" in await fts_engine.run(fts.selective, words)  # no longer common
+    assert "pizza" in await fts_engine.write(fts.selective, words)  # no longer common
     assert (await fts_engine.recall("pizza lunch salad", Viewer(ALICE, dm=True))).ids == [mine]
 
 

@@ -138,7 +138,7 @@ async def test_an_update_never_touches_another_subject(engine, fake_ollama, scri
     assert (await one(engine, bob)).archived_at is None
     assert (await one(engine, alice_old)).archived_at is not None
     # and the database side refuses it too, whatever an LLM says
-    assert not await engine.run(lambda c: writes.supersede(c, bob, alice_new, now=0.0))
+    assert not await engine.write(lambda c: writes.supersede(c, bob, alice_new, now=0.0))
     assert (await one(engine, bob)).archived_at is None
 
 
@@ -149,7 +149,7 @@ async def test_an_update_learned_elsewhere_retires_the_old_fact_everywhere(engin
     script.add("update", decide(replaces=("Alice lives in Oslo.",)))
     (in_guild,) = await store_facts(engine, [personal("Alice lives in Bergen.")], exchange("."))
     assert (await one(engine, in_dm)).archive_reason == f"superseded by #{in_guild}"
-    assert (await engine.recall("Alice lives", Viewer.owner_everywhere(ALICE))).ids == [in_guild]
+    assert (await engine.recall("Alice lives", Viewer(ALICE, dm=True))).ids == [in_guild]
 
 
 async def test_same_and_replaces_together_reinforce_one_and_retire_the_other(engine, fake_ollama, script):
@@ -212,7 +212,7 @@ async def test_update_candidates_without_vectors_come_from_keywords(fts_engine):
     def candidates(conn):
         new = personal("Alice lives in Bergen.").to_new_memory()
         return writes.update_candidates(conn, None, new, None, threshold=0.5, subject_name="Alice")
-    assert await fts_engine.run(candidates) == [(old, "Alice lives in Oslo.")]
+    assert await fts_engine.write(candidates) == [(old, "Alice lives in Oslo.")]
 
 
 # -- the text guards behind the thresholds (pairs measured in docs/writes.md) -----

@@ -43,7 +43,7 @@ async def test_faded_unimportant_memories_are_archived_not_deleted(engine):
     important = await engine.remember(alice("Alice is allergic to peanuts.", importance=0.9, days_ago=400))
     fresh = await engine.remember(alice("Alice is reading Dune.", importance=0.1, days_ago=1))
     recalled = await engine.remember(alice("Alice owns a red kayak.", importance=0.1, days_ago=60))
-    await engine.run(store.touch, [recalled], growth=1.5)                     # a recall resets the clock
+    await engine.write(store.touch, [recalled], growth=1.5)                     # a recall resets the clock
 
     report = await maintenance.run_maintenance(engine)
     assert report.archived == [faded]
@@ -53,7 +53,7 @@ async def test_faded_unimportant_memories_are_archived_not_deleted(engine):
     assert len(await memories_of(engine, active_only=False)) == 4             # nothing hard-deleted
     assert faded not in (await engine.recall("toast breakfast", Viewer(ALICE, CHANNEL, GUILD), touch=False)).ids
 
-    listed, total = await engine.run(maintenance.list_archived, reason="decayed")
+    listed, total = await engine.write(maintenance.list_archived, reason="decayed")
     assert total == 1 and [m.id for m in listed] == [faded]
     assert (await maintenance.run_maintenance(engine)).archived == []         # idempotent
 
@@ -252,9 +252,9 @@ async def test_maintenance_trims_the_channel_history(make_settings):
                 for i in range(130):
                     conn.execute("INSERT INTO messages (id, channel_id, author_id, author_name, role, content, "
                                  "created_at) VALUES (?, 5, 1, 'Ana', 'user', ?, ?)", (i + 1, f"message {i}", 1000.0 + i))
-        await engine.run(fill)
+        await engine.write(fill)
         report = await maintenance.run_maintenance(engine, use_llm=False)
         assert report.history_pruned == 30
-        kept = await engine.run(history.recent, 5, 1000)
+        kept = await engine.write(history.recent, 5, 1000)
         assert len(kept) == 100 and kept[-1].content == "message 129"
         assert (await maintenance.run_maintenance(engine, use_llm=False)).history_pruned == 0

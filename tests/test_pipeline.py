@@ -17,6 +17,7 @@ from bot.memory import store
 from bot.memory.engine import Engine
 from bot.memory.store import NewMemory
 from tests.fakes.ollama import FakeOllama
+from tests.helpers import QuietSink
 
 ALICE, BOB = 7, 8
 GUILD, GENERAL, RANDOM, ALICE_DM = 900, 50, 51, 60
@@ -46,7 +47,7 @@ class RecordingOutlet:
         return [Sent(next(_ids), time.time())]
 
 
-class RecordingSink:
+class RecordingSink(QuietSink):
     def __init__(self, events: list):
         self.events = events
         self.exchanges = []
@@ -85,8 +86,8 @@ async def test_answer_uses_memories_history_and_current_message_then_hands_over(
     exchange = sink.exchanges[0]
     assert (exchange.author_id, exchange.channel_id, exchange.guild_id, exchange.dm) == (ALICE, GENERAL, GUILD, False)
     assert exchange.reply == "Miso is a lovely name." and exchange.recalled == ("Alice's cat is called Miso",)
-    assert exchange.extra == {"participants": ["Bob", "Alice"]}  # for extraction: who else was talking
-    rows = await engine.run(history.recent, GENERAL, 10)
+    assert exchange.participants == ("Bob", "Alice")  # for extraction: who else was talking
+    rows = await engine.write(history.recent, GENERAL, 10)
     assert [(r.role, r.author_name, r.content) for r in rows] == [
         ("user", "Bob", "the weather is nice"), ("user", "Alice", "what is my cat called?"),
         ("assistant", "Muninn", "Miso is a lovely name.")]
@@ -135,7 +136,7 @@ async def test_ollama_trouble_gives_a_short_friendly_reply_and_keeps_the_message
             fake_ollama.chat_replies.append("   ")
         with caplog.at_level(logging.WARNING, logger="bot.conversation.pipeline"):
             reply = await pipeline.respond(said("are you there?"), RecordingOutlet(events))
-        rows = await engine.run(history.recent, GENERAL, 10)
+        rows = await engine.write(history.recent, GENERAL, 10)
     assert reply.text == CANNOT_THINK and not reply.ok and len(CANNOT_THINK) < 120
     assert events[-1] == ("send", "", CANNOT_THINK)
     assert [r.content for r in rows] == ["are you there?"]  # recorded; the apology is not history
@@ -195,7 +196,7 @@ async def test_a_full_channel_queue_records_but_does_not_answer(make_settings, f
         pipeline = Pipeline(engine)
         replies = await asyncio.gather(*(pipeline.respond(said(f"m{n}", at=1000.0 + n), RecordingOutlet([]))
                                          for n in range(4)))
-        rows = await engine.run(history.recent, GENERAL, 20)
+        rows = await engine.write(history.recent, GENERAL, 20)
     assert [r is not None for r in replies] == [True, True, False, False]
     assert sorted(r.content for r in rows if r.role == "user") == ["m0", "m1", "m2", "m3"]
 
@@ -209,9 +210,9 @@ async def test_edits_and_deletions_update_the_history(engine):
     assert await pipeline.edited(kept.message_id, "I live in Oslo", 3.0)
     assert await pipeline.deleted([gone.message_id]) == 1
     assert not await pipeline.edited(gone.message_id, "resurrected")  # a late edit cannot bring it back
-    rows = await engine.run(history.recent, GENERAL, 10)
+    rows = await engine.write(history.recent, GENERAL, 10)
     assert [(r.content, r.edited_at) for r in rows] == [("I live in Oslo", 3.0)]
-    assert (await engine.run(history.get, gone.message_id)).content == ""
+    assert (await engine.write(history.get, gone.message_id)).content == ""
 
 
 async def test_history_for_a_message_leaves_out_later_chatter_but_keeps_earlier_replies(engine):
@@ -219,11 +220,11 @@ async def test_history_for_a_message_leaves_out_later_chatter_but_keeps_earlier_
     current = said("question", at=100.0)
     await pipeline.record(said("before", at=99.0))
     await pipeline.record(said("after", at=101.0))
-    await engine.run(history.record, channel_id=GENERAL, guild_id=GUILD, author_id=1, author_name="Muninn",
+    await engine.write(history.record, channel_id=GENERAL, guild_id=GUILD, author_id=1, author_name="Muninn",
                      role="assistant", content="late reply to 'before'", created_at=102.0, message_id=next(_ids))
     await pipeline.record(current)
-    current_row = await engine.run(history.get, current.message_id)
-    rows = await engine.run(history.recent, GENERAL, 10, before=current_row)
+    current_row = await engine.write(history.get, current.message_id)
+    rows = await engine.write(history.recent, GENERAL, 10, before=current_row)
     assert [r.content for r in rows] == ["before", "late reply to 'before'"]
 
 
@@ -247,7 +248,7 @@ async def test_local_ids_for_replies_without_a_discord_id(engine):
         local = Incoming(channel_id=0, guild_id=0, author_id=1, author_name="me", content=text,
                          created_at=time.time())
         await pipeline.respond(local, Terminal([]))
-    rows = await engine.run(history.recent, 0, 10)
+    rows = await engine.write(history.recent, 0, 10)
     assert [(r.id, r.role) for r in rows] == [(1, "user"), (2, "assistant"), (3, "user"), (4, "assistant")]
 
 
@@ -269,7 +270,7 @@ async def test_a_fact_told_in_a_dm_is_recalled_in_dms_only_and_forget_person_era
     try:
         await pipeline.respond(said("My sister is called Ylva", channel=ALICE_DM, dm=True), RecordingOutlet([]))
         await extractor.drain()
-        [memory] = await engine.run(store.memories_of, ALICE, ("personal",))
+        [memory] = await engine.write(store.memories_of, ALICE, ("personal",))
         assert memory.text == "Alice's sister is called Ylva" and memory.guild_id is None and memory.embedded
 
         await pipeline.respond(said("what is my sister's name?", channel=ALICE_DM, dm=True), RecordingOutlet([]))
@@ -280,7 +281,7 @@ async def test_a_fact_told_in_a_dm_is_recalled_in_dms_only_and_forget_person_era
 
         forgotten = await pipeline.forget_person(ALICE)
         assert (forgotten.personal, forgotten.taught) == (1, 0) and forgotten.messages >= 4
-        counts = await engine.run(lambda conn: [conn.execute(sql).fetchall()[0][0] for sql in (
+        counts = await engine.write(lambda conn: [conn.execute(sql).fetchall()[0][0] for sql in (
             "SELECT count(*) FROM memories", "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'Ylva'",
             "SELECT count(*) FROM vec_memories", "SELECT count(*) FROM memory_links",
             "SELECT count(*) FROM messages WHERE content LIKE '%Ylva%' OR author_id = 7")])
@@ -299,7 +300,7 @@ async def test_a_reply_that_could_not_be_posted_is_not_recorded_as_said(engine):
 
     reply = await Pipeline(engine, sink).respond(said("hello"), Forbidden(events))
     assert reply.ok and reply.sent == []
-    rows = await engine.run(history.recent, GENERAL, 10)
+    rows = await engine.write(history.recent, GENERAL, 10)
     assert [r.role for r in rows] == ["user"]
     assert sink.exchanges[0].reply_message_id is None  # the facts in what she said still count
 
@@ -328,13 +329,13 @@ async def test_forget_person_removes_taught_room_memories_and_leaves_no_recovera
         forgotten = await pipeline.forget_person(ALICE)
 
         assert (forgotten.personal, forgotten.taught, forgotten.messages) == (1, 1, 1)
-        assert set((await engine.run(store.get_many, kept)).keys()) == set(kept)
+        assert set((await engine.write(store.get_many, kept)).keys()) == set(kept)
 
         def probe(conn):
             conn.execute("INSERT INTO memories_fts(memories_fts) VALUES('integrity-check')")  # raises if broken
             return conn.execute("SELECT count(*) FROM memories_fts_data "
                                 "WHERE instr(block, CAST('sertralin' AS BLOB)) > 0").fetchall()[0][0]
-        assert await engine.run(probe) == 0
+        assert await engine.write(probe) == 0
     raw = b"".join(p.read_bytes() for p in (settings.db_path, settings.db_path.with_name(
         settings.db_path.name + "-wal")) if p.exists())
     assert raw and b"sertralin" not in raw
@@ -369,7 +370,7 @@ async def test_forget_all_during_a_slow_reply_keeps_nothing_of_that_exchange(eng
 
     assert reply.ok and events[-1] == ("send", "", "Noted: you take sertraline.")  # she still gets her answer
     assert sink.forgotten == [ALICE] and sink.exchanges == [] and not any(e[0] == "submit" for e in events)
-    rows = await engine.run(history.recent, GENERAL, 10)
+    rows = await engine.write(history.recent, GENERAL, 10)
     assert [r.content for r in rows] == ["earlier chatter"]  # neither her message nor the reply was kept
 
     await pipeline.respond(said("hello again"), RecordingOutlet(events))  # after the forget: business as usual
@@ -381,7 +382,7 @@ async def test_forget_all_during_a_slow_reply_keeps_nothing_of_that_exchange(eng
 async def test_a_failing_recall_means_no_memories_and_the_reply_still_happens(engine, fake_ollama, caplog):
     await engine.remember(NewMemory("Alice's cat is called Miso", "personal", owner_id=ALICE, guild_id=GUILD,
                                     channel_id=GENERAL))
-    await engine.run(lambda conn: conn.execute("DROP TABLE memory_links"))  # recall's graph step now fails
+    await engine.write(lambda conn: conn.execute("DROP TABLE memory_links"))  # recall's graph step now fails
     events: list = []
     sink = RecordingSink(events)
     pipeline = Pipeline(engine, sink)
@@ -400,14 +401,14 @@ async def test_a_lone_surrogate_is_stored_and_answered_not_dropped(engine, fake_
     pipeline = Pipeline(engine, sink)
     reply = await pipeline.respond(said("I live in \ud800 Oslo", name="Al\udfffice"), RecordingOutlet(events))
     assert reply.ok and [e[0] for e in events] == ["typing", "send", "submit"]
-    rows = await engine.run(history.recent, GENERAL, 10)
+    rows = await engine.write(history.recent, GENERAL, 10)
     assert [(r.author_name, r.content) for r in rows[:1]] == [("Al?ice", "I live in ? Oslo")]
     assert fake_ollama.chat_requests()[-1]["messages"][-1]["content"].endswith("Al?ice: I live in ? Oslo")
     assert sink.exchanges[0].user_message == "I live in ? Oslo"
     other = said("\udc80 hi", author=BOB, name="Bob")
     assert await pipeline.record(other) is not None
     assert await pipeline.edited(other.message_id, "edited \ud83d")
-    assert (await engine.run(history.get, other.message_id)).content == "edited ?"
+    assert (await engine.write(history.get, other.message_id)).content == "edited ?"
 
 
 # -- history size --------------------------------------------------------------------
@@ -422,13 +423,13 @@ async def test_the_history_keeps_the_last_messages_of_each_channel(make_settings
         def contents(conn, channel):
             return [row[0] for row in conn.execute(
                 "SELECT content FROM messages WHERE channel_id = ? ORDER BY created_at", (channel,))]
-        general = await engine.run(contents, GENERAL)
+        general = await engine.write(contents, GENERAL)
         assert 100 <= len(general) < 100 + 25 and general[-1] == "general 129"  # pruned as it goes
         assert "general 0" not in general
-        assert await engine.run(contents, RANDOM) == ["random 0"]  # other channels keep theirs
+        assert await engine.write(contents, RANDOM) == ["random 0"]  # other channels keep theirs
 
-        assert await engine.run(history.prune_all, 100) == len(general) - 100
-        general = await engine.run(contents, GENERAL)
+        assert await engine.write(history.prune_all, 100) == len(general) - 100
+        general = await engine.write(contents, GENERAL)
         assert general == [f"general {n}" for n in range(30, 130)]
 
 
@@ -437,10 +438,10 @@ async def test_forget_person_takes_muninns_replies_to_them_in_servers_too(engine
     fake_ollama.chat_replies.extend(["Noted: your PIN is 4711.", "Hi Bob."])
     await pipeline.respond(said("my PIN is 4711"), RecordingOutlet([]))
     await pipeline.respond(said("hello", author=BOB, name="Bob"), RecordingOutlet([]))
-    await engine.run(history.remove, [(await engine.run(history.recent, GENERAL, 50))[0].id])  # trimmed away
+    await engine.write(history.remove, [(await engine.write(history.recent, GENERAL, 50))[0].id])  # trimmed away
     forgotten = await pipeline.forget_person(ALICE)
     assert forgotten.messages == 1  # Muninn's reply that repeats what she said, though her message is gone
-    left = await engine.run(history.recent, GENERAL, 50)
+    left = await engine.write(history.recent, GENERAL, 50)
     assert [m.content for m in left] == ["hello", "Hi Bob."]
 
 
@@ -455,14 +456,14 @@ async def test_deleting_a_message_takes_back_what_was_learned_from_it_alone(engi
         second = said("As I said, my sister is called Ylva")
         await pipeline.respond(second, RecordingOutlet([]))
         await extractor.drain()
-        [memory] = await engine.run(store.memories_of, ALICE, ("personal",))
+        [memory] = await engine.write(store.memories_of, ALICE, ("personal",))
         assert set(memory.source_message_ids) == {str(first.message_id), str(second.message_id)}  # reinforced
 
         await pipeline.deleted([first.message_id])
-        [memory] = await engine.run(store.memories_of, ALICE, ("personal",))
+        [memory] = await engine.write(store.memories_of, ALICE, ("personal",))
         assert memory.source_message_ids == [str(second.message_id)]
         await pipeline.deleted([second.message_id])
-        assert await engine.run(store.memories_of, ALICE, ("personal",)) == []
+        assert await engine.write(store.memories_of, ALICE, ("personal",)) == []
 
         slow = Extractor(engine, batch_delay=5.0)  # a deletion before extraction: never extracted
         pipeline = Pipeline(engine, slow)
@@ -470,7 +471,7 @@ async def test_deleting_a_message_takes_back_what_was_learned_from_it_alone(engi
         await pipeline.respond(third, RecordingOutlet([]))
         await pipeline.deleted([third.message_id])
         await slow.drain()
-        assert await engine.run(store.memories_of, ALICE, ("personal",)) == []
+        assert await engine.write(store.memories_of, ALICE, ("personal",)) == []
         await slow.close()
     finally:
         await extractor.close()

@@ -89,11 +89,11 @@ async def test_no_ollama_url_is_fts_only_and_never_calls_out(fts_engine):
 async def test_memory_stored_while_ollama_down_is_backfilled(engine, fake_ollama):
     await fake_ollama.go_down()
     memory_id = await engine.remember(NewMemory("the GPU server has 4x RTX 3090", "room", owner_id=1, **ROOM))
-    assert (await engine.run(store.get, memory_id)).embedded is False
+    assert (await engine.write(store.get, memory_id)).embedded is False
     assert (await engine.recall("GPU", ALICE)).ids == [memory_id]  # still found by keywords
     await fake_ollama.come_up()
     assert await engine.backfill() == 1
-    assert (await engine.run(store.get, memory_id)).embedded is True
+    assert (await engine.write(store.get, memory_id)).embedded is True
     result = await engine.recall("GPU", ALICE)
     assert result.mode == "hybrid" and result.memories[0].candidate.via == "both"
 
@@ -162,7 +162,7 @@ async def test_graph_adds_up_to_three_linked_active_visible_memories(fts_engine)
                 store.add_link(conn, lang, other, "co_extracted")
             store.add_link(conn, archived, lang, "semantic", weight=0.99)
             store.add_link(conn, lang, secret, "semantic", weight=0.99)
-    await engine.run(link_all)
+    await engine.write(link_all)
     await engine.archive(archived, "test")
     result = await engine.recall("which language uses Rust", ALICE, limit=1)
     assert result.ids[0] == lang
@@ -176,18 +176,18 @@ async def test_graph_adds_up_to_three_linked_active_visible_memories(fts_engine)
 async def test_superseded_links_are_not_walked(fts_engine):
     new = await fts_engine.remember(NewMemory("Ana lives in Oslo", "room", owner_id=1, **ROOM))
     old = await fts_engine.remember(NewMemory("the office plant is a cactus", "room", owner_id=1, **ROOM))
-    await fts_engine.run(lambda conn: store.add_link(conn, old, new, "superseded_by"))
+    await fts_engine.write(lambda conn: store.add_link(conn, old, new, "superseded_by"))
     assert (await fts_engine.recall("Oslo", ALICE)).ids == [new]
 
 
 async def test_touch_counts_recalls_and_no_touch_does_not(fts_engine):
     memory_id = await fts_engine.remember(NewMemory("the GPU server has 4x RTX 3090", "room", owner_id=1, **ROOM))
-    before = await fts_engine.run(store.get, memory_id)
+    before = await fts_engine.write(store.get, memory_id)
     await fts_engine.recall("GPU", ALICE, touch=False)
-    assert (await fts_engine.run(store.get, memory_id)).access_count == 0
+    assert (await fts_engine.write(store.get, memory_id)).access_count == 0
     moment = time.time() + 3600
     await fts_engine.recall("GPU", ALICE, as_of=moment)
-    after = await fts_engine.run(store.get, memory_id)
+    after = await fts_engine.write(store.get, memory_id)
     assert after.access_count == 1 and after.last_accessed == pytest.approx(moment)
     assert after.stability == pytest.approx(before.stability * fts_engine.settings.stability_growth)
 
@@ -195,10 +195,10 @@ async def test_touch_counts_recalls_and_no_touch_does_not(fts_engine):
 async def test_graph_additions_are_touched_too(fts_engine):
     a = await fts_engine.remember(NewMemory("Project X is written in Rust", "room", owner_id=1, **ROOM))
     b = await fts_engine.remember(NewMemory("it deploys to ARM64 boards", "room", owner_id=1, **ROOM))
-    await fts_engine.run(lambda conn: store.add_link(conn, a, b, "co_extracted"))
+    await fts_engine.write(lambda conn: store.add_link(conn, a, b, "co_extracted"))
     result = await fts_engine.recall("Rust", ALICE)
     assert result.ids == [a, b]
-    assert (await fts_engine.run(store.get, b)).access_count == 1
+    assert (await fts_engine.write(store.get, b)).access_count == 1
 
 
 async def test_strong_important_memories_rank_first_for_equal_relevance(fts_engine):
@@ -266,8 +266,8 @@ async def test_neighbours_lend_score_within_key_and_time_window(fts_engine):
     late = await fts_engine.remember(NewMemory("Zed: hours later", "room", owner_id=1, created_at=t0 + 7200, **ROOM))
     fused = {a: 1.0, b: 0.1, mine: 0.9, c: 0.3, late: 0.4}
     ranked = [Candidate(mid, fts_rank=r, fts_score=-1.0, fused=f) for r, (mid, f) in enumerate(fused.items(), start=1)]
-    keys = await fts_engine.run(visible_keys, ALICE)
-    out = await fts_engine.run(spread_to_neighbours, ranked, keys, 0.5)
+    keys = await fts_engine.write(visible_keys, ALICE)
+    out = await fts_engine.write(spread_to_neighbours, ranked, keys, 0.5)
     got = {cand.memory_id: cand for cand in out}
     assert got[b].fused == pytest.approx(0.1 + 0.5 * 1.0) and got[b].neighbour_of == a  # the larger loan
     assert got[a].fused == pytest.approx(1.0 + 0.5 * 0.1)
@@ -275,7 +275,7 @@ async def test_neighbours_lend_score_within_key_and_time_window(fts_engine):
     assert got[mine].fused == pytest.approx(0.9) and got[late].fused == pytest.approx(0.4)
     assert [cand.memory_id for cand in out] == [a, mine, b, late, c]
     assert got[b].reason()["neighbour_of"] == a and got[b].via == "fts"
-    assert await fts_engine.run(spread_to_neighbours, ranked[:1], keys, 0.5) == ranked[:1]  # nothing new surfaces
+    assert await fts_engine.write(spread_to_neighbours, ranked[:1], keys, 0.5) == ranked[:1]  # nothing new surfaces
 
 
 async def test_a_changed_embedding_model_is_detected_at_start_and_recall_falls_back(fake_ollama, make_settings,

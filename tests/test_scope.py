@@ -89,8 +89,8 @@ async def build_world(engine: Engine, mems: list[dict], links) -> list[int]:
             for a, b, kind in links:
                 if a != b:
                     store.add_link(conn, ids[a], ids[b], kind)
-    await engine.run(link_and_archive)
-    for memory_id, mem in zip(ids, mems):
+    await engine.write(link_and_archive)
+    for memory_id, mem in zip(ids, mems, strict=True):
         if mem["archived"]:
             await engine.archive(memory_id, "test")
     return ids
@@ -106,7 +106,7 @@ def test_no_path_leaks_a_memory(ollama_thread, world, viewers):
                                   "OLLAMA_COOLDOWN": "0", "MUNINN_GRAPH_LIMIT": "50"})
         async with Engine(settings) as engine:
             ids = await build_world(engine, mems, links)
-            by_id = dict(zip(ids, mems))
+            by_id = dict(zip(ids, mems, strict=True))
             for viewer in viewers:
                 allowed = {mid for mid, mem in by_id.items() if oracle_visible(mem, viewer)}
                 # hybrid recall, graph walk included
@@ -115,10 +115,10 @@ def test_no_path_leaks_a_memory(ollama_thread, world, viewers):
                 assert {r.memory.id for r in result.memories if r.candidate.via != "link"} == allowed
                 # KNN alone, with k = what the viewer may see: only a filter inside the KNN returns
                 # all of it (a global top-k filtered afterwards would come back short)
-                keys = await engine.run(visible_keys, viewer)
-                info = await engine.run(vectors.index_info)
+                keys = await engine.write(visible_keys, viewer)
+                info = await engine.write(vectors.index_info)
                 query = (await engine.ollama.embed(["apple fact"]))[0]
-                hits = await engine.run(retrieval.vector_candidates, info, query, keys, max(1, len(allowed)))
+                hits = await engine.write(retrieval.vector_candidates, info, query, keys, max(1, len(allowed)))
                 assert {h.memory_id for h in hits} == allowed
                 # listing
                 listed, total = await engine.list_visible(viewer, limit=1000)
@@ -164,7 +164,7 @@ async def test_personal_memory_learned_in_a_private_channel_stays_there(fts_engi
     assert (await fts_engine.recall("apple orchard", Viewer(1, dm=True))).ids == [memory_id]
     assert (await fts_engine.recall("apple orchard", Viewer(1, 12, 100))).ids == []
     assert (await fts_engine.recall("apple orchard", Viewer(2, 11, 100))).ids == []
-    stored = await fts_engine.run(store.get, memory_id)
+    stored = await fts_engine.write(store.get, memory_id)
     copy = NewMemory(stored.text, stored.scope, owner_id=stored.owner_id, channel_id=stored.channel_id,
                      guild_id=stored.guild_id, private=stored.private)
     assert copy.vis_key == stored.vis_key  # a copy (consolidation) keeps it in its channel
@@ -177,8 +177,8 @@ async def test_a_user_with_few_memories_still_gets_their_nearest_among_many(engi
     await engine.remember_many([NewMemory(f"apple fact {i}", "personal", owner_id=bob) for i in range(40)])
     alice = await engine.remember(NewMemory("pear note", "personal", owner_id=1))
     viewer = Viewer(1, dm=True)
-    keys = await engine.run(visible_keys, viewer)
-    info = await engine.run(vectors.index_info)
+    keys = await engine.write(visible_keys, viewer)
+    info = await engine.write(vectors.index_info)
     query = (await engine.ollama.embed(["apple fact"]))[0]
-    hits = await engine.run(retrieval.vector_candidates, info, query, keys, 3)
+    hits = await engine.write(retrieval.vector_candidates, info, query, keys, 3)
     assert [h.memory_id for h in hits] == [alice]

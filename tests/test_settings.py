@@ -46,7 +46,8 @@ def test_empty_ollama_url_disables_ollama(tmp_path):
 
 def test_env_example_lists_every_setting_with_its_default():
     text = (ROOT / ".env.example").read_text()
-    assert text == env_example(), "regenerate .env.example: python -c 'from bot.settings import env_example; print(env_example(), end=\"\")' > .env.example"
+    regenerate = "python -c 'from bot.settings import env_example; print(env_example(), end=\"\")' > .env.example"
+    assert text == env_example(), f"regenerate .env.example: {regenerate}"
     for spec in SETTINGS.values():
         assert f"{spec.env}={spec.default}" in text
 

@@ -50,12 +50,12 @@ def test_not_a_database_gives_a_clear_error(tmp_path):
 async def test_delete_removes_row_fts_vector_and_links(engine):
     a = await engine.remember(NewMemory("the zebra lives in the zoo", "personal", owner_id=1, source_message_ids=[42]))
     b = await engine.remember(NewMemory("zoo opening hours", "personal", owner_id=1))
-    await engine.run(lambda conn: store.add_link(conn, a, b, "co_extracted"))
-    before = await engine.run(counts, a)
+    await engine.write(lambda conn: store.add_link(conn, a, b, "co_extracted"))
+    before = await engine.write(counts, a)
     assert before == {"memories": 1, "fts_match": 1, "vectors": 1, "links": 1, "sources": 1}
     assert await engine.forget([a]) == 1
-    assert await engine.run(counts, a) == {"memories": 0, "fts_match": 0, "vectors": 0, "links": 0, "sources": 0}
-    await engine.run(fts_integrity_check)
+    assert await engine.write(counts, a) == {"memories": 0, "fts_match": 0, "vectors": 0, "links": 0, "sources": 0}
+    await engine.write(fts_integrity_check)
     assert await engine.forget([a]) == 0
 
 
@@ -70,8 +70,8 @@ async def test_scrubbed_forget_leaves_no_recoverable_text(engine, tmp_path):
     memory_id = await engine.remember(NewMemory(f"Ana takes {secret} daily", "personal", owner_id=1))
     await engine.remember(NewMemory("the weather is mild", "personal", owner_id=2))
     await engine.forget([memory_id], scrub=True)
-    await engine.run(fts_integrity_check)
-    blobs = await engine.run(lambda conn: [row[0] for row in conn.execute("SELECT block FROM memories_fts_data")])
+    await engine.write(fts_integrity_check)
+    blobs = await engine.write(lambda conn: [row[0] for row in conn.execute("SELECT block FROM memories_fts_data")])
     assert not any(secret.encode() in bytes(blob or b"") for blob in blobs)
     path = engine.settings.db_path
     await engine.close()
@@ -83,13 +83,13 @@ async def test_scrubbed_forget_leaves_no_recoverable_text(engine, tmp_path):
 async def test_archive_keeps_the_row_but_leaves_the_indexes(engine):
     a = await engine.remember(NewMemory("the zebra lives in the zoo", "personal", owner_id=1))
     await engine.archive(a, "decayed")
-    after = await engine.run(counts, a)
+    after = await engine.write(counts, a)
     assert after["memories"] == 1 and after["fts_match"] == 0 and after["vectors"] == 0
-    await engine.run(fts_integrity_check, False)
-    memory = await engine.run(store.get, a)
+    await engine.write(fts_integrity_check, False)
+    memory = await engine.write(store.get, a)
     assert memory.archived_at is not None and memory.archive_reason == "decayed"
     await engine.restore(a)
-    restored = await engine.run(counts, a)
+    restored = await engine.write(counts, a)
     assert restored["fts_match"] == 1 and restored["vectors"] == 1
 
 
@@ -99,10 +99,10 @@ async def test_text_update_keeps_fts_in_sync(fts_engine):
     def rename(conn):
         with conn:
             conn.execute("UPDATE memories SET text = 'the giraffe lives in the zoo' WHERE id = ?", (a,))
-    await fts_engine.run(rename)
+    await fts_engine.write(rename)
     assert (await fts_engine.recall("zebra", Viewer(1, dm=True))).ids == []
     assert (await fts_engine.recall("giraffe", Viewer(1, dm=True))).ids == [a]
-    await fts_engine.run(fts_integrity_check)
+    await fts_engine.write(fts_integrity_check)
 
 
 async def test_ids_are_never_reused(fts_engine):
@@ -118,7 +118,7 @@ async def test_a_failed_batch_writes_nothing(fts_engine):
         await fts_engine.remember_many([good, twin])
     stats = await fts_engine.stats()
     assert stats["memories"] == 0 and stats["links"] == 0
-    assert await fts_engine.run(db.query_value, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'fact'") == 0
+    assert await fts_engine.write(db.query_value, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'fact'") == 0
 
 
 async def test_links_are_pairwise_and_never_join_two_peoples_personal_memories(fts_engine):
@@ -130,8 +130,8 @@ async def test_links_are_pairwise_and_never_join_two_peoples_personal_memories(f
         with conn:
             store.link_pairwise(conn, ids, "co_extracted")
             return store.add_link(conn, ids[0], bobs, "semantic"), store.add_link(conn, bobs, room, "semantic")
-    assert await fts_engine.run(link) == (False, True)
-    links = await fts_engine.run(lambda conn: conn.execute("SELECT source_id, target_id, kind FROM memory_links").fetchall())
+    assert await fts_engine.write(link) == (False, True)
+    links = await fts_engine.write(lambda conn: conn.execute("SELECT source_id, target_id, kind FROM memory_links").fetchall())
     assert sorted(links) == [(ids[0], ids[1], "co_extracted"), (ids[0], ids[2], "co_extracted"),
                              (ids[1], ids[2], "co_extracted"), (bobs, room, "semantic")]
 
@@ -154,14 +154,14 @@ def test_bad_memory_fields_are_refused_clearly(kwargs, problem):
 async def test_odd_text_is_stored_verbatim(engine):
     text = "Ünïcödé 東京 🎉 <@123> @everyone \u202e rtl \"quotes\" 'single' NEAR(a b) x" + "y" * 3900
     memory_id = await engine.remember(NewMemory(text, "personal", owner_id=1))
-    assert (await engine.run(store.get, memory_id)).text == text.strip()
+    assert (await engine.write(store.get, memory_id)).text == text.strip()
 
 
 async def test_vectors_are_partitioned_by_visibility_key(engine):
     await engine.remember(NewMemory("a fact", "room", channel_id=5, guild_id=1))
-    info = await engine.run(vectors.index_info)
-    assert await engine.run(db.query_one, "SELECT vis_key FROM vec_memories") == ("r:5",)
-    assert await engine.run(db.query_value, "SELECT partition00 FROM vec_memories_chunks") == "r:5"
+    info = await engine.write(vectors.index_info)
+    assert await engine.write(db.query_one, "SELECT vis_key FROM vec_memories") == ("r:5",)
+    assert await engine.write(db.query_value, "SELECT partition00 FROM vec_memories_chunks") == "r:5"
     assert info.model == "nomic-embed-text" and info.dim == 768
 
 
@@ -169,16 +169,16 @@ async def test_listing_never_touches(fts_engine):
     memory_id = await fts_engine.remember(NewMemory("a fact", "personal", owner_id=1))
     await fts_engine.list_visible(Viewer(1, dm=True))
     await fts_engine.get_visible(Viewer(1, dm=True), memory_id)
-    memory = await fts_engine.run(store.get, memory_id)
+    memory = await fts_engine.write(store.get, memory_id)
     assert (memory.access_count, memory.last_accessed) == (0, None)
 
 
 async def test_a_delete_that_fails_halfway_removes_nothing(engine):
     keep = await engine.remember(NewMemory("the zebra lives in the zoo", "personal", owner_id=1))
     blocker = await engine.remember(NewMemory("a protected fact", "personal", owner_id=1))
-    await engine.run(lambda conn: conn.execute(
+    await engine.write(lambda conn: conn.execute(
         f"CREATE TEMP TRIGGER refuse BEFORE DELETE ON memories WHEN old.id = {blocker} "
         "BEGIN SELECT RAISE(ABORT, 'refused'); END"))
     with pytest.raises(apsw.ConstraintError):
         await engine.forget([keep, blocker])
-    assert await engine.run(counts, keep) == {"memories": 1, "fts_match": 1, "vectors": 1, "links": 0, "sources": 0}
+    assert await engine.write(counts, keep) == {"memories": 1, "fts_match": 1, "vectors": 1, "links": 0, "sources": 0}

@@ -5,8 +5,9 @@ Muninn sends to the LLM; asked in a server channel, the DM-learned fact stays ou
 /memory forget-all nothing of it remains in any table.
 
 The fact extractor is the real one. simcord counts every task the bot owns as work to
-wait for, and the extractor's idle worker waits forever by design, so the bot's pipeline
-hands its exchanges to `Handoff` and the test runs them through a real `Extractor` it owns.
+wait for, and the extractor batches a channel's messages behind a debounce timer, so each
+reply would wait for it; instead the bot's pipeline hands its exchanges to `Handoff` and the
+test runs them through a real `Extractor` it owns, draining it when the story needs the facts.
 """
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ import pytest
 from bot.lifecycle.extractor import Extractor
 from bot.memory import store
 from cogs.client import MuninnBot
+from tests.helpers import QuietSink
 
 FACT = "Alice's sister is called Ylva"
 
 
-class Handoff:
+class Handoff(QuietSink):
     """The bot's extractor: keeps the exchanges for the test to extract."""
 
     def __init__(self):
@@ -29,9 +31,6 @@ class Handoff:
 
     def submit(self, exchange) -> None:
         self.exchanges.append(exchange)
-
-    async def close(self) -> None:
-        pass
 
 
 def ollama_answers(request: dict) -> str:
@@ -69,7 +68,7 @@ async def test_a_fact_told_in_a_dm_stays_private_and_forget_all_erases_it(simcor
         # 1. Alice tells Muninn a fact in a DM; it becomes her personal memory, learned in a DM.
         await alice.user.send_dm("My sister is called Ylva.")
         await extract()
-        [memory] = await bot.engine.run(store.memories_of, alice.id, ("personal",))
+        [memory] = await bot.engine.write(store.memories_of, alice.id, ("personal",))
         assert (memory.text, memory.scope, memory.owner_id, memory.guild_id) == (FACT, "personal", alice.id, None)
 
         # 2. Later, in a DM, she asks: the fact is in the prompt sent to the LLM, as a quoted memory.
@@ -99,7 +98,7 @@ async def test_a_fact_told_in_a_dm_stays_private_and_forget_all_erases_it(simcor
                 "SELECT count(*) FROM memory_links",
                 "SELECT count(*) FROM messages WHERE content LIKE '%Ylva%'",
             )}
-        assert set((await bot.engine.run(traces)).values()) == {0}
+        assert set((await bot.engine.write(traces)).values()) == {0}
 
         # ...and asking again in a DM finds nothing to recall.
         await alice.user.send_dm("What is my sister called?")

@@ -133,21 +133,21 @@ async def test_an_old_bucketed_database_is_upgraded_at_start(tmp_path, fake_olla
         for key, value in (("embed_model", "nomic-embed-text"), ("embed_dim", "768"), ("vec_buckets", "256")):
             db.set_meta(conn, key, value)
         for i in range(20):
-            memory_id = store.insert(conn, NewMemory(f"old fact number {i}", "personal", owner_id=1),
-                                     base_stability_days=7)
+            memory_id = store.insert_many(conn, [NewMemory(f"old fact number {i}", "personal", owner_id=1)],
+                                          base_stability_days=7)[0]
             v = rng.standard_normal(768).astype(np.float32)
             conn.execute("INSERT INTO vec_memories(memory_id, bucket, vis_key, created_at, embedding) "
                          "VALUES (?, 3, 'p:1:dm', 0.0, ?)", (memory_id, (v / np.linalg.norm(v)).tobytes()))
             conn.execute("UPDATE memories SET embedded = 1 WHERE id = ?", (memory_id,))
     conn.close()
     async with Engine(make_settings(fake_ollama.url)) as engine:
-        assert await engine.run(db.get_meta, "vec_layout") == vectors.LAYOUT
-        assert await engine.run(db.query_value, "SELECT count(DISTINCT partition00) FROM vec_memories_chunks") == 1
-        assert await engine.run(db.query_value, "SELECT count(*) FROM memories WHERE embedded = 1") == 20
+        assert await engine.write(db.get_meta, "vec_layout") == vectors.LAYOUT
+        assert await engine.write(db.query_value, "SELECT count(DISTINCT partition00) FROM vec_memories_chunks") == 1
+        assert await engine.write(db.query_value, "SELECT count(*) FROM memories WHERE embedded = 1") == 20
         result = await engine.recall("old fact number 3", Viewer(1, dm=True))
         assert result.mode == "hybrid" and len(result.ids) > 0
     async with Engine(make_settings(fake_ollama.url)) as engine:  # a second start moves nothing
-        assert not await engine.run(vectors.needs_upgrade)
+        assert not await engine.write(vectors.needs_upgrade)
 
 
 async def test_recall_searches_on_read_connections_beside_an_open_write(engine):
@@ -161,7 +161,7 @@ async def test_recall_searches_on_read_connections_beside_an_open_write(engine):
         with conn:
             conn.execute("UPDATE memories SET importance = importance WHERE id = ?", (memory_id,))
             release.wait(5)
-    holder = asyncio.ensure_future(engine.run(hold))
+    holder = asyncio.ensure_future(engine.write(hold))
     await asyncio.sleep(0.05)
     result = await asyncio.wait_for(engine.recall("lighthouse gulls", Viewer(2, dm=True), touch=False), 2)
     release.set()

@@ -83,11 +83,6 @@ def parse_lines(lines: Iterable[str], report: ImportReport) -> Iterable[NewMemor
             report.errors.append((number, str(exc)))
 
 
-def _existing_external_ids(conn, ids: list[str]) -> set[str]:
-    if not ids:
-        return set()
-    rows = conn.execute(f"SELECT external_id FROM memories WHERE external_id IN ({','.join('?' * len(ids))})", ids)
-    return {row[0] for row in rows}
 
 
 async def import_lines(engine: Engine, lines: Iterable[str], *, batch: int = BATCH,
@@ -97,7 +92,7 @@ async def import_lines(engine: Engine, lines: Iterable[str], *, batch: int = BAT
 
     async def flush() -> None:
         external = [m.external_id for m in pending if m.external_id is not None]
-        existing = await engine.run(_existing_external_ids, external)
+        existing = await engine.existing_external_ids(external)
         seen: set[str] = set()
         fresh = []
         for memory in pending:

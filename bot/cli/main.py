@@ -73,7 +73,7 @@ async def cmd_remember(args, settings: Settings) -> int:
         raise UsageError(str(exc)) from None
     async with Engine(settings) as engine:
         memory_id = await engine.remember(memory)
-        embedded = (await engine.run(store.get, memory_id)).embedded
+        embedded = (await engine.get(memory_id)).embedded
     emit(args, {"id": memory_id, "embedded": embedded}, str(memory_id))
     return 0
 
@@ -162,7 +162,11 @@ async def cmd_stats(args, settings: Settings) -> int:
 async def cmd_reindex(args, settings: Settings) -> int:
     async with Engine(settings) as engine:
         bar = Progress(f"embedding with {settings.embed_model}", None)
-        count = await engine.reindex(progress=lambda done, total: (setattr(bar, "total", total), bar.update(done)))
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done)
+        count = await engine.reindex(progress=progress)
         bar.finish()
     emit(args, {"reindexed": count, "model": settings.embed_model}, f"re-embedded {count} memories")
     return 0
@@ -223,7 +227,7 @@ async def cmd_run(args, settings: Settings) -> int:
 
 async def cmd_sync(args, settings: Settings) -> int:
     status, names = await on_discord(args, settings, lambda client: client.sync_commands(settings, args.guild))
-    if status:
+    if status or names is None:
         return status
     where = f"to guild {args.guild} (usable now)" if args.guild else "globally (Discord may take up to an hour)"
     emit(args, {"synced": names, "guild": args.guild}, f"synced {len(names)} commands {where}: "
@@ -241,7 +245,7 @@ async def cmd_maintain(args, settings: Settings) -> int:
     async with Engine(settings) as engine:
         if args.restore is not None:
             try:
-                memory = await engine.run(store.get, args.restore)
+                memory = await engine.get(args.restore)
             except store.MemoryNotFound as exc:
                 raise UsageError(str(exc)) from None
             if memory.archived_at is None:
@@ -250,7 +254,7 @@ async def cmd_maintain(args, settings: Settings) -> int:
             emit(args, {"restored": memory.id}, f"restored #{memory.id}: {memory.text}")
             return 0
         if args.archived:
-            memories, total = await engine.run(maintenance.list_archived, reason=args.reason, limit=args.limit or 50)
+            memories, total = await maintenance.archived(engine, reason=args.reason, limit=args.limit or 50)
             human = "\n".join([f"{total} archived memories"] + [
                 f"#{m.id} [{m.scope}] {m.text}  ({m.archive_reason}, {store.iso(m.archived_at)})" for m in memories])
             emit(args, {"total": total, "memories": [m.to_dict() for m in memories]}, human)

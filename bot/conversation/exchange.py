@@ -6,7 +6,7 @@ extractor can leave them out (no feedback loop).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -22,5 +22,7 @@ class Exchange:
     reply_message_id: int | None = None
     recalled: tuple[str, ...] = ()   # memory texts that were injected into the prompt
     created_at: float | None = None  # unix seconds of the user's message
-    extra: dict = field(default_factory=dict)
     private: bool = False            # a guild channel not everyone in the guild can read
+    # Display names of the people in the conversation (recent history and the author), so
+    # extraction can tell a fact about the author from one about someone else who was there.
+    participants: tuple[str, ...] = ()

@@ -1,7 +1,7 @@
 """The local channel history the prompt is built from, and per-channel options.
 
 Plain synchronous functions on one apsw connection (callers on the event loop go
-through `engine.run`). Rows mirror Discord messages by id; `muninn chat` uses small
+through `Engine.read`/`Engine.write`). Rows mirror Discord messages by id; `muninn chat` uses small
 local ids, which can never collide with Discord snowflakes (those are above 2^22).
 A deleted message keeps its row (so a late edit event cannot resurrect it) but loses
 its text: Muninn should not remember what a person took back. Each channel keeps its
@@ -51,14 +51,13 @@ def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, auth
     created_at = time.time() if created_at is None else created_at
     content, author_name = storable(content), storable(author_name)
     with conn:
-        if message_id is None:
-            message_id = next_local_id(conn)
+        row_id: int = next_local_id(conn) if message_id is None else message_id
         conn.execute(
             "INSERT INTO messages (id, channel_id, guild_id, author_id, author_name, role, content, created_at, "
             "reply_to, reply_to_author) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            (message_id, channel_id, guild_id, author_id, author_name, role, content, created_at, reply_to,
+            (row_id, channel_id, guild_id, author_id, author_name, role, content, created_at, reply_to,
              reply_to_author))
-    return message_id
+    return row_id
 
 
 def next_local_id(conn: apsw.Connection) -> int:
@@ -71,7 +70,8 @@ def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float 
     with conn:
         conn.execute("UPDATE messages SET content = ?, edited_at = ? WHERE id = ? AND deleted_at IS NULL",
                      (storable(content), time.time() if edited_at is None else edited_at, message_id))
-        return conn.changes() > 0
+        changed = conn.changes() > 0
+    return changed
 
 
 def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
@@ -120,7 +120,8 @@ def prune(conn: apsw.Connection, channel_id: int, keep: int) -> int:
         conn.execute(
             "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE channel_id = ? "
             "ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?)", (channel_id, keep))
-        return conn.changes()
+        removed = conn.changes()
+    return removed
 
 
 def prune_all(conn: apsw.Connection, keep: int) -> int:
@@ -158,21 +159,3 @@ def recent(conn: apsw.Connection, channel_id: int, limit: int, *, before: Histor
     rows = [HistoryMessage(*row) for row in conn.execute(sql, params)]
     rows.reverse()
     return rows
-
-
-# -- channel options -----------------------------------------------------------
-
-def set_always_answer(conn: apsw.Connection, channel_id: int, guild_id: int | None, enabled: bool,
-                      now: float | None = None) -> None:
-    with conn:
-        conn.execute(
-            "INSERT INTO channel_settings (channel_id, guild_id, always_answer, updated_at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (channel_id) DO UPDATE SET always_answer = excluded.always_answer, "
-            "guild_id = excluded.guild_id, updated_at = excluded.updated_at",
-            (channel_id, guild_id, int(enabled), time.time() if now is None else now))
-
-
-def always_answer(conn: apsw.Connection, channel_id: int) -> bool | None:
-    """The channel's always-answer option, or None when nobody has set it here."""
-    value = query_value(conn, "SELECT always_answer FROM channel_settings WHERE channel_id = ?", (channel_id,))
-    return None if value is None else bool(value)

@@ -26,9 +26,16 @@ import logging
 import time
 from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import AsyncContextManager, AsyncIterator, Protocol
+from typing import (
+    AsyncContextManager,
+    AsyncIterator,
+    Awaitable,
+    Iterable,
+    Protocol,
+    TypeVar,
+)
 
-from bot.conversation import history, prompt
+from bot.conversation import channel_settings, history, prompt
 from bot.conversation.exchange import Exchange
 from bot.llm.ollama import (
     OllamaDisabled,
@@ -42,6 +49,8 @@ from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+D = TypeVar("D")
 
 CANNOT_THINK = ("Sorry, I can't think right now: my language model isn't answering. "
                 "Please try again in a little while.")
@@ -86,10 +95,19 @@ class Outlet(Protocol):
 
 
 class ExchangeSink(Protocol):
-    """The fact extractor, as the pipeline sees it: takes an exchange, never blocks. One that
-    queues work also has `forget(user_id)`, which drops that person's queued and in-flight work."""
+    """The fact extractor, as the pipeline and the bot see it (bot.lifecycle.extractor.Extractor)."""
 
-    def submit(self, exchange: Exchange) -> None: ...
+    def submit(self, exchange: Exchange) -> None:
+        """Take an exchange for extraction; never blocks, never raises."""
+
+    def forget(self, user_id: int) -> None:
+        """Drop that person's queued and in-flight work (their forget-all ran)."""
+
+    def forget_messages(self, message_ids: Iterable[int]) -> None:
+        """Drop queued exchanges that came from these messages (they were deleted)."""
+
+    async def close(self) -> None:
+        """Finish queued work, then stop."""
 
 
 @dataclass(frozen=True)
@@ -158,27 +176,27 @@ class Pipeline:
         return message_id
 
     async def edited(self, message_id: int, content: str, edited_at: float | None = None) -> bool:
-        return await self.engine.run(history.edit, message_id, content, edited_at)
+        return await self.engine.write(history.edit, message_id, content, edited_at)
 
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
         """A person deleted messages: mark them in the history, and take back what Muninn
         learned from them alone (and what it was about to learn)."""
-        if self.extractor is not None and hasattr(self.extractor, "forget_messages"):
+        if self.extractor is not None:
             self.extractor.forget_messages(message_ids)
-        removed = await self.engine.run(history.delete, list(message_ids), deleted_at)
-        await self.engine.run(store.forget_sources, list(message_ids))
+        removed = await self.engine.write(history.delete, list(message_ids), deleted_at)
+        await self.engine.forget_sources(message_ids)
         return removed
 
     async def is_own_message(self, message_id: int) -> bool:
-        return await self.engine.run(history.is_assistant_message, message_id)
+        return await self.engine.read(history.is_assistant_message, message_id)
 
     async def always_answer(self, channel_id: int) -> bool:
         """An admin's choice for the channel, else the MUNINN_ALWAYS_ANSWER_CHANNELS default."""
-        chosen = await self.engine.run(history.always_answer, channel_id)
+        chosen = await self.engine.read(channel_settings.always_answer, channel_id)
         return chosen if chosen is not None else channel_id in self.settings.always_answer_channels
 
     async def set_always_answer(self, channel_id: int, guild_id: int | None, enabled: bool) -> None:
-        await self.engine.run(history.set_always_answer, channel_id, guild_id, enabled)
+        await self.engine.write(channel_settings.set_always_answer, channel_id, guild_id, enabled)
 
     async def forget_person(self, user_id: int) -> Forgotten:
         """Delete a person's personal memories, the room memories they taught (with FTS rows,
@@ -186,10 +204,9 @@ class Pipeline:
         database so no deleted text stays recoverable. Their exchanges waiting for extraction
         are dropped first, and replies still being written for them are not kept."""
         self._forgotten_at[user_id] = time.monotonic()
-        forget = getattr(self.extractor, "forget", None)  # sinks that queue nothing need not have it
-        if forget is not None:
-            forget(user_id)
-        return await self.engine.run(_forget_person, user_id)
+        if self.extractor is not None:
+            self.extractor.forget(user_id)
+        return await self.engine.write(_forget_person, user_id)
 
     def _forgotten_since(self, user_id: int, received: float) -> bool:
         return self._forgotten_at.get(user_id, float("-inf")) >= received
@@ -216,8 +233,8 @@ class Pipeline:
             role="user", content=incoming.content, created_at=incoming.created_at)
         async with outlet.typing():
             memories = await self._recall(incoming)
-            recent = await self._db_or([], "read the channel history", history.recent, incoming.channel_id,
-                                       self.settings.history_limit, before=current)
+            recent: list[history.HistoryMessage] = await self._db_or([], "read the channel history", self.engine.read(
+                history.recent, incoming.channel_id, self.settings.history_limit, before=current))
             built = prompt.build(persona=self.settings.persona, tz=self.settings.timezone,
                                  memories=memories, history=recent, current=current,
                                  token_budget=self.settings.token_budget, place=incoming.place)
@@ -243,7 +260,7 @@ class Pipeline:
                 guild_id=incoming.guild_id, dm=incoming.dm, user_message=incoming.content,
                 user_message_id=message_id, reply=text, reply_message_id=reply_id,
                 recalled=tuple(built.memories), created_at=incoming.created_at,
-                extra={"participants": participants(recent, incoming)}, private=incoming.private))
+                participants=participants(recent, incoming), private=incoming.private))
         return reply
 
     async def _recall(self, incoming: Incoming) -> list[str]:
@@ -255,10 +272,10 @@ class Pipeline:
                       type(exc).__name__, exc)
             return []
 
-    async def _db_or(self, default, what: str, fn, *args, **kwargs):
-        """`engine.run(fn, ...)`, or `default` (and one log line a minute) when the database fails."""
+    async def _db_or(self, default: D, what: str, job: Awaitable[T]) -> T | D:
+        """The database `job`'s result, or `default` (and one log line a minute) when it fails."""
         try:
-            return await self.engine.run(fn, *args, **kwargs)
+            return await job
         except Exception as exc:
             self._log(what, logging.ERROR, "could not %s: %s: %s", what, type(exc).__name__, exc)
             return default
@@ -269,14 +286,14 @@ class Pipeline:
         channel_id = row["channel_id"]
         inserts = self._inserts[channel_id] = self._inserts.get(channel_id, 0) + 1
         prune = inserts % PRUNE_EVERY == 1  # the first insert after a start, then every PRUNE_EVERY
-        return await self._db_or(None, "record a message", _record_and_prune, row,
-                                 self.settings.history_keep if prune else None)
+        return await self._db_or(None, "record a message", self.engine.write(
+            _record_and_prune, row, self.settings.history_keep if prune else None))
 
     async def _drop_forgotten(self, message_ids: list[int]) -> None:
         def drop(conn) -> None:
             history.remove(conn, message_ids)
             store.scrub(conn)
-        await self._db_or(None, "drop the messages of a forgotten person", drop)
+        await self._db_or(None, "drop the messages of a forgotten person", self.engine.write(drop))
 
     async def _think(self, built: prompt.Prompt) -> tuple[str, bool]:
         """The model's reply, or the friendly fallback (and one log line saying what to fix)."""
@@ -318,11 +335,11 @@ def storable(incoming: Incoming) -> Incoming:
                                author_name=history.storable(incoming.author_name))
 
 
-def participants(recent: list[history.HistoryMessage], incoming: Incoming) -> list[str]:
+def participants(recent: list[history.HistoryMessage], incoming: Incoming) -> tuple[str, ...]:
     """Display names of the people in the conversation (the recent history and the author), so
     extraction can tell a fact about the author from one about someone else who was there."""
     names = [m.author_name for m in recent if m.role == "user"] + [incoming.author_name]
-    return list(dict.fromkeys(name for name in names if name))
+    return tuple(dict.fromkeys(name for name in names if name))
 
 
 def _record_and_prune(conn, row: dict, keep: int | None) -> int:

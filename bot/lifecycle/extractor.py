@@ -7,11 +7,12 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from bot.conversation.exchange import Exchange
 from bot.lifecycle.fact_store import store_facts
 from bot.lifecycle.facts import by_author, extract_author_facts, usable
+from bot.memory.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def _clock() -> float:
 class Extractor:
     """Runs extraction in the background: `submit` never blocks or raises."""
 
-    def __init__(self, engine: Any, *, batch_delay: float = 1.5):
+    def __init__(self, engine: Engine, *, batch_delay: float = 1.5):
         self.engine = engine
         self.batch_delay = batch_delay
         self.max_wait = batch_delay * 4        # a busy channel is still extracted every few seconds

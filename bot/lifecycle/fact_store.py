@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
+
+import apsw
 
 from bot.conversation.exchange import Exchange
 from bot.lifecycle import writes
@@ -12,7 +14,9 @@ from bot.lifecycle.facts import Fact
 from bot.llm.answers import ask_json
 from bot.llm.ollama import OllamaClient
 from bot.memory import vectors
+from bot.memory.engine import Engine
 from bot.memory.store import NewMemory
+from bot.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -29,7 +33,7 @@ async def decide_update(client: OllamaClient, fact_text: str,
                           what="update decision")
 
 
-async def store_facts(engine: Any, facts: Sequence[Fact], exchange: Exchange | Sequence[Exchange] | None = None,
+async def store_facts(engine: Engine, facts: Sequence[Fact], exchange: Exchange | Sequence[Exchange] | None = None,
                       *, now: float | None = None, keep: Callable[[], bool] | None = None) -> list[int]:
     """Store the facts of one exchange (or one author's batch) in one transaction; returns the
     memory id of each fact (the reinforced memory for a repeated fact)."""
@@ -37,7 +41,7 @@ async def store_facts(engine: Any, facts: Sequence[Fact], exchange: Exchange | S
     return outcome.ids
 
 
-async def store_facts_detailed(engine: Any, facts: Sequence[Fact],
+async def store_facts_detailed(engine: Engine, facts: Sequence[Fact],
                                exchange: Exchange | Sequence[Exchange] | None = None, *,
                                now: float | None = None, keep: Callable[[], bool] | None = None
                                ) -> writes.WriteOutcome:
@@ -54,15 +58,13 @@ async def store_facts_detailed(engine: Any, facts: Sequence[Fact],
     # Embeddings first (network, outside the transaction) so the duplicate check can use them;
     # without them the facts are stored unembedded and maintenance embeds them later.
     vecs = await engine.embed_or_none([m.text for m in memories])
-    candidates = await engine.run(_plan_updates, engine.current_index, memories, vecs, settings,
+    candidates = await engine.read(_plan_updates, settings.embed_model, memories, vecs, settings,
                                   [f.about for f in facts])
     decisions: list[writes.UpdateDecision | None] = []
-    for fact, found in zip(facts, candidates):
+    for fact, found in zip(facts, candidates, strict=True):
         decisions.append(await decide_update(engine.ollama, fact.text, found) if found else None)
-    outcome = await engine.run(
-        _write_if_kept, keep, memories, vecs, decisions, index_for=engine.index_for,
-        base_stability_days=settings.base_stability_days, growth=settings.stability_growth,
-        dedup_cosine=settings.dedup_cosine, link_cosine=settings.link_cosine, now=now)
+    outcome = await engine.write(
+        _write_if_kept, keep, memories, vecs, decisions, settings=settings, now=now)
     if outcome.inserted or outcome.reinforced or outcome.superseded:
         log.info("memories: stored %s, reinforced %s, superseded %s", outcome.inserted, outcome.reinforced,
                  [f"#{old}->#{new}" for old, new in outcome.superseded])
@@ -76,14 +78,14 @@ def _write_if_kept(conn, keep: Callable[[], bool] | None, *args, **kwargs) -> wr
     return writes.write_facts(conn, *args, **kwargs)
 
 
-def _plan_updates(conn, current_index: Callable[[Any], vectors.IndexInfo | None], memories: list[NewMemory],
-                  vecs, settings, names: list[str]) -> list[list[tuple[int, str]]]:
+def _plan_updates(conn: apsw.Connection, model: str, memories: list[NewMemory],
+                  vecs: list[list[float]] | None, settings: Settings, names: list[str]) -> list[list[tuple[int, str]]]:
     """For each fact that is not a plain duplicate: the older memories the LLM should judge.
     Read-only: the index is created by the write, in its transaction."""
-    info = current_index(conn) if vecs else None
+    info = vectors.current_index(conn, model) if vecs else None
     out: list[list[tuple[int, str]]] = []
     for index, memory in enumerate(memories):
-        vector = vecs[index] if info is not None and len(vecs[index]) == info.dim else None
+        vector = vecs[index] if vecs is not None and info is not None and len(vecs[index]) == info.dim else None
         # One search of the fact's own key serves both questions when that key is all there is.
         near = writes.nearest(conn, info, vector, [memory.vis_key],
                               max(writes.DUPLICATE_NEIGHBOURS, writes.UPDATE_CANDIDATES))

@@ -18,7 +18,7 @@ that author; what A says about B is dropped (as B's memory it would pin hearsay 
 B, as a room memory it would publish it). A fact about A that mentions B ("Alice's
 sister Jane is a doctor") is A's. A room/general fact gets no way around that: if it
 names the author it becomes the author's personal fact, if it names anyone else (a
-participant of the batch or of `exchange.extra["participants"]`, or a person as its
+participant of the batch or of `exchange.participants`, or a person as its
 `about`) it is dropped. As a safety net a fact is dropped when fewer than half of its
 words are the author's own and it leans on someone else's message, a recalled memory,
 the persona, or a sentence of the reply (no feedback loop); a fact the author really
@@ -45,6 +45,7 @@ from typing import Any, Iterable, Sequence, TypeVar
 from bot.conversation.exchange import Exchange
 from bot.lifecycle import writes
 from bot.llm.answers import InvalidReply, ask_json
+from bot.memory.engine import Engine
 from bot.memory.store import NewMemory
 
 log = logging.getLogger(__name__)
@@ -256,13 +257,12 @@ def by_author(exchanges: Iterable[Exchange]) -> dict[int, list[Exchange]]:
 
 def participant_names(exchanges: Iterable[Exchange]) -> list[str]:
     """Every display name known to the batch: its authors and the channel's recent participants
-    the pipeline passes in `extra["participants"]`."""
+    the pipeline passes in `participants`."""
     names: dict[str, None] = {}
     for exchange in exchanges:
         names.setdefault(exchange.author_name, None)
-        extra = exchange.extra.get("participants", ()) if isinstance(exchange.extra, dict) else ()
-        for name in extra if isinstance(extra, (list, tuple, set, frozenset)) else ():
-            if isinstance(name, str) and name.strip():
+        for name in exchange.participants:
+            if name.strip():
                 names.setdefault(name, None)
     return list(names)
 
@@ -343,17 +343,7 @@ def echo_reason(fact_text: str, own: Sequence[Exchange], batch: Sequence[Exchang
     return None
 
 
-async def extract_facts(engine: Any, exchanges: Exchange | Sequence[Exchange]) -> list[Fact]:
-    """The facts of these exchanges (one channel): one LLM call per author, validated and
-    attributed. Returns [] when there are none or the LLM failed (logged); never raises for Ollama."""
-    batch = usable(exchanges)
-    facts: list[Fact] = []
-    for own in by_author(batch).values():
-        facts += await extract_author_facts(engine, own, batch)
-    return facts
-
-
-async def extract_author_facts(engine: Any, own: Sequence[Exchange], batch: Sequence[Exchange] = ()) -> list[Fact]:
+async def extract_author_facts(engine: Engine, own: Sequence[Exchange], batch: Sequence[Exchange] = ()) -> list[Fact]:
     """The facts in one author's messages `own`; the rest of `batch` is context only."""
     own = usable(own)
     if not own or not engine.ollama.enabled:

@@ -23,6 +23,7 @@ backfill has embedded it), so nothing is skipped and nothing is scanned twice.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ from bot.lifecycle.facts import FIRST_PERSON, GENERIC_SUBJECT
 from bot.llm.answers import ask_json
 from bot.memory import decay, store, vectors
 from bot.memory.db import get_meta, query_value, set_meta
+from bot.memory.engine import Engine
 from bot.memory.scope import ACTIVE
 
 log = logging.getLogger(__name__)
@@ -111,16 +113,21 @@ def archive_faded(conn: apsw.Connection, ids: Sequence[int], *, now: float) -> l
     return done
 
 
-async def archive_decayed(engine: Any, *, now: float | None = None) -> list[int]:
+async def archive_decayed(engine: Engine, *, now: float | None = None) -> list[int]:
     settings = engine.settings
     now = time.time() if now is None else now
     archived: list[int] = []
     while True:
-        ids = await engine.run(faded_ids, now=now, retention_below=settings.archive_retention,
+        ids = await engine.read(faded_ids, now=now, retention_below=settings.archive_retention,
                                importance_below=settings.archive_importance, limit=ARCHIVE_BATCH)
         if not ids:
             return archived
-        archived += await engine.run(archive_faded, ids, now=now)
+        archived += await engine.write(archive_faded, ids, now=now)
+
+
+async def archived(engine: Engine, *, reason: str | None = None, limit: int = 50) -> tuple[list[store.Memory], int]:
+    """`muninn maintain --archived`: see list_archived."""
+    return await engine.read(list_archived, reason=reason, limit=limit)
 
 
 def list_archived(conn: apsw.Connection, *, owner_id: int | None = None, reason: str | None = None,
@@ -146,7 +153,7 @@ def list_archived(conn: apsw.Connection, *, owner_id: int | None = None, reason:
 def scan_batch(conn: apsw.Connection, watermark_key: str, limit: int) -> tuple[list[tuple[int, str]], bool]:
     """The next active memories after the watermark, [(id, vis_key)], stopping before the first
     one without a vector; and whether such a blocker was hit."""
-    after = int(get_meta(conn, watermark_key, "0"))
+    after = int(get_meta(conn, watermark_key) or 0)
     out: list[tuple[int, str]] = []
     for memory_id, vis_key, embedded in conn.execute(
             "SELECT id, vis_key, embedded FROM memories WHERE id > ? AND " + ACTIVE + " ORDER BY id LIMIT ?",
@@ -159,7 +166,7 @@ def scan_batch(conn: apsw.Connection, watermark_key: str, limit: int) -> tuple[l
 
 def advance(conn: apsw.Connection, watermark_key: str, memory_id: int) -> None:
     with conn:
-        current = int(get_meta(conn, watermark_key, "0"))
+        current = int(get_meta(conn, watermark_key) or 0)
         if memory_id > current:
             set_meta(conn, watermark_key, str(memory_id))
 
@@ -181,19 +188,19 @@ def write_links(conn: apsw.Connection, batch: Sequence[tuple[int, str]],
     return added
 
 
-async def build_links(engine: Any, *, now: float | None = None) -> int:
+async def build_links(engine: Engine, *, now: float | None = None) -> int:
     """The neighbours of each batch are found on a read connection (one matrix product per
     visibility key), so the writer only holds the short link-writing transaction."""
     now = time.time() if now is None else now
     total = 0
     while True:
-        batch, blocked = await engine.run(scan_batch, LINKS_WATERMARK, SCAN_BATCH)
+        batch, blocked = await engine.read(scan_batch, LINKS_WATERMARK, SCAN_BATCH)
         if not batch:
             return total
         found = await engine.nearest_neighbours(batch, writes.LINK_NEIGHBOURS)
         if found is None:  # no usable index (none yet, or a reindex is pending)
             return total
-        total += await engine.run(write_links, batch, found, threshold=engine.settings.link_cosine, now=now)
+        total += await engine.write(write_links, batch, found, threshold=engine.settings.link_cosine, now=now)
         if blocked:
             return total
 
@@ -247,7 +254,7 @@ MERGE_SYSTEM = (
 
 
 def merge_messages(memories: Sequence[store.Memory]) -> list[dict[str, str]]:
-    listing = "\n".join(f"{i}. ({store.iso(m.created_at)[:10]}) {m.text}" for i, m in enumerate(memories, start=1))
+    listing = "\n".join(f"{i}. ({(store.iso(m.created_at) or '')[:10]}) {m.text}" for i, m in enumerate(memories, start=1))
     return [{"role": "system", "content": MERGE_SYSTEM}, {"role": "user", "content": f"Memories, oldest first:\n{listing}"}]
 
 
@@ -274,10 +281,9 @@ def check_merge(data: Any, memories: Sequence[store.Memory]) -> tuple[str, list[
 
 def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merged_text: str | None,
                         vector: Sequence[float] | None, *,
-                        index_for: Callable[[apsw.Connection, int], vectors.IndexInfo | None],
-                        base_stability_days: float, now: float) -> Consolidation | None:
-    """One cluster, one transaction: write the survivor, archive the others, link them.
-    `index_for` is `Engine.index_for`."""
+                        model: str, base_stability_days: float, now: float) -> Consolidation | None:
+    """One cluster, one transaction: write the survivor (its vector in `model`'s index), archive
+    the others, link them."""
     with conn:
         found = store.get_many(conn, list(cluster_ids))
         members = [found[i] for i in cluster_ids if i in found and found[i].archived_at is None]
@@ -292,7 +298,7 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
         first = min(members, key=lambda m: (m.created_at, m.id))
         if merged_text is not None and writes.normalise(merged_text) not in {writes.normalise(m.text)
                                                                                   for m in members}:
-            info = index_for(conn, len(vector)) if vector is not None else None
+            info = vectors.index_for(conn, model, len(vector)) if vector is not None else None
             survivor_id = store.insert_many(
                 conn, [store.NewMemory(text=merged_text, scope=first.scope, owner_id=first.owner_id,
                                        channel_id=first.channel_id, guild_id=first.guild_id, importance=importance,
@@ -318,42 +324,42 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
     return Consolidation(survivor_id, originals, merged_by, text)
 
 
-async def consolidate(engine: Any, *, now: float | None = None, use_llm: bool = True) -> list[Consolidation]:
+async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool = True) -> list[Consolidation]:
     settings = engine.settings
     now = time.time() if now is None else now
     done: list[Consolidation] = []
     while True:
-        batch, blocked = await engine.run(scan_batch, CONSOLIDATION_WATERMARK, SCAN_BATCH)
+        batch, blocked = await engine.read(scan_batch, CONSOLIDATION_WATERMARK, SCAN_BATCH)
         if not batch:
             return done
         found = await engine.nearest_neighbours(batch, CLUSTER_NEIGHBOURS)
         if found is None:  # no usable index
             return done
-        clusters = await engine.run(find_clusters, batch, found, threshold=settings.dedup_cosine)
+        clusters = await engine.read(find_clusters, batch, found, threshold=settings.dedup_cosine)
         for members in clusters:
             merged_text = None
             if use_llm and engine.ollama.enabled:
                 merged_text = await ask_json(engine.ollama, merge_messages(members), MERGE_SCHEMA,
-                                             lambda data, ms=members: check_merge(data, ms),
+                                             functools.partial(check_merge, memories=members),
                                              what=f"consolidation of {[m.id for m in members]}")
             vector = None
             if merged_text is not None:
                 vecs = await engine.embed_or_none([merged_text])
                 vector = vecs[0] if vecs else None
-            result = await engine.run(apply_consolidation, [m.id for m in members], merged_text, vector,
-                                      index_for=engine.index_for,
+            result = await engine.write(apply_consolidation, [m.id for m in members], merged_text, vector,
+                                      model=engine.settings.embed_model,
                                       base_stability_days=settings.base_stability_days, now=now)
             if result is not None:
                 log.info("consolidated %s into #%d (%s)", result.originals, result.survivor, result.merged_by)
                 done.append(result)
-        await engine.run(advance, CONSOLIDATION_WATERMARK, batch[-1][0])
+        await engine.write(advance, CONSOLIDATION_WATERMARK, batch[-1][0])
         if blocked:
             return done
 
 
 # -- the whole task ----------------------------------------------------------------
 
-async def run_maintenance(engine: Any, *, now: float | None = None, use_llm: bool = True,
+async def run_maintenance(engine: Engine, *, now: float | None = None, use_llm: bool = True,
                           on_step: Callable[[str], None] | None = None) -> MaintenanceReport:
     """Decay, embeddings, consolidation, links, in that order (archived memories are not
     embedded, and clusters and links need the vectors). Each step's line goes to `on_step`."""
@@ -367,7 +373,7 @@ async def run_maintenance(engine: Any, *, now: float | None = None, use_llm: boo
     _say(on_step, report.lines()[2])
     report.links = await build_links(engine, now=now)
     _say(on_step, report.lines()[3])
-    report.history_pruned = await engine.run(history.prune_all, engine.settings.history_keep)
+    report.history_pruned = await engine.write(history.prune_all, engine.settings.history_keep)
     _say(on_step, report.lines()[4])
     report.seconds = time.perf_counter() - started
     return report
@@ -378,7 +384,7 @@ def _say(on_step: Callable[[str], None] | None, line: str) -> None:
         on_step(line)
 
 
-async def maintain_periodically(engine: Any, *, hours: float | None = None, first_delay: float = 60.0) -> None:
+async def maintain_periodically(engine: Engine, *, hours: float | None = None, first_delay: float = 60.0) -> None:
     """The bot's background task: run maintenance every `hours` (MUNINN_MAINTENANCE_HOURS) until
     cancelled. A failed run is logged and retried at the next interval."""
     hours = engine.settings.maintenance_hours if hours is None else hours

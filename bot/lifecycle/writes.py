@@ -27,13 +27,14 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import apsw
 
 from bot.memory import decay, fts, store, vectors
 from bot.memory.db import query_value
 from bot.memory.scope import ACTIVE, key_filter
+from bot.settings import Settings
 
 NEAR_JACCARD = 0.7        # two sentences with this share of content words say the same thing
 UPDATE_CANDIDATES = 5     # older memories shown to the LLM for one new fact
@@ -348,41 +349,39 @@ class WriteOutcome:
     inserted: list[int] = field(default_factory=list)
     reinforced: list[int] = field(default_factory=list)
     superseded: list[tuple[int, int]] = field(default_factory=list)  # (old, new)
-    semantic_links: int = 0
 
 
 def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                 vecs: Sequence[Sequence[float]] | None, decisions: Sequence[UpdateDecision | None], *,
-                index_for: Callable[[apsw.Connection, int], vectors.IndexInfo | None],
-                base_stability_days: float, growth: float, dedup_cosine: float, link_cosine: float,
-                now: float) -> WriteOutcome:
+                settings: Settings, now: float) -> WriteOutcome:
     """Store the facts of one exchange in ONE transaction: for each fact, reinforce its
     duplicate or insert it (with its vector), archive what it replaces, link it to similar
     memories; then link the exchange's memories pairwise as co_extracted. A failure anywhere
-    rolls back all of it. `index_for` is `Engine.index_for` (the index, created on the first
-    embedding; None when the vectors do not fit it)."""
+    rolls back all of it. Vectors go in the embedding model's index (created on the first
+    embedding); when they do not fit it, the facts are stored without them. The thresholds and
+    the stability constants come from `settings`."""
     out = WriteOutcome()
     with conn:
-        info = index_for(conn, len(vecs[0])) if vecs else None
+        info = vectors.index_for(conn, settings.embed_model, len(vecs[0])) if vecs else None
         for index, memory in enumerate(memories):
             vector = vecs[index] if vecs and info is not None else None
-            decision = decisions[index] if index < len(decisions) and decisions[index] else UpdateDecision()
+            decision = (decisions[index] if index < len(decisions) else None) or UpdateDecision()
             # One search serves the duplicate check and the semantic links (same key, same vector).
             near = nearest(conn, info, vector, [memory.vis_key], max(DUPLICATE_NEIGHBOURS, LINK_NEIGHBOURS))
-            target = find_duplicate(conn, info, memory, vector, dedup_cosine, near=near)
+            target = find_duplicate(conn, info, memory, vector, settings.dedup_cosine, near=near)
             if target is None:
                 target = _llm_duplicate(conn, memory, decision)
             if target is not None:
                 reinforce(conn, target, importance=memory.importance, source_ids=memory.source_message_ids,
-                          growth=growth, now=now)
+                          growth=settings.stability_growth, now=now)
                 out.reinforced.append(target)
             else:
-                target = store.insert_many(conn, [memory], base_stability_days=base_stability_days,
+                target = store.insert_many(conn, [memory], base_stability_days=settings.base_stability_days,
                                            vector_info=info, vectors_=[vector] if vector is not None else None,
                                            now=now)[0]
                 out.inserted.append(target)
-                out.semantic_links += link_similar(conn, info, target, memory.vis_key,
-                                                   threshold=link_cosine, now=now, neighbours=near)
+                link_similar(conn, info, target, memory.vis_key, threshold=settings.link_cosine, now=now,
+                             neighbours=near)
             for old in decision.replaces:
                 if old != target and supersede(conn, old, target, now=now):
                     out.superseded.append((old, target))

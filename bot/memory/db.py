@@ -10,6 +10,7 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import apsw
 
@@ -68,13 +69,13 @@ def load_vec(conn: apsw.Connection) -> None:
             "reinstall it with `pip install --force-reinstall sqlite-vec`") from exc
 
 
-def query_one(conn: apsw.Connection, sql: str, params=()):
+def query_one(conn: apsw.Connection, sql: str, params: Any = ()) -> Any:
     for row in conn.execute(sql, params):
         return row
     return None
 
 
-def query_value(conn: apsw.Connection, sql: str, params=(), default=None):
+def query_value(conn: apsw.Connection, sql: str, params: Any = (), default: Any = None) -> Any:
     row = query_one(conn, sql, params)
     return default if row is None else row[0]
 

@@ -20,10 +20,6 @@ def initial_stability(importance: float, base_days: float) -> float:
     return base_days * (1.0 + 2.0 * importance)
 
 
-def recalled_stability(stability: float, growth: float) -> float:
-    return min(stability * growth, MAX_STABILITY_DAYS)
-
-
 def retention(now: float, last_seen: float, stability: float) -> float:
     elapsed_days = max(0.0, now - last_seen) / SECONDS_PER_DAY
     return math.exp(-elapsed_days / stability)

@@ -30,8 +30,9 @@ from bot.llm.ollama import (
 )
 from bot.logs import Throttle
 from bot.memory import db, retrieval, store, vectors
-from bot.memory.vector_cache import VectorCache
+from bot.memory.retrieval import VectorStatus
 from bot.memory.scope import Viewer, visible_keys
+from bot.memory.vector_cache import VectorCache
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,8 @@ T = TypeVar("T")
 EMBED_BATCH = 32
 
 
-async def _given(vector: list[float]) -> tuple[list[float] | None, str]:
-    return (vector, "ok") if usable_vector(vector) else (None, "bad-response")
+async def _given(vector: list[float]) -> tuple[list[float] | None, VectorStatus]:
+    return (vector, VectorStatus.OK) if usable_vector(vector) else (None, VectorStatus.BAD_RESPONSE)
 
 
 class Engine:
@@ -64,14 +65,14 @@ class Engine:
 
     async def start(self) -> "Engine":
         """Open the database (running migrations) and warn if the embedding model changed."""
-        await self.run(lambda conn: None)
-        if await self.run(vectors.needs_upgrade):
+        await self._run(lambda conn: None)
+        if await self._run(vectors.needs_upgrade):
             log.info("moving the vectors to one partition per visibility key (once; large databases take minutes)")
-            moved = await self.run(vectors.upgrade_layout)
+            moved = await self._run(vectors.upgrade_layout)
             log.info("moved %d vectors to the new layout", moved)
-        info = await self.run(vectors.index_info)
+        info = await self._run(vectors.index_info)
         if info is not None:  # databases made before the index existed get it now
-            await self.run(lambda conn: vectors.index_partitions(conn))
+            await self._run(lambda conn: vectors.index_partitions(conn))
         if info is not None and info.model != self.settings.embed_model:
             log.warning("the vectors were made with %r but OLLAMA_EMBED_MODEL is %r: vector recall is off "
                         "until you run `muninn reindex`", info.model, self.settings.embed_model)
@@ -113,9 +114,9 @@ class Engine:
                 self._reader_conns.append(conn)
         return conn
 
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(conn, *args, **kwargs)` on the database thread."""
-        def call():
+        def call() -> T:
             return fn(self._connection(), *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
@@ -123,9 +124,9 @@ class Engine:
         """Run the read-only `fn(conn, *args, **kwargs)` on one of the read connections (it sees
         everything committed when it starts; the writer's open transaction stays invisible)."""
         if self._readers is None:
-            return await self.run(fn, *args, **kwargs)
+            return await self._run(fn, *args, **kwargs)
 
-        def call():
+        def call() -> T:
             return fn(self._reader(), *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._readers, call)
 
@@ -135,12 +136,26 @@ class Engine:
         computed on a read connection (maintenance's heavy part, off the writer); None when
         there is no usable vector index."""
         def find(conn: apsw.Connection) -> dict[int, list[tuple[int, float]]] | None:
-            info = self.current_index(conn)
+            info = vectors.current_index(conn, self.settings.embed_model)
             if info is None:
                 return None
             return {mid: [(other, vectors.cosine_from_distance(d)) for other, d in found]
                     for mid, found in vectors.neighbours_many(conn, info, items, k).items()}
         return await self._read(find)
+
+    # -- jobs of the layers that keep their own tables here ---------------------
+    # The conversation history (bot/conversation/history.py) and the lifecycle rules
+    # (bot/lifecycle/) keep their SQL in their own modules and run it through these two;
+    # everything else (cogs, command line) uses the named methods below.
+
+    async def read(self, job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a read-only `job(conn, *args, **kwargs)` off the event loop, on a read connection
+        (it sees every write that has returned; it may not write)."""
+        return await self._read(job, *args, **kwargs)
+
+    async def write(self, job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `job(conn, *args, **kwargs)`, which writes in its own transaction, on the writer."""
+        return await self._run(job, *args, **kwargs)
 
     # -- writes --------------------------------------------------------------
 
@@ -151,64 +166,47 @@ class Engine:
         """Embed (if Ollama can) and store memories in one transaction; a failed embedding
         stores them without vectors, for the backfill to finish later."""
         vecs = await self.embed_or_none([m.text for m in memories])
-        return await self.run(self._insert, list(memories), vecs, now)
+        return await self._run(self._insert, list(memories), vecs, now)
 
     def _insert(self, conn: apsw.Connection, memories: list[store.NewMemory],
                 vecs: list[list[float]] | None, now: float | None) -> list[int]:
         with conn:
-            info = self.index_for(conn, len(vecs[0])) if vecs else None
-            return store.insert_many(conn, memories, base_stability_days=self.settings.base_stability_days,
-                                     vector_info=info, vectors_=vecs if info else None, now=now)
-
-    def index_for(self, conn: apsw.Connection, dim: int) -> vectors.IndexInfo | None:
-        """The index these vectors belong in, creating it on the first embedding ever."""
-        info = vectors.index_info(conn)
-        if info is None:
-            return vectors.create_index(conn, self.settings.embed_model, dim)
-        if info.model != self.settings.embed_model:
-            return None  # reindex pending; the backfill embeds these later
-        if info.dim != dim:
-            self._warn_once("dim", f"{self.settings.embed_model} returned {dim}-dimensional vectors but the index "
-                                   f"holds {info.dim}: run `muninn reindex`")
-            return None
-        return info
-
-    def current_index(self, conn: apsw.Connection) -> vectors.IndexInfo | None:
-        """The vector index if it belongs to the configured embedding model (else None)."""
-        info = vectors.index_info(conn)
-        return info if info is not None and info.model == self.settings.embed_model else None
+            info = vectors.index_for(conn, self.settings.embed_model, len(vecs[0])) if vecs else None
+            ids = store.insert_many(conn, memories, base_stability_days=self.settings.base_stability_days,
+                                    vector_info=info, vectors_=vecs if info else None, now=now)
+        return ids
 
     async def forget(self, memory_ids: Sequence[int], *, scrub: bool = False) -> int:
         """Hard-delete memories; with `scrub`, also rewrite the indexes and the WAL so that no
         trace of their text stays recoverable on disk (slower: for forget-all, not routine)."""
-        removed = await self.run(store.delete, list(memory_ids))
+        removed = await self._run(store.delete, list(memory_ids))
         if scrub:
-            await self.run(store.scrub)
+            await self._run(store.scrub)
         return removed
 
     async def archive(self, memory_id: int, reason: str) -> None:
-        await self.run(store.archive, memory_id, reason)
+        await self._run(store.archive, memory_id, reason)
 
     async def restore(self, memory_id: int) -> None:
         """Bring an archived memory back, re-embedding it now if Ollama can (else the backfill will)."""
-        await self.run(store.restore, memory_id)
-        memory = await self.run(store.get, memory_id)
+        await self._run(store.restore, memory_id)
+        memory = await self._run(store.get, memory_id)
         vecs = await self.embed_or_none([memory.text])
         if vecs is not None:
-            await self.run(self._store_vectors, [memory_id], vecs)
+            await self._run(self._store_vectors, [memory_id], vecs)
 
     async def backfill(self, *, batch: int = EMBED_BATCH, progress: Callable[[int], None] | None = None) -> int:
         """Embed active memories that have no vector yet; returns how many were embedded.
         Stops quietly (returning the count so far) when Ollama is unavailable."""
         done = 0
         while True:
-            pending = await self.run(store.unembedded_ids, batch)
+            pending = await self._run(store.unembedded_ids, batch)
             if not pending:
                 return done
             vecs = await self.embed_or_none([text for _, text in pending])
             if vecs is None:
                 return done
-            stored = await self.run(self._store_vectors, [mid for mid, _ in pending], vecs)
+            stored = await self._run(self._store_vectors, [mid for mid, _ in pending], vecs)
             if stored == 0:
                 return done
             done += stored
@@ -217,10 +215,10 @@ class Engine:
 
     def _store_vectors(self, conn: apsw.Connection, ids: list[int], vecs: list[list[float]]) -> int:
         with conn:
-            info = self.index_for(conn, len(vecs[0]))
+            info = vectors.index_for(conn, self.settings.embed_model, len(vecs[0]))
             if info is None:
                 return 0
-            for memory_id, vector in zip(ids, vecs):
+            for memory_id, vector in zip(ids, vecs, strict=True):
                 if len(vector) == info.dim:
                     store.set_vector(conn, info, memory_id, vector)
         return len(ids)
@@ -228,14 +226,14 @@ class Engine:
     async def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop every vector and re-embed all active memories with the configured model."""
         probe = await self.ollama.embed(["muninn reindex probe"])  # fails loudly before anything is dropped
-        total = await self.run(lambda conn: db.query_value(
+        total = await self._run(lambda conn: db.query_value(
             conn, "SELECT count(*) FROM memories WHERE archived_at IS NULL"))
 
         def reset(conn: apsw.Connection) -> None:
             with conn:
                 vectors.drop_index(conn)
                 vectors.create_index(conn, self.settings.embed_model, len(probe[0]))
-        await self.run(reset)
+        await self._run(reset)
         done = 0
 
         def step(n: int) -> None:
@@ -270,19 +268,20 @@ class Engine:
         embed_done = time.perf_counter()
         if vector is not None:
             if info is None:
-                vector, status = None, "no-embeddings"
+                vector, status = None, VectorStatus.NO_EMBEDDINGS
             elif info.model != self.settings.embed_model:
-                vector, status = None, "model-mismatch"
+                vector, status = None, VectorStatus.MODEL_MISMATCH
                 self._warn_once("mismatch", f"vectors were made with {info.model!r}, OLLAMA_EMBED_MODEL is "
                                             f"{self.settings.embed_model!r}: run `muninn reindex`")
             elif len(vector) != info.dim:
                 self._warn_once("wrong-size", f"{self.settings.embed_model} returned a {len(vector)}-dimensional "
                                               f"vector, the index holds {info.dim}: run `muninn reindex`")
-                vector, status = None, "wrong-size"
+                vector, status = None, VectorStatus.WRONG_SIZE
         candidates, mode, finish = await self._read(self._search_step, keys, fts_hits, info, vector, limit, as_of)
         t0 = time.perf_counter()
         ids = [c.memory_id for c in candidates]
-        memories = await (self.run(self._touch_and_load, ids, now) if touch and ids else self._read(store.get_many, ids))
+        memories = await (self._run(self._touch_and_load, ids, now) if touch and ids
+                          else self._read(store.get_many, ids))
         finish["fuse_graph_touch"] += (time.perf_counter() - t0) * 1000
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
                                         memories=[retrieval.Recalled(memories[c.memory_id], c)
@@ -310,15 +309,15 @@ class Engine:
         return (chosen, retrieval.mode_of(vector is not None, fts_hits),
                 {"vector": (t1 - t0) * 1000, "fuse_graph_touch": (t2 - t1) * 1000})
 
-    def _touch_and_load(self, conn, ids, now):
+    def _touch_and_load(self, conn: apsw.Connection, ids: list[int], now: float) -> dict[int, store.Memory]:
         store.touch(conn, ids, growth=self.settings.stability_growth, now=now)
         return store.get_many(conn, ids)
 
-    async def _query_vector(self, query: str) -> tuple[list[float] | None, str]:
+    async def _query_vector(self, query: str) -> tuple[list[float] | None, VectorStatus]:
         if not self.ollama.enabled:
-            return None, "disabled"
+            return None, VectorStatus.DISABLED
         if not any(ch.isalnum() for ch in query):
-            return None, "empty-query"
+            return None, VectorStatus.EMPTY_QUERY
         vecs, status = await self.embed_with_status([query])
         return (vecs[0] if vecs else None), status
 
@@ -326,25 +325,25 @@ class Engine:
         """Embeddings, or None when Ollama cannot give them (the reason is logged)."""
         return (await self.embed_with_status(texts))[0]
 
-    async def embed_with_status(self, texts: list[str]) -> tuple[list[list[float]] | None, str]:
-        """(embeddings, "ok"), or (None, why not) — the vector_status values of RecallResult."""
+    async def embed_with_status(self, texts: list[str]) -> tuple[list[list[float]] | None, VectorStatus]:
+        """(embeddings, OK), or (None, why not) — the vector_status values of RecallResult."""
         if not texts or not self.ollama.enabled:
-            return None, "disabled"
+            return None, VectorStatus.DISABLED
         try:
-            return await self.ollama.embed(texts), "ok"
+            return await self.ollama.embed(texts), VectorStatus.OK
         except OllamaDisabled:
-            status = "disabled"
+            status = VectorStatus.DISABLED
         except OllamaModelMissing as exc:
             self._warn_once("missing", str(exc))
-            status = "model-missing"
+            status = VectorStatus.MODEL_MISSING
         except OllamaUnavailable:
-            status = "unreachable"  # the client has logged it, once per cooldown
+            status = VectorStatus.UNREACHABLE  # the client has logged it, once per cooldown
         except OllamaBadResponse as exc:
             self._warn_once("bad", f"{exc}; recall uses keywords only")
-            status = "bad-response"
+            status = VectorStatus.BAD_RESPONSE
         except OllamaError as exc:  # pragma: no cover - future subclasses
             self._warn_once("other", str(exc))
-            status = "unreachable"
+            status = VectorStatus.UNREACHABLE
         return None, status
 
     def _warn_once(self, key: str, message: str, every: float = 60.0) -> None:
@@ -354,10 +353,29 @@ class Engine:
     # -- inspection (never touches) -----------------------------------------
 
     async def list_visible(self, viewer: Viewer, *, scope: str | None = None, limit: int = 50, offset: int = 0):
-        return await self.run(store.list_visible, viewer, scope=scope, limit=limit, offset=offset)
+        return await self._run(store.list_visible, viewer, scope=scope, limit=limit, offset=offset)
 
     async def get_visible(self, viewer: Viewer, memory_id: int) -> store.Memory:
-        return await self.run(store.get_visible, viewer, memory_id)
+        return await self._run(store.get_visible, viewer, memory_id)
+
+    async def get(self, memory_id: int) -> store.Memory:
+        """Any memory, whoever's it is: for operators (the command line), never for a viewer."""
+        return await self._run(store.get, memory_id)
+
+    async def get_many(self, memory_ids: Sequence[int]) -> dict[int, store.Memory]:
+        return await self._run(store.get_many, list(memory_ids))
+
+    async def memories_of(self, user_id: int, scopes: Sequence[str] = ("personal", "room")) -> list[store.Memory]:
+        """A person's personal memories and the room memories they taught (their data, for
+        export and forget-all), archived ones included."""
+        return await self._run(store.memories_of, user_id, tuple(scopes))
+
+    async def existing_external_ids(self, ids: Sequence[str]) -> set[str]:
+        return await self._run(store.existing_external_ids, list(ids))
+
+    async def forget_sources(self, message_ids: Sequence[int]) -> list[int]:
+        """Messages were deleted: forget what was learned from them alone (see store.forget_sources)."""
+        return await self._run(store.forget_sources, list(message_ids))
 
     async def stats(self) -> dict:
-        return await self.run(store.stats)
+        return await self._run(store.stats)

@@ -7,6 +7,7 @@ dimension comes from the embedding model (see vectors.py).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import apsw
 
@@ -136,7 +137,8 @@ MIGRATIONS: list[str] = [
 
 
 def schema_version(conn: apsw.Connection) -> int:
-    return conn.execute("PRAGMA user_version").fetchall()[0][0]
+    version: Any = conn.execute("PRAGMA user_version").fetchall()[0][0]
+    return int(version)
 
 
 def migrate(conn: apsw.Connection) -> int:

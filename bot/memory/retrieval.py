@@ -8,6 +8,7 @@ Every path filters by `scope.visible_keys`, and only active memories are returne
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import apsw
 
@@ -46,7 +47,7 @@ class Candidate:
         if self.fts_rank is not None:
             out["fts_rank"] = self.fts_rank
             out["fts_score"] = float(f"{self.fts_score:.6g}")
-        if self.vector_rank is not None:
+        if self.vector_rank is not None and self.distance is not None:
             out["vector_rank"] = self.vector_rank
             out["cosine"] = round(vectors.cosine_from_distance(self.distance), 4)
         if self.neighbour_of is not None:
@@ -69,12 +70,24 @@ class Recalled:
         return out
 
 
+class VectorStatus(StrEnum):
+    """Why the vector path did or did not run (shown by `recall` and `/memory search`)."""
+    OK = "ok"
+    DISABLED = "disabled"              # no OLLAMA_URL
+    EMPTY_QUERY = "empty-query"        # nothing to embed (no letters or digits)
+    UNREACHABLE = "unreachable"        # Ollama down or cooling down
+    MODEL_MISSING = "model-missing"    # the embedding model is not pulled
+    BAD_RESPONSE = "bad-response"      # malformed or non-finite embedding
+    WRONG_SIZE = "wrong-size"          # the model's dimension differs from the index
+    NO_EMBEDDINGS = "no-embeddings"    # nothing is embedded yet
+    MODEL_MISMATCH = "model-mismatch"  # the index was made with another model: reindex
+
+
 @dataclass
 class RecallResult:
     query: str
     mode: str
-    vector_status: str            # ok | disabled | unreachable | model-missing | bad-response | wrong-size
-    #                               | no-embeddings | model-mismatch
+    vector_status: VectorStatus
     memories: list[Recalled] = field(default_factory=list)
     timings_ms: dict = field(default_factory=dict)
 

@@ -37,11 +37,6 @@ class Viewer:
         if self.dm and self.guild_id is not None:
             raise ValueError("a DM has no guild")
 
-    @classmethod
-    def owner_everywhere(cls, user_id: int) -> "Viewer":
-        """The owner looking at all of their own personal memories (a DM sees them all)."""
-        return cls(user_id=user_id, dm=True)
-
 
 def memory_key(scope: str, owner_id: int | None, channel_id: int | None, guild_id: int | None,
                private: bool = False) -> str:
@@ -63,6 +58,11 @@ def memory_key(scope: str, owner_id: int | None, channel_id: int | None, guild_i
     if scope == "global":
         return GLOBAL_KEY
     raise ValueError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+
+
+def is_private(key: str) -> bool:
+    """A personal key of a memory learned in a private guild channel (it names the channel)."""
+    return key.startswith("p:") and key.count(":") == 3
 
 
 def visible_keys(conn: apsw.Connection, viewer: Viewer) -> list[str]:

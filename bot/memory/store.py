@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import apsw
 
@@ -21,6 +21,7 @@ from bot.memory.scope import (
     ACTIVE,
     SCOPES,
     Viewer,
+    is_private,
     key_filter,
     memory_key,
     visible_keys,
@@ -96,7 +97,7 @@ class Memory:
     @property
     def private(self) -> bool:
         """Learned in a private channel (its key names the channel): copies must keep that."""
-        return self.scope == "personal" and ":c" in self.vis_key
+        return is_private(self.vis_key)
 
     def retention(self, now: float | None = None) -> float:
         return decay.retention(now or time.time(), self.last_accessed or self.created_at, self.stability)
@@ -126,14 +127,6 @@ def iso(ts: float | None) -> str | None:
 
 
 # -- writes ------------------------------------------------------------------
-
-def insert(conn: apsw.Connection, memory: NewMemory, *, base_stability_days: float,
-           vector_info: vectors.IndexInfo | None = None, vector: Sequence[float] | None = None,
-           now: float | None = None) -> int:
-    """Insert one memory (and its vector, if given) in one transaction; returns its id."""
-    return insert_many(conn, [memory], base_stability_days=base_stability_days, vector_info=vector_info,
-                       vectors_=[vector] if vector is not None else None, now=now)[0]
-
 
 def insert_many(conn: apsw.Connection, memories: Sequence[NewMemory], *, base_stability_days: float,
                 vector_info: vectors.IndexInfo | None = None,
@@ -207,10 +200,10 @@ def forget_sources(conn: apsw.Connection, message_ids: Sequence[int]) -> list[in
         return []
     marks = ",".join("?" * len(wanted))
     with conn:
-        rows = conn.execute(
+        rows: list[Any] = conn.execute(
             "SELECT DISTINCT m.id, m.source_message_ids FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
             f"WHERE s.message_id IN ({marks})", wanted).fetchall()
-        emptied = []
+        emptied: list[int] = []
         for memory_id, sources in rows:
             left = [s for s in json.loads(sources) if str(s) not in wanted]
             if left:
@@ -317,6 +310,15 @@ def memories_of(conn: apsw.Connection, user_id: int, scopes: Sequence[str] = ("p
     rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE owner_id = ? AND scope IN ({marks}) ORDER BY id",
                         (user_id, *scopes))
     return [Memory.from_row(row) for row in rows]
+
+
+def existing_external_ids(conn: apsw.Connection, ids: Sequence[str]) -> set[str]:
+    """Which of these external ids (of an imported data set) are stored already."""
+    if not ids:
+        return set()
+    rows = conn.execute(f"SELECT external_id FROM memories WHERE external_id IN ({','.join('?' * len(ids))})",
+                        list(ids))
+    return {row[0] for row in rows}
 
 
 def unembedded_ids(conn: apsw.Connection, limit: int) -> list[tuple[int, str]]:

@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import threading
 from collections import OrderedDict
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import apsw
 import numpy as np
@@ -139,10 +139,10 @@ class VectorCache:
                     return None
                 self._reset()
                 self._identity = identity
-                self._seq = query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")
+                self._seq = int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes"))
                 return set()
-            rows = conn.execute("SELECT seq, memory_id FROM vector_changes WHERE seq > ? ORDER BY seq",
-                                (self._seq,)).fetchall()
+            rows: list[tuple[int, int]] = [(int(seq), int(mid)) for seq, mid in conn.execute(
+                "SELECT seq, memory_id FROM vector_changes WHERE seq > ? ORDER BY seq", (self._seq,))]
             if not rows:
                 return set()
             if not conn.get_autocommit():
@@ -271,7 +271,7 @@ class VectorCache:
             ids, _, matrix, n = entry.view()
             ids, matrix = ids[:n], matrix[:n]
             rows = [entry.row_of.get(mid) for mid in wanted]
-            present = [(mid, row) for mid, row in zip(wanted, rows) if row is not None]
+            present = [(mid, row) for mid, row in zip(wanted, rows, strict=True) if row is not None]
             step = max(1, block_bytes // max(1, 4 * n))
             for start in range(0, len(present), step):
                 block = present[start:start + step]

@@ -16,6 +16,7 @@ dimension; the model and dimension are recorded in `meta`.
 """
 from __future__ import annotations
 
+import logging
 import math
 import struct
 import weakref
@@ -24,10 +25,14 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 import apsw
 
+from bot.logs import Throttle
 from bot.memory.db import get_meta, query_value, set_meta
 
 if TYPE_CHECKING:
     from bot.memory.vector_cache import VectorCache
+
+log = logging.getLogger(__name__)
+_warnings = Throttle()
 
 DEFAULT_CHUNK_SIZE = 16  # bench/README.md: 1.17x raw disk with thousands of keys; scans go through numpy
 LAYOUT = "key"           # meta vec_layout; databases without it have the old bucketed table
@@ -62,7 +67,30 @@ def index_info(conn: apsw.Connection) -> IndexInfo | None:
     model = get_meta(conn, "embed_model")
     if model is None or not table_exists(conn):
         return None
-    return IndexInfo(model, int(get_meta(conn, "embed_dim")))
+    return IndexInfo(model, int(get_meta(conn, "embed_dim") or 0))
+
+
+def current_index(conn: apsw.Connection, model: str) -> IndexInfo | None:
+    """The vector index if it was made with `model` (else None: a reindex is pending)."""
+    info = index_info(conn)
+    return info if info is not None and info.model == model else None
+
+
+def index_for(conn: apsw.Connection, model: str, dim: int) -> IndexInfo | None:
+    """The index that `dim`-dimensional vectors of `model` belong in, created on the first
+    embedding ever. None when they do not fit (another model, another size): the memory is
+    stored without a vector and the backfill embeds it after `muninn reindex`."""
+    info = index_info(conn)
+    if info is None:
+        return create_index(conn, model, dim)
+    if info.model != model:
+        return None
+    if info.dim != dim:
+        if _warnings.ready("dim"):
+            log.warning("%s returned %d-dimensional vectors but the index holds %d: run `muninn reindex`",
+                        model, dim, info.dim)
+        return None
+    return info
 
 
 def table_exists(conn: apsw.Connection) -> bool:
@@ -77,7 +105,7 @@ def _create_table(conn: apsw.Connection, dim: int, chunk_size: int) -> None:
     index_partitions(conn)
     set_meta(conn, "vec_layout", LAYOUT)
     # A new table: every cache made from the old one must start over.
-    set_meta(conn, "vec_epoch", str(int(get_meta(conn, "vec_epoch", "0")) + 1))
+    set_meta(conn, "vec_epoch", str(int(get_meta(conn, "vec_epoch") or 0) + 1))
     conn.execute("DELETE FROM vector_changes")
 
 
@@ -103,7 +131,7 @@ def upgrade_layout(conn: apsw.Connection, *, chunk_size: int = DEFAULT_CHUNK_SIZ
     how many vectors moved. Idempotent: a database already upgraded is left alone."""
     if not needs_upgrade(conn):
         return 0
-    dim = int(get_meta(conn, "embed_dim"))
+    dim = int(get_meta(conn, "embed_dim") or 0)
     with conn:
         conn.execute("CREATE TEMP TABLE vec_upgrade (memory_id INTEGER PRIMARY KEY, vis_key TEXT, "
                      "created_at FLOAT, embedding BLOB)")
