@@ -6,7 +6,7 @@ import re
 import pytest
 
 from bot.memory import fts, store
-from bot.memory.scope import Viewer
+from bot.memory.scope import Viewer, visible_keys
 from bot.memory.store import NewMemory
 
 ALICE, BOB = 1, 2
@@ -47,3 +47,33 @@ async def test_a_common_word_dropped_from_a_long_query_returns_after_a_forget(ft
 def test_syntax_characters_never_reach_fts(query):
     expression = fts.match_expression(f"gpu {query} server")
     assert re.fullmatch(r'"\w+"( OR "\w+")*', expression) and expression.startswith('"gpu"')
+
+
+async def busy_channel(engine) -> list[int]:
+    """600 memories of channel 5, then Bob's personal zebra and the channel's own zebra."""
+    await engine.write(lambda conn: store.insert_many(
+        conn, [NewMemory(f"the channel talked about lamps number {i}", "room", channel_id=5, guild_id=9)
+               for i in range(600)], base_stability_days=7.0))
+    bob = await engine.remember(NewMemory("Bob keeps a zebra and lamps", "personal", owner_id=BOB, guild_id=9))
+    room = await engine.remember(NewMemory("a zebra walked past the lamps", "room", channel_id=5, guild_id=9))
+    return [bob, room]
+
+
+async def test_rare_words_are_matched_first_and_still_scoped(fts_engine):
+    bob_zebra, room_zebra = await busy_channel(fts_engine)
+    in_channel = Viewer(ALICE, channel_id=5, guild_id=9)
+    keys = await fts_engine.read(visible_keys, in_channel)
+    hits, _ = await fts_engine.read(fts.scoped_hits, "zebra lamps", keys, None)
+    assert hits.startswith("hits AS")  # 2 matches against 601 visible memories: match first
+    result = await fts_engine.recall("zebra lamps", in_channel, touch=False)
+    assert result.ids[0] == room_zebra and bob_zebra not in result.ids  # the common "lamps" was left out
+    as_of = await fts_engine.recall("zebra", in_channel, touch=False, as_of=1.0)
+    assert as_of.ids == []  # created after that moment
+
+
+async def test_common_words_with_few_visible_read_the_visible_set_first(fts_engine):
+    await busy_channel(fts_engine)
+    mine = await fts_engine.remember(NewMemory("Alice bought lamps", "personal", owner_id=ALICE))
+    hits, _ = await fts_engine.read(fts.scoped_hits, "lamps", ["g", f"p:{ALICE}:dm"], None)
+    assert hits.startswith("visible(id)")  # 500+ matches, 1 visible memory
+    assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [mine]
