@@ -167,3 +167,23 @@ async def test_recall_searches_on_read_connections_beside_an_open_write(engine):
     release.set()
     await holder
     assert result.ids == [memory_id]
+
+
+def test_a_cache_behind_a_pruned_change_log_starts_over(pair):
+    cached, plain = pair
+    rng = np.random.default_rng(7)
+    info = fill(plain, rng, 40)
+    q = random_unit(rng)
+    vectors.knn(cached, info, q, KEYS, 5)
+    fill(plain, rng, 40)
+    assert vectors.prune_changes(plain, keep=3) > 0  # the cache never saw the pruned changes
+    assert same(vectors.knn(cached, info, q, KEYS, 9), vectors.knn_vec0(plain, info, q, KEYS, 9))
+
+
+async def test_personal_keys_are_found_through_the_index(fts_engine):
+    from bot.memory.scope import personal_keys
+    await fts_engine.remember_many([NewMemory(f"fact {i}", "personal", owner_id=4, guild_id=i % 3 or None)
+                                    for i in range(30)])
+    await fts_engine.remember(NewMemory("other", "personal", owner_id=5))
+    assert await fts_engine.read(personal_keys, 4) == ["p:4:1", "p:4:2", "p:4:dm"]
+    assert await fts_engine.read(personal_keys, 6) == []

@@ -33,7 +33,7 @@ import apsw
 
 from bot.memory import decay, fts, store, vectors
 from bot.memory.db import query_value
-from bot.memory.scope import ACTIVE, key_filter
+from bot.memory.scope import ACTIVE, key_filter, personal_keys
 from bot.settings import Settings
 
 NEAR_JACCARD = 0.7        # two sentences with this share of content words say the same thing
@@ -183,10 +183,8 @@ def _as_int(value: Any) -> int | None:
 def subject_keys(conn: apsw.Connection, memory: store.NewMemory | store.Memory) -> list[str]:
     """Visibility keys holding memories about the same subject as `memory`."""
     keys = [memory.vis_key]
-    if memory.scope == "personal":
-        keys += [row[0] for row in conn.execute(
-            "SELECT DISTINCT vis_key FROM memories WHERE scope = 'personal' AND owner_id = ? AND " + ACTIVE,
-            (memory.owner_id,)) if row[0] != memory.vis_key]
+    if memory.scope == "personal" and memory.owner_id is not None:
+        keys += [key for key in personal_keys(conn, memory.owner_id) if key != memory.vis_key]
     return keys
 
 

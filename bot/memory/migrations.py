@@ -127,11 +127,14 @@ MIGRATIONS: list[str] = [
     """,
     # 5: every vector stored or removed is logged, so the in-memory vector search of each
     # process (bot/memory/vector_cache.py) applies what others wrote; pruned by maintenance.
+    # And a person's personal visibility keys straight from an index (scope.personal_keys):
+    # a heavy user's DM recall listed thousands of rows to find a handful of keys.
     """
     CREATE TABLE vector_changes (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
         memory_id INTEGER NOT NULL
     );
+    CREATE INDEX memories_owner_keys ON memories (owner_id, scope, vis_key) WHERE archived_at IS NULL;
     """,
 ]
 

@@ -287,7 +287,7 @@ class VectorCache:
 
 def unit(vector: Sequence[float]) -> np.ndarray:
     q = np.asarray(vector, dtype=np.float32)
-    norm = float(np.linalg.norm(q))
+    norm = float(np.sqrt(q @ q))
     if not np.isfinite(norm) or norm == 0.0:
         raise vectors.VectorSizeError("embedding is zero or not finite")
     return q / norm
@@ -322,27 +322,30 @@ def top_scores_of(ids: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[flo
 # -- reading vec0's storage -----------------------------------------------------
 
 def load_key(conn: apsw.Connection, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All vectors of one key: (ids, created_at, matrix), read in one snapshot. Through vec0's
+    """All vectors of one key: (ids, created_at, matrix). Through vec0's
     chunk tables (one row per chunk of vectors) when their layout is the known one: reading
     vectors one by one out of vec0 costs ~0.5 ms each."""
-    with conn:  # one read transaction: the vectors and their created_at agree
-        created_of = dict(conn.execute(
-            f"SELECT id, created_at FROM memories WHERE vis_key = ? AND embedded = 1 AND {ACTIVE}", (key,)))
-        ids: list[np.ndarray] = []
-        blocks: list[np.ndarray] = []
-        if vectors.has_chunk_tables(conn):
-            for size, validity, rowids, blob in conn.execute(
-                    "SELECT c.size, c.validity, c.rowids, v.vectors FROM vec_memories_chunks c "
-                    "JOIN vec_memories_vector_chunks00 v ON v.rowid = c.chunk_id WHERE c.partition00 = ?", (key,)):
-                valid = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")[:size].astype(bool)
-                chunk_ids = np.frombuffer(rowids, dtype=np.int64)[:size]
-                matrix = np.frombuffer(blob, dtype=np.float32).reshape(-1, info.dim)[:size]
-                ids.append(chunk_ids[valid])
-                blocks.append(matrix[valid])
-        else:  # pragma: no cover - a future sqlite-vec with other shadow tables
-            for memory_id, blob in conn.execute("SELECT memory_id, embedding FROM vec_memories WHERE vis_key = ?", (key,)):
-                ids.append(np.array([memory_id], dtype=np.int64))
-                blocks.append(np.frombuffer(blob, dtype=np.float32).reshape(1, info.dim))
+    # Two statements, no transaction: a vector stored or removed between them is missing or
+    # dropped here and put right by the next sync (its change is newer than the cache's mark).
+    created_of = dict(conn.execute(
+        f"SELECT id, created_at FROM memories WHERE vis_key = ? AND embedded = 1 AND {ACTIVE}", (key,)))
+    ids: list[np.ndarray] = []
+    blocks: list[np.ndarray] = []
+    if vectors.has_chunk_tables(conn):
+        # The chunk table's `rowid` column has no type: `+` drops chunk_id's affinity so that the
+        # lookup uses its index (without it, SQLite scanned every chunk once per chunk).
+        for size, validity, rowids, blob in conn.execute(
+                "SELECT c.size, c.validity, c.rowids, v.vectors FROM vec_memories_chunks c "
+                "CROSS JOIN vec_memories_vector_chunks00 v ON v.rowid = +c.chunk_id WHERE c.partition00 = ?", (key,)):
+            valid = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")[:size].astype(bool)
+            chunk_ids = np.frombuffer(rowids, dtype=np.int64)[:size]
+            matrix = np.frombuffer(blob, dtype=np.float32).reshape(-1, info.dim)[:size]
+            ids.append(chunk_ids[valid])
+            blocks.append(matrix[valid])
+    else:  # pragma: no cover - a future sqlite-vec with other shadow tables
+        for memory_id, blob in conn.execute("SELECT memory_id, embedding FROM vec_memories WHERE vis_key = ?", (key,)):
+            ids.append(np.array([memory_id], dtype=np.int64))
+            blocks.append(np.frombuffer(blob, dtype=np.float32).reshape(1, info.dim))
     all_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
     matrix = np.concatenate(blocks) if blocks else np.zeros((0, info.dim), dtype=np.float32)
     known = np.fromiter((mid in created_of for mid in all_ids.tolist()), dtype=bool, count=len(all_ids))

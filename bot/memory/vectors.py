@@ -256,8 +256,8 @@ def vector_bytes(conn: apsw.Connection, info: IndexInfo, memory_id: int) -> byte
     as reading vec0's own column costs ~0.5 ms per row."""
     if has_chunk_tables(conn):
         for offset, blob in conn.execute(
-                "SELECT r.chunk_offset, v.vectors FROM vec_memories_rowids r JOIN vec_memories_vector_chunks00 v "
-                "ON v.rowid = r.chunk_id WHERE r.rowid = ?", (memory_id,)):
+                "SELECT r.chunk_offset, v.vectors FROM vec_memories_rowids r CROSS JOIN vec_memories_vector_chunks00 v "
+                "ON v.rowid = +r.chunk_id WHERE r.rowid = ?", (memory_id,)):  # `+`: use the untyped column's index
             size = info.dim * 4
             return bytes(blob[offset * size:(offset + 1) * size])
         return None
@@ -290,6 +290,8 @@ def neighbours_many(conn: apsw.Connection, info: IndexInfo, items: Sequence[tupl
 
 def prune_changes(conn: apsw.Connection, keep: int = 100_000) -> int:
     """Drop all but the last `keep` entries of the change log (a cache further behind reloads)."""
-    last = query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")
-    conn.execute("DELETE FROM vector_changes WHERE seq <= ?", (last - keep,))
-    return conn.changes()
+    with conn:
+        last = query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")
+        conn.execute("DELETE FROM vector_changes WHERE seq <= ?", (last - keep,))
+        pruned = conn.changes()
+    return pruned
