@@ -416,11 +416,16 @@ async def measure_loop_lag(path: Path, shape: Shape, url: str, burst: int = 300,
             "lag_p99_ms": round(percentile(lags, 99), 3), "lag_idle_p99_ms": round(percentile(idle, 99), 3)}
 
 
-def rss_mb() -> float:
+def rss_mb() -> dict:
+    """Resident memory in MB: anonymous (the process's own: Python, numpy, the vector cache,
+    SQLite's page cache) and file-backed (pages of the memory-mapped database, shared with the
+    OS page cache and given back under pressure)."""
+    out = {}
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+        name, _, value = line.partition(":")
+        if name in ("RssAnon", "RssFile"):
+            out[name.lower()] = round(int(value.split()[0]) / 1024, 1)
+    return out
 
 
 async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: int = 10) -> dict:
@@ -578,16 +583,16 @@ def memory_probe(path: Path) -> dict:
 
 
 async def _probe(path: Path) -> dict:
-    out = {"start_mb": round(rss_mb(), 1)}
+    out: dict = {"start": rss_mb()}
     shape = SkewShape(0)
     world = SkewWorld(shape, seed=5)
     async with Engine(bench_settings(path)) as engine:
-        out["engine_open_mb"] = round(rss_mb(), 1)
+        out["engine_open"] = rss_mb()
         for kind in VIEWER_CLASSES:
             for _ in range(10):
                 text, qvec = world.query()
                 await engine.recall(text, world.viewer_of(kind), query_vector=qvec.tolist(), touch=False)
-        out["after_class_recalls_mb"] = round(rss_mb(), 1)
+        out["after_class_recalls"] = rss_mb()
         cache = getattr(engine, "vector_cache", None)
         if cache is not None:
             keys = await engine.write(lambda conn: [r[0] for r in conn.execute("SELECT DISTINCT vis_key FROM memories")])
@@ -595,7 +600,7 @@ async def _probe(path: Path) -> dict:
             for start in range(0, len(keys), 200):
                 await engine.read(lambda conn, ks=keys[start:start + 200]: vectors.knn(
                     conn, vectors.index_info(conn), qvec.tolist(), ks, 1))
-            out["all_keys_loaded_mb"] = round(rss_mb(), 1)
+            out["all_keys_loaded"] = rss_mb()
             out["cache_mb"] = round(cache.nbytes / 2**20, 1)
     return out
 

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import apsw
+import numpy as np
 
 from bot.conversation import history
 from bot.lifecycle import writes
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 ARCHIVE_BATCH = 500
 SCAN_BATCH = 200
 CLUSTER_NEIGHBOURS = 8
+NEIGHBOURS = max(CLUSTER_NEIGHBOURS, writes.LINK_NEIGHBOURS)
 MAX_CLUSTER = 8
 CLEAR_TEXT_CHARS = 300       # longer originals are not "clear": a summary is preferred
 LINKS_WATERMARK = "maintenance.links_through"
@@ -171,6 +173,38 @@ def advance(conn: apsw.Connection, watermark_key: str, memory_id: int) -> None:
             set_meta(conn, watermark_key, str(memory_id))
 
 
+# -- neighbours -------------------------------------------------------------------
+
+class Neighbours:
+    """The nearest neighbours of scanned memories, found once per maintenance run: the
+    consolidation pass and the links pass scan the same memories, and the search (a matrix
+    product per visibility key, on a read connection) is the expensive part. Kept as small
+    arrays until the links pass takes them; memories archived in between are skipped there."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    async def of(self, batch: Sequence[tuple[int, str]], k: int, *,
+                 keep: bool) -> dict[int, list[tuple[int, float]]] | None:
+        """{memory id: [(other id, cosine)], nearest first} for the batch; None without an index."""
+        missing = [(mid, key) for mid, key in batch if mid not in self._found]
+        if missing:
+            found = await self.engine.nearest_neighbours(missing, NEIGHBOURS)
+            if found is None:
+                return None
+            for mid, pairs in found.items():
+                self._found[mid] = (np.array([o for o, _ in pairs], dtype=np.int64),
+                                    np.array([c for _, c in pairs], dtype=np.float32))
+        out = {}
+        for mid, _ in batch:
+            entry = self._found.get(mid) if keep else self._found.pop(mid, None)
+            if entry is not None:
+                ids, cosines = entry
+                out[mid] = list(zip(ids[:k].tolist(), cosines[:k].tolist(), strict=True))
+        return out
+
+
 # -- links ------------------------------------------------------------------------
 
 def write_links(conn: apsw.Connection, batch: Sequence[tuple[int, str]],
@@ -188,16 +222,17 @@ def write_links(conn: apsw.Connection, batch: Sequence[tuple[int, str]],
     return added
 
 
-async def build_links(engine: Engine, *, now: float | None = None) -> int:
+async def build_links(engine: Engine, *, now: float | None = None, neighbours: Neighbours | None = None) -> int:
     """The neighbours of each batch are found on a read connection (one matrix product per
     visibility key), so the writer only holds the short link-writing transaction."""
     now = time.time() if now is None else now
+    neighbours = neighbours or Neighbours(engine)
     total = 0
     while True:
         batch, blocked = await engine.read(scan_batch, LINKS_WATERMARK, SCAN_BATCH)
         if not batch:
             return total
-        found = await engine.nearest_neighbours(batch, writes.LINK_NEIGHBOURS)
+        found = await neighbours.of(batch, writes.LINK_NEIGHBOURS, keep=False)
         if found is None:  # no usable index (none yet, or a reindex is pending)
             return total
         total += await engine.write(write_links, batch, found, threshold=engine.settings.link_cosine, now=now)
@@ -324,15 +359,17 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
     return Consolidation(survivor_id, originals, merged_by, text)
 
 
-async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool = True) -> list[Consolidation]:
+async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool = True,
+                      neighbours: Neighbours | None = None) -> list[Consolidation]:
     settings = engine.settings
     now = time.time() if now is None else now
+    neighbours = neighbours or Neighbours(engine)
     done: list[Consolidation] = []
     while True:
         batch, blocked = await engine.read(scan_batch, CONSOLIDATION_WATERMARK, SCAN_BATCH)
         if not batch:
             return done
-        found = await engine.nearest_neighbours(batch, CLUSTER_NEIGHBOURS)
+        found = await neighbours.of(batch, CLUSTER_NEIGHBOURS, keep=True)
         if found is None:  # no usable index
             return done
         clusters = await engine.read(find_clusters, batch, found, threshold=settings.dedup_cosine)
@@ -369,9 +406,10 @@ async def run_maintenance(engine: Engine, *, now: float | None = None, use_llm: 
     _say(on_step, report.lines()[0])
     report.embedded = await engine.backfill()
     _say(on_step, report.lines()[1])
-    report.consolidated = await consolidate(engine, now=now, use_llm=use_llm)
+    neighbours = Neighbours(engine)  # one search per memory serves both passes
+    report.consolidated = await consolidate(engine, now=now, use_llm=use_llm, neighbours=neighbours)
     _say(on_step, report.lines()[2])
-    report.links = await build_links(engine, now=now)
+    report.links = await build_links(engine, now=now, neighbours=neighbours)
     await engine.write(vectors.prune_changes)
     _say(on_step, report.lines()[3])
     report.history_pruned = await engine.write(history.prune_all, engine.settings.history_keep)

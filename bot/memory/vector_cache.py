@@ -268,20 +268,21 @@ class VectorCache:
                 for memory_id in wanted:
                     out[memory_id] = vectors.similar_to_memory(conn, info, memory_id, [key], k)
                 continue
-            ids, _, matrix, n = entry.view()
+            with self._lock:  # the rows and the arrays they index, from one moment
+                ids, _, matrix, n = entry.view()
+                rows = [entry.row_of.get(mid) for mid in wanted]
             ids, matrix = ids[:n], matrix[:n]
-            rows = [entry.row_of.get(mid) for mid in wanted]
             present = [(mid, row) for mid, row in zip(wanted, rows, strict=True) if row is not None]
             step = max(1, block_bytes // max(1, 4 * n))
             for start in range(0, len(present), step):
                 block = present[start:start + step]
-                scores = matrix @ matrix[[row for _, row in block]].T  # n x len(block)
-                scores[ids < 0, :] = -np.inf
-                for column, (mid, row) in enumerate(block):
-                    column_scores = scores[:, column]
-                    column_scores[row] = -np.inf
-                    out[mid] = [(other, distance_of(score)) for score, other in
-                                top_scores_of(ids, column_scores, k)]
+                scores = matrix[[row for _, row in block]] @ matrix.T  # len(block) x n, rows contiguous
+                scores[:, ids < 0] = -np.inf
+                for line, (mid, row) in enumerate(block):
+                    row_scores = scores[line]
+                    row_scores[row] = -np.inf
+                    out[mid] = sorted(((other, distance_of(score)) for score, other in top_scores_of(ids, row_scores, k)),
+                                      key=lambda pair: (pair[1], pair[0]))
         return out
 
 
