@@ -77,3 +77,16 @@ async def test_common_words_with_few_visible_read_the_visible_set_first(fts_engi
     hits, _ = await fts_engine.read(fts.scoped_hits, "lamps", ["g", f"p:{ALICE}:dm"], None)
     assert hits.startswith("visible(id)")  # 500+ matches, 1 visible memory
     assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [mine]
+
+
+async def test_mid_frequency_words_join_only_within_the_match_budget(fts_engine, monkeypatch):
+    await crowd(fts_engine, "pizza", 700)
+    await crowd(fts_engine, "pasta", 900)
+    await crowd(fts_engine, "salad", 20)
+    await crowd(fts_engine, "soup", 10)
+    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", 100)  # above it a word is frequent: it must fit the budget
+    monkeypatch.setattr(fts, "COMMON_SHARE", 0.9)     # nothing here is common
+    monkeypatch.setattr(fts, "MATCH_BUDGET", 1000)
+    fts.forget_counts(None)
+    kept = await fts_engine.write(fts.selective, ["pizza", "pasta", "salad", "soup", "nowhere"])
+    assert kept == ["pizza", "salad", "soup", "nowhere"]  # soup + salad + pizza = 730 matches; pasta would pass 1000
