@@ -80,7 +80,7 @@ def selective(conn, words: list[str]) -> list[str]:
     than COMMON_MIN_DOCS memories only while the matches so far stay within MATCH_BUDGET (the
     KEEP_RAREST rarest always stay); never a word in more than COMMON_SHARE of all memories
     while a rarer one is there."""
-    if len(words) <= KEEP_RAREST:
+    if len(words) <= 1:
         return words
     limit = common_limit(conn)
     frequency = {w: doc_count(conn, w, limit) for w in words}
