@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _warnings = Throttle()
 
-DEFAULT_CHUNK_SIZE = 16  # bench/README.md: 1.17x raw disk with thousands of keys; scans go through numpy
+DEFAULT_CHUNK_SIZE = 8  # with thousands of keys, 16 left half the slots of the 100k world empty (bench/README.md)
 LAYOUT = "key"           # meta vec_layout; databases without it have the old bucketed table
 
 
