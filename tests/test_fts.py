@@ -90,3 +90,13 @@ async def test_mid_frequency_words_join_only_within_the_match_budget(fts_engine,
     fts.forget_counts(None)
     kept = await fts_engine.write(fts.selective, ["pizza", "pasta", "salad", "soup", "nowhere"])
     assert kept == ["pizza", "salad", "soup", "nowhere"]  # soup + salad + pizza = 730 matches; pasta would pass 1000
+
+
+async def test_a_query_of_common_words_ranks_only_the_newest_visible_matches(fts_engine):
+    await busy_channel(fts_engine)
+    in_channel = Viewer(ALICE, channel_id=5, guild_id=9)
+    keys = await fts_engine.read(visible_keys, in_channel)
+    hits, _ = await fts_engine.read(fts.scoped_hits, "lamps channel", keys, None)
+    assert hits.startswith("visible(id)") and f"LIMIT {fts.COMMON_HITS}" in hits
+    result = await fts_engine.recall("lamps channel", in_channel, touch=False)
+    assert len(result.ids) == fts_engine.settings.recall_limit

@@ -73,6 +73,7 @@ KEEP_RAREST = 2
 # under this: a word in 3 % of 100k memories carries little BM25 weight and 3,000 rows of work.
 # Small databases (LoCoMo: 1,451 turns) never reach it.
 MATCH_BUDGET = 1500
+COMMON_HITS = 1000
 
 
 def selective(conn, words: list[str]) -> list[str]:
@@ -92,10 +93,10 @@ def selective(conn, words: list[str]) -> list[str]:
         kept.add(word)
         matches += frequency[word]
     if not kept:
-        # Only common words occur: keep a few (their counts are capped and tie; longer words
-        # first, as they tend to be the rarer ones).
+        # Only common words occur: keep one, so the query still finds something (the counts
+        # are capped and tie; the longest word, as it tends to be the rarest).
         common = sorted((w for w in words if frequency[w] > 0), key=lambda w: -len(w))
-        kept = set(common[:KEEP_RAREST])
+        kept = set(common[:1])
     return [w for w in words if w in kept or frequency[w] == 0]
 
 
@@ -128,15 +129,18 @@ def scoped_hits(conn, text: str, keys: list[str], as_of: float | None) -> tuple[
     matches = sum(counts)
     extra = [as_of] if as_of is not None else []
     # A count past the limit is only a lower bound (the word may be in half of all memories):
-    # then the visible set, whose size is bounded by what the viewer can see, goes first.
-    if max(counts) <= limit and matches <= visible_at_least(conn, where, keys, matches):
+    # then the visible set goes first, and only the newest COMMON_HITS visible matches are
+    # ranked (FTS5 walks the word's matches newest first and stops there).
+    common = max(counts) > limit
+    if not common and matches <= visible_at_least(conn, where, keys, matches):
         return ("hits AS MATERIALIZED (SELECT memories_fts.rowid AS id, bm25(memories_fts) AS relevance "
                 "FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
                 f"WHERE memories_fts MATCH ? AND memories.{where} AND memories.archived_at IS NULL"
                 + since.replace("created_at", "memories.created_at") + ")", [expression, *keys, *extra])
     return (f"visible(id) AS MATERIALIZED (SELECT id FROM memories WHERE {where} AND archived_at IS NULL{since}), "
             "hits AS MATERIALIZED (SELECT rowid AS id, bm25(memories_fts) AS relevance FROM memories_fts "
-            "WHERE memories_fts MATCH ? AND +rowid IN visible)", [*keys, *extra, expression])
+            "WHERE memories_fts MATCH ? AND +rowid IN visible"
+            + (f" ORDER BY rowid DESC LIMIT {COMMON_HITS})" if common else ")"), [*keys, *extra, expression])
 
 
 def visible_at_least(conn, where: str, keys: list[str], cap: int) -> int:
