@@ -18,7 +18,10 @@ right after the first finds nothing to do.
 
 The links and consolidation steps scan memories in id order and keep a watermark in
 `meta`; they stop at the first memory without a vector (it is scanned once the
-backfill has embedded it), so nothing is skipped and nothing is scanned twice.
+backfill has embedded it), so nothing is skipped and nothing is scanned twice. The
+neighbours of each scanned batch are found once per run for both steps (`Neighbours`), on a
+read connection, one matrix product per visibility key; the writer only holds the short
+transactions that write links and merges, so recalls never wait long behind maintenance.
 """
 from __future__ import annotations
 
