@@ -52,6 +52,7 @@ ARCHIVE_BATCH = 500
 SCAN_BATCH = 200
 CLUSTER_NEIGHBOURS = 8
 NEIGHBOURS = max(CLUSTER_NEIGHBOURS, writes.LINK_NEIGHBOURS)
+KEPT_NEIGHBOURS = 200_000  # memories whose neighbours wait for the links pass (~300 bytes each)
 MAX_CLUSTER = 8
 CLEAR_TEXT_CHARS = 300       # longer originals are not "clear": a summary is preferred
 LINKS_WATERMARK = "maintenance.links_through"
@@ -197,6 +198,8 @@ class Neighbours:
             if found is None:
                 return None
             for mid, pairs in found.items():
+                if len(self._found) >= KEPT_NEIGHBOURS and keep:  # beyond it, the links pass searches again
+                    self._found.pop(next(iter(self._found)))
                 self._found[mid] = (np.array([o for o, _ in pairs], dtype=np.int64),
                                     np.array([c for _, c in pairs], dtype=np.float32))
         out = {}
