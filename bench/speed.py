@@ -506,9 +506,13 @@ async def measure_fact_writes(path: Path, shape: SkewShape, per_kind: int = 30) 
                 memory = make()
                 vec = world.query()[1].tolist()
                 t0 = time.perf_counter()
-                await engine.read(fact_store._plan_updates, st.embed_model, [memory], [vec], st, ["someone"])
+                planned = await engine.read(fact_store._plan_updates, st.embed_model, [memory], [vec], st, ["someone"])
                 t1 = time.perf_counter()
-                await engine.write(writes.write_facts, [memory], [vec], [None], settings=st, now=NOW)
+                if isinstance(planned, tuple):  # the plan's search, reused by the write when nothing changed
+                    await engine.write(writes.write_facts, [memory], [vec], [None], settings=st, now=NOW,
+                                       searched=planned[1], searched_mark=planned[2])
+                else:  # the code before issue 12
+                    await engine.write(writes.write_facts, [memory], [vec], [None], settings=st, now=NOW)
                 t2 = time.perf_counter()
                 if i >= 3:
                     plan.append((t1 - t0) * 1000)

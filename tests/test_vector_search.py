@@ -187,3 +187,33 @@ async def test_personal_keys_are_found_through_the_index(fts_engine):
     await fts_engine.remember(NewMemory("other", "personal", owner_id=5))
     assert await fts_engine.read(personal_keys, 4) == ["p:4:1", "p:4:2", "p:4:dm"]
     assert await fts_engine.read(personal_keys, 6) == []
+
+
+async def test_a_fact_write_reuses_the_planning_search_only_if_no_vector_changed(engine):
+    from bot.lifecycle import fact_store, writes
+    await engine.remember(NewMemory("the index exists now", "global", owner_id=1))
+    rng = np.random.default_rng(8)
+    v = rng.standard_normal(768)
+    vec = (v / np.linalg.norm(v)).tolist()
+    settings = engine.settings
+
+    async def plan(memory):
+        return await engine.read(fact_store._plan_updates, settings.embed_model, [memory], [vec], settings, ["Carol"])
+
+    async def write(memory, planned):
+        return await engine.write(writes.write_facts, [memory], [vec], [None], settings=settings, now=1e9,
+                                  searched=planned[1], searched_mark=planned[2])
+    first = NewMemory("Carol keeps bees", "room", channel_id=7, guild_id=1)
+    planned = await plan(first)
+    assert planned[1] == [[]] and (await write(first, planned)).inserted  # nothing near yet: stored
+    again = NewMemory("Carol has beehives", "room", channel_id=7, guild_id=1)
+    planned = await plan(again)  # finds the first one (same vector): a duplicate
+    assert planned[1][0][0][0] == (await write(again, planned)).reinforced[0]
+    late = NewMemory("Carol tends bee colonies", "room", channel_id=8, guild_id=1)
+    planned = await plan(late)  # channel 8 is empty when planned ...
+    def sneak(conn):  # ... then a vector arrives there before the write
+        info = vectors.current_index(conn, settings.embed_model)
+        return store.insert_many(conn, [NewMemory("Carol's bee colonies", "room", channel_id=8, guild_id=1)],
+                                 base_stability_days=7, vector_info=info, vectors_=[vec])[0]
+    sneaked = await engine.write(sneak)
+    assert (await write(late, planned)).reinforced == [sneaked]  # the stale search was not reused

@@ -40,6 +40,9 @@ NEAR_JACCARD = 0.7        # two sentences with this share of content words say t
 UPDATE_CANDIDATES = 5     # older memories shown to the LLM for one new fact
 LINK_NEIGHBOURS = 5       # semantic links made for one memory at most
 DUPLICATE_NEIGHBOURS = 5
+# One search of a new fact's own key serves the duplicate check, the update candidates and
+# the semantic links (and the planning search is reused by the write when no vector changed).
+FACT_NEIGHBOURS = max(DUPLICATE_NEIGHBOURS, UPDATE_CANDIDATES, LINK_NEIGHBOURS)
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(
@@ -351,13 +354,16 @@ class WriteOutcome:
 
 def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                 vecs: Sequence[Sequence[float]] | None, decisions: Sequence[UpdateDecision | None], *,
-                settings: Settings, now: float) -> WriteOutcome:
+                settings: Settings, now: float, searched: Sequence[list[tuple[int, float]] | None] = (),
+                searched_mark: int | None = None) -> WriteOutcome:
     """Store the facts of one exchange in ONE transaction: for each fact, reinforce its
     duplicate or insert it (with its vector), archive what it replaces, link it to similar
     memories; then link the exchange's memories pairwise as co_extracted. A failure anywhere
     rolls back all of it. Vectors go in the embedding model's index (created on the first
     embedding); when they do not fit it, the facts are stored without them. The thresholds and
-    the stability constants come from `settings`."""
+    the stability constants come from `settings`. `searched`: each fact's `nearest(...,
+    [its vis_key], FACT_NEIGHBOURS)` made by the planning step at `vectors.change_mark`
+    `searched_mark`; reused when no vector was stored or removed since."""
     out = WriteOutcome()
     with conn:
         info = vectors.index_for(conn, settings.embed_model, len(vecs[0])) if vecs else None
@@ -365,7 +371,11 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
             vector = vecs[index] if vecs and info is not None else None
             decision = (decisions[index] if index < len(decisions) else None) or UpdateDecision()
             # One search serves the duplicate check and the semantic links (same key, same vector).
-            near = nearest(conn, info, vector, [memory.vis_key], max(DUPLICATE_NEIGHBOURS, LINK_NEIGHBOURS))
+            earlier = searched[index] if index < len(searched) else None
+            if earlier is not None and vector is not None and searched_mark == vectors.change_mark(conn):
+                near = earlier
+            else:
+                near = nearest(conn, info, vector, [memory.vis_key], FACT_NEIGHBOURS)
             target = find_duplicate(conn, info, memory, vector, settings.dedup_cosine, near=near)
             if target is None:
                 target = _llm_duplicate(conn, memory, decision)

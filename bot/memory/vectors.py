@@ -278,6 +278,12 @@ def similar_to_memory(conn: apsw.Connection, info: IndexInfo, memory_id: int, ke
     return [(mid, d) for mid, d in knn(conn, info, query, keys, k + 1) if mid != memory_id][:k]
 
 
+def change_mark(conn: apsw.Connection) -> int:
+    """The latest vector change this connection can see: equal marks mean no vector was stored
+    or removed in between, so a search made at the first still holds."""
+    return int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes") or 0)
+
+
 def neighbours_many(conn: apsw.Connection, info: IndexInfo, items: Sequence[tuple[int, str]],
                     k: int) -> dict[int, list[tuple[int, float]]]:
     """For each (memory id, its vis_key): its k nearest others under that key, nearest first.
