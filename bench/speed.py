@@ -491,7 +491,8 @@ async def measure_concurrency(path: Path, shape, concurrency: int = 20, burst: i
 async def measure_fact_writes(path: Path, shape: SkewShape, per_kind: int = 30) -> dict:
     """The DB side of storing one extracted fact (`fact_store._plan_updates`, then
     `writes.write_facts`: duplicate check, update candidates, insert, semantic links), for a room
-    fact in the busy channel and a personal fact of a heavy user. Adds memories: run on a copy."""
+    fact in the busy channel and a personal fact of a heavy user; alternately with the write
+    reusing the planning search and searching again (`*_search_again`). Adds memories: run on a copy."""
     from bot.lifecycle import fact_store, writes
     world = SkewWorld(shape, seed=555)
     out: dict = {}
@@ -501,26 +502,29 @@ async def measure_fact_writes(path: Path, shape: SkewShape, per_kind: int = 30) 
                                                       guild_id=1),
                  "personal_heavy": lambda: store.NewMemory(world.sentence(), "personal", owner_id=1000, guild_id=1)}
         for kind, make in kinds.items():
-            plan, write = [], []
-            for i in range(per_kind + 3):
+            timings: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+            for i in range(2 * per_kind + 3):
+                reuse = i % 2 == 0
                 memory = make()
                 vec = world.query()[1].tolist()
                 t0 = time.perf_counter()
                 planned = await engine.read(fact_store._plan_updates, st.embed_model, [memory], [vec], st, ["someone"])
                 t1 = time.perf_counter()
-                if isinstance(planned, tuple):  # the plan's search, reused by the write when nothing changed
+                if isinstance(planned, tuple):  # the planning search, reused by the write when nothing changed
                     await engine.write(writes.write_facts, [memory], [vec], [None], settings=st, now=NOW,
-                                       searched=planned[1], searched_mark=planned[2])
+                                       searched=planned[1] if reuse else (), searched_mark=planned[2])
                 else:  # the code before issue 12
                     await engine.write(writes.write_facts, [memory], [vec], [None], settings=st, now=NOW)
                 t2 = time.perf_counter()
                 if i >= 3:
-                    plan.append((t1 - t0) * 1000)
-                    write.append((t2 - t1) * 1000)
-            out[kind] = {"plan_ms": summary(plan), "write_ms": summary(write),
-                         "total_ms": summary([a + b for a, b in zip(plan, write, strict=True)])}
-            print(f"  fact {kind}: plan {out[kind]['plan_ms']['median']:.2f} + write "
-                  f"{out[kind]['write_ms']['median']:.2f} ms (median)", flush=True)
+                    timings[reuse][0].append((t1 - t0) * 1000)
+                    timings[reuse][1].append((t2 - t1) * 1000)
+            for reuse, (plan, write) in timings.items():
+                name = kind if reuse else f"{kind}_search_again"
+                out[name] = {"plan_ms": summary(plan), "write_ms": summary(write),
+                             "total_ms": summary([a + b for a, b in zip(plan, write, strict=True)])}
+                print(f"  fact {name}: plan {out[name]['plan_ms']['median']:.2f} + write "
+                      f"{out[name]['write_ms']['median']:.2f} ms (median)", flush=True)
     return out
 
 
