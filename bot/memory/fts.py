@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import re
 import time
-import weakref
-
-import apsw
 
 MAX_TOKENS = 24
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -155,16 +152,17 @@ def forget_counts(conn) -> None:
     _counts.clear()
 
 
-# Document counts per connection, counted up to the limit only (a full count of a common
-# word costs as much as searching it) and kept for a while: they change slowly.
-_counts: "weakref.WeakKeyDictionary[apsw.Connection, dict[str, tuple[int, int, float]]]" = weakref.WeakKeyDictionary()
+# Document counts, counted up to the limit only (a full count of a common word costs as much
+# as searching it) and kept for a while: they change slowly. Shared by all connections to one
+# database file (an engine's readers and its writer): a word is counted once, not per reader.
+_counts: dict[str, dict[str, tuple[int, int, float]]] = {}
 COUNT_TTL_S = 600.0
 COUNT_CACHE_MAX = 50_000
 
 
 def doc_count(conn, word: str, limit: int) -> int:
     """How many memories contain `word`, exactly up to `limit`; above it, some number > limit."""
-    cache = _counts.setdefault(conn, {})
+    cache = _counts.setdefault(conn.filename or str(id(conn)), {})
     now = time.monotonic()
     hit = cache.get(word)
     if hit is not None and now - hit[2] < COUNT_TTL_S and (hit[0] <= hit[1] or hit[1] >= limit):
