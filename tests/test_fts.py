@@ -100,3 +100,16 @@ async def test_a_query_of_common_words_ranks_only_the_newest_visible_matches(fts
     assert hits.startswith("visible(id)") and f"LIMIT {fts.COMMON_HITS}" in hits
     result = await fts_engine.recall("lamps channel", in_channel, touch=False)
     assert len(result.ids) == fts_engine.settings.recall_limit
+
+
+async def test_a_viewer_who_sees_much_walks_a_common_word_from_the_fts_side(fts_engine, monkeypatch):
+    await busy_channel(fts_engine)
+    monkeypatch.setattr(fts, "DENSE_VISIBLE", 100)  # the 601 memories of channel 5 count as "much"
+    in_channel = Viewer(ALICE, channel_id=5, guild_id=9)
+    keys = await fts_engine.read(visible_keys, in_channel)
+    hits, _ = await fts_engine.read(fts.scoped_hits, "lamps channel", keys, None)
+    assert hits.startswith("hits AS") and f"LIMIT {fts.COMMON_HITS}" in hits
+    result = await fts_engine.recall("lamps channel", in_channel, touch=False)
+    assert len(result.ids) == fts_engine.settings.recall_limit
+    bob = await fts_engine.recall("lamps", Viewer(BOB, channel_id=6, guild_id=9), touch=False)
+    assert all(m.memory.owner_id == BOB for m in bob.memories)  # his own lamps only, never channel 5's

@@ -71,6 +71,7 @@ KEEP_RAREST = 2
 # Small databases (LoCoMo: 1,451 turns) never reach it.
 MATCH_BUDGET = 1500
 COMMON_HITS = 1000
+DENSE_VISIBLE = 5000
 
 
 def selective(conn, words: list[str]) -> list[str]:
@@ -126,18 +127,25 @@ def scoped_hits(conn, text: str, keys: list[str], as_of: float | None) -> tuple[
     matches = sum(counts)
     extra = [as_of] if as_of is not None else []
     # A count past the limit is only a lower bound (the word may be in half of all memories):
-    # then the visible set goes first, and only the newest COMMON_HITS visible matches are
-    # ranked (FTS5 walks the word's matches newest first and stops there).
+    # then only the newest COMMON_HITS visible matches are ranked (FTS5 walks the matches newest
+    # first and stops there), found from the FTS side for a viewer who sees much (a busy
+    # channel: ~3 matches per hit, 7 ms instead of 30 at 100k), from the visible set otherwise.
     common = max(counts) > limit
-    if not common and matches <= visible_at_least(conn, where, keys, matches):
+    if common:
+        match_first = visible_at_least(conn, where, keys, DENSE_VISIBLE) > DENSE_VISIBLE
+        tail = f" ORDER BY memories_fts.rowid DESC LIMIT {COMMON_HITS})"
+    else:
+        match_first = matches <= visible_at_least(conn, where, keys, matches)
+        tail = ")"
+    if match_first:
         return ("hits AS MATERIALIZED (SELECT memories_fts.rowid AS id, bm25(memories_fts) AS relevance "
                 "FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
                 f"WHERE memories_fts MATCH ? AND memories.{where} AND memories.archived_at IS NULL"
-                + since.replace("created_at", "memories.created_at") + ")", [expression, *keys, *extra])
+                + since.replace("created_at", "memories.created_at") + tail, [expression, *keys, *extra])
     return (f"visible(id) AS MATERIALIZED (SELECT id FROM memories WHERE {where} AND archived_at IS NULL{since}), "
             "hits AS MATERIALIZED (SELECT rowid AS id, bm25(memories_fts) AS relevance FROM memories_fts "
-            "WHERE memories_fts MATCH ? AND +rowid IN visible"
-            + (f" ORDER BY rowid DESC LIMIT {COMMON_HITS})" if common else ")"), [*keys, *extra, expression])
+            "WHERE memories_fts MATCH ? AND +rowid IN visible" + tail.replace("memories_fts.rowid", "rowid"),
+            [*keys, *extra, expression])
 
 
 def visible_at_least(conn, where: str, keys: list[str], cap: int) -> int:
