@@ -1,11 +1,12 @@
-"""Vector index layouts compared on one database built by bench.speed.
+"""vec0 chunk sizes of the per-key layout compared on one database built by bench.speed.
 
-    .venv/bin/python -m bench.layouts --size 100000 --layouts 64x64,256x32,1024x16
+    .venv/bin/python -m bench.layouts --size 100000 --source /tmp/muninn-bench/<db> --layouts 8,16,32
 
-Each layout BUCKETSxCHUNK re-creates `vec_memories` in a copy of the speed database
-with `vectors.create_index(buckets=, chunk_size=)` and the same rows `vectors.put`
-writes, then times the product's `vectors.knn` for random viewers against the numpy
-anchor over exactly their visible vectors, and reports the file size.
+Each chunk size re-creates `vec_memories` in a copy of the speed database with
+`vectors.create_index(chunk_size=)` and the same rows `vectors.put` writes, then times the
+search inside sqlite-vec (`vectors.knn_vec0`, the fallback path; recall itself searches the
+numpy cache) for random viewers against the numpy anchor over exactly their visible
+vectors, and reports the file size. (Round 1 compared the old hashed-bucket layouts.)
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from .speed import (
 )
 
 
-def rebuild(path: Path, buckets: int, chunk: int) -> float:
+def rebuild(path: Path, chunk: int) -> float:
     conn = db.connect(path)
     rows = list(conn.execute("SELECT v.memory_id, m.vis_key, m.created_at, v.embedding FROM vec_memories v "
                              "JOIN memories m ON m.id = v.memory_id"))
@@ -43,12 +44,10 @@ def rebuild(path: Path, buckets: int, chunk: int) -> float:
     t = time.perf_counter()
     with conn:
         conn.execute("DROP TABLE vec_memories")
-        conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim', 'vec_buckets')")
-        info = vectors.create_index(conn, EMBED_MODEL, info.dim, buckets=buckets, chunk_size=chunk)
-        conn.executemany("INSERT INTO vec_memories(memory_id, bucket, vis_key, created_at, embedding) "
-                         "VALUES (?, ?, ?, ?, ?)",
-                         [(mid, vectors.bucket_of(key, buckets), key, float(created), blob)
-                          for mid, key, created, blob in rows])
+        conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim', 'vec_buckets', 'vec_layout')")
+        info = vectors.create_index(conn, EMBED_MODEL, info.dim, chunk_size=chunk)
+        conn.executemany("INSERT INTO vec_memories(memory_id, vis_key, created_at, embedding) VALUES (?, ?, ?, ?)",
+                         [(mid, key, float(created), blob) for mid, key, created, blob in rows])
     elapsed = time.perf_counter() - t
     conn.execute("VACUUM")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
@@ -67,7 +66,7 @@ def measure(path: Path, size: int, viewers: int) -> dict:
         _, q = world.query()
         keys = visible_keys(conn, viewer)
         t = time.perf_counter()
-        vectors.knn(conn, info, q.tolist(), keys, 15)
+        vectors.knn_vec0(conn, info, q.tolist(), keys, 15)  # sqlite-vec itself, not the numpy cache
         took = (time.perf_counter() - t) * 1000
         idx = np.concatenate([by_key.get(k, np.zeros(0, dtype=np.int64)) for k in keys]).astype(np.int64)
         anchor = numpy_anchor(np.ascontiguousarray(matrix[idx]), q, 15)
@@ -82,26 +81,26 @@ def measure(path: Path, size: int, viewers: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=100000)
-    parser.add_argument("--source", default=None, help="speed database (default: the 64x64 one in --workdir)")
+    parser.add_argument("--source", required=True, help="a speed database (bench/speed.py builds them)")
     parser.add_argument("--workdir", default="/tmp/muninn-bench")
-    parser.add_argument("--layouts", default="64x64,256x32,1024x16,1024x32,4096x8")
+    parser.add_argument("--layouts", default="8,16,32", help="vec0 chunk sizes of the per-key layout")
     parser.add_argument("--viewers", type=int, default=200)
     parser.add_argument("--label", default="layouts")
     args = parser.parse_args(argv)
-    source = Path(args.source or Path(args.workdir) / f"speed-{args.size}-b64-c64.db")
+    source = Path(args.source)
     raw = None
     rows = []
     for layout in args.layouts.split(","):
-        buckets, chunk = (int(x) for x in layout.split("x"))
+        chunk = int(layout)
         path = Path(args.workdir) / f"layout-{args.size}-{layout}.db"
         shutil.copy(source, path)
-        build_s = rebuild(path, buckets, chunk)
+        build_s = rebuild(path, chunk)
         if raw is None:
             conn = db.connect(path)
             matrix, _ = load_vectors(conn)
             raw = matrix.nbytes + db.query_value(conn, "SELECT sum(length(CAST(text AS BLOB))) FROM memories")
             conn.close()
-        row = {"layout": layout, "buckets": buckets, "chunk_size": chunk, "insert_s": round(build_s, 2),
+        row = {"layout": layout, "chunk_size": chunk, "insert_s": round(build_s, 2),
                "db_bytes": path.stat().st_size, "db_ratio": round(path.stat().st_size / raw, 3),
                **measure(path, args.size, args.viewers)}
         rows.append(row)

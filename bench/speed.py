@@ -1,9 +1,19 @@
 """Retrieval speed at scale, against the hardware limit.
 
-    .venv/bin/python -m bench.speed --sizes 10000,100000
+    .venv/bin/python -m bench.speed --sizes 10000,100000            # the realistic shape (issue 12)
+    .venv/bin/python -m bench.speed --shape uniform --sizes 100000  # round 1's shape
 
-For each size: build (or reuse) a database of that many memories with a realistic
-shape, then, for viewers drawn at random, time the product's own `Engine.recall`
+The realistic shape (`SkewShape`): 2,000 users active by Zipf, 200 channels in 10 guilds,
+one busy channel holding 30 % of all memories, 2 % global, half personal (DM-origin and
+private-channel ones included). Worlds are built once and kept in bench/results/ (git-
+ignored). Per viewer class (typical, busy channel, heavy user in a DM, global-only): the
+product's `Engine.recall` without the embedding call, its steps and the numpy anchor over
+exactly that viewer's visible vectors, in one run; then, on a scratch copy, 20 concurrent
+recalls against one at a time, the DB side of storing an extracted fact (`_plan_updates` +
+`writes.write_facts`), `run_maintenance` from scratch and incrementally with recall latency
+while it runs; and the resident memory of a process serving recalls (`memory_probe`).
+
+Round 1's shape (`--shape uniform`): for viewers drawn at random, time the product's own `Engine.recall`
 (FTS path, vector path, fusion + graph + touch, whole retrieval without the
 embedding call), the numpy anchor over exactly the vectors each viewer may see,
 the database size against its raw vectors + texts, writes per second through
@@ -133,18 +143,131 @@ class World:
         return self.sentence(6, 10), vec / np.linalg.norm(vec)
 
 
+@dataclass
+class SkewShape:
+    """The shape a real community has (issue 12): 2,000 active users by Zipf, 200 channels in 10
+    guilds, one busy channel holding 30 % of all memories, 2 % global, half personal (some
+    learned in DMs, some in private channels)."""
+    size: int
+    users: int = 2000
+    guilds: int = 10
+    channels: int = 200
+    busy_share: float = 0.30
+    global_share: float = 0.02
+    personal_share: float = 0.50
+    dm_share: float = 0.20          # of personal memories: learned in a DM
+    private_share: float = 0.10     # of personal memories: learned in a private channel
+    user_zipf: float = 1.0
+    vocab: int = 20000
+
+
+VIEWER_CLASSES = ("typical", "busy", "dm_heavy", "global_only")
+
+
+class SkewWorld(World):
+    """Memories and viewers of a SkewShape. Channel 0 is the busy one (in guild 0)."""
+
+    def __init__(self, shape: SkewShape, seed: int = 7):
+        self.shape = shape  # type: ignore[assignment]
+        rng = np.random.default_rng(seed)
+        self.rng = rng
+        syll = ["ka", "lo", "mi", "ne", "ru", "ta", "vo", "si", "de", "pa", "gu", "ber", "tin", "mar", "zel", "qu"]
+        words: set[str] = set()
+        while len(words) < shape.vocab:
+            words.add("".join(rng.choice(syll, size=rng.integers(2, 5))))
+        self.words = np.array(sorted(words))
+        ranks = np.arange(1, shape.vocab + 1, dtype=np.float64)
+        self.word_p = (1 / ranks ** 1.07) / (1 / ranks ** 1.07).sum()
+        self.channel_guild = np.concatenate([[0], rng.integers(0, shape.guilds, size=shape.channels - 1)])
+        activity = 1 / np.arange(1, shape.channels) ** 0.8       # the other channels, Zipf-like
+        self.other_channel_p = activity / activity.sum()
+        user_activity = 1 / np.arange(1, shape.users + 1) ** shape.user_zipf
+        self.user_p = user_activity / user_activity.sum()
+        self.users = shape.users
+        self.user_guild = rng.integers(0, shape.guilds, size=shape.users)
+        self.user_guild[:50] = 0  # the busiest people talk in the busy channel's guild
+
+    def _channel_of_guild(self, guild: int) -> int:
+        chans = np.flatnonzero(self.channel_guild == guild)
+        return int(self.rng.choice(chans)) if len(chans) else 0
+
+    def memories(self):
+        s, rng = self.shape, self.rng
+        for _ in range(s.size):
+            roll = rng.random()
+            created = NOW - float(rng.random()) * 365 * DAY
+            importance = float(np.round(rng.beta(2, 3), 2))
+            user = int(rng.choice(s.users, p=self.user_p))
+            if roll < s.global_share:
+                mem = store.NewMemory(self.sentence(), "global", owner_id=1, importance=importance, created_at=created)
+            elif roll < s.global_share + s.busy_share:
+                mem = store.NewMemory(self.sentence(), "room", owner_id=user + 1000, channel_id=100_000, guild_id=1,
+                                      importance=importance, created_at=created)
+            elif roll < s.global_share + s.busy_share + s.personal_share:
+                origin = rng.random()
+                guild = int(self.user_guild[user])
+                if origin < s.dm_share:
+                    mem = store.NewMemory(self.sentence(), "personal", owner_id=user + 1000, importance=importance,
+                                          created_at=created)
+                elif origin < s.dm_share + s.private_share:
+                    mem = store.NewMemory(self.sentence(), "personal", owner_id=user + 1000, guild_id=guild + 1,
+                                          channel_id=self._channel_of_guild(guild) + 100_000, private=True,
+                                          importance=importance, created_at=created)
+                else:
+                    mem = store.NewMemory(self.sentence(), "personal", owner_id=user + 1000, guild_id=guild + 1,
+                                          importance=importance, created_at=created)
+            else:
+                ch = 1 + int(rng.choice(s.channels - 1, p=self.other_channel_p))
+                mem = store.NewMemory(self.sentence(), "room", owner_id=user + 1000, channel_id=ch + 100_000,
+                                      guild_id=int(self.channel_guild[ch]) + 1, importance=importance,
+                                      created_at=created)
+            vec = rng.standard_normal(DIM, dtype=np.float32)
+            yield mem, vec / np.linalg.norm(vec)
+
+    def viewer_of(self, kind: str) -> Viewer:
+        """typical: a user drawn uniformly among the active ones, in a channel of their guild other
+        than the busy one (busy channels more often); busy: a user drawn by activity, in the busy
+        channel; dm_heavy: one of the 5 most active users, in a DM (all their personal memories);
+        global_only: someone with no memories at all, in a DM."""
+        rng = self.rng
+        if kind == "typical":
+            user = int(rng.integers(0, self.users))
+            guild = int(self.user_guild[user])
+            chans = [c for c in np.flatnonzero(self.channel_guild == guild) if c != 0]
+            if not chans:
+                return Viewer(user + 1000, dm=True)
+            p = self.other_channel_p[np.asarray(chans) - 1]
+            ch = int(rng.choice(chans, p=p / p.sum()))
+            return Viewer(user + 1000, channel_id=ch + 100_000, guild_id=guild + 1)
+        if kind == "busy":
+            user = int(rng.choice(self.users, p=self.user_p))
+            return Viewer(user + 1000, channel_id=100_000, guild_id=1)
+        if kind == "dm_heavy":
+            return Viewer(int(rng.integers(0, 5)) + 1000, dm=True)
+        if kind == "global_only":
+            return Viewer(10_000_000 + int(rng.integers(0, 1000)), dm=True)
+        raise ValueError(kind)
+
+    def viewer(self) -> Viewer:
+        return self.viewer_of(VIEWER_CLASSES[int(self.rng.integers(0, 3))])
+
+
+def make_world(shape, seed: int = 7) -> World:
+    return SkewWorld(shape, seed) if isinstance(shape, SkewShape) else World(shape, seed)
+
+
 def bench_settings(path: Path, ollama_url: str = ""):
     return load_settings({"MUNINN_DB_PATH": str(path), "OLLAMA_URL": ollama_url, "OLLAMA_EMBED_MODEL": EMBED_MODEL,
                           "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30"})
 
 
-async def build(path: Path, shape: Shape, buckets: int, chunk_size: int, batch: int = 2000) -> dict:
+async def build(path: Path, shape: Shape | SkewShape, chunk_size: int = vectors.DEFAULT_CHUNK_SIZE,
+                batch: int = 2000) -> dict:
     """Bulk-build through the product's store.insert_many (memory + FTS + vec0 rows)."""
-    world = World(shape)
+    world = make_world(shape)
     started = time.perf_counter()
     async with Engine(bench_settings(path)) as engine:
-        await engine.write(lambda conn: vectors.create_index(conn, EMBED_MODEL, DIM, buckets=buckets,
-                                                           chunk_size=chunk_size))
+        await engine.write(lambda conn: vectors.create_index(conn, EMBED_MODEL, DIM, chunk_size=chunk_size))
         info = await engine.write(vectors.index_info)
         pending: list = []
 
@@ -197,7 +320,7 @@ def numpy_anchor(matrix: np.ndarray, query: np.ndarray, k: int, repeat: int = 5)
 
 
 async def measure_reads(path: Path, shape: Shape, viewers: int) -> dict:
-    world = World(shape, seed=99)
+    world = make_world(shape, seed=99)
     async with Engine(bench_settings(path)) as engine:
         matrix, by_key = await engine.write(load_vectors)
         k = engine.settings.recall_limit * 3
@@ -207,7 +330,7 @@ async def measure_reads(path: Path, shape: Shape, viewers: int) -> dict:
             viewer = world.viewer()
             text, qvec = world.query()
             result = await engine.recall(text, viewer, query_vector=qvec.tolist())
-            keys = await engine.write(visible_keys, viewer)
+            keys = await engine.read(visible_keys, viewer)
             idx = np.concatenate([by_key.get(key, np.zeros(0, dtype=np.int64)) for key in keys]).astype(np.int64)
             visible = np.ascontiguousarray(matrix[idx])
             anchor = numpy_anchor(visible, qvec, k)
@@ -233,7 +356,7 @@ def db_bytes(path: Path) -> int:
 async def measure_writes(path: Path, shape: Shape, url: str, singles: int = 300, batches: int = 10,
                          batch_size: int = 100) -> dict:
     """Memories stored per second through Engine.remember / remember_many, embedding included."""
-    world = World(shape, seed=123)
+    world = make_world(shape, seed=123)
     out = {}
     async with Engine(bench_settings(path, url)) as engine:
         gen = world.memories()
@@ -258,7 +381,7 @@ async def measure_loop_lag(path: Path, shape: Shape, url: str, burst: int = 300,
                            embed: bool = True) -> dict:
     """Event-loop lag while `burst` recalls are served, `concurrency` at a time: with the
     embedding call through OllamaClient (embed=True) or with precomputed query vectors."""
-    world = World(shape, seed=321)
+    world = make_world(shape, seed=321)
     lags: list[float] = []
     stop = asyncio.Event()
 
@@ -293,6 +416,203 @@ async def measure_loop_lag(path: Path, shape: Shape, url: str, burst: int = 300,
             "lag_p99_ms": round(percentile(lags, 99), 3), "lag_idle_p99_ms": round(percentile(idle, 99), 3)}
 
 
+def rss_mb() -> dict:
+    """Resident memory in MB: anonymous (the process's own: Python, numpy, the vector cache,
+    SQLite's page cache) and file-backed (pages of the memory-mapped database, shared with the
+    OS page cache and given back under pressure)."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("RssAnon", "RssFile"):
+            out[name.lower()] = round(int(value.split()[0]) / 1024, 1)
+    return out
+
+
+async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: int = 10) -> dict:
+    """Per viewer class: the product's recall (query vector given, so no embedding call), its
+    steps, and the numpy anchor over exactly that viewer's visible vectors, in one run."""
+    world = SkewWorld(shape, seed=99)
+    out: dict = {}
+    async with Engine(bench_settings(path)) as engine:
+        matrix, by_key = await engine.write(load_vectors)
+        k = engine.settings.recall_limit * 3
+        for kind in VIEWER_CLASSES:
+            steps: dict[str, list[float]] = {s: [] for s in ("fts", "vector", "fuse_graph_touch", "total", "numpy",
+                                                             "ratio", "visible")}
+            for i in range(per_class + warm):
+                viewer = world.viewer_of(kind)
+                text, qvec = world.query()
+                result = await engine.recall(text, viewer, query_vector=qvec.tolist())
+                keys = await engine.read(visible_keys, viewer)
+                parts = [by_key.get(key, np.zeros(0, dtype=np.int64)) for key in keys]
+                idx = np.concatenate(parts).astype(np.int64)
+                anchor = numpy_anchor(np.ascontiguousarray(matrix[idx]), qvec, k)
+                if i < warm:
+                    continue
+                t = result.timings_ms
+                for step in ("fts", "vector", "fuse_graph_touch", "total"):
+                    steps[step].append(t[step])
+                steps["numpy"].append(anchor)
+                steps["ratio"].append(t["vector"] / anchor if anchor > 0 else float("nan"))
+                steps["visible"].append(len(idx))
+            out[kind] = {name: summary(values) for name, values in steps.items()}
+            print(f"  {kind:>12}: total {out[kind]['total']['median']:.2f} / {out[kind]['total']['p95']:.2f} ms, "
+                  f"vector {out[kind]['vector']['median']:.3f} ms = {out[kind]['ratio']['median']:.1f}x numpy, "
+                  f"fts {out[kind]['fts']['median']:.2f} ms, visible {out[kind]['visible']['median']:.0f}", flush=True)
+    return out
+
+
+async def measure_concurrency(path: Path, shape, concurrency: int = 20, burst: int = 200) -> dict:
+    """Recall latency (query vectors given) of the same mix of viewers one at a time and
+    `concurrency` at a time."""
+    out = {}
+    for level in (1, concurrency):
+        world = make_world(shape, seed=321)
+        async with Engine(bench_settings(path)) as engine:
+            for _ in range(20):
+                text, qvec = world.query()
+                await engine.recall(text, world.viewer(), query_vector=qvec.tolist())
+            sem = asyncio.Semaphore(level)
+            totals: list[float] = []
+
+            async def one(sem: asyncio.Semaphore, world: World, engine: Engine, totals: list[float]) -> None:
+                async with sem:
+                    text, qvec = world.query()
+                    t = time.perf_counter()
+                    await engine.recall(text, world.viewer(), query_vector=qvec.tolist())
+                    totals.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            await asyncio.gather(*(one(sem, world, engine, totals) for _ in range(burst)))
+            out[f"x{level}"] = {"latency_ms": summary(totals), "recalls_per_s": round(burst / (time.perf_counter() - t), 1)}
+    out["p95_ratio"] = round(out[f"x{concurrency}"]["latency_ms"]["p95"] / out["x1"]["latency_ms"]["p95"], 2)
+    return out
+
+
+async def measure_fact_writes(path: Path, shape: SkewShape, per_kind: int = 30) -> dict:
+    """The DB side of storing one extracted fact (`fact_store._plan_updates`, then
+    `writes.write_facts`: duplicate check, update candidates, insert, semantic links), for a room
+    fact in the busy channel and a personal fact of a heavy user; alternately with the write
+    reusing the planning search and searching again (`*_search_again`). Adds memories: run on a copy."""
+    from bot.lifecycle import fact_store, writes
+    world = SkewWorld(shape, seed=555)
+    out: dict = {}
+    async with Engine(bench_settings(path)) as engine:
+        st = engine.settings
+        kinds = {"busy_room": lambda: store.NewMemory(world.sentence(), "room", owner_id=1001, channel_id=100_000,
+                                                      guild_id=1),
+                 "personal_heavy": lambda: store.NewMemory(world.sentence(), "personal", owner_id=1000, guild_id=1)}
+        for kind, make in kinds.items():
+            timings: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+            for i in range(2 * per_kind + 3):
+                reuse = i % 2 == 0
+                memory = make()
+                vec = world.query()[1].tolist()
+                t0 = time.perf_counter()
+                planned = await engine.read(fact_store._plan_updates, st.embed_model, [memory], [vec], st, ["someone"])
+                t1 = time.perf_counter()
+                if isinstance(planned, tuple):  # the planning search, reused by the write when nothing changed
+                    await engine.write(writes.write_facts, [memory], [vec], [None], settings=st, now=NOW,
+                                       searched=planned[1] if reuse else (), searched_mark=planned[2])
+                else:  # the code before issue 12
+                    await engine.write(writes.write_facts, [memory], [vec], [None], settings=st, now=NOW)
+                t2 = time.perf_counter()
+                if i >= 3:
+                    timings[reuse][0].append((t1 - t0) * 1000)
+                    timings[reuse][1].append((t2 - t1) * 1000)
+            for reuse, (plan, write) in timings.items():
+                name = kind if reuse else f"{kind}_search_again"
+                out[name] = {"plan_ms": summary(plan), "write_ms": summary(write),
+                             "total_ms": summary([a + b for a, b in zip(plan, write, strict=True)])}
+                print(f"  fact {name}: plan {out[name]['plan_ms']['median']:.2f} + write "
+                      f"{out[name]['write_ms']['median']:.2f} ms (median)", flush=True)
+    return out
+
+
+async def measure_maintenance(path: Path, shape: SkewShape, added: int = 1000) -> dict:
+    """`run_maintenance` from scratch (watermarks reset; decay off so the world stays; no LLM),
+    recall latency while it runs against idle, then the incremental re-run after `added` new
+    memories. Changes the database: run on a copy."""
+    from bot.lifecycle import maintenance
+    world = SkewWorld(shape, seed=777)
+    settings = load_settings({"MUNINN_DB_PATH": str(path), "OLLAMA_URL": "", "OLLAMA_EMBED_MODEL": EMBED_MODEL,
+                              "MUNINN_ARCHIVE_RETENTION": "0"})
+    conn = db.connect(path)
+    conn.execute("DELETE FROM meta WHERE key LIKE 'maintenance.%'")
+    conn.close()
+    out: dict = {}
+    async with Engine(settings) as engine:
+        async def recall_once() -> float:
+            text, qvec = world.query()
+            t = time.perf_counter()
+            await engine.recall(text, world.viewer(), query_vector=qvec.tolist())
+            return (time.perf_counter() - t) * 1000
+        for _ in range(20):
+            await recall_once()
+        idle = [await recall_once() for _ in range(100)]
+        task = asyncio.create_task(maintenance.run_maintenance(engine, use_llm=False))
+        during: list[float] = []
+        while not task.done():
+            during.append(await recall_once())
+            await asyncio.sleep(0.01)
+        report = await task
+        out["first_run_s"] = round(report.seconds, 2)
+        out["recall_idle_ms"], out["recall_during_ms"] = summary(idle), summary(during or [float("nan")])
+        out["during_p95_ratio"] = round(out["recall_during_ms"]["p95"] / out["recall_idle_ms"]["p95"], 2)
+        info = await engine.write(vectors.index_info)
+        gen = world.memories()
+        rows = [next(gen) for _ in range(added)]
+
+        def add(conn) -> None:
+            store.insert_many(conn, [m for m, _ in rows], base_stability_days=7, vector_info=info,
+                              vectors_=[v.tolist() for _, v in rows], now=NOW)
+        await engine.write(add)
+        report = await maintenance.run_maintenance(engine, use_llm=False)
+        out["incremental_run_s"] = round(report.seconds, 2)
+        out["incremental_added"] = added
+    print(f"  maintenance: first {out['first_run_s']} s, incremental ({added} new) {out['incremental_run_s']} s, "
+          f"recall p95 during {out['recall_during_ms']['p95']:.1f} ms vs idle {out['recall_idle_ms']['p95']:.1f}",
+          flush=True)
+    return out
+
+
+def memory_probe(path: Path) -> dict:
+    """Resident memory of a process that serves recalls from `path` the way the bot does: after
+    recalls of every class, and after every key's vectors were loaded (a long-running bot)."""
+    import subprocess
+    import sys
+    code = (
+        "import asyncio, json, sys\n"
+        "from pathlib import Path\n"
+        "from bench import speed\n"
+        "print(json.dumps(asyncio.run(speed._probe(Path(sys.argv[1])))))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+async def _probe(path: Path) -> dict:
+    out: dict = {"start": rss_mb()}
+    shape = SkewShape(0)
+    world = SkewWorld(shape, seed=5)
+    async with Engine(bench_settings(path)) as engine:
+        out["engine_open"] = rss_mb()
+        for kind in VIEWER_CLASSES:
+            for _ in range(10):
+                text, qvec = world.query()
+                await engine.recall(text, world.viewer_of(kind), query_vector=qvec.tolist(), touch=False)
+        out["after_class_recalls"] = rss_mb()
+        cache = getattr(engine, "vector_cache", None)
+        if cache is not None:
+            keys = await engine.write(lambda conn: [r[0] for r in conn.execute("SELECT DISTINCT vis_key FROM memories")])
+            _, qvec = world.query()
+            for start in range(0, len(keys), 200):
+                await engine.read(lambda conn, ks=keys[start:start + 200]: vectors.knn(
+                    conn, vectors.index_info(conn), qvec.tolist(), ks, 1))
+            out["all_keys_loaded"] = rss_mb()
+            out["cache_mb"] = round(cache.nbytes / 2**20, 1)
+    return out
+
+
 def print_table(rows: list[dict]) -> None:
     cols = ["size", "visible", "fts", "vector", "numpy", "ratio", "fuse_graph_touch", "total"]
     print("\nretrieval without the embedding call, ms (median / p95); visible = vectors the viewer may see")
@@ -319,18 +639,93 @@ def print_table(rows: list[dict]) -> None:
 
 
 async def run(args) -> list[dict]:
+    if args.shape == "uniform":
+        return await run_uniform(args)
+    return await run_skew(args)
+
+
+def world_path(args, size: int) -> Path:
+    return Path(args.workdir) / f"skew-{size}-{args.label}.db"
+
+
+async def run_skew(args) -> list[dict]:
+    """The realistic shape: per viewer class, fact writes, maintenance, concurrency, memory.
+    Worlds are built once and kept (bench/results/*.db is git-ignored); everything that writes
+    runs on a scratch copy."""
+    import shutil
+    rows = []
+    for size in [int(s) for s in args.sizes.split(",")]:
+        shape = SkewShape(size)
+        path = world_path(args, size)
+        row: dict = {"size": size, "shape": "skew"}
+        if not path.exists() or args.rebuild:
+            for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                p.unlink(missing_ok=True)
+            row["build"] = await build(path, shape)
+            print(f"built {path} in {row['build']['build_s']} s", flush=True)
+        row["db_mb"] = round(db_bytes(path) / 1e6, 1)
+        print(f"size {size}:", flush=True)
+        row["classes"] = await measure_classes(path, shape, args.viewers)
+        if args.memory:
+            row["memory"] = memory_probe(path)
+            print(f"  memory: {row['memory']}", flush=True)
+        scratch = Path(args.workdir) / f"scratch-{size}.db"
+        for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
+            p.unlink(missing_ok=True)
+        shutil.copy(path, scratch)
+        row["concurrency"] = await measure_concurrency(scratch, shape)
+        print(f"  20 concurrent: p95 {row['concurrency']['x20']['latency_ms']['p95']:.1f} ms vs one at a time "
+              f"{row['concurrency']['x1']['latency_ms']['p95']:.1f} ms ({row['concurrency']['p95_ratio']}x)", flush=True)
+        row["fact_writes"] = await measure_fact_writes(scratch, shape)
+        if args.maintenance:
+            row["maintenance"] = await measure_maintenance(scratch, shape)
+        for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
+            p.unlink(missing_ok=True)
+        rows.append(row)
+    return rows
+
+
+def print_skew(rows: list[dict]) -> None:
+    print("\nrecall without the embedding call, ms (median / p95); vector = the vector step; x numpy = its "
+          "median over numpy on the viewer's visible vectors")
+    print("| size | class | visible | fts | vector | x numpy | total |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        for kind, c in r["classes"].items():
+            print(f"| {r['size']:,} | {kind} | {c['visible']['median']:,.0f} | {c['fts']['median']:.2f} / "
+                  f"{c['fts']['p95']:.2f} | {c['vector']['median']:.2f} / {c['vector']['p95']:.2f} | "
+                  f"{c['ratio']['median']:.1f} | **{c['total']['median']:.2f} / {c['total']['p95']:.2f}** |")
+    for r in rows:
+        line = f"size {r['size']:,}: db {r['db_mb']} MB"
+        if "concurrency" in r:
+            c = r["concurrency"]
+            line += (f"; 20 concurrent recalls p95 {c['x20']['latency_ms']['p95']:.1f} ms vs single "
+                     f"{c['x1']['latency_ms']['p95']:.1f} ({c['p95_ratio']}x)")
+        for kind, f in r.get("fact_writes", {}).items():
+            line += f"; fact {kind} {f['total_ms']['median']:.2f} / {f['total_ms']['p95']:.2f} ms"
+        if "maintenance" in r:
+            m = r["maintenance"]
+            line += (f"; maintain {m['first_run_s']} s, incremental {m['incremental_run_s']} s, recall p95 during "
+                     f"{m['during_p95_ratio']}x idle")
+        if "memory" in r:
+            line += f"; RSS {r['memory']}"
+        print(line)
+
+
+async def run_uniform(args) -> list[dict]:
+    """Round 1's shape (many users with a few memories each, uniform viewers)."""
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for size in [int(s) for s in args.sizes.split(",")]:
         shape = Shape(size)
-        path = workdir / f"speed-{size}-b{args.buckets}-c{args.chunk_size}.db"
-        row: dict = {"size": size, "buckets": args.buckets, "chunk_size": args.chunk_size}
+        path = workdir / f"speed-{size}-c{args.chunk_size}.db"
+        row: dict = {"size": size, "chunk_size": args.chunk_size}
         fresh = not path.exists() or args.rebuild
         if fresh:
             for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
                 p.unlink(missing_ok=True)
-            row["build"] = await build(path, shape, args.buckets, args.chunk_size)
+            row["build"] = await build(path, shape, args.chunk_size)
             print(f"built {path} in {row['build']['build_s']} s", flush=True)
         row["reads"] = await measure_reads(path, shape, args.viewers)
         row["db_bytes"] = db_bytes(path)
@@ -351,19 +746,23 @@ async def run(args) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Muninn retrieval speed benchmark")
     parser.add_argument("--sizes", default="10000,100000")
-    parser.add_argument("--viewers", type=int, default=300)
-    parser.add_argument("--buckets", type=int, default=vectors.DEFAULT_BUCKETS)
+    parser.add_argument("--shape", choices=("skew", "uniform"), default="skew",
+                        help="skew: the realistic shape of issue 12 (default); uniform: round 1's")
+    parser.add_argument("--viewers", type=int, default=60, help="recalls per viewer class (uniform: in all)")
     parser.add_argument("--chunk-size", type=int, default=vectors.DEFAULT_CHUNK_SIZE)
-    parser.add_argument("--workdir", default="/tmp/muninn-bench")
+    parser.add_argument("--workdir", default=str(RESULTS))
+    parser.add_argument("--no-maintenance", dest="maintenance", action="store_false")
+    parser.add_argument("--no-memory", dest="memory", action="store_false")
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--no-writes", dest="writes", action="store_false",
                         help="skip the write and loop-lag measurements (they add memories to the database)")
-    parser.add_argument("--label", default="speed")
+    parser.add_argument("--label", default="speed", help="names the JSON and the kept worlds")
     parser.add_argument("--out", default=None, help="JSON file (default bench/results/<label>.json)")
     args = parser.parse_args(argv)
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
     rows = asyncio.run(run(args))
     print("\n== summary")
-    print_table(rows)
+    (print_table if args.shape == "uniform" else print_skew)(rows)
     out = Path(args.out) if args.out else RESULTS / f"{args.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))

@@ -138,6 +138,8 @@ SETTINGS: dict[str, Spec] = {
     "archive_retention": Spec("MUNINN_ARCHIVE_RETENTION", "0.05", "Decay: maintenance archives a memory whose retention fell below this (and whose importance is low).", _float(0.0, 1.0)),
     "archive_importance": Spec("MUNINN_ARCHIVE_IMPORTANCE", "0.4", "Decay: only memories with importance below this are ever archived by decay.", _float(0.0, 1.0)),
     "maintenance_hours": Spec("MUNINN_MAINTENANCE_HOURS", "6", "Hours between automatic maintenance runs in the bot (decay, embeddings, links, consolidation); 0 = never.", _float(0)),
+    "db_readers": Spec("MUNINN_DB_READERS", "3", "Database connections that serve recalls beside the one writer (WAL lets readers run while it writes).", _int(1, 32)),
+    "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "2048", "Memory for the vectors kept in RAM for fast search (float32, per visibility key); keys beyond it are searched inside sqlite-vec, slower.", _int(0)),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str),
 }
 
@@ -177,6 +179,8 @@ class Settings:
     archive_retention: float
     archive_importance: float
     maintenance_hours: float
+    db_readers: int
+    vector_cache_mb: int
     log_level: str
 
     def replace(self, **changes: Any) -> "Settings":

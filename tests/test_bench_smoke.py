@@ -10,7 +10,7 @@ from tests.fakes.ollama import FakeOllama
 async def test_speed_benchmark_on_500_memories(tmp_path):
     shape = speed.Shape(500, channels=12, guilds=3, vocab=2000)
     path = tmp_path / "speed.db"
-    built = await speed.build(path, shape, buckets=16, chunk_size=32)
+    built = await speed.build(path, shape, chunk_size=16)
     assert built["build_s"] > 0
     reads = await speed.measure_reads(path, shape, viewers=10)
     for step in ("fts", "vector", "fuse_graph_touch", "total", "numpy"):
@@ -23,6 +23,22 @@ async def test_speed_benchmark_on_500_memories(tmp_path):
     assert writes["one_at_a_time_per_s"] > 0 and writes["batch_10_per_s"] > 0
     assert writes["left_unembedded"] == 0  # every write went through the embedding call
     assert lag["recalls_per_s"] > 0 and lag["lag_max_ms"] >= lag["lag_p99_ms"] >= 0
+
+
+async def test_skewed_speed_benchmark_measures_every_viewer_class(tmp_path):
+    shape = speed.SkewShape(600, users=40, channels=12, guilds=3, vocab=2000)
+    path = tmp_path / "skew.db"
+    await speed.build(path, shape)
+    classes = await speed.measure_classes(path, shape, per_class=4, warm=1)
+    assert set(classes) == set(speed.VIEWER_CLASSES)
+    assert classes["busy"]["visible"]["median"] > classes["global_only"]["visible"]["median"] >= 600 * 0.01
+    assert all(c["ratio"]["n"] == 4 and c["total"]["median"] > 0 for c in classes.values())
+    concurrency = await speed.measure_concurrency(path, shape, concurrency=4, burst=12)
+    assert concurrency["x4"]["latency_ms"]["n"] == 12 and concurrency["p95_ratio"] > 0
+    facts = await speed.measure_fact_writes(path, shape, per_kind=2)
+    assert facts["busy_room"]["write_ms"]["n"] == 2
+    upkeep = await speed.measure_maintenance(path, shape, added=20)
+    assert upkeep["first_run_s"] > 0 and upkeep["incremental_added"] == 20
 
 
 CONVERSATION = {

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from bot.memory import fts, store
-from bot.memory.scope import Viewer
+from bot.memory.scope import Viewer, visible_keys
 from bot.memory.store import NewMemory
 
 ALICE, BOB = 1, 2
@@ -47,3 +47,69 @@ async def test_a_common_word_dropped_from_a_long_query_returns_after_a_forget(ft
 def test_syntax_characters_never_reach_fts(query):
     expression = fts.match_expression(f"gpu {query} server")
     assert re.fullmatch(r'"\w+"( OR "\w+")*', expression) and expression.startswith('"gpu"')
+
+
+async def busy_channel(engine) -> list[int]:
+    """600 memories of channel 5, then Bob's personal zebra and the channel's own zebra."""
+    await engine.write(lambda conn: store.insert_many(
+        conn, [NewMemory(f"the channel talked about lamps number {i}", "room", channel_id=5, guild_id=9)
+               for i in range(600)], base_stability_days=7.0))
+    bob = await engine.remember(NewMemory("Bob keeps a zebra and lamps", "personal", owner_id=BOB, guild_id=9))
+    room = await engine.remember(NewMemory("a zebra walked past the lamps", "room", channel_id=5, guild_id=9))
+    return [bob, room]
+
+
+async def test_rare_words_are_matched_first_and_still_scoped(fts_engine):
+    bob_zebra, room_zebra = await busy_channel(fts_engine)
+    in_channel = Viewer(ALICE, channel_id=5, guild_id=9)
+    keys = await fts_engine.read(visible_keys, in_channel)
+    hits, _ = await fts_engine.read(fts.scoped_hits, "zebra lamps", keys, None)
+    assert hits.startswith("hits AS")  # 2 matches against 601 visible memories: match first
+    result = await fts_engine.recall("zebra lamps", in_channel, touch=False)
+    assert result.ids[0] == room_zebra and bob_zebra not in result.ids  # the common "lamps" was left out
+    as_of = await fts_engine.recall("zebra", in_channel, touch=False, as_of=1.0)
+    assert as_of.ids == []  # created after that moment
+
+
+async def test_common_words_with_few_visible_read_the_visible_set_first(fts_engine):
+    await busy_channel(fts_engine)
+    mine = await fts_engine.remember(NewMemory("Alice bought lamps", "personal", owner_id=ALICE))
+    hits, _ = await fts_engine.read(fts.scoped_hits, "lamps", ["g", f"p:{ALICE}:dm"], None)
+    assert hits.startswith("visible(id)")  # 500+ matches, 1 visible memory
+    assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [mine]
+
+
+async def test_mid_frequency_words_join_only_within_the_match_budget(fts_engine, monkeypatch):
+    await crowd(fts_engine, "pizza", 700)
+    await crowd(fts_engine, "pasta", 900)
+    await crowd(fts_engine, "salad", 20)
+    await crowd(fts_engine, "soup", 10)
+    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", 100)  # above it a word is frequent: it must fit the budget
+    monkeypatch.setattr(fts, "COMMON_SHARE", 0.9)     # nothing here is common
+    monkeypatch.setattr(fts, "MATCH_BUDGET", 1000)
+    fts.forget_counts(None)
+    kept = await fts_engine.write(fts.selective, ["pizza", "pasta", "salad", "soup", "nowhere"])
+    assert kept == ["pizza", "salad", "soup", "nowhere"]  # soup + salad + pizza = 730 matches; pasta would pass 1000
+
+
+async def test_a_query_of_common_words_ranks_only_the_newest_visible_matches(fts_engine):
+    await busy_channel(fts_engine)
+    in_channel = Viewer(ALICE, channel_id=5, guild_id=9)
+    keys = await fts_engine.read(visible_keys, in_channel)
+    hits, _ = await fts_engine.read(fts.scoped_hits, "lamps channel", keys, None)
+    assert hits.startswith("visible(id)") and f"LIMIT {fts.COMMON_HITS}" in hits
+    result = await fts_engine.recall("lamps channel", in_channel, touch=False)
+    assert len(result.ids) == fts_engine.settings.recall_limit
+
+
+async def test_a_viewer_who_sees_much_walks_a_common_word_from_the_fts_side(fts_engine, monkeypatch):
+    await busy_channel(fts_engine)
+    monkeypatch.setattr(fts, "DENSE_VISIBLE", 100)  # the 601 memories of channel 5 count as "much"
+    in_channel = Viewer(ALICE, channel_id=5, guild_id=9)
+    keys = await fts_engine.read(visible_keys, in_channel)
+    hits, _ = await fts_engine.read(fts.scoped_hits, "lamps channel", keys, None)
+    assert hits.startswith("hits AS") and f"LIMIT {fts.COMMON_HITS}" in hits
+    result = await fts_engine.recall("lamps channel", in_channel, touch=False)
+    assert len(result.ids) == fts_engine.settings.recall_limit
+    bob = await fts_engine.recall("lamps", Viewer(BOB, channel_id=6, guild_id=9), touch=False)
+    assert all(m.memory.owner_id == BOB for m in bob.memories)  # his own lamps only, never channel 5's

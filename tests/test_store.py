@@ -157,11 +157,11 @@ async def test_odd_text_is_stored_verbatim(engine):
     assert (await engine.write(store.get, memory_id)).text == text.strip()
 
 
-async def test_vectors_are_bucketed_by_visibility_key(engine):
+async def test_vectors_are_partitioned_by_visibility_key(engine):
     await engine.remember(NewMemory("a fact", "room", channel_id=5, guild_id=1))
     info = await engine.write(vectors.index_info)
-    row = await engine.write(db.query_one, "SELECT bucket, vis_key FROM vec_memories")
-    assert row == (vectors.bucket_of("r:5", info.buckets), "r:5")
+    assert await engine.write(db.query_one, "SELECT vis_key FROM vec_memories") == ("r:5",)
+    assert await engine.write(db.query_value, "SELECT partition00 FROM vec_memories_chunks") == "r:5"
     assert info.model == "nomic-embed-text" and info.dim == 768
 
 

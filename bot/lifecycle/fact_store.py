@@ -58,14 +58,14 @@ async def store_facts_detailed(engine: Engine, facts: Sequence[Fact],
     # Embeddings first (network, outside the transaction) so the duplicate check can use them;
     # without them the facts are stored unembedded and maintenance embeds them later.
     vecs = await engine.embed_or_none([m.text for m in memories])
-    candidates = await engine.read(_plan_updates, settings.embed_model, memories, vecs, settings,
-                                  [f.about for f in facts])
+    candidates, searched, mark = await engine.read(_plan_updates, settings.embed_model, memories, vecs, settings,
+                                                   [f.about for f in facts])
     decisions: list[writes.UpdateDecision | None] = []
     for fact, found in zip(facts, candidates, strict=True):
         decisions.append(await decide_update(engine.ollama, fact.text, found) if found else None)
     outcome = await engine.write(
         _write_if_kept, keep, memories, vecs, decisions, what=f"store {len(memories)} extracted facts",
-        settings=settings, now=now)
+        settings=settings, now=now, searched=searched, searched_mark=mark)
     if outcome.inserted or outcome.reinforced or outcome.superseded:
         log.info("memories: stored %s, reinforced %s, superseded %s", outcome.inserted, outcome.reinforced,
                  [f"#{old}->#{new}" for old, new in outcome.superseded])
@@ -80,17 +80,23 @@ def _write_if_kept(conn, keep: Callable[[], bool] | None, *args, **kwargs) -> wr
 
 
 def _plan_updates(conn: apsw.Connection, model: str, memories: list[NewMemory],
-                  vecs: list[list[float]] | None, settings: Settings, names: list[str]) -> list[list[tuple[int, str]]]:
-    """For each fact that is not a plain duplicate: the older memories the LLM should judge.
-    Read-only: the index is created by the write, in its transaction."""
+                  vecs: list[list[float]] | None, settings: Settings, names: list[str]
+                  ) -> tuple[list[list[tuple[int, str]]], list[list[tuple[int, float]] | None], int]:
+    """For each fact that is not a plain duplicate: the older memories the LLM should judge;
+    and each fact's search of its own key with the change mark it was made at (the write
+    reuses it if no vector changed meanwhile). Read-only: the index is created by the write."""
+    mark = vectors.change_mark(conn)
     info = vectors.current_index(conn, model) if vecs else None
     out: list[list[tuple[int, str]]] = []
+    searched: list[list[tuple[int, float]] | None] = []
     for index, memory in enumerate(memories):
         vector = vecs[index] if vecs is not None and info is not None and len(vecs[index]) == info.dim else None
-        duplicate = writes.find_duplicate(conn, info, memory, vector, settings.dedup_cosine)
+        near = writes.nearest(conn, info, vector, [memory.vis_key], writes.FACT_NEIGHBOURS)
+        searched.append(near if vector is not None else None)
+        duplicate = writes.find_duplicate(conn, info, memory, vector, settings.dedup_cosine, near=near)
         if duplicate is not None:
             out.append([])
             continue
         out.append(writes.update_candidates(conn, info, memory, vector, threshold=settings.update_cosine,
-                                               subject_name=names[index]))
-    return out
+                                               subject_name=names[index], near=near))
+    return out, searched, mark

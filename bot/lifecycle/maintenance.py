@@ -18,7 +18,10 @@ right after the first finds nothing to do.
 
 The links and consolidation steps scan memories in id order and keep a watermark in
 `meta`; they stop at the first memory without a vector (it is scanned once the
-backfill has embedded it), so nothing is skipped and nothing is scanned twice.
+backfill has embedded it), so nothing is skipped and nothing is scanned twice. The
+neighbours of each scanned batch are found once per run for both steps (`Neighbours`), on a
+read connection, one matrix product per visibility key; the writer only holds the short
+transactions that write links and merges, so recalls never wait long behind maintenance.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import apsw
+import numpy as np
 
 from bot import validate
 from bot.conversation import history
@@ -48,6 +52,8 @@ log = logging.getLogger(__name__)
 ARCHIVE_BATCH = 500
 SCAN_BATCH = 200
 CLUSTER_NEIGHBOURS = 8
+NEIGHBOURS = max(CLUSTER_NEIGHBOURS, writes.LINK_NEIGHBOURS)
+KEPT_NEIGHBOURS = 200_000  # memories whose neighbours wait for the links pass (~300 bytes each)
 MAX_CLUSTER = 8
 CLEAR_TEXT_CHARS = 300       # longer originals are not "clear": a summary is preferred
 LINKS_WATERMARK = "maintenance.links_through"
@@ -172,62 +178,95 @@ def advance(conn: apsw.Connection, watermark_key: str, memory_id: int) -> None:
             set_meta(conn, watermark_key, str(memory_id))
 
 
+# -- neighbours -------------------------------------------------------------------
+
+class Neighbours:
+    """The nearest neighbours of scanned memories, found once per maintenance run: the
+    consolidation pass and the links pass scan the same memories, and the search (a matrix
+    product per visibility key, on a read connection) is the expensive part. Kept as small
+    arrays until the links pass takes them; memories archived in between are skipped there."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    async def of(self, batch: Sequence[tuple[int, str]], k: int, *,
+                 keep: bool) -> dict[int, list[tuple[int, float]]] | None:
+        """{memory id: [(other id, cosine)], nearest first} for the batch; None without an index."""
+        missing = [(mid, key) for mid, key in batch if mid not in self._found]
+        if missing:
+            found = await self.engine.nearest_neighbours(missing, NEIGHBOURS)
+            if found is None:
+                return None
+            for mid, pairs in found.items():
+                if len(self._found) >= KEPT_NEIGHBOURS and keep:  # beyond it, the links pass searches again
+                    self._found.pop(next(iter(self._found)))
+                self._found[mid] = (np.array([o for o, _ in pairs], dtype=np.int64),
+                                    np.array([c for _, c in pairs], dtype=np.float32))
+        out = {}
+        for mid, _ in batch:
+            entry = self._found.get(mid) if keep else self._found.pop(mid, None)
+            if entry is not None:
+                ids, cosines = entry
+                out[mid] = list(zip(ids[:k].tolist(), cosines[:k].tolist(), strict=True))
+        return out
+
+
 # -- links ------------------------------------------------------------------------
 
-def link_batch(conn: apsw.Connection, *, model: str,
-               threshold: float, now: float) -> tuple[int, bool]:
-    """Semantic links for the next batch; returns (links added, more to do now).
-    `model` is the configured embedding model."""
-    info = vectors.current_index(conn, model)
-    if info is None:
-        return 0, False
-    batch, blocked = scan_batch(conn, LINKS_WATERMARK, SCAN_BATCH)
+def write_links(conn: apsw.Connection, batch: Sequence[tuple[int, str]],
+                found: dict[int, list[tuple[int, float]]], *, threshold: float, now: float) -> int:
+    """Semantic links for a scanned batch from its precomputed neighbours (id, cosine), and the
+    watermark moved past it: one short transaction on the writer."""
     added = 0
     with write_transaction(conn):
-        for memory_id, vis_key in batch:
-            added += writes.link_similar(conn, info, memory_id, vis_key, threshold=threshold, now=now)
+        for memory_id, _ in batch:
+            for other, cosine in found.get(memory_id, []):
+                if cosine >= threshold:
+                    added += writes.add_semantic_link(conn, memory_id, other, cosine, now=now)
         if batch:
             advance(conn, LINKS_WATERMARK, batch[-1][0])
-    return added, bool(batch) and not blocked
+    return added
 
 
-async def build_links(engine: Engine, *, now: float | None = None) -> int:
+async def build_links(engine: Engine, *, now: float | None = None, neighbours: Neighbours | None = None) -> int:
+    """The neighbours of each batch are found on a read connection (one matrix product per
+    visibility key), so the writer only holds the short link-writing transaction."""
     now = time.time() if now is None else now
+    neighbours = neighbours or Neighbours(engine)
     total = 0
     while True:
-        added, more = await engine.write(link_batch, model=engine.settings.embed_model,
-                                       threshold=engine.settings.link_cosine, now=now)
-        total += added
-        if not more:
+        batch, blocked = await engine.read(scan_batch, LINKS_WATERMARK, SCAN_BATCH)
+        if not batch:
+            return total
+        found = await neighbours.of(batch, writes.LINK_NEIGHBOURS, keep=False)
+        if found is None:  # no usable index (none yet, or a reindex is pending)
+            return total
+        total += await engine.write(write_links, batch, found, threshold=engine.settings.link_cosine, now=now)
+        if blocked:
             return total
 
 
 # -- consolidation -------------------------------------------------------------
 
-def find_clusters(conn: apsw.Connection, *, model: str,
-                  threshold: float, limit: int = SCAN_BATCH) -> tuple[list[list[store.Memory]], int | None, bool]:
-    """Clusters of near-duplicates among the next scanned memories and their neighbours (same
-    visibility key), the last id scanned, and whether more remain to scan now."""
-    info = vectors.current_index(conn, model)
-    if info is None:
-        return [], None, False
-    batch, blocked = scan_batch(conn, CONSOLIDATION_WATERMARK, limit)
+def find_clusters(conn: apsw.Connection, batch: Sequence[tuple[int, str]],
+                  found: dict[int, list[tuple[int, float]]], *, threshold: float) -> list[list[store.Memory]]:
+    """Clusters of near-duplicates among a scanned batch and its precomputed neighbours (same
+    visibility key, (id, cosine) nearest first). Only the memories above the threshold are read."""
     clusters: list[list[int]] = []
     taken: set[int] = set()
-    for memory_id, vis_key in batch:
-        if memory_id in taken:
+    for memory_id, _ in batch:
+        close = [other for other, cosine in found.get(memory_id, []) if cosine >= threshold and other not in taken]
+        if memory_id in taken or not close:
             continue
-        seed = store.get_many(conn, [memory_id]).get(memory_id)
-        if seed is None:
-            continue  # forgotten (by the bot, in another process) since the scan read it
+        rows = store.get_many(conn, [memory_id, *close])
+        seed = rows.get(memory_id)
+        if seed is None or seed.archived_at is not None:
+            continue
         members = [memory_id]
-        neighbours = vectors.similar_to_memory(conn, info, memory_id, [vis_key], CLUSTER_NEIGHBOURS)
-        others = store.get_many(conn, [mid for mid, _ in neighbours])
-        for other_id, distance in neighbours:
-            other = others.get(other_id)
-            if (other is None or other_id in taken or other.archived_at is not None
-                    or vectors.cosine_from_distance(distance) < threshold
-                    or writes.values_conflict(seed.text, other.text)):
+        for other_id in close:
+            other = rows.get(other_id)
+            if other is None or other.archived_at is not None or writes.values_conflict(seed.text, other.text):
                 continue
             members.append(other_id)
             if len(members) >= MAX_CLUSTER:
@@ -235,8 +274,7 @@ def find_clusters(conn: apsw.Connection, *, model: str,
         if len(members) > 1:
             clusters.append(members)
             taken.update(members)
-    found = [sorted(store.get_many(conn, ids).values(), key=lambda m: (m.created_at, m.id)) for ids in clusters]
-    return found, (batch[-1][0] if batch else None), bool(batch) and not blocked
+    return [sorted(store.get_many(conn, ids).values(), key=lambda m: (m.created_at, m.id)) for ids in clusters]
 
 
 def clearest(memories: Sequence[store.Memory]) -> store.Memory:
@@ -328,13 +366,20 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
     return Consolidation(survivor_id, originals, merged_by, text)
 
 
-async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool = True) -> list[Consolidation]:
+async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool = True,
+                      neighbours: Neighbours | None = None) -> list[Consolidation]:
     settings = engine.settings
     now = time.time() if now is None else now
+    neighbours = neighbours or Neighbours(engine)
     done: list[Consolidation] = []
     while True:
-        clusters, last_id, more = await engine.read(find_clusters, model=engine.settings.embed_model,
-                                                   threshold=settings.dedup_cosine)
+        batch, blocked = await engine.read(scan_batch, CONSOLIDATION_WATERMARK, SCAN_BATCH)
+        if not batch:
+            return done
+        found = await neighbours.of(batch, CLUSTER_NEIGHBOURS, keep=True)
+        if found is None:  # no usable index
+            return done
+        clusters = await engine.read(find_clusters, batch, found, threshold=settings.dedup_cosine)
         for members in clusters:
             merged_text = None
             if use_llm and engine.ollama.enabled:
@@ -351,9 +396,8 @@ async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool
             if result is not None:
                 log.info("consolidated %s into #%d (%s)", result.originals, result.survivor, result.merged_by)
                 done.append(result)
-        if last_id is not None:
-            await engine.write(advance, CONSOLIDATION_WATERMARK, last_id)
-        if not more:
+        await engine.write(advance, CONSOLIDATION_WATERMARK, batch[-1][0])
+        if blocked:
             return done
 
 
@@ -369,9 +413,11 @@ async def run_maintenance(engine: Engine, *, now: float | None = None, use_llm: 
     _say(on_step, report.lines()[0])
     report.embedded = await engine.backfill()
     _say(on_step, report.lines()[1])
-    report.consolidated = await consolidate(engine, now=now, use_llm=use_llm)
+    neighbours = Neighbours(engine)  # one search per memory serves both passes
+    report.consolidated = await consolidate(engine, now=now, use_llm=use_llm, neighbours=neighbours)
     _say(on_step, report.lines()[2])
-    report.links = await build_links(engine, now=now)
+    report.links = await build_links(engine, now=now, neighbours=neighbours)
+    await engine.write(vectors.prune_changes)
     _say(on_step, report.lines()[3])
     report.history_pruned = await engine.write(history.prune_all, engine.settings.history_keep)
     _say(on_step, report.lines()[4])

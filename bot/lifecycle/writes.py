@@ -33,13 +33,16 @@ import apsw
 
 from bot.memory import decay, fts, store, vectors
 from bot.memory.db import query_value, write_transaction
-from bot.memory.scope import ACTIVE, key_filter
+from bot.memory.scope import ACTIVE, key_filter, personal_keys
 from bot.settings import Settings
 
 NEAR_JACCARD = 0.7        # two sentences with this share of content words say the same thing
 UPDATE_CANDIDATES = 5     # older memories shown to the LLM for one new fact
 LINK_NEIGHBOURS = 5       # semantic links made for one memory at most
 DUPLICATE_NEIGHBOURS = 5
+# One search of a new fact's own key serves the duplicate check, the update candidates and
+# the semantic links (and the planning search is reused by the write when no vector changed).
+FACT_NEIGHBOURS = max(DUPLICATE_NEIGHBOURS, UPDATE_CANDIDATES, LINK_NEIGHBOURS)
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(
@@ -183,10 +186,8 @@ def _as_int(value: Any) -> int | None:
 def subject_keys(conn: apsw.Connection, memory: store.NewMemory | store.Memory) -> list[str]:
     """Visibility keys holding memories about the same subject as `memory`."""
     keys = [memory.vis_key]
-    if memory.scope == "personal":
-        keys += [row[0] for row in conn.execute(
-            "SELECT DISTINCT vis_key FROM memories WHERE scope = 'personal' AND owner_id = ? AND " + ACTIVE,
-            (memory.owner_id,)) if row[0] != memory.vis_key]
+    if memory.scope == "personal" and memory.owner_id is not None:
+        keys += [key for key in personal_keys(conn, memory.owner_id) if key != memory.vis_key]
     return keys
 
 
@@ -232,13 +233,16 @@ def texts_of(conn: apsw.Connection, ids: Sequence[int]) -> dict[int, str]:
 
 
 def find_duplicate(conn: apsw.Connection, info: vectors.IndexInfo | None, memory: store.NewMemory,
-                   vector: Sequence[float] | None, threshold: float) -> int | None:
-    """An active memory with the same visibility key that says the same thing, if any."""
+                   vector: Sequence[float] | None, threshold: float,
+                   near: Sequence[tuple[int, float]] | None = None) -> int | None:
+    """An active memory with the same visibility key that says the same thing, if any. `near`:
+    the caller's `nearest(..., [memory.vis_key], k >= DUPLICATE_NEIGHBOURS)`, to search once."""
     match = same_text_match(conn, memory.vis_key, memory.text)
     if match is not None:
         return match
-    hits = [(mid, cos) for mid, cos in nearest(conn, info, vector, [memory.vis_key], DUPLICATE_NEIGHBOURS)
-            if cos >= threshold]
+    if near is None:
+        near = nearest(conn, info, vector, [memory.vis_key], DUPLICATE_NEIGHBOURS)
+    hits = [(mid, cos) for mid, cos in near[:DUPLICATE_NEIGHBOURS] if cos >= threshold]
     texts = texts_of(conn, [mid for mid, _ in hits])
     for memory_id, _ in hits:
         if memory_id in texts and not values_conflict(memory.text, texts[memory_id]):
@@ -248,13 +252,18 @@ def find_duplicate(conn: apsw.Connection, info: vectors.IndexInfo | None, memory
 
 def update_candidates(conn: apsw.Connection, info: vectors.IndexInfo | None, memory: store.NewMemory,
                       vector: Sequence[float] | None, *, threshold: float, subject_name: str | None = None,
-                      exclude: Sequence[int] = (), limit: int = UPDATE_CANDIDATES) -> list[tuple[int, str]]:
+                      exclude: Sequence[int] = (), limit: int = UPDATE_CANDIDATES,
+                      near: Sequence[tuple[int, float]] | None = None) -> list[tuple[int, str]]:
     """Older active memories of the same subject that the new fact might update: the vector
     neighbours above `threshold`, or without vectors the keyword matches on its content words
-    (the subject's name left out, since every memory about Alice contains "Alice")."""
+    (the subject's name left out, since every memory about Alice contains "Alice"). `near`: the
+    caller's `nearest(..., [memory.vis_key], k)`, used when that key is the subject's only one."""
     keys = subject_keys(conn, memory)
     if info is not None and vector is not None:
-        ids = [mid for mid, cos in nearest(conn, info, vector, keys, limit + len(exclude)) if cos >= threshold]
+        wanted = limit + len(exclude)
+        if near is None or keys != [memory.vis_key] or len(near) < wanted:
+            near = nearest(conn, info, vector, keys, wanted)
+        ids = [mid for mid, cos in near[:wanted] if cos >= threshold]
     else:
         name_words = set(fts.tokens(subject_name or ""))
         words = [w for w in fts.tokens(memory.text) if w not in name_words]
@@ -302,25 +311,36 @@ def supersede(conn: apsw.Connection, old_id: int, new_id: int, *, now: float) ->
 
 
 def link_similar(conn: apsw.Connection, info: vectors.IndexInfo | None, memory_id: int, vis_key: str, *,
-                 threshold: float, now: float, k: int = LINK_NEIGHBOURS) -> int:
+                 threshold: float, now: float, k: int = LINK_NEIGHBOURS,
+                 neighbours: Sequence[tuple[int, float]] | None = None) -> int:
     """Semantic links between `memory_id` and its nearest memories under the same visibility
-    key. One row per pair, always newer -> older, so re-running adds nothing. Returns new links."""
+    key. One row per pair, always newer -> older, so re-running adds nothing. `neighbours`
+    ((id, cosine), nearest first) saves the search when the caller has just made it.
+    Returns new links."""
     if info is None:
         return 0
+    if neighbours is None:
+        neighbours = [(other, vectors.cosine_from_distance(distance))
+                      for other, distance in vectors.similar_to_memory(conn, info, memory_id, [vis_key], k)]
     added = 0
     with write_transaction(conn):
-        for other, distance in vectors.similar_to_memory(conn, info, memory_id, [vis_key], k):
-            cosine = vectors.cosine_from_distance(distance)
-            if cosine < threshold:
-                continue
-            source, target = max(memory_id, other), min(memory_id, other)
-            exists = query_value(conn, "SELECT count(*) FROM memory_links WHERE kind = 'semantic' AND "
-                                       "((source_id = ? AND target_id = ?) OR (source_id = ? AND target_id = ?))",
-                                 (source, target, target, source))
-            if not exists:
-                store.add_link(conn, source, target, "semantic", weight=round(cosine, 4), now=now)
-                added += 1
+        for other, cosine in neighbours[:k]:
+            if other != memory_id and cosine >= threshold:
+                added += add_semantic_link(conn, memory_id, other, cosine, now=now)
     return added
+
+
+def add_semantic_link(conn: apsw.Connection, memory_id: int, other: int, cosine: float, *, now: float) -> int:
+    """One semantic link (newer -> older) unless the pair has one or either side left retrieval; 1 if added."""
+    source, target = max(memory_id, other), min(memory_id, other)
+    exists = query_value(conn, "SELECT count(*) FROM memory_links WHERE kind = 'semantic' AND "
+                               "((source_id = ? AND target_id = ?) OR (source_id = ? AND target_id = ?))",
+                         (source, target, target, source))
+    if exists or query_value(conn, f"SELECT count(*) FROM memories WHERE id IN (?, ?) AND {ACTIVE}",
+                             (source, target)) != 2:
+        return 0
+    store.add_link(conn, source, target, "semantic", weight=round(cosine, 4), now=now)
+    return 1
 
 
 @dataclass
@@ -334,20 +354,29 @@ class WriteOutcome:
 
 def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                 vecs: Sequence[Sequence[float]] | None, decisions: Sequence[UpdateDecision | None], *,
-                settings: Settings, now: float) -> WriteOutcome:
+                settings: Settings, now: float, searched: Sequence[list[tuple[int, float]] | None] = (),
+                searched_mark: int | None = None) -> WriteOutcome:
     """Store the facts of one exchange in ONE transaction: for each fact, reinforce its
     duplicate or insert it (with its vector), archive what it replaces, link it to similar
     memories; then link the exchange's memories pairwise as co_extracted. A failure anywhere
     rolls back all of it. Vectors go in the embedding model's index (created on the first
     embedding); when they do not fit it, the facts are stored without them. The thresholds and
-    the stability constants come from `settings`."""
+    the stability constants come from `settings`. `searched`: each fact's `nearest(...,
+    [its vis_key], FACT_NEIGHBOURS)` made by the planning step at `vectors.change_mark`
+    `searched_mark`; reused when no vector was stored or removed since."""
     out = WriteOutcome()
     with write_transaction(conn):
         info = vectors.index_for(conn, settings.embed_model, len(vecs[0])) if vecs else None
         for index, memory in enumerate(memories):
             vector = vecs[index] if vecs and info is not None else None
             decision = (decisions[index] if index < len(decisions) else None) or UpdateDecision()
-            target = find_duplicate(conn, info, memory, vector, settings.dedup_cosine)
+            # One search serves the duplicate check and the semantic links (same key, same vector).
+            earlier = searched[index] if index < len(searched) else None
+            if earlier is not None and vector is not None and searched_mark == vectors.change_mark(conn):
+                near = earlier
+            else:
+                near = nearest(conn, info, vector, [memory.vis_key], FACT_NEIGHBOURS)
+            target = find_duplicate(conn, info, memory, vector, settings.dedup_cosine, near=near)
             if target is None:
                 target = _llm_duplicate(conn, memory, decision)
             if target is not None:
@@ -359,8 +388,8 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                                            vector_info=info, vectors_=[vector] if vector is not None else None,
                                            now=now)[0]
                 out.inserted.append(target)
-                link_similar(conn, info, target, memory.vis_key,
-                                                   threshold=settings.link_cosine, now=now)
+                link_similar(conn, info, target, memory.vis_key, threshold=settings.link_cosine, now=now,
+                             neighbours=near)
             for old in decision.replaces:
                 if old != target and supersede(conn, old, target, now=now):
                     out.superseded.append((old, target))

@@ -1,13 +1,18 @@
 """The memory engine: one object that the bot, the command line and the benchmarks share.
 
-All database work runs on one dedicated thread (apsw releases the GIL), so a slow
+All writes run on one dedicated thread and connection (apsw releases the GIL), so a slow
 disk or a large search never blocks the event loop; network calls to Ollama run on
-the loop. `recall` is the one retrieval function of the project.
+the loop. Recall's searches run on a small pool of read connections beside it (WAL lets
+readers work while the writer commits), so a long write such as maintenance does not hold
+up replies; only recall's touch goes through the writer. All connections share one
+`VectorCache` (numpy over each visibility key's vectors). `recall` is the one retrieval
+function of the project.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence, TypeVar
@@ -29,6 +34,7 @@ from bot.memory.db import write_transaction
 from bot.memory.files import DatabaseBusy
 from bot.memory.retrieval import VectorStatus
 from bot.memory.scope import Viewer, visible_keys
+from bot.memory.vector_cache import VectorCache
 from bot.settings import Settings
 from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
 
@@ -50,12 +56,24 @@ class Engine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-db")
         self._conn: apsw.Connection | None = None
         self._throttle = Throttle()
+        self.vector_cache = VectorCache(settings.vector_cache_mb << 20)
+        # Readers need a file that other connections can open; ":memory:" is one per connection.
+        self._shared_file = str(settings.db_path) != ":memory:"
+        self._readers = (ThreadPoolExecutor(max_workers=settings.db_readers, thread_name_prefix="muninn-read")
+                         if self._shared_file else None)
+        self._reader_local = threading.local()
+        self._reader_conns: list[apsw.Connection] = []
+        self._reader_lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------
 
     async def start(self) -> "Engine":
         """Open the database (running migrations) and warn if the embedding model changed."""
         await self._run(lambda conn: None)
+        if await self._run(vectors.needs_upgrade):
+            log.info("moving the vectors to one partition per visibility key (once; large databases take minutes)")
+            moved = await self._run(vectors.upgrade_layout)
+            log.info("moved %d vectors to the new layout", moved)
         info = await self._run(vectors.index_info)
         if info is not None:  # databases made before the index existed get it now
             await self._run(lambda conn: vectors.index_partitions(conn))
@@ -70,6 +88,12 @@ class Engine:
             conn, self._conn = self._conn, None
             await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
         self._executor.shutdown(wait=True)
+        if self._readers is not None:
+            self._readers.shutdown(wait=True)
+            with self._reader_lock:
+                readers, self._reader_conns = self._reader_conns, []
+            for reader in readers:  # idle now: closing from this thread is safe
+                reader.close()
 
     async def __aenter__(self) -> "Engine":
         return await self.start()
@@ -80,7 +104,19 @@ class Engine:
     def _connection(self) -> apsw.Connection:
         if self._conn is None:
             self._conn = db.connect(self.settings.db_path)
+            vectors.attach_cache(self._conn, self.vector_cache)
         return self._conn
+
+    def _reader(self) -> apsw.Connection:
+        conn = getattr(self._reader_local, "conn", None)
+        if conn is None:
+            conn = db.connect(self.settings.db_path, migrate_schema=False)
+            conn.execute("PRAGMA query_only = 1")
+            vectors.attach_cache(conn, self.vector_cache)
+            self._reader_local.conn = conn
+            with self._reader_lock:
+                self._reader_conns.append(conn)
+        return conn
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(conn, *args, **kwargs)` on the database thread."""
@@ -88,14 +124,38 @@ class Engine:
             return fn(self._connection(), *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
+    async def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run the read-only `fn(conn, *args, **kwargs)` on one of the read connections (it sees
+        everything committed when it starts; the writer's open transaction stays invisible)."""
+        if self._readers is None:
+            return await self._run(fn, *args, **kwargs)
+
+        def call() -> T:
+            return fn(self._reader(), *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._readers, call)
+
+    async def nearest_neighbours(self, items: Sequence[tuple[int, str]],
+                                 k: int) -> dict[int, list[tuple[int, float]]] | None:
+        """For each (memory id, vis_key): its k nearest memories under that key, as (id, cosine),
+        computed on a read connection (maintenance's heavy part, off the writer); None when
+        there is no usable vector index."""
+        def find(conn: apsw.Connection) -> dict[int, list[tuple[int, float]]] | None:
+            info = vectors.current_index(conn, self.settings.embed_model)
+            if info is None:
+                return None
+            return {mid: [(other, vectors.cosine_from_distance(d)) for other, d in found]
+                    for mid, found in vectors.neighbours_many(conn, info, items, k).items()}
+        return await self._read(find)
+
     # -- jobs of the layers that keep their own tables here ---------------------
     # The conversation history (bot/conversation/history.py) and the lifecycle rules
     # (bot/lifecycle/) keep their SQL in their own modules and run it through these two;
     # everything else (cogs, command line) uses the named methods below.
 
     async def read(self, job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a read-only `job(conn, *args, **kwargs)` off the event loop."""
-        return await self._run(job, *args, **kwargs)
+        """Run a read-only `job(conn, *args, **kwargs)` off the event loop, on a read connection
+        (it sees every write that has returned; it may not write)."""
+        return await self._read(job, *args, **kwargs)
 
     async def write(self, job: Callable[..., T], *args: Any, what: str = "write to the database", **kwargs: Any) -> T:
         """Run `job(conn, *args, **kwargs)`, a write that is ONE transaction (so repeating it after
@@ -223,7 +283,7 @@ class Engine:
         embedding = asyncio.create_task(self._query_vector(query) if query_vector is None
                                         else _given(list(query_vector)))
         try:
-            keys, fts_hits, info, partial = await self._run(self._fts_step, query, viewer, limit * 3, now, as_of)
+            keys, fts_hits, info, partial = await self._read(self._fts_step, query, viewer, limit * 3, now, as_of)
         except BaseException:
             embedding.cancel()
             raise
@@ -243,8 +303,12 @@ class Engine:
                 vector, status = None, VectorStatus.WRONG_SIZE
             elif partial:
                 status = VectorStatus.PARTIAL  # a re-index is under way or was interrupted: some vectors are missing
-        memories, candidates, mode, finish = await self._run(
-            self._finish_step, keys, fts_hits, info, vector, limit, now, as_of, touch)
+        candidates, mode, finish = await self._read(self._search_step, keys, fts_hits, info, vector, limit, as_of)
+        t0 = time.perf_counter()
+        ids = [c.memory_id for c in candidates]
+        memories = await (self._run(self._touch_and_load, ids, now) if touch and ids
+                          else self._read(store.get_many, ids))
+        finish["fuse_graph_touch"] += (time.perf_counter() - t0) * 1000
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
                                         memories=[retrieval.Recalled(memories[c.memory_id], c)
                                                   for c in candidates if c.memory_id in memories])
@@ -257,7 +321,7 @@ class Engine:
         hits = retrieval.fts_candidates(conn, query, keys, candidates, now, as_of)
         return keys, hits, vectors.index_info(conn), vectors.reindex_pending(conn)
 
-    def _finish_step(self, conn, keys, fts_hits, info, vector, limit, now, as_of, touch):
+    def _search_step(self, conn, keys, fts_hits, info, vector, limit, as_of):
         t0 = time.perf_counter()
         vector_hits = (retrieval.vector_candidates(conn, info, vector, keys, limit * 3, as_of)
                        if vector is not None else [])
@@ -267,14 +331,14 @@ class Engine:
         fused = retrieval.spread_to_neighbours(conn, fused, keys, self.settings.neighbour_share, as_of)[:limit]
         linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
-        ids = [c.memory_id for c in chosen]
-        if touch and ids:  # never stamp a future recall time: it would pin the memories so they never fade
-            store.touch(conn, ids, growth=self.settings.stability_growth,
-                        now=min(now, time.time() + FUTURE_SLACK_S))
-        memories = store.get_many(conn, ids)
         t2 = time.perf_counter()
-        return (memories, chosen, retrieval.mode_of(vector is not None, fts_hits),
+        return (chosen, retrieval.mode_of(vector is not None, fts_hits),
                 {"vector": (t1 - t0) * 1000, "fuse_graph_touch": (t2 - t1) * 1000})
+
+    def _touch_and_load(self, conn: apsw.Connection, ids: list[int], now: float) -> dict[int, store.Memory]:
+        # never stamp a future recall time: it would pin the memories so they never fade
+        store.touch(conn, ids, growth=self.settings.stability_growth, now=min(now, time.time() + FUTURE_SLACK_S))
+        return store.get_many(conn, ids)
 
     async def _query_vector(self, query: str) -> tuple[list[float] | None, VectorStatus]:
         if not self.ollama.enabled:

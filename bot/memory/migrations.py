@@ -127,6 +127,17 @@ MIGRATIONS: list[str] = [
     INSERT OR IGNORE INTO memory_sources
         SELECT CAST(j.value AS TEXT), m.id FROM memories m, json_each(m.source_message_ids) j;
     """,
+    # 5: every vector stored or removed is logged, so the in-memory vector search of each
+    # process (bot/memory/vector_cache.py) applies what others wrote; pruned by maintenance.
+    # And a person's personal visibility keys straight from an index (scope.personal_keys):
+    # a heavy user's DM recall listed thousands of rows to find a handful of keys.
+    """
+    CREATE TABLE vector_changes (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        memory_id INTEGER NOT NULL
+    );
+    CREATE INDEX memories_owner_keys ON memories (owner_id, scope, vis_key) WHERE archived_at IS NULL;
+    """,
 ]
 
 

@@ -109,24 +109,15 @@ class RecallResult:
 def fts_candidates(conn: apsw.Connection, query: str, keys: list[str], limit: int, now: float,
                    as_of: float | None = None) -> list[Candidate]:
     """Keyword path: BM25 weighted by strength and importance, scoped, active only."""
-    expression = fts.match_expression(query, conn)
-    if expression is None:
+    planned = fts.scoped_hits(conn, query, keys, as_of)
+    if planned is None:
         return []
-    where, key_params = key_filter(keys)
-    # The visible ids first (an index range), then each keyword match is checked against
-    # that set (`+rowid`: a probe, not a per-row FTS lookup); only the survivors are joined
-    # for strength and importance. Measured 2-4x faster than joining every match.
+    hits, params = planned  # `hits(id, relevance)`: matches first or the visible set first (fts.py)
     sql = (
-        f"WITH visible(id) AS MATERIALIZED (SELECT id FROM memories WHERE {where} AND {ACTIVE}"
-        + (" AND created_at <= ?" if as_of is not None else "") + "), "
-        "hits AS MATERIALIZED (SELECT rowid AS id, bm25(memories_fts) AS relevance FROM memories_fts "
-        "WHERE memories_fts MATCH ? AND +rowid IN visible) "
+        f"WITH {hits} "
         f"SELECT m.id, h.relevance * {decay.strength_sql('?', 'm')} * (1.0 + m.importance) AS score "
         "FROM hits h JOIN memories m ON m.id = h.id ORDER BY score ASC, m.id DESC LIMIT ?")
-    params: list = [*key_params]
-    if as_of is not None:
-        params.append(as_of)
-    params += [expression, now, limit]
+    params += [now, limit]
     return [Candidate(row[0], fts_rank=rank, fts_score=row[1])
             for rank, row in enumerate(conn.execute(sql, params), start=1)]
 

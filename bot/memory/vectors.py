@@ -1,13 +1,15 @@
 """The vector index: a sqlite-vec vec0 table holding the embeddings of active memories.
 
-Layout, chosen so that the scope filter runs *inside* the KNN (a user with few
-memories still gets their k nearest, and nobody else's):
-  bucket     partition key = crc32(vis_key) % buckets: a scoped search reads only the
-             few partitions holding the viewer's keys, not the whole table, while a
-             fixed number of partitions keeps the preallocated chunks small;
-  vis_key    metadata column filtered with `IN` (vec0 applies `=`/`IN` inside the KNN;
-             an OR across different columns would silently return wrong rows);
+Layout, chosen so that a search reads exactly the vectors the viewer may see:
+  vis_key    partition key: one partition per visibility key, so a scoped KNN visits only
+             the viewer's own partitions (the old layout hashed keys into 256 buckets, and a
+             key sharing a bucket with a busy channel paid for all of that channel's vectors);
   created_at metadata column for `--as-of` queries.
+Small chunks (DEFAULT_CHUNK_SIZE) keep the per-key preallocation cheap with thousands of keys.
+
+vec0 is the store of record. Searches go through `vector_cache.VectorCache` (numpy over
+each key's vectors, kept in step through the `vector_changes` log that `put`/`remove` append
+to) when the connection has one; `knn_vec0` is the exact fallback and the reference.
 Vectors are L2-normalised before storage, so L2 distance orders like cosine and
 cosine = 1 - d^2 / 2. The table is created when the first embedding reveals the model's
 dimension; the model and dimension are recorded in `meta`.
@@ -17,20 +19,23 @@ from __future__ import annotations
 import logging
 import math
 import struct
-import zlib
+import weakref
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import apsw
 
 from bot.logs import Throttle
-from bot.memory.db import get_meta, query_value, set_meta
+from bot.memory.db import get_meta, query_value, set_meta, write_transaction
+
+if TYPE_CHECKING:
+    from bot.memory.vector_cache import VectorCache
 
 log = logging.getLogger(__name__)
 _warnings = Throttle()
 
-DEFAULT_BUCKETS = 256  # chosen by bench/layouts.py (bench/README.md): fast at 100k, <= 1.5x raw disk at 10k
-DEFAULT_CHUNK_SIZE = 32
+DEFAULT_CHUNK_SIZE = 8  # with thousands of keys, 16 left half the slots of the 100k world empty (bench/README.md)
+LAYOUT = "key"           # meta vec_layout; databases without it have the old bucketed table
 MAX_DIM = 8192
 REINDEX_PENDING = "reindex_pending"
 
@@ -43,7 +48,6 @@ class VectorSizeError(ValueError):
 class IndexInfo:
     model: str
     dim: int
-    buckets: int
 
 
 def normalise(vector: Sequence[float]) -> list[float]:
@@ -61,15 +65,11 @@ def cosine_from_distance(distance: float) -> float:
     return 1.0 - distance * distance / 2.0
 
 
-def bucket_of(key: str, buckets: int) -> int:
-    return zlib.crc32(key.encode()) % buckets
-
-
 def index_info(conn: apsw.Connection) -> IndexInfo | None:
     model = get_meta(conn, "embed_model")
     if model is None or not table_exists(conn):
         return None
-    return IndexInfo(model, int(get_meta(conn, "embed_dim") or 0), int(get_meta(conn, "vec_buckets") or 0))
+    return IndexInfo(model, int(get_meta(conn, "embed_dim") or 0))
 
 
 def current_index(conn: apsw.Connection, model: str) -> IndexInfo | None:
@@ -104,20 +104,56 @@ def table_exists(conn: apsw.Connection) -> bool:
     return query_value(conn, "SELECT count(*) FROM sqlite_master WHERE name = 'vec_memories'") == 1
 
 
-def create_index(conn: apsw.Connection, model: str, dim: int, *, buckets: int = DEFAULT_BUCKETS,
+def _create_table(conn: apsw.Connection, dim: int, chunk_size: int) -> None:
+    conn.execute(
+        f"CREATE VIRTUAL TABLE vec_memories USING vec0("
+        f"memory_id INTEGER PRIMARY KEY, vis_key TEXT PARTITION KEY, created_at FLOAT, "
+        f"embedding FLOAT[{dim}], chunk_size={chunk_size})")
+    index_partitions(conn)
+    set_meta(conn, "vec_layout", LAYOUT)
+    # A new table: every cache made from the old one must start over.
+    set_meta(conn, "vec_epoch", str(int(get_meta(conn, "vec_epoch") or 0) + 1))
+    conn.execute("DELETE FROM vector_changes")
+
+
+def create_index(conn: apsw.Connection, model: str, dim: int, *,
                  chunk_size: int = DEFAULT_CHUNK_SIZE) -> IndexInfo:
     """Create the vec0 table for this model's dimension (call inside a transaction)."""
     if not usable_dim(dim):
         raise VectorSizeError(f"embedding dimension {dim} is not usable")
-    conn.execute(
-        f"CREATE VIRTUAL TABLE vec_memories USING vec0("
-        f"memory_id INTEGER PRIMARY KEY, bucket INTEGER PARTITION KEY, vis_key TEXT, created_at FLOAT, "
-        f"embedding FLOAT[{dim}], chunk_size={chunk_size})")
-    index_partitions(conn)
+    _create_table(conn, dim, chunk_size)
     set_meta(conn, "embed_model", model)
     set_meta(conn, "embed_dim", str(dim))
-    set_meta(conn, "vec_buckets", str(buckets))
-    return IndexInfo(model, dim, buckets)
+    return IndexInfo(model, dim)
+
+
+def needs_upgrade(conn: apsw.Connection) -> bool:
+    """The table still has the bucketed layout of databases made before per-key partitions."""
+    return table_exists(conn) and get_meta(conn, "vec_layout") != LAYOUT
+
+
+def upgrade_layout(conn: apsw.Connection, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> int:
+    """Move every vector of an old bucketed table into the per-key layout, in one transaction
+    (vec0 tables cannot be renamed: the rows go through a plain temporary table). Returns
+    how many vectors moved. Idempotent: a database already upgraded is left alone."""
+    if not needs_upgrade(conn):
+        return 0
+    dim = int(get_meta(conn, "embed_dim") or 0)
+    with write_transaction(conn):
+        conn.execute("CREATE TEMP TABLE vec_upgrade (memory_id INTEGER PRIMARY KEY, vis_key TEXT, "
+                     "created_at FLOAT, embedding BLOB)")
+        conn.execute("INSERT INTO vec_upgrade SELECT v.memory_id, m.vis_key, m.created_at, v.embedding "
+                     "FROM vec_memories v JOIN memories m ON m.id = v.memory_id")
+        conn.execute("DROP TABLE vec_memories")
+        conn.execute("DELETE FROM meta WHERE key = 'vec_buckets'")
+        _create_table(conn, dim, chunk_size)
+        conn.execute("INSERT INTO vec_memories(memory_id, vis_key, created_at, embedding) "
+                     "SELECT memory_id, vis_key, created_at, embedding FROM vec_upgrade ORDER BY vis_key, memory_id")
+        moved = query_value(conn, "SELECT count(*) FROM vec_upgrade")
+        conn.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1 AND id NOT IN "
+                     "(SELECT memory_id FROM vec_upgrade)")
+        conn.execute("DROP TABLE temp.vec_upgrade")
+    return int(moved)
 
 
 def usable_dim(dim: int) -> bool:
@@ -140,9 +176,9 @@ def mark_reindex_done(conn: apsw.Connection) -> None:
 
 def index_partitions(conn: apsw.Connection) -> None:
     """Index the partition column of vec0's chunk table. sqlite-vec 0.1.9 finds a partition's
-    chunks by scanning that whole table, once per partition searched; with the index a
-    scoped KNN at 100k memories took 2.9 ms instead of 5.0 (bench/README.md). The index
-    lives and dies with the shadow table; skipped if a future sqlite-vec names it otherwise."""
+    chunks by scanning that whole table, once per partition searched; the cache also loads a
+    key's vectors through it (vector_cache.load_key). The index lives and dies with the shadow
+    table; skipped if a future sqlite-vec names it otherwise."""
     columns = {row[1] for row in conn.execute("PRAGMA table_info(vec_memories_chunks)")}
     if "partition00" in columns:
         conn.execute("CREATE INDEX IF NOT EXISTS vec_memories_chunks_partition ON vec_memories_chunks (partition00)")
@@ -151,8 +187,9 @@ def index_partitions(conn: apsw.Connection) -> None:
 def drop_index(conn: apsw.Connection) -> None:
     """Forget every vector (before a re-index with another model); call inside a transaction."""
     conn.execute("DROP TABLE IF EXISTS vec_memories")
-    conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim', 'vec_buckets')")
+    conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim', 'vec_buckets', 'vec_layout')")
     conn.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1")
+    conn.execute("DELETE FROM vector_changes")
 
 
 def put(conn: apsw.Connection, info: IndexInfo, memory_id: int, vis_key: str, created_at: float,
@@ -162,9 +199,10 @@ def put(conn: apsw.Connection, info: IndexInfo, memory_id: int, vis_key: str, cr
         raise VectorSizeError(f"embedding has {len(vector)} dimensions, the index has {info.dim}")
     conn.execute("DELETE FROM vec_memories WHERE memory_id = ?", (memory_id,))
     conn.execute(
-        "INSERT INTO vec_memories(memory_id, bucket, vis_key, created_at, embedding) VALUES (?, ?, ?, ?, ?)",
-        (memory_id, bucket_of(vis_key, info.buckets), vis_key, float(created_at), pack(vector)))
+        "INSERT INTO vec_memories(memory_id, vis_key, created_at, embedding) VALUES (?, ?, ?, ?)",
+        (memory_id, vis_key, float(created_at), pack(vector)))
     conn.execute("UPDATE memories SET embedded = 1 WHERE id = ?", (memory_id,))
+    conn.execute("INSERT INTO vector_changes(memory_id) VALUES (?)", (memory_id,))
 
 
 def remove(conn: apsw.Connection, memory_ids: Iterable[int]) -> None:
@@ -172,34 +210,119 @@ def remove(conn: apsw.Connection, memory_ids: Iterable[int]) -> None:
         return
     for memory_id in memory_ids:
         conn.execute("DELETE FROM vec_memories WHERE memory_id = ?", (memory_id,))
+        if conn.changes():
+            conn.execute("INSERT INTO vector_changes(memory_id) VALUES (?)", (memory_id,))
+
+
+# -- search --------------------------------------------------------------------
+
+_caches: "weakref.WeakKeyDictionary[apsw.Connection, VectorCache]" = weakref.WeakKeyDictionary()
+
+
+def attach_cache(conn: apsw.Connection, cache: "VectorCache") -> None:
+    """Searches on `conn` go through `cache` (shared by the engine's connections)."""
+    _caches[conn] = cache
+
+
+def cache_of(conn: apsw.Connection) -> "VectorCache | None":
+    return _caches.get(conn)
 
 
 def knn(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], keys: list[str], k: int,
         as_of: float | None = None) -> list[tuple[int, float]]:
-    """The k nearest vectors among those whose vis_key is in `keys`: [(memory_id, distance)]."""
+    """The k nearest vectors among those whose vis_key is in `keys`: [(memory_id, distance)],
+    nearest first."""
     if len(query) != info.dim:
         raise VectorSizeError(f"query embedding has {len(query)} dimensions, the index has {info.dim}")
-    buckets = sorted({bucket_of(key, info.buckets) for key in keys})
+    if not keys or k <= 0:
+        return []
+    cache = cache_of(conn)
+    if cache is not None:
+        return cache.knn(conn, info, query, keys, k, as_of)
+    return knn_vec0(conn, info, query, keys, k, as_of)
+
+
+def knn_vec0(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], keys: list[str], k: int,
+             as_of: float | None = None) -> list[tuple[int, float]]:
+    """The same search inside sqlite-vec: one KNN per partition (vec0 runs `IN` on a partition
+    key that way and concatenates unsorted), sorted outside (shared notes)."""
     sql = (
         "WITH knn AS MATERIALIZED ("
         " SELECT memory_id, distance FROM vec_memories"
         " WHERE embedding MATCH ? AND k = ?"
-        f" AND bucket IN ({','.join('?' * len(buckets))})"
         f" AND vis_key IN ({','.join('?' * len(keys))})"
         + (" AND created_at <= ?" if as_of is not None else "") +
-        ") SELECT memory_id, distance FROM knn ORDER BY distance LIMIT ?")
-    params: list = [pack(query), k, *buckets, *keys]
+        ") SELECT memory_id, distance FROM knn ORDER BY distance, memory_id LIMIT ?")
+    params: list = [pack(query), k, *keys]
     if as_of is not None:
         params.append(float(as_of))
     params.append(k)
     return [(row[0], row[1]) for row in conn.execute(sql, params)]
 
 
+def has_chunk_tables(conn: apsw.Connection) -> bool:
+    """vec0's shadow tables have the layout of sqlite-vec 0.1.x (checked once per connection)."""
+    known = _chunk_tables.get(conn)
+    if known is None:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(vec_memories_chunks)")}
+        known = {"partition00", "validity", "rowids", "size"} <= columns and query_value(
+            conn, "SELECT count(*) FROM sqlite_master WHERE name IN ('vec_memories_vector_chunks00', "
+                  "'vec_memories_rowids')") == 2
+        if known:  # a missing table may be created later; a present one keeps its layout
+            _chunk_tables[conn] = known
+    return known
+
+
+_chunk_tables: "weakref.WeakKeyDictionary[apsw.Connection, bool]" = weakref.WeakKeyDictionary()
+
+
+def vector_bytes(conn: apsw.Connection, info: IndexInfo, memory_id: int) -> bytes | None:
+    """One stored vector (float32 bytes): through the chunk tables when their layout is known,
+    as reading vec0's own column costs ~0.5 ms per row."""
+    if has_chunk_tables(conn):
+        for offset, blob in conn.execute(
+                "SELECT r.chunk_offset, v.vectors FROM vec_memories_rowids r CROSS JOIN vec_memories_vector_chunks00 v "
+                "ON v.rowid = +r.chunk_id WHERE r.rowid = ?", (memory_id,)):  # `+`: use the untyped column's index
+            size = info.dim * 4
+            return bytes(blob[offset * size:(offset + 1) * size])
+        return None
+    return query_value(conn, "SELECT embedding FROM vec_memories WHERE memory_id = ?", (memory_id,))
+
+
+def vector_of(conn: apsw.Connection, info: IndexInfo, memory_id: int) -> list[float] | None:
+    blob = vector_bytes(conn, info, memory_id)
+    return None if blob is None else list(struct.unpack(f"{info.dim}f", blob))
+
+
 def similar_to_memory(conn: apsw.Connection, info: IndexInfo, memory_id: int, keys: list[str],
                       k: int) -> list[tuple[int, float]]:
     """Nearest neighbours of a stored memory's own vector, itself excluded."""
-    blob = query_value(conn, "SELECT embedding FROM vec_memories WHERE memory_id = ?", (memory_id,))
-    if blob is None:
+    query = vector_of(conn, info, memory_id)
+    if query is None:
         return []
-    query = list(struct.unpack(f"{info.dim}f", blob))
     return [(mid, d) for mid, d in knn(conn, info, query, keys, k + 1) if mid != memory_id][:k]
+
+
+def change_mark(conn: apsw.Connection) -> int:
+    """The latest vector change this connection can see: equal marks mean no vector was stored
+    or removed in between, so a search made at the first still holds."""
+    return int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes") or 0)
+
+
+def neighbours_many(conn: apsw.Connection, info: IndexInfo, items: Sequence[tuple[int, str]],
+                    k: int) -> dict[int, list[tuple[int, float]]]:
+    """For each (memory id, its vis_key): its k nearest others under that key, nearest first.
+    Batched through the cache (one matrix product per key) outside write transactions."""
+    cache = cache_of(conn)
+    if cache is not None and conn.get_autocommit():
+        return cache.neighbours(conn, info, items, k)
+    return {memory_id: similar_to_memory(conn, info, memory_id, [key], k) for memory_id, key in items}
+
+
+def prune_changes(conn: apsw.Connection, keep: int = 100_000) -> int:
+    """Drop all but the last `keep` entries of the change log (a cache further behind reloads)."""
+    with conn:
+        last = query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")
+        conn.execute("DELETE FROM vector_changes WHERE seq <= ?", (last - keep,))
+        pruned = conn.changes()
+    return pruned

@@ -1,0 +1,360 @@
+"""The vector search path: numpy over each visibility key's vectors, loaded from vec0.
+
+sqlite-vec 0.1.9 (scalar build) scans ~1.2 us per 768-dim vector plus ~0.4 ms per partition;
+numpy `X @ q` reads the same vectors at memory bandwidth (~0.14 us each, bench/README.md).
+So the engine keeps, per visibility key, a float32 matrix of that key's vectors, and a scoped
+KNN is one matrix-vector product per visible key: its cost is what the viewer may see.
+
+vec0 stays the store of record. Every `vectors.put`/`vectors.remove` appends the memory id to
+`vector_changes` in the same transaction; before each search the cache applies the changes it
+has not seen (from any connection or process), so it answers like vec0 would. A connection
+inside a write transaction may see changes that could still roll back: those are not applied
+to the shared cache but scored exactly for that one search (the overlay). A key is loaded
+whole from vec0's chunk tables (one blob per chunk) under the cache's lock; keys that do not
+fit the memory budget are searched inside vec0 instead (`vectors.knn_vec0`).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # many small products at once: one core each
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import threading
+from collections import OrderedDict
+from typing import Sequence
+
+import apsw
+import numpy as np
+
+from bot.memory import vectors
+from bot.memory.db import get_meta, query_value
+from bot.memory.scope import ACTIVE
+
+SLACK_ROWS = 4             # room for a few new vectors before a key's arrays are copied
+GROWTH = 1.25              # then 25 % more, so appends cost O(1) on average
+MIN_DEAD_TO_COMPACT = 64
+RELOAD_AFTER_CHANGES = 256  # more changes than this to one cached key: drop it, reload on demand
+
+
+class KeyVectors:
+    """One key's vectors in rows [0, n) of preallocated arrays. A removed vector keeps its row
+    with id -1 until the next compaction. Appends write past `n` and replacements swap whole
+    arrays, so a search holding an older (arrays, n) view never reads a half-written row."""
+    __slots__ = ("ids", "created", "matrix", "n", "dead", "row_of")
+
+    def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray):
+        n = len(ids)
+        cap = n + SLACK_ROWS
+        self.ids = np.full(cap, -1, dtype=np.int64)
+        self.created = np.zeros(cap, dtype=np.float64)
+        self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.float32)
+        self.ids[:n], self.created[:n], self.matrix[:n] = ids, created, matrix
+        self.n = n
+        self.dead = 0
+        self.row_of = {int(mid): i for i, mid in enumerate(ids)}
+
+    @property
+    def nbytes(self) -> int:
+        return self.matrix.nbytes + self.ids.nbytes + self.created.nbytes
+
+    @property
+    def live(self) -> int:
+        return self.n - self.dead
+
+    def view(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        return self.ids, self.created, self.matrix, self.n
+
+    def discard(self, memory_id: int) -> None:
+        row = self.row_of.pop(memory_id, None)
+        if row is not None:
+            self.ids[row] = -1
+            self.dead += 1
+            if self.dead > MIN_DEAD_TO_COMPACT and self.dead * 4 > self.n:
+                self._compact()
+
+    def add(self, memory_id: int, created_at: float, vector: np.ndarray) -> None:
+        self.discard(memory_id)
+        if self.n == len(self.ids):
+            self._regrow(int(self.n * GROWTH) + SLACK_ROWS)
+        row = self.n
+        self.matrix[row] = vector
+        self.created[row] = created_at
+        self.ids[row] = memory_id
+        self.row_of[memory_id] = row
+        self.n += 1
+
+    def _regrow(self, capacity: int) -> None:
+        alive = self.ids[:self.n] >= 0
+        count = int(alive.sum())
+        capacity = max(capacity, count + 1)
+        ids = np.full(capacity, -1, dtype=np.int64)
+        created = np.zeros(capacity, dtype=np.float64)
+        matrix = np.zeros((capacity, self.matrix.shape[1]), dtype=np.float32)
+        ids[:count], created[:count], matrix[:count] = (self.ids[:self.n][alive], self.created[:self.n][alive],
+                                                        self.matrix[:self.n][alive])
+        self.ids, self.created, self.matrix, self.n, self.dead = ids, created, matrix, count, 0
+        self.row_of = {int(mid): i for i, mid in enumerate(ids[:count])}
+
+    def _compact(self) -> None:
+        self._regrow(self.n - self.dead + SLACK_ROWS)
+
+
+class VectorCache:
+    """Shared by all connections of one engine (attach with `vectors.attach_cache`)."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = budget_bytes
+        self._lock = threading.Lock()
+        self._keys: OrderedDict[str, KeyVectors] = OrderedDict()  # least recently used first
+        self._key_of: dict[int, str] = {}
+        self._too_big: set[str] = set()
+        self._identity: tuple | None = None
+        self._seq = 0
+        self._bytes = 0
+
+    # -- bookkeeping --------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def cached_keys(self) -> list[str]:
+        return list(self._keys)
+
+    def _reset(self) -> None:
+        self._keys.clear()
+        self._key_of.clear()
+        self._too_big.clear()
+        self._bytes = 0
+
+    def _sync(self, conn: apsw.Connection, info: vectors.IndexInfo) -> set[int] | None:
+        """Apply committed changes; returns the ids changed in `conn`'s open transaction (if any),
+        to be scored exactly by the caller instead; None when the cache cannot answer now (the
+        table was re-created in that open transaction)."""
+        identity = (get_meta(conn, "vec_epoch"), info.model, info.dim)
+        with self._lock:
+            if identity != self._identity:
+                if not conn.get_autocommit():
+                    return None
+                self._reset()
+                self._identity = identity
+                self._seq = int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes"))
+                return set()
+            rows: list[tuple[int, int]] = [(int(seq), int(mid)) for seq, mid in conn.execute(
+                "SELECT seq, memory_id FROM vector_changes WHERE seq > ? ORDER BY seq", (self._seq,))]
+            if not rows:
+                return set()
+            if not conn.get_autocommit():
+                return {memory_id for _, memory_id in rows}
+            if rows[0][0] != self._seq + 1:  # the log was pruned past us: start over
+                self._reset()
+            else:
+                self._apply(conn, info, {memory_id for _, memory_id in rows})
+            self._seq = rows[-1][0]
+            return set()
+
+    def _apply(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int]) -> None:
+        marks = ",".join("?" * len(ids))
+        now = {row[0]: row[1:] for row in conn.execute(
+            f"SELECT id, vis_key, created_at, embedded FROM memories WHERE id IN ({marks}) AND {ACTIVE}", tuple(ids))}
+        per_key: dict[str, int] = {}
+        for memory_id in ids:
+            old_key = self._key_of.pop(memory_id, None)
+            if old_key is not None and old_key in self._keys:
+                self._keys[old_key].discard(memory_id)
+            state = now.get(memory_id)
+            if state is not None and state[2]:
+                per_key[state[0]] = per_key.get(state[0], 0) + 1
+        for key, count in per_key.items():
+            if key in self._keys and count > RELOAD_AFTER_CHANGES:
+                self._drop(key)
+            self._too_big.discard(key)
+        for memory_id in ids:
+            state = now.get(memory_id)
+            if state is None or not state[2] or state[0] not in self._keys:
+                continue
+            vector = read_vector(conn, info, memory_id)
+            if vector is not None:
+                entry = self._keys[state[0]]
+                before = entry.nbytes
+                entry.add(memory_id, state[1], vector)
+                self._bytes += entry.nbytes - before
+                self._key_of[memory_id] = state[0]
+
+    def _drop(self, key: str) -> None:
+        entry = self._keys.pop(key)
+        self._bytes -= entry.nbytes
+        for memory_id in entry.row_of:
+            self._key_of.pop(memory_id, None)
+
+    def _entry(self, conn: apsw.Connection, info: vectors.IndexInfo, key: str) -> KeyVectors | None:
+        """The key's vectors, loading them if needed (only outside a write transaction, whose
+        rows could still roll back); None = search this key inside vec0."""
+        with self._lock:
+            entry = self._keys.get(key)
+            if entry is not None:
+                self._keys.move_to_end(key)
+                return entry
+            if key in self._too_big or not conn.get_autocommit():
+                return None
+            ids, created, matrix = load_key(conn, info, key)
+            if matrix.nbytes > self.budget_bytes:
+                self._too_big.add(key)
+                return None
+            entry = KeyVectors(ids, created, matrix)
+            self._keys[key] = entry
+            self._bytes += entry.nbytes
+            for memory_id in entry.row_of:
+                self._key_of[memory_id] = key
+            while self._bytes > self.budget_bytes and len(self._keys) > 1:
+                self._drop(next(iter(self._keys)))
+            return entry
+
+    # -- search ---------------------------------------------------------------
+
+    def knn(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float], keys: list[str],
+            k: int, as_of: float | None = None) -> list[tuple[int, float]]:
+        q = unit(query)
+        overlay = self._sync(conn, info)
+        if overlay is None:
+            return vectors.knn_vec0(conn, info, q.tolist(), keys, k, as_of)
+        views, in_vec0 = [], []
+        for key in dict.fromkeys(keys):
+            entry = self._entry(conn, info, key)
+            if entry is None:
+                in_vec0.append(key)
+            else:
+                views.append(entry.view())
+        scored: list[tuple[float, int]] = []
+        skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
+        for ids, created, matrix, n in views:
+            scored += top_scores(ids[:n], created[:n], matrix[:n], q, k, as_of, skip)
+        if in_vec0:
+            scored += [(1.0 - d * d / 2.0, mid) for mid, d in vectors.knn_vec0(conn, info, q.tolist(), in_vec0, k, as_of)
+                       if mid not in overlay]
+        if overlay:
+            scored += self._overlay_scores(conn, info, overlay, set(keys), q, as_of)
+        scored.sort(key=lambda item: (-item[0], item[1]))
+        return [(mid, distance_of(score)) for score, mid in scored[:k]]
+
+    def _overlay_scores(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int], keys: set[str],
+                        q: np.ndarray, as_of: float | None) -> list[tuple[float, int]]:
+        marks = ",".join("?" * len(ids))
+        out = []
+        for memory_id, vis_key, created_at in conn.execute(
+                f"SELECT id, vis_key, created_at FROM memories WHERE id IN ({marks}) AND embedded = 1 AND {ACTIVE}",
+                tuple(ids)):
+            if vis_key not in keys or (as_of is not None and created_at > as_of):
+                continue
+            vector = read_vector(conn, info, memory_id)
+            if vector is not None:
+                out.append((float(vector @ q), memory_id))
+        return out
+
+    def neighbours(self, conn: apsw.Connection, info: vectors.IndexInfo, items: Sequence[tuple[int, str]],
+                   k: int, block_bytes: int = 64 << 20) -> dict[int, list[tuple[int, float]]]:
+        """For each (memory id, its key): its k nearest other vectors under that same key, as
+        (id, distance), nearest first. One matrix product per key and block of queries (BLAS
+        gemm), instead of one search per memory. Outside write transactions only."""
+        out: dict[int, list[tuple[int, float]]] = {}
+        by_key: dict[str, list[int]] = {}
+        for memory_id, key in items:
+            by_key.setdefault(key, []).append(memory_id)
+        usable = self._sync(conn, info) is not None
+        for key, wanted in by_key.items():
+            entry = self._entry(conn, info, key) if usable else None
+            if entry is None:
+                for memory_id in wanted:
+                    out[memory_id] = vectors.similar_to_memory(conn, info, memory_id, [key], k)
+                continue
+            with self._lock:  # the rows and the arrays they index, from one moment
+                ids, _, matrix, n = entry.view()
+                rows = [entry.row_of.get(mid) for mid in wanted]
+            ids, matrix = ids[:n], matrix[:n]
+            present = [(mid, row) for mid, row in zip(wanted, rows, strict=True) if row is not None]
+            step = max(1, block_bytes // max(1, 4 * n))
+            for start in range(0, len(present), step):
+                block = present[start:start + step]
+                scores = matrix[[row for _, row in block]] @ matrix.T  # len(block) x n, rows contiguous
+                scores[:, ids < 0] = -np.inf
+                for line, (mid, row) in enumerate(block):
+                    row_scores = scores[line]
+                    row_scores[row] = -np.inf
+                    out[mid] = sorted(((other, distance_of(score)) for score, other in top_scores_of(ids, row_scores, k)),
+                                      key=lambda pair: (pair[1], pair[0]))
+        return out
+
+
+def unit(vector: Sequence[float]) -> np.ndarray:
+    q = np.asarray(vector, dtype=np.float32)
+    norm = float(np.sqrt(q @ q))
+    if not np.isfinite(norm) or norm == 0.0:
+        raise vectors.VectorSizeError("embedding is zero or not finite")
+    return q / norm
+
+
+def distance_of(score: float) -> float:
+    """L2 distance between unit vectors from their dot product (what vec0 returns)."""
+    return float(np.sqrt(max(0.0, 2.0 - 2.0 * float(score))))
+
+
+def top_scores(ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, q: np.ndarray, k: int,
+               as_of: float | None, skip: np.ndarray | None) -> list[tuple[float, int]]:
+    if len(ids) == 0:
+        return []
+    scores = matrix @ q
+    scores[ids < 0] = -np.inf
+    if as_of is not None:
+        scores[created > as_of] = -np.inf
+    if skip is not None:
+        scores[np.isin(ids, skip)] = -np.inf
+    return top_scores_of(ids, scores, k)
+
+
+def top_scores_of(ids: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[float, int]]:
+    if len(scores) > k:
+        top = np.argpartition(-scores, k - 1)[:k]
+    else:
+        top = np.arange(len(scores))
+    return [(float(scores[i]), int(ids[i])) for i in top if scores[i] != -np.inf]
+
+
+# -- reading vec0's storage -----------------------------------------------------
+
+def load_key(conn: apsw.Connection, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All vectors of one key: (ids, created_at, matrix). Through vec0's
+    chunk tables (one row per chunk of vectors) when their layout is the known one: reading
+    vectors one by one out of vec0 costs ~0.5 ms each."""
+    # Two statements, no transaction: a vector stored or removed between them is missing or
+    # dropped here and put right by the next sync (its change is newer than the cache's mark).
+    created_of = dict(conn.execute(
+        f"SELECT id, created_at FROM memories WHERE vis_key = ? AND embedded = 1 AND {ACTIVE}", (key,)))
+    ids: list[np.ndarray] = []
+    blocks: list[np.ndarray] = []
+    if vectors.has_chunk_tables(conn):
+        # The chunk table's `rowid` column has no type: `+` drops chunk_id's affinity so that the
+        # lookup uses its index (without it, SQLite scanned every chunk once per chunk).
+        for size, validity, rowids, blob in conn.execute(
+                "SELECT c.size, c.validity, c.rowids, v.vectors FROM vec_memories_chunks c "
+                "CROSS JOIN vec_memories_vector_chunks00 v ON v.rowid = +c.chunk_id WHERE c.partition00 = ?", (key,)):
+            valid = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")[:size].astype(bool)
+            chunk_ids = np.frombuffer(rowids, dtype=np.int64)[:size]
+            matrix = np.frombuffer(blob, dtype=np.float32).reshape(-1, info.dim)[:size]
+            ids.append(chunk_ids[valid])
+            blocks.append(matrix[valid])
+    else:  # pragma: no cover - a future sqlite-vec with other shadow tables
+        for memory_id, blob in conn.execute("SELECT memory_id, embedding FROM vec_memories WHERE vis_key = ?", (key,)):
+            ids.append(np.array([memory_id], dtype=np.int64))
+            blocks.append(np.frombuffer(blob, dtype=np.float32).reshape(1, info.dim))
+    all_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+    matrix = np.concatenate(blocks) if blocks else np.zeros((0, info.dim), dtype=np.float32)
+    known = np.fromiter((mid in created_of for mid in all_ids.tolist()), dtype=bool, count=len(all_ids))
+    all_ids, matrix = all_ids[known], matrix[known]
+    created = np.fromiter((created_of[mid] for mid in all_ids.tolist()), dtype=np.float64, count=len(all_ids))
+    return all_ids, created, matrix
+
+
+def read_vector(conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int) -> np.ndarray | None:
+    vector = vectors.vector_bytes(conn, info, memory_id)
+    return None if vector is None else np.frombuffer(vector, dtype=np.float32).copy()
