@@ -124,6 +124,15 @@ MIGRATIONS: list[str] = [
     INSERT OR IGNORE INTO memory_sources
         SELECT CAST(j.value AS TEXT), m.id FROM memories m, json_each(m.source_message_ids) j;
     """,
+    # 5: people who paused Muninn's memory of them (/memory pause): nothing of theirs is
+    # extracted or stored until they resume; `notified` = Muninn has told them once.
+    """
+    CREATE TABLE memory_pauses (
+        user_id INTEGER PRIMARY KEY,
+        paused_at REAL NOT NULL,
+        notified INTEGER NOT NULL DEFAULT 0 CHECK (notified IN (0, 1))
+    );
+    """,
 ]
 
 
@@ -141,5 +150,8 @@ def migrate(conn: apsw.Connection) -> int:
         with conn:  # one transaction per migration
             conn.execute(MIGRATIONS[number - 1])
             conn.execute(f"PRAGMA user_version = {number}")
-        log.info("applied schema migration %d", number)
+    if current == 0:  # one line, not one per migration: a first start stays quiet
+        log.debug("created the database schema (version %d)", len(MIGRATIONS))
+    elif current < len(MIGRATIONS):
+        log.info("upgraded the database schema from version %d to %d", current, len(MIGRATIONS))
     return len(MIGRATIONS)
