@@ -99,6 +99,9 @@ class MuninnBot(commands.Bot):
     async def setup_hook(self) -> None:
         self.engine = Engine(self.settings)
         await self.engine.start()
+        counts = await self.engine.stats()
+        log.info("database %s: %d memories (%d awaiting embeddings)", self.settings.db_path, counts["active"],
+                 counts["missing_vectors"])
         if self.settings.extraction:
             factory = self.extractor_factory
             if factory is None:
@@ -133,9 +136,12 @@ class MuninnBot(commands.Bot):
             log.warning("no OLLAMA_URL configured: Muninn cannot answer messages (recall uses keywords only)")
             return
         try:
-            for model in dict.fromkeys((self.settings.chat_model, self.settings.embed_model)):
-                if not await ollama.has_model(model):
-                    log.warning("Ollama has no model %r: run `ollama pull %s`", model, model)
+            missing = [model for model in dict.fromkeys((self.settings.chat_model, self.settings.embed_model))
+                       if not await ollama.has_model(model)]
+            for model in missing:
+                log.warning("Ollama has no model %r: run `ollama pull %s`", model, model)
+            if not missing:
+                log.info("Ollama at %s has %s and %s", ollama.url, self.settings.chat_model, self.settings.embed_model)
         except OllamaError as exc:
             log.warning("cannot check Ollama's models: %s", exc)
 

@@ -96,7 +96,7 @@ async def test_edits_keep_to_about_one_a_second_and_a_long_reply_splits_as_it_gr
         parts = split_message(answer)
         await fake.wait_for(lambda: [m["content"] for m in fake.messages[dm["id"]][1:]] == parts, timeout=15)
     assert len(parts) >= 2
-    gaps = [b - a for a, b in zip(edit_times, edit_times[1:])]
+    gaps = [b - a for a, b in zip(edit_times, edit_times[1:], strict=False)]
     # Each update edits at most the part that grew and posts the next: at most ~2 requests a second.
     assert len(edit_times) <= 2 * (edit_times[-1] - edit_times[0] + 1) + 2, gaps
 

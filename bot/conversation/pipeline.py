@@ -367,8 +367,8 @@ class Pipeline:
         else:
             result = await self.engine.recall(intent.about, incoming.viewer, touch=False)
             memories = [r.memory for r in result.memories
-                        if r.memory.scope == "personal" and r.memory.owner_id == author and _matches(r.candidate.reason(),
-                                                                                                      self.settings)]
+                        if r.memory.scope == "personal" and r.memory.owner_id == author
+                        and _matches(r.candidate.reason(), self.settings)]
             none_found = (f"I found nothing of yours here about “{_clip(intent.about, 80)}”. "
                           "`/memory list` shows what I remember about you here.")
             intro = f"About “{_clip(intent.about, 80)}” I remember:"
