@@ -130,6 +130,16 @@ async def test_a_streamed_reply_ends_exactly_as_the_plain_one_even_past_2000_cha
     assert fake_ollama.chat_requests()[-2]["stream"] is True
 
 
+async def test_a_stream_that_breaks_off_ends_as_the_fallback_and_nothing_is_kept(place, fake_ollama):
+    env, bot, _, general, alice, _ = place
+    fake_ollama.stream_pieces, fake_ollama.stream_fail_after = 10, 6
+    fake_ollama.chat_replies.append("Ravens remember faces. " * 150)
+    await alice.send(general, f"{bot.user.mention} tell me about ravens")
+    assert bot_texts(bot, general) == [CANNOT_THINK]                   # the partial answer is replaced
+    assert [r.role for r in await bot.engine.run(history.recent, general.id, 10)] == ["user"]
+    assert bot.handoff.exchanges == []
+
+
 # -- cooldowns per purpose ----------------------------------------------------------------
 
 @pytest.mark.parametrize("bot_settings", [{"OLLAMA_COOLDOWN": "15"}])
@@ -160,13 +170,16 @@ async def test_a_reply_goes_through_as_soon_as_ollama_is_back(place, fake_ollama
 async def test_while_paused_nothing_of_a_person_is_kept_and_muninn_says_so_once(place, fake_ollama):
     env, bot, _, general, alice, bob = place
     dm = alice.user.dm_channel if alice.user.dm_channel else None
+    bees = await bot.engine.remember(NewMemory("Alice keeps bees", "personal", owner_id=alice.id, guild_id=None))
     result = await alice.slash(general, "memory pause")
     assert result.ephemeral and "Paused" in result.response.content
     assert bot.handoff.forgotten_users == [alice.id]  # what was waiting for extraction is dropped
     assert "already paused" in (await alice.slash(general, "memory pause")).response.content
 
     await alice.user.send_dm("my sister is called Ylva")
-    await alice.user.send_dm("and I live in Oslo")
+    await alice.user.send_dm("and I live in Oslo, with my bees")
+    assert "Alice keeps bees" in fake_ollama.chat_requests()[-1]["messages"][0]["content"]  # still recalled...
+    assert (await bot.engine.run(store.get, bees)).access_count == 0                         # ...but not counted
     dm = alice.user.dm_channel
     assert bot_texts(bot, dm) == ["Hello from Muninn.", PAUSED_NOTE, "Hello from Muninn."]  # said once
     await alice.send(general, "I keep bees")  # not addressed to Muninn: not even recorded

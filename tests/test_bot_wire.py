@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.conversation.pipeline import CANNOT_THINK
 from bot.conversation.text import split_message
 from bot.memory import store
 from bot.memory.engine import Engine
@@ -98,7 +99,23 @@ async def test_edits_keep_to_about_one_a_second_and_a_long_reply_splits_as_it_gr
     assert len(parts) >= 2
     gaps = [b - a for a, b in zip(edit_times, edit_times[1:], strict=False)]
     # Each update edits at most the part that grew and posts the next: at most ~2 requests a second.
+    print("GAPS", [round(g, 2) for g in gaps])
     assert len(edit_times) <= 2 * (edit_times[-1] - edit_times[0] + 1) + 2, gaps
+
+
+async def test_a_stream_that_breaks_off_after_two_messages_ends_as_one_fallback(
+        discord_world, fake_ollama, make_settings):
+    fake, alice, _ = discord_world
+    fake_ollama.default_chat_reply = "Ravens remember faces. " * 150     # ~3,400 characters
+    fake_ollama.stream_pieces, fake_ollama.stream_delay, fake_ollama.stream_fail_after = 5, 0.4, 4
+    bot = MuninnBot(make_settings(fake_ollama.url, MUNINN_EXTRACTION="false"), guild_ready_timeout=0.1)
+    async with running(bot, fake):
+        dm = fake.dm_channel(alice)
+        await fake.send_message(dm["id"], alice, "tell me about ravens")
+        await fake.wait_for(lambda: fake.deleted_messages, timeout=10)
+        await fake.wait_for(lambda: [m["content"] for m in fake.messages[dm["id"]][1:]] == [CANNOT_THINK], timeout=5)
+    posted = [m for m in fake.sent_messages if m["channel_id"] == dm["id"]]
+    assert len(posted) == 2 and fake.deleted_messages[0]["message_id"] == posted[1]["message"]["id"]
 
 
 async def test_past_the_queue_limit_a_message_gets_an_hourglass_not_silence(discord_world, fake_ollama, make_settings):
@@ -188,3 +205,30 @@ async def test_sigterm_finishes_the_reply_in_flight_saves_waiting_facts_and_exit
         stored = await engine.run(lambda conn: [r[0] for r in conn.execute("SELECT content FROM messages")])
     assert "too late: Muninn is stopping" not in stored             # nothing new was taken
     assert "voice will NOT be supported" not in log
+
+
+async def test_ctrl_c_stops_an_idle_bot_cleanly(discord_world, fake_ollama, tmp_path):
+    fake, _, _ = discord_world
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(LAUNCHER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DISCORD_TOKEN": "fake-token", "OLLAMA_URL": fake_ollama.url,
+           "MUNINN_DB_PATH": str(tmp_path / "bot.db"), "MUNINN_MAINTENANCE_HOURS": "0", "MUNINN_LOG_LEVEL": "INFO"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(launcher), fake.rest_url, fake.gateway_url, cwd=tmp_path, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        await fake.wait_until_ready(timeout=30)
+        await fake.wait_for(lambda: sum(path == "/api/tags" for path, _ in fake_ollama.requests) >= 2, timeout=15)
+        await asyncio.sleep(0.2)  # the start-up check of both models has been logged
+        proc.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    log = stderr.decode()
+    assert proc.returncode == 0 and "SIGINT: stopping; 0 replies in flight" in log and "stopped cleanly" in log, log
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log
+    steps = [line.split(": ", 1)[1] for line in log.splitlines() if " INFO " in line]
+    assert any(step.startswith("database ") for step in steps) and "voice" not in log  # one line per step
+    assert any(step.startswith("Ollama at ") for step in steps), steps

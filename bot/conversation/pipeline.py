@@ -313,7 +313,7 @@ class Pipeline:
             role="user", content=incoming.content, created_at=incoming.created_at)
         stream = outlet.stream() if self.settings.stream_replies and hasattr(outlet, "stream") else None
         async with outlet.typing():
-            memories = await self._recall(incoming)
+            memories = await self._recall(incoming, touch=not paused)  # paused: not even recall counts
             recent = await self._db_or([], "read the channel history", history.recent, incoming.channel_id,
                                        self.settings.history_limit, before=current)
             built = prompt.build(persona=self.settings.persona, tz=self.settings.timezone,
@@ -380,10 +380,10 @@ class Pipeline:
         offer = ForgetOffer(author_id=author, memories=memories, intro=intro, forget=forget)
         return Reply(text=intro, ok=True, sent=await outlet.confirm_forget(offer))
 
-    async def _recall(self, incoming: Incoming) -> list[str]:
+    async def _recall(self, incoming: Incoming, *, touch: bool = True) -> list[str]:
         """The memory texts for the prompt; none when recall fails (the answer matters more)."""
         try:
-            return (await self.engine.recall(incoming.content, incoming.viewer)).texts
+            return (await self.engine.recall(incoming.content, incoming.viewer, touch=touch)).texts
         except Exception as exc:  # apsw.BusyError, a damaged index...: not the person's problem
             self._log("recall", logging.ERROR, "recall failed, answering without memories: %s: %s",
                       type(exc).__name__, exc)

@@ -158,35 +158,49 @@ class OllamaClient:
                           timeout: float | None = None) -> AsyncIterator[str]:
         """A reply as it is written: the content pieces of Ollama's NDJSON stream, in order.
         `timeout` bounds the wait for a slot and for each piece (a long answer may take longer
-        in all, as long as it keeps coming). Raises OllamaError like `chat`, also mid-stream."""
-        import aiohttp
+        in all, as long as it keeps coming). Raises OllamaError like `chat`, also mid-stream;
+        a connection error before the first piece is retried like `chat` does."""
         body = self._chat_body(messages, None, None, stream=True)
         timeout = timeout or self.chat_timeout
         async with self._slot("reply", timeout):
-            session = self._open_session()
-            try:
-                async with session.post(self.url + "/api/chat", json=body, timeout=aiohttp.ClientTimeout(
-                        total=None, sock_connect=timeout, sock_read=timeout)) as resp:
-                    if resp.status >= 400:
-                        self._raise_for(resp.status, await resp.text(), "/api/chat", body)
-                    async for line in resp.content:
-                        piece, done = self._stream_piece(line)
-                        if piece:
-                            yield piece
-                        if done:
-                            break
-            except asyncio.TimeoutError as exc:
-                self._failed("reply")
-                raise OllamaUnavailable(f"Ollama at {self.url} stopped answering /api/chat for {timeout:g} s "
-                                        "(is the model loading? raise OLLAMA_CHAT_TIMEOUT if it is just slow)") from exc
-            except aiohttp.ClientError as exc:
-                self._failed("reply")
-                raise OllamaUnavailable(f"cannot reach Ollama at {self.url} ({exc.__class__.__name__}): "
-                                        "start it with `ollama serve` or fix OLLAMA_URL") from exc
-            except OllamaUnavailable:
-                self._failed("reply")
-                raise
+            attempt = 0
+            while True:
+                started = False
+                try:
+                    async for piece in self._stream_once(body, timeout):
+                        started = True
+                        yield piece
+                    break
+                except OllamaUnavailable as exc:
+                    timed_out = isinstance(exc.__cause__, asyncio.TimeoutError)
+                    if started or timed_out or attempt >= self.retries:
+                        self._failed("reply")
+                        raise
+                    attempt += 1
+                    await asyncio.sleep(0.2 * attempt)
         self._recovered("reply")
+
+    async def _stream_once(self, body: dict[str, Any], timeout: float) -> AsyncIterator[str]:
+        import aiohttp
+        session = self._open_session()
+        try:
+            async with session.post(self.url + "/api/chat", json=body, timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=timeout, sock_read=timeout)) as resp:
+                if resp.status >= 400:
+                    self._raise_for(resp.status, await resp.text(), "/api/chat", body)
+                async for line in resp.content:
+                    piece, done = self._stream_piece(line)
+                    if piece:
+                        yield piece
+                    if done:
+                        return
+            raise OllamaBadResponse("/api/chat ended its stream without saying it was done")
+        except asyncio.TimeoutError as exc:
+            raise OllamaUnavailable(f"Ollama at {self.url} stopped answering /api/chat for {timeout:g} s "
+                                    "(is the model loading? raise OLLAMA_CHAT_TIMEOUT if it is just slow)") from exc
+        except aiohttp.ClientError as exc:
+            raise OllamaUnavailable(f"cannot reach Ollama at {self.url} ({exc.__class__.__name__}): "
+                                    "start it with `ollama serve` or fix OLLAMA_URL") from exc
 
     @staticmethod
     def _stream_piece(line: bytes) -> tuple[str, bool]:
