@@ -240,11 +240,15 @@ async def test_forget_in_plain_words_shows_the_matches_and_forgets_on_confirmati
     before = await bot.engine.run(store.get, ids["oslo"])
     asked = await alice.send(general, f"{bot.user.mention} forget that I live in Oslo")
     [offer] = [m for m in general.history() if m.author.id == bot.user.id]
+    assert offer.content.startswith("I found 1 memory of yours that match")   # a public channel: no texts
+    assert "Oslo" not in offer.content and offer.reference.message_id == asked.id
+    shown = await alice.click(offer, label="Show")                            # for her eyes only
+    assert shown.ephemeral
     # only her own personal memory that could surface here: not Bob's, not the room's, not her DM's
-    assert f"`#{ids['oslo']}`" in offer.content and "Alice lives in Oslo" in offer.content
+    assert f"`#{ids['oslo']}`" in shown.response.content and "Alice lives in Oslo" in shown.response.content
     for key in ("bees", "oslo_dm", "bob", "room"):
-        assert f"`#{ids[key]}`" not in offer.content
-    assert offer.reference.message_id == asked.id
+        assert f"`#{ids[key]}`" not in shown.response.content
+    assert "someone else" in (await bob.click(offer, label="Show")).response.content
     assert fake_ollama.chat_requests() == []            # the model never saw the request...
     assert await bot.engine.run(history.recent, general.id, 10) == []  # ...and it is not kept
     assert bot.handoff.exchanges == []

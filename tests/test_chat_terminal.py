@@ -81,23 +81,27 @@ async def test_forget_in_plain_words_asks_for_a_typed_yes(fake_ollama, make_sett
 # -- on a real terminal ----------------------------------------------------------------------
 
 def read_until(fd: int, wanted: str, seen: list[str], timeout: float = 15.0) -> str:
-    """Read the pty until `wanted` appears in what arrived since the last call."""
+    """Read the pty until `wanted` appears after what earlier calls consumed; returns the text up
+    to and including it (`seen[0]` keeps everything read, `seen[1:]` the unconsumed rest)."""
+    if not seen:
+        seen += ["", ""]
     deadline = time.monotonic() + timeout
-    got = ""
-    while wanted not in got:
+    while wanted not in seen[1]:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise AssertionError(f"no {wanted!r} in {''.join(seen) + got!r}")
+            raise AssertionError(f"no {wanted!r} in {seen[0]!r}")
         ready, _, _ = select.select([fd], [], [], left)
         if ready:
             try:
                 chunk = os.read(fd, 4096).decode(errors="replace")
             except OSError:  # the other end closed
-                break
+                chunk = ""
             if not chunk:
-                break
-            got += chunk
-    seen.append(got)
+                raise AssertionError(f"no {wanted!r} before the end in {seen[0]!r}")
+            seen[0] += chunk
+            seen[1] += chunk
+    end = seen[1].index(wanted) + len(wanted)
+    got, seen[1] = seen[1][:end], seen[1][end:]
     return got
 
 
@@ -165,7 +169,7 @@ async def test_on_a_terminal_ctrl_c_leaves_at_once_even_mid_answer(fake_ollama, 
         if proc.poll() is None:
             proc.kill()
         os.close(master)
-    assert code == 130 and took < 3, (code, took, "".join(seen))
+    assert code == 130 and took < 3, (code, took, seen)
 
 
 def load_chat_settings(tmp_path: Path, url: str):

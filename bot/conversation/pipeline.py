@@ -116,6 +116,7 @@ class ForgetOffer:
     memories: list[store.Memory]
     intro: str                                  # one line saying what was found
     forget: Callable[[], Awaitable[int]]        # forgets them; returns how many went
+    in_private: bool = True                     # a DM or a terminal: the texts may be listed openly
 
 
 class ExchangeSink(Protocol):
@@ -377,7 +378,8 @@ class Pipeline:
 
         async def forget() -> int:
             return await self.forget_memories(author, [m.id for m in memories])
-        offer = ForgetOffer(author_id=author, memories=memories, intro=intro, forget=forget)
+        offer = ForgetOffer(author_id=author, memories=memories, intro=intro, forget=forget,
+                            in_private=incoming.dm or incoming.guild_id == 0)
         return Reply(text=intro, ok=True, sent=await outlet.confirm_forget(offer))
 
     async def _recall(self, incoming: Incoming, *, touch: bool = True) -> list[str]:
