@@ -291,6 +291,14 @@ async def test_dont_remember_this_takes_back_the_previous_message(place, fake_ol
     assert "previous message" in offer.content and f"`#{memory_id}`" in offer.content
     await alice.user.click(offer, label="Forget")
     assert await bot.engine.run(store.get_many, [memory_id]) == {}
+    kept = [r.content for r in await bot.engine.run(history.recent, dm.id, 10)]
+    assert "my PIN is 4711" not in kept and "don't remember this" not in kept   # out of the history too
+
+    await alice.user.send_dm("I am thinking of quitting my job")
+    await alice.user.send_dm("forget what I just said")                        # nothing learned yet
+    assert "dropped your previous message" in bot_texts(bot, dm)[-1]
+    assert "I am thinking of quitting my job" not in [r.content for r in await bot.engine.run(
+        history.recent, dm.id, 10)]
 
     await bob.user.send_dm("forget that")                # nothing said before: nothing to forget
     assert "no earlier message" in bot_texts(bot, bob.user.dm_channel)[-1]

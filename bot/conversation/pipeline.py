@@ -341,6 +341,8 @@ class Pipeline:
             # Checked after the last await, so an exchange submitted below came before the forget.
             await self._drop_forgotten([i for i in (message_id, reply_id) if i is not None])
             return reply
+        if await self.engine.memory_paused(incoming.author_id):
+            return reply  # paused while this was answered: from now on nothing is extracted
         if ok and self.extractor is not None:
             self.extractor.submit(Exchange(
                 author_id=incoming.author_id, author_name=incoming.author_name, channel_id=incoming.channel_id,
@@ -362,8 +364,10 @@ class Pipeline:
             if ids and self.extractor is not None and hasattr(self.extractor, "forget_messages"):
                 self.extractor.forget_messages(ids)  # not extracted yet: never will be
             memories = await self.engine.personal_from_messages(author, ids)
-            none_found = ("OK: I won't learn anything from your previous message." if ids
-                          else "I have no earlier message of yours here to forget.")
+            if ids:
+                await self.engine.drop_own_message(author, ids[0])
+            none_found = ("OK: I dropped your previous message from my history and won't learn from it."
+                          if ids else "I have no earlier message of yours here to forget.")
             intro = "From your previous message I had remembered:"
         else:
             result = await self.engine.recall(intent.about, incoming.viewer, touch=False)

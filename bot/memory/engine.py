@@ -340,3 +340,7 @@ class Engine:
     async def last_message_of(self, channel_id: int, author_id: int, before: int | None = None) -> int | None:
         """The author's latest message in the channel's history, other than `before`."""
         return await self.run(privacy.last_message_of, channel_id, author_id, before)
+
+    async def drop_own_message(self, author_id: int, message_id: int) -> bool:
+        """"Don't remember this": the author's message leaves the conversation history."""
+        return await self.run(privacy.drop_own_message, author_id, message_id)

@@ -84,3 +84,13 @@ def last_message_of(conn: apsw.Connection, channel_id: int, author_id: int, befo
                           "AND deleted_at IS NULL AND (? IS NULL OR id != ?) ORDER BY created_at DESC, id DESC LIMIT 1",
                     (channel_id, author_id, before, before))
     return row[0] if row else None
+
+
+def drop_own_message(conn: apsw.Connection, author_id: int, message_id: int) -> bool:
+    """Take one of the author's messages out of the conversation history, leaving no trace."""
+    with conn:
+        conn.execute("DELETE FROM messages WHERE id = ? AND author_id = ?", (message_id, author_id))
+        dropped = conn.changes() > 0
+    if dropped:
+        store.scrub(conn)
+    return dropped
