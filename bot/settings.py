@@ -113,7 +113,7 @@ SETTINGS: dict[str, Spec] = {
     "embed_timeout": Spec("OLLAMA_EMBED_TIMEOUT", "2.0", "Seconds to wait for one embedding call before recall falls back to FTS-only.", _float(positive=True)),
     "chat_timeout": Spec("OLLAMA_CHAT_TIMEOUT", "60", "Seconds to wait for a chat reply before Muninn says it cannot think right now.", _float(positive=True)),
     "ollama_retries": Spec("OLLAMA_RETRIES", "1", "Extra attempts after a connection error or 5xx (0 = no retry).", _int(0, 5)),
-    "ollama_cooldown": Spec("OLLAMA_COOLDOWN", "15", "Seconds to skip embedding calls after Ollama failed, so a dead server costs nothing per message.", _float(0)),
+    "ollama_cooldown": Spec("OLLAMA_COOLDOWN", "15", "Seconds to skip a kind of Ollama call (embeddings, replies, background work, each on its own) after it failed; replies probe Ollama after 1 s and go through as soon as it answers again.", _float(0)),
     "ollama_concurrency": Spec("OLLAMA_MAX_CONCURRENCY", "2", "Most chat requests sent to Ollama at once.", _int(1, 64)),
     "recall_limit": Spec("MUNINN_RECALL_LIMIT", "5", "Memories recalled per message before graph augmentation.", _int(1, 100)),
     "graph_limit": Spec("MUNINN_GRAPH_LIMIT", "3", "Most linked memories added by the 1-hop graph walk.", _int(0, 50)),
@@ -131,6 +131,8 @@ SETTINGS: dict[str, Spec] = {
     "owner_ids": Spec("MUNINN_OWNER_IDS", "", "Comma-separated Discord user ids allowed to manage global memories (default: the application owner).", _id_list),
     "always_answer_channels": Spec("MUNINN_ALWAYS_ANSWER_CHANNELS", "", "Comma-separated channel ids where Muninn answers every message without being mentioned (admins can also toggle it with /always-answer).", _id_list),
     "reply_queue_limit": Spec("MUNINN_REPLY_QUEUE_LIMIT", "20", "Most messages waiting for an answer in one channel; beyond it messages are only recorded, so a flood cannot pile up work.", _int(1, 1000)),
+    "stream_replies": Spec("MUNINN_STREAM_REPLIES", "true", "Show replies on Discord as they are written (one message, edited about once a second) instead of all at once.", _bool),
+    "shutdown_seconds": Spec("MUNINN_SHUTDOWN_SECONDS", "10", "On SIGTERM or Ctrl-C: seconds to finish replies in flight, then as many to save facts waiting for extraction, before stopping.", _float(0, 600)),
     "extraction": Spec("MUNINN_EXTRACTION", "true", "Extract facts to remember from each exchange.", _bool),
     "dedup_cosine": Spec("MUNINN_DEDUP_COSINE", "0.92", "Lifecycle: cosine at or above which a new fact (same scope and owner) reinforces an existing memory instead of being stored; also the consolidation threshold (docs/lifecycle.md).", _float(0.0, 1.0)),
     "update_cosine": Spec("MUNINN_UPDATE_COSINE", "0.5", "Lifecycle: cosine at or above which an older memory of the same subject is shown to the LLM to decide whether the new fact replaces it.", _float(0.0, 1.0)),
@@ -172,6 +174,8 @@ class Settings:
     owner_ids: frozenset[int]
     always_answer_channels: frozenset[int]
     reply_queue_limit: int
+    stream_replies: bool
+    shutdown_seconds: float
     extraction: bool
     dedup_cosine: float
     update_cosine: float

@@ -13,13 +13,17 @@ from typing import AsyncIterator
 import discord
 from discord.ext import commands
 
-from bot.conversation.pipeline import Incoming, Pipeline, Sent
+from bot.conversation.pipeline import ForgetOffer, Incoming, Pipeline, Sent
 from bot.conversation.text import split_message
+
+from .confirm import ConfirmForget, offer_text
+from .streaming import DiscordReplyStream
 
 log = logging.getLogger(__name__)
 
 CONVERSATION_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 NO_MENTIONS = discord.AllowedMentions.none()
+BUSY = "⏳"  # on a message past the queue limit: seen, not answered
 
 
 def is_private_channel(channel, guild_id: int | None, guild: discord.Guild | None) -> bool:
@@ -40,7 +44,7 @@ def is_private_channel(channel, guild_id: int | None, guild: discord.Guild | Non
 def to_incoming(message: discord.Message) -> Incoming:
     author = message.author.display_name
     if message.guild is None:
-        place = f"You are in a private direct message with {author}."
+        place = f"You are in a private direct message with {author} on Discord."
     else:
         channel = getattr(message.channel, "name", "a channel")
         place = (f"You are in the channel #{channel} of the Discord server {message.guild.name}; "
@@ -53,7 +57,8 @@ def to_incoming(message: discord.Message) -> Incoming:
 
 
 class DiscordOutlet:
-    """Replies to one message: typing while Muninn thinks, then the answer in 2,000-character parts."""
+    """Replies to one message: typing while Muninn thinks, then the answer in 2,000-character
+    parts (streamed, see cogs/streaming.py); a ⏳ reaction when it will not be answered."""
 
     def __init__(self, message: discord.Message):
         self.message = message
@@ -86,6 +91,25 @@ class DiscordOutlet:
                 break
             sent.append(Sent(posted.id, posted.created_at.timestamp()))
         return sent
+
+    def stream(self) -> DiscordReplyStream:
+        return DiscordReplyStream(self.message)
+
+    async def busy(self) -> None:
+        await self.message.add_reaction(BUSY)
+
+    async def confirm_forget(self, offer: ForgetOffer) -> list[Sent]:
+        view = ConfirmForget(offer)
+        try:
+            view.message = await self.message.channel.send(
+                offer_text(offer), view=view, reference=self.message.to_reference(fail_if_not_exists=False),
+                allowed_mentions=NO_MENTIONS)
+        except discord.Forbidden:
+            view.stop()
+            log.warning("cannot post in channel %s: Muninn lacks the Send Messages permission there",
+                        self.message.channel.id)
+            return []
+        return [Sent(view.message.id, view.message.created_at.timestamp())]
 
 
 class Chat(commands.Cog):

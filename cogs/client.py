@@ -1,11 +1,18 @@
 """`MuninnBot`: the discord.py client. Opens the engine in `setup_hook`, loads the cogs,
 answers every slash-command failure politely, and never syncs commands on its own
 (`muninn sync` does that, once, on purpose).
+
+SIGTERM (systemd, `docker stop`) and SIGINT (Ctrl-C) stop it gracefully (`shutdown`): no new
+messages are taken, the replies being written get MUNINN_SHUTDOWN_SECONDS to finish, Discord
+is closed, the facts waiting for extraction get as long again to be saved, and the database
+is closed cleanly. A second signal skips the waiting.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import signal
 from typing import Callable
 
 import discord
@@ -21,6 +28,16 @@ from bot.settings import Settings
 from . import EXTENSIONS
 
 log = logging.getLogger(__name__)
+
+
+class _NoVoice(logging.Filter):
+    """Muninn uses no voice: discord.py's start-up warnings about voice libraries are noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "voice will NOT be supported" not in record.getMessage()
+
+
+logging.getLogger("discord.client").addFilter(_NoVoice())
 
 # What the bot needs in a channel: see it, read the history it replies to, and write.
 INVITE_PERMISSIONS = discord.Permissions(view_channel=True, send_messages=True, send_messages_in_threads=True,
@@ -83,10 +100,16 @@ class MuninnBot(commands.Bot):
         self.pipeline: Pipeline | None = None
         self.maintenance: asyncio.Task | None = None
         self._checked_models = False
+        self.stopping = False
+        self._hurry = asyncio.Event()   # a second stop signal: skip the waiting
+        self._closing: asyncio.Future | None = None
 
     async def setup_hook(self) -> None:
         self.engine = Engine(self.settings)
         await self.engine.start()
+        counts = await self.engine.stats()
+        log.info("database %s: %d memories (%d awaiting embeddings)", self.settings.db_path, counts["active"],
+                 counts["missing_vectors"])
         if self.settings.extraction:
             factory = self.extractor_factory
             if factory is None:
@@ -121,13 +144,59 @@ class MuninnBot(commands.Bot):
             log.warning("no OLLAMA_URL configured: Muninn cannot answer messages (recall uses keywords only)")
             return
         try:
-            for model in dict.fromkeys((self.settings.chat_model, self.settings.embed_model)):
-                if not await ollama.has_model(model):
-                    log.warning("Ollama has no model %r: run `ollama pull %s`", model, model)
+            missing = [model for model in dict.fromkeys((self.settings.chat_model, self.settings.embed_model))
+                       if not await ollama.has_model(model)]
+            for model in missing:
+                log.warning("Ollama has no model %r: run `ollama pull %s`", model, model)
+            if not missing:
+                log.info("Ollama at %s has %s and %s", ollama.url, self.settings.chat_model, self.settings.embed_model)
         except OllamaError as exc:
             log.warning("cannot check Ollama's models: %s", exc)
 
+    async def shutdown(self, reason: str) -> None:
+        """Stop gracefully: take no new messages, let the replies in flight finish (bounded), then
+        close (which saves the facts waiting for extraction, bounded too)."""
+        if self.stopping:
+            log.warning("%s again: stopping now, without waiting", reason)
+            self._hurry.set()
+            return
+        self.stopping = True
+        bound = self.settings.shutdown_seconds
+        if self.pipeline is not None:
+            self.pipeline.stop_accepting()
+            in_flight = self.pipeline.replies_in_flight
+            log.info("%s: stopping; %d replies in flight get up to %g s", reason, in_flight, bound)
+            if in_flight and not await self._bounded(self.pipeline.wait_idle(bound), bound):
+                log.warning("%d replies were not finished within %g s", self.pipeline.replies_in_flight, bound)
+        else:
+            log.info("%s: stopping", reason)
+        await self.close()
+
+    async def _bounded(self, work, timeout: float) -> bool:
+        """Run `work` for at most `timeout` s, or until a second stop signal; True if it finished."""
+        task = asyncio.ensure_future(work)
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        try:
+            done, _ = await asyncio.wait({task, hurry}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurry.cancel()
+        if task not in done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return False
+        if task.exception() is not None:
+            log.error("stopping: %s failed", getattr(work, "__qualname__", work), exc_info=task.exception())
+            return False
+        return task.result() is not False
+
     async def close(self) -> None:
+        """Close Discord, then the background work and the database; every caller (a shutdown,
+        discord.py, the `async with` block) waits for the same one closing."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close_everything())
+        await asyncio.shield(self._closing)
+
+    async def _close_everything(self) -> None:
         await super().close()
         if self.maintenance is not None:
             self.maintenance.cancel()
@@ -135,10 +204,18 @@ class MuninnBot(commands.Bot):
             self.maintenance = None
         if self.extractor is not None:
             extractor, self.extractor = self.extractor, None
-            await extractor.close()
+            waiting = getattr(extractor, "waiting", 0)
+            if self.stopping and waiting:
+                log.info("saving the facts of %d messages waiting for extraction (up to %g s)", waiting,
+                         self.settings.shutdown_seconds)
+            flushed = await self._bounded(extractor.close(), self.settings.shutdown_seconds)
+            if not flushed and self.stopping:
+                log.warning("fact extraction was cut short; what was still waiting is lost")
         if self.engine is not None:
             engine, self.engine = self.engine, None
             await engine.close()
+            if self.stopping:
+                log.info("stopped cleanly")
 
 
 def invite_url(application_id: int | None) -> str:
@@ -154,15 +231,33 @@ INTENT_REFUSED = ("Discord refused the Message Content intent: open https://disc
                   "pick the app, then Bot > Privileged Gateway Intents > Message Content Intent, and save.")
 
 
+def _start_shutdown(bot: MuninnBot, signal_name: str) -> None:
+    asyncio.get_running_loop().create_task(bot.shutdown(signal_name))
+
+
+def stop_on_signals(bot: MuninnBot) -> None:
+    """SIGTERM and SIGINT start a graceful shutdown instead of killing the bot mid-reply."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, functools.partial(_start_shutdown, bot, sig.name))
+        except (NotImplementedError, RuntimeError):  # Windows, or not the main thread
+            pass
+
+
 async def run_bot(settings: Settings) -> None:
     """Run until stopped; StartupError when Discord turns the bot away."""
     async with MuninnBot(settings) as bot:
+        stop_on_signals(bot)
         try:
             await bot.start(settings.discord_token.strip())
         except discord.LoginFailure:
             raise StartupError(LOGIN_REJECTED) from None
         except discord.PrivilegedIntentsRequired:
             raise StartupError(INTENT_REFUSED) from None
+        finally:
+            # `start` returns as soon as Discord is closed; a shutdown may still be saving facts.
+            await bot.close()
 
 
 async def sync_commands(settings: Settings, guild_id: int | None = None) -> list[str]:

@@ -6,6 +6,8 @@ personal memory is only ever shown to its owner. Who may change what:
   room memories:     whoever taught it (its owner_id), and members with Manage Messages
                      in that memory's channel;
   global memories:   the bot owner (MUNINN_OWNER_IDS, else the application's owner).
+`/memory pause` and `/memory resume` stop and restart everything being kept of the caller;
+`/memory why` shows the caller where one of their own memories came from.
 `/memory forget` gives one answer for a memory that does not exist, is not visible here
 or is not the caller's to change, so an id reveals nothing; only for a memory the caller
 can see here does a refusal name the permission it needs. Forget-all and export cover
@@ -213,6 +215,48 @@ class MemoryCog(commands.GroupCog, group_name="memory",
                     "room": "everyone in this channel will see it",
                     "global": "everyone will see it, everywhere"}[scope]
         await interaction.followup.send(f"Remembered as memory #{memory_id} ({scope}): {audience}.", ephemeral=True)
+
+    @app_commands.command(name="pause", description="Stop Muninn from remembering anything of yours until you resume")
+    async def pause(self, interaction: discord.Interaction) -> None:
+        changed = await self.pipeline.pause(interaction.user.id)
+        await interaction.response.send_message(
+            ("Paused: from now on I keep nothing of what you say (not your messages, not facts about you), "
+             "everywhere, until you use `/memory resume`. What I already remember stays; `/memory list` shows it."
+             if changed else "Your memory with me was already paused. `/memory resume` turns it back on."),
+            ephemeral=True)
+
+    @app_commands.command(name="resume", description="Let Muninn remember what you say again")
+    async def resume(self, interaction: discord.Interaction) -> None:
+        changed = await self.pipeline.resume(interaction.user.id)
+        await interaction.response.send_message(
+            "Resumed: I remember what you tell me again." if changed else "Your memory with me was not paused.",
+            ephemeral=True)
+
+    @app_commands.command(name="why", description="Where one of your memories came from")
+    @app_commands.rename(memory_id="id")
+    @app_commands.describe(memory_id="The memory's number, as /memory list shows it")
+    async def why(self, interaction: discord.Interaction, memory_id: app_commands.Range[int, 1]) -> None:
+        try:
+            memory = await self.engine.own_memory(interaction.user.id, memory_id)
+        except MemoryNotFound:
+            raise Refusal(f"No memory #{memory_id} of yours.") from None
+        await interaction.response.send_message(fit(self.origin_lines(memory)), ephemeral=True)
+
+    def origin_lines(self, memory: Memory) -> list[str]:
+        """Where and when a memory was learned, with links to the messages it came from."""
+        lines = [f"{self.describe(memory)}",
+                 f"Learned {discord.utils.format_dt(datetime.fromtimestamp(memory.created_at, timezone.utc), 'f')}"
+                 + (f" in <#{memory.channel_id}>" if memory.channel_id else "") + "."]
+        if memory.archived_at is not None:
+            lines.append(f"Archived ({memory.archive_reason}); `muninn maintain --restore {memory.id}` brings it back.")
+        sources = [s for s in memory.source_message_ids if str(s).isdigit()]
+        if not sources:
+            lines.append("It comes from no message: it was told with /memory remember, or imported.")
+        else:
+            place = memory.guild_id if memory.guild_id is not None else "@me"
+            lines.append(f"From {len(sources)} {'message' if len(sources) == 1 else 'messages'}:")
+            lines += [f"- https://discord.com/channels/{place}/{memory.channel_id}/{s}" for s in sources[:15]]
+        return lines
 
     @app_commands.command(name="export",
                           description="Download your personal memories and the room memories you taught, as JSON")

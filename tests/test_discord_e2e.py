@@ -42,7 +42,7 @@ async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, f
     fake, alice, guild = discord_world
     general = guild["channels"][0]
     fake_ollama.default_chat_reply = ollama_answers
-    settings = make_settings(fake_ollama.url, MUNINN_MAINTENANCE_HOURS="6")
+    settings = make_settings(fake_ollama.url, MUNINN_MAINTENANCE_HOURS="6", MUNINN_STREAM_REPLIES="false")
     bot = MuninnBot(settings, guild_ready_timeout=0.1)
     task = asyncio.create_task(bot.start("fake-token"))
     try:

@@ -115,3 +115,61 @@ async def test_concurrent_replies_are_bounded_by_the_setting(fake_ollama, make_s
         await asyncio.gather(*(client.chat([{"role": "user", "content": str(n)}]) for n in range(4)))
         elapsed = time.monotonic() - started
     assert 0.75 <= elapsed < 1.5  # two at a time: two waves of 0.4 s, not one
+
+
+# -- cooldowns per purpose, the recovery probe, streaming --------------------------------------
+
+async def test_a_failed_background_call_cools_down_background_work_only(fake_ollama):
+    async with client_for(fake_ollama, cooldown=30.0) as client:
+        fake_ollama.chat_replies.append(fake_ollama.HTTP_500)
+        with pytest.raises(OllamaUnavailable):
+            await client.chat([{"role": "user", "content": "extract"}], background=True)
+        assert await client.chat([{"role": "user", "content": "hello"}]) == "ok"  # replies are not affected
+        calls = len(fake_ollama.chat_requests())
+        with pytest.raises(OllamaUnavailable):                                    # background work waits
+            await client.chat([{"role": "user", "content": "extract"}], background=True)
+        assert len(fake_ollama.chat_requests()) == calls
+
+
+async def test_during_the_reply_cooldown_one_probe_lets_replies_through_again(fake_ollama, monkeypatch):
+    async with client_for(fake_ollama, cooldown=30.0) as client:
+        await fake_ollama.go_down()
+        with pytest.raises(OllamaUnavailable):
+            await client.chat([{"role": "user", "content": "a"}])
+        await fake_ollama.come_up()
+        with pytest.raises(OllamaUnavailable, match="moments ago"):   # right after a failure: no probe
+            await client.chat([{"role": "user", "content": "b"}])
+        monkeypatch.setattr("bot.llm.ollama.PROBE_AFTER", 0.0)
+        replies = await asyncio.gather(*(client.chat([{"role": "user", "content": str(n)}]) for n in range(3)))
+        assert replies == ["ok"] * 3
+        assert [path for path, _ in fake_ollama.requests].count("/api/version") == 1  # one probe for all three
+        assert not client.cooling_down("reply") and not client.cooling_down("background")
+
+
+async def collect(client, **kwargs) -> list[str]:
+    return [piece async for piece in client.chat_stream([{"role": "user", "content": "hi"}], **kwargs)]
+
+
+async def test_a_streamed_reply_arrives_in_pieces_that_add_up_to_the_answer(fake_ollama):
+    fake_ollama.default_chat_reply = "Ravens can remember human faces for years."
+    async with client_for(fake_ollama) as client:
+        pieces = await collect(client)
+    assert len(pieces) == 7 and "".join(pieces) == "Ravens can remember human faces for years."
+    assert fake_ollama.chat_requests()[-1]["stream"] is True
+
+
+async def test_streaming_fails_like_chat(fake_ollama):
+    async with client_for(fake_ollama, cooldown=30.0, retries=1) as client:
+        fake_ollama.missing = {"llama3.2"}
+        with pytest.raises(OllamaModelMissing):
+            await collect(client)
+        fake_ollama.missing = set()
+        fake_ollama.chat_replies.append(fake_ollama.HTTP_500)      # a 500 before the first piece is retried
+        assert "".join(await collect(client)) == "ok"
+        fake_ollama.default_chat_reply = "one two three four"
+        fake_ollama.stream_fail_after = 2                           # the runner dies mid-answer
+        got: list[str] = []
+        with pytest.raises(OllamaUnavailable, match="unexpectedly stopped"):
+            async for piece in client.chat_stream([{"role": "user", "content": "hi"}]):
+                got.append(piece)
+        assert got == ["one", " two"] and client.cooling_down("reply")

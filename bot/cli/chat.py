@@ -1,37 +1,136 @@
 """`muninn chat`: talk to Muninn in a terminal, through the same pipeline as on Discord.
 
 You are one local user in one local room (guild 0, channel 0), so what Muninn learns
-here stays here: it is stored as your personal memories of that room. Type /quit
-(or press Ctrl-D) to leave; pending fact extraction finishes before the program ends.
+here stays here: it is stored as your personal memories of that room. Lines starting with
+a command word are handled locally (`/help` lists them), never sent to the model.
+
+Input is read on a daemon thread, so Ctrl-C ends the program at once (nothing waits for a
+blocked read); Ctrl-D or /quit first saves the facts waiting for extraction, for at most
+MUNINN_SHUTDOWN_SECONDS, and says so. On a terminal, log lines are printed above the prompt
+(WARNING and up, unless -v) and, with --log-file, all of them go to that file.
 """
 from __future__ import annotations
 
 import asyncio
 import getpass
+import inspect
+import logging
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import TextIO
 
-from bot.conversation.pipeline import Incoming, Pipeline, Sent, no_typing
+from bot.conversation.pipeline import ForgetOffer, Incoming, Pipeline, Sent, no_typing
 from bot.memory.engine import Engine
+from bot.memory.scope import Viewer
+from bot.memory.store import MemoryNotFound
 from bot.settings import Settings
 
 LOCAL_USER_ID = 1
 LOCAL_CHANNEL_ID = 0
 LOCAL_GUILD_ID = 0
+PROMPT = "you> "
 QUIT = {"/quit", "/exit", "/q"}
-HELP = "Talking to Muninn locally. Type a message and press Enter; /quit or Ctrl-D leaves."
+HELP = """Local commands (never sent to the model):
+  /memories        what Muninn remembers that you can see here
+  /search TEXT     what Muninn would recall for TEXT, and why (counts as no recall)
+  /forget ID       forget one of your memories
+  /pause, /resume  stop or restart Muninn remembering what you say
+  /help            this list
+  /quit            leave (Ctrl-D too; Ctrl-C leaves at once)
+You can also say "forget that I live in Oslo": Muninn shows what matches and asks first."""
+VIEWER = Viewer(user_id=LOCAL_USER_ID, channel_id=LOCAL_CHANNEL_ID, guild_id=LOCAL_GUILD_ID)
+
+
+class LineReader:
+    """stdin lines on a daemon thread, handed to the event loop; None at end of input."""
+
+    def __init__(self, stdin: TextIO):
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def read() -> None:
+            while True:
+                try:
+                    line = stdin.readline()
+                except (OSError, ValueError):  # closed underneath us
+                    line = ""
+                loop.call_soon_threadsafe(self.queue.put_nowait, line or None)
+                if not line:
+                    return
+        threading.Thread(target=read, name="muninn-chat-input", daemon=True).start()
+
+    async def line(self) -> str | None:
+        return await self.queue.get()
+
+
+class Screen:
+    """The terminal: prints replies and log lines without mixing them into the prompt."""
+
+    def __init__(self, out: TextIO, interactive: bool):
+        self.out = out
+        self.interactive = interactive
+        self.prompt_shown = False
+
+    def prompt(self) -> None:
+        if self.interactive:
+            self.out.write(PROMPT)
+            self.out.flush()
+            self.prompt_shown = True
+
+    def line(self, text: str) -> None:
+        """A line above the prompt (the prompt is drawn again after it)."""
+        if self.prompt_shown:
+            self.out.write("\r\x1b[K" + text + "\n" + PROMPT)
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def said(self) -> None:
+        """The person pressed Enter: the prompt line is theirs now."""
+        self.prompt_shown = False
+
+
+class AbovePrompt(logging.Handler):
+    def __init__(self, screen: Screen):
+        super().__init__()
+        self.screen = screen
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.screen.line(self.format(record))
+        except Exception:
+            self.handleError(record)
 
 
 class TerminalOutlet:
-    def __init__(self, out: TextIO):
-        self.out = out
+    def __init__(self, screen: Screen, reader: LineReader):
+        self.screen = screen
+        self.reader = reader
 
     def typing(self):
         return no_typing()
 
     async def send(self, text: str) -> list[Sent]:
-        print(f"muninn> {text}", file=self.out, flush=True)
+        self.screen.line(f"muninn> {text}")
+        return [Sent(None, time.time())]
+
+    async def confirm_forget(self, offer: ForgetOffer) -> list[Sent]:
+        """The text fallback of Discord's buttons: list the matches, then ask yes or no."""
+        self.screen.line(f"muninn> {offer.intro}")
+        for memory in offer.memories:
+            self.screen.line(f"  #{memory.id} {memory.text}")
+        self.screen.line("Forget " + ("it" if len(offer.memories) == 1 else "them") + "? (yes/no)")
+        self.screen.prompt()
+        answer = await self.reader.line()
+        self.screen.said()
+        if answer is not None and answer.strip().lower() in ("y", "yes"):
+            removed = await offer.forget()
+            self.screen.line(f"muninn> Forgotten: {removed} {'memory' if removed == 1 else 'memories'}.")
+        else:
+            self.screen.line("muninn> Kept: nothing was forgotten.")
         return [Sent(None, time.time())]
 
 
@@ -42,40 +141,172 @@ def local_name() -> str:
         return "you"
 
 
+class Commands:
+    """The local commands of `muninn chat`."""
+
+    def __init__(self, engine: Engine, pipeline: Pipeline, screen: Screen):
+        self.engine, self.pipeline, self.screen = engine, pipeline, screen
+
+    @staticmethod
+    def is_command(text: str) -> bool:
+        word = text.split(maxsplit=1)[0]
+        return word.startswith("/") and word[1:].isalpha()
+
+    async def run(self, text: str) -> None:
+        word, _, rest = text.partition(" ")
+        rest = rest.strip()
+        handler = {"/help": self.help, "/memories": self.memories, "/search": self.search,
+                   "/forget": self.forget, "/pause": self.pause, "/resume": self.resume}.get(word.lower())
+        if handler is None:
+            self.screen.line(f"unknown command {word}; /help lists them")
+            return
+        await handler(rest)
+
+    async def help(self, rest: str) -> None:
+        self.screen.line(HELP)
+
+    async def memories(self, rest: str) -> None:
+        memories, total = await self.engine.list_visible(VIEWER, limit=50)
+        self.screen.line(f"{total} memories you can see here" + (" (newest 50)" if total > 50 else "") + ":"
+                         if total else "Muninn remembers nothing you can see here yet.")
+        for memory in memories:
+            self.screen.line(f"  #{memory.id} [{memory.scope}] {memory.text}")
+
+    async def search(self, rest: str) -> None:
+        if not rest:
+            self.screen.line("usage: /search TEXT")
+            return
+        result = await self.engine.recall(rest, VIEWER, touch=False)
+        self.screen.line(f"{result.mode} (vectors: {result.vector_status}), {len(result.memories)} memories:")
+        for rank, recalled in enumerate(result.memories, start=1):
+            reason = recalled.candidate.reason()
+            self.screen.line(f"  {rank}. #{recalled.memory.id} [{recalled.memory.scope}] {recalled.memory.text}"
+                             f"  (via {reason['via']})")
+
+    async def forget(self, rest: str) -> None:
+        if not rest.lstrip("#").isdigit():
+            self.screen.line("usage: /forget ID (the number /memories shows)")
+            return
+        memory_id = int(rest.lstrip("#"))
+        try:
+            memory = await self.engine.own_memory(LOCAL_USER_ID, memory_id)
+        except MemoryNotFound:
+            self.screen.line(f"No memory #{memory_id} of yours.")
+            return
+        await self.engine.forget([memory.id], scrub=True)
+        self.screen.line(f"Forgot #{memory.id}: {memory.text}")
+
+    async def pause(self, rest: str) -> None:
+        changed = await self.pipeline.pause(LOCAL_USER_ID)
+        self.screen.line("Paused: Muninn keeps nothing of what you say until /resume." if changed
+                         else "Already paused; /resume turns memory back on.")
+
+    async def resume(self, rest: str) -> None:
+        changed = await self.pipeline.resume(LOCAL_USER_ID)
+        self.screen.line("Resumed: Muninn remembers what you say again." if changed else "Memory was not paused.")
+
+
+def _route_logs(screen: Screen, log_file: str | None, verbose: bool) -> list[logging.Handler]:
+    """On a terminal, log lines go above the prompt (WARNING and up unless -v); with a log file,
+    every line at the configured level goes there too. Returns the handlers this replaced."""
+    root = logging.getLogger()
+    replaced = list(root.handlers)
+    if not screen.interactive and not log_file:
+        return replaced
+    for handler in replaced:
+        root.removeHandler(handler)
+    if screen.interactive:
+        above = AbovePrompt(screen)
+        above.setLevel(logging.DEBUG if verbose else max(logging.WARNING, root.level))
+        root.addHandler(above)
+    else:
+        for handler in replaced:
+            root.addHandler(handler)
+    if log_file:
+        to_file = logging.FileHandler(Path(log_file).expanduser(), encoding="utf-8")
+        to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(to_file)
+    return replaced
+
+
+def _restore_logs(replaced: list[logging.Handler]) -> None:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if handler not in replaced:
+            root.removeHandler(handler)
+            handler.close()
+    for handler in replaced:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+
+
 async def run_chat(settings: Settings, *, stdin: TextIO | None = None, stdout: TextIO | None = None,
-                   extractor_factory=None) -> int:
+                   extractor_factory=None, name: str | None = None, log_file: str | None = None,
+                   verbose: bool = False) -> int:
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
-    interactive = stdin.isatty()
-    name = local_name()
-    async with Engine(settings) as engine:
-        extractor = None
-        if settings.extraction:
-            if extractor_factory is None:
-                from bot.lifecycle.extractor import Extractor
-                extractor_factory = Extractor
-            extractor = extractor_factory(engine)
-        pipeline = Pipeline(engine, extractor)
-        outlet = TerminalOutlet(stdout)
-        if interactive:
-            print(HELP, file=stdout, flush=True)
-        try:
-            while True:
-                if interactive:
-                    print("you> ", end="", file=stdout, flush=True)
-                line = await asyncio.to_thread(stdin.readline)
-                if not line:  # end of input
-                    break
-                text = line.strip()
-                if not text:
-                    continue
-                if text in QUIT:
-                    break
-                await pipeline.respond(Incoming(
-                    channel_id=LOCAL_CHANNEL_ID, guild_id=LOCAL_GUILD_ID, author_id=LOCAL_USER_ID,
-                    author_name=name, content=text, created_at=time.time(),
-                    place=f"You are talking with {name} in a terminal on their computer."), outlet)
-        finally:
+    screen = Screen(stdout, interactive=stdin.isatty())
+    name = (name or "").strip() or local_name()
+    replaced = _route_logs(screen, log_file, verbose)
+    try:
+        async with Engine(settings) as engine:
+            extractor = None
+            if settings.extraction:
+                if extractor_factory is None:
+                    from bot.lifecycle.extractor import Extractor
+                    extractor_factory = Extractor
+                extractor = extractor_factory(engine)
+            pipeline = Pipeline(engine, extractor)
+            reader = LineReader(stdin)
+            outlet = TerminalOutlet(screen, reader)
+            commands = Commands(engine, pipeline, screen)
+            if screen.interactive:
+                screen.line(f"Talking to Muninn as {name} (--name changes it). /help lists the local commands; "
+                            "/quit or Ctrl-D leaves.")
+            try:
+                await _converse(reader, screen, commands, pipeline, outlet, name)
+            except asyncio.CancelledError:  # Ctrl-C: leave at once, whatever was waiting is dropped
+                if extractor is not None:
+                    await _close(extractor, 0)
+                raise
             if extractor is not None:
-                await extractor.close()
+                waiting = getattr(extractor, "waiting", 0)
+                if waiting and screen.interactive:
+                    screen.line(f"Saving what Muninn learned from {waiting} messages "
+                                f"(up to {settings.shutdown_seconds:g} s)…")
+                await _close(extractor, settings.shutdown_seconds)
+    finally:
+        _restore_logs(replaced)
     return 0
+
+
+async def _close(extractor, timeout: float) -> None:
+    """Close the extractor, waiting at most `timeout` s for it (if it takes a bound)."""
+    if "timeout" in inspect.signature(extractor.close).parameters:
+        await extractor.close(timeout=timeout)
+    else:
+        await extractor.close()
+
+
+async def _converse(reader: LineReader, screen: Screen, commands: Commands, pipeline: Pipeline,
+                    outlet: TerminalOutlet, name: str) -> None:
+    while True:
+        screen.prompt()
+        line = await reader.line()
+        screen.said()
+        if line is None:  # end of input (Ctrl-D)
+            if screen.interactive:
+                screen.out.write("\n")
+            return
+        text = line.strip()
+        if not text:
+            continue
+        if text.lower() in QUIT:
+            return
+        if commands.is_command(text):
+            await commands.run(text)
+            continue
+        await pipeline.respond(Incoming(
+            channel_id=LOCAL_CHANNEL_ID, guild_id=LOCAL_GUILD_ID, author_id=LOCAL_USER_ID,
+            author_name=name, content=text, created_at=time.time(),
+            place=f"You are talking with {name} in a terminal on their computer, not on Discord."), outlet)

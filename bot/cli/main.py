@@ -260,7 +260,7 @@ async def cmd_sync(args, settings: Settings) -> int:
 
 async def cmd_chat(args, settings: Settings) -> int:
     from bot.cli.chat import run_chat
-    return await run_chat(settings)
+    return await run_chat(settings, name=args.name, log_file=args.log_file, verbose=args.verbose)
 
 
 async def cmd_maintain(args, settings: Settings) -> int:
@@ -383,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_sync)
 
     p = sub.add_parser("chat", parents=[common], help="talk to Muninn in this terminal, without Discord")
+    p.add_argument("--name", help="what Muninn calls you (default: your login name)")
+    p.add_argument("--log-file", metavar="PATH", help="write every log line to this file")
     p.set_defaults(handler=cmd_chat)
 
     p = sub.add_parser("maintain", parents=[common],

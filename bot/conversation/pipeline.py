@@ -17,6 +17,17 @@ fails (a busy or damaged database), the answer goes on without them.
 Forgetting a person (`forget_person`, /memory forget-all) also wins against work that
 was already under way for them: a message received before it is answered, but neither
 it nor the reply is kept, nor handed to the extractor.
+
+Outlets may offer more than `send`, and the pipeline uses what they offer:
+- `stream()`: the reply is shown as Ollama writes it (MUNINN_STREAM_REPLIES), with the
+  reasoning of reasoning models held back; what stays posted equals the non-streamed reply;
+- `busy()`: a visible sign for a message past the queue limit (never silence);
+- `confirm_forget(offer)`: "forget that I live in Oslo" in plain words
+  (bot/conversation/forget_intent.py) shows the person's matching memories and forgets them
+  on confirmation; such a request is neither answered by the model nor kept.
+A person who paused Muninn's memory (/memory pause) is answered, but nothing of theirs is
+kept or extracted, and Muninn says so once. `stop_accepting` and `wait_idle` let a graceful
+shutdown finish the replies in flight.
 """
 from __future__ import annotations
 
@@ -24,19 +35,13 @@ import asyncio
 import dataclasses
 import logging
 import time
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import aclosing, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import (
-    AsyncContextManager,
-    AsyncIterator,
-    Awaitable,
-    Iterable,
-    Protocol,
-    TypeVar,
-)
+from typing import AsyncContextManager, AsyncIterator, Awaitable, Callable, Iterable, Protocol, TypeVar
 
-from bot.conversation import channel_settings, history, prompt
+from bot.conversation import channel_settings, forget_intent, history, prompt
 from bot.conversation.exchange import Exchange
+from bot.llm.answers import strip_thinking, visible_so_far
 from bot.llm.ollama import (
     OllamaDisabled,
     OllamaError,
@@ -55,6 +60,10 @@ D = TypeVar("D")
 
 CANNOT_THINK = ("Sorry, I can't think right now: my language model isn't answering. "
                 "Please try again in a little while.")
+PAUSED_NOTE = ("(Your memory with me is paused: I answer, but I keep nothing of what you say. "
+               "`/memory resume` turns it back on.)")
+FORGET_EVERYTHING = ("To forget everything I remember about you, use `/memory forget-all`: it asks once "
+                     "more, then deletes your memories and your messages in my history.")
 LOG_EVERY_SECONDS = 60.0
 PRUNE_EVERY = 25  # history inserts per channel between two prunes to MUNINN_HISTORY_KEEP
 
@@ -93,6 +102,24 @@ class Outlet(Protocol):
     def typing(self) -> AsyncContextManager: ...
 
     async def send(self, text: str) -> list[Sent]: ...
+
+
+class ReplyStream(Protocol):
+    """A reply shown while it is written (an outlet's `stream()`)."""
+
+    async def update(self, text: str) -> None: ...   # the visible reply so far (it only grows)
+
+    async def finish(self, text: str) -> list[Sent]: ...  # the final reply: exactly what stays posted
+
+
+@dataclass(frozen=True)
+class ForgetOffer:
+    """Memories a person asked in plain words to forget, shown to them before anything goes."""
+    author_id: int
+    memories: list[store.Memory]
+    intro: str                                  # one line saying what was found
+    forget: Callable[[], Awaitable[int]]        # forgets them; returns how many went
+    in_private: bool = True                     # a DM or a terminal: the texts may be listed openly
 
 
 class ExchangeSink(Protocol):
@@ -163,11 +190,35 @@ class Pipeline:
         self._throttle = Throttle()
         self._forgotten_at: dict[int, float] = {}  # user id -> time.monotonic() of their forget-all
         self._inserts: dict[int, int] = {}          # channel id -> history inserts since start
+        self.accepting = True                      # False once a shutdown began
+        self._active = 0                            # respond() calls in progress
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- shutdown --------------------------------------------------------------
+
+    def stop_accepting(self) -> None:
+        """From now on messages are neither answered nor recorded (the bot is stopping)."""
+        self.accepting = False
+
+    @property
+    def replies_in_flight(self) -> int:
+        return self._active
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no reply is in progress; False if some still were after `timeout` s."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(0.0, timeout))
+            return True
+        except asyncio.TimeoutError:
+            return False
 
     # -- history only ----------------------------------------------------------
 
     async def record(self, incoming: Incoming) -> int | None:
         """Keep a message Muninn does not answer, as context for later answers."""
+        if not self.accepting or await self.engine.memory_paused(incoming.author_id):
+            return None
         received = time.monotonic()
         incoming = storable(incoming)
         message_id = await self._record(self._user_row(incoming))
@@ -210,39 +261,85 @@ class Pipeline:
             self.extractor.forget(user_id)
         return await self.engine.write(_forget_person, user_id, what=f"forget everything about user {user_id}")
 
+    async def pause(self, user_id: int) -> bool:
+        """/memory pause: keep nothing of this person from now on, their messages still waiting
+        for extraction included. False when it was already paused."""
+        forget = getattr(self.extractor, "forget", None)
+        if forget is not None:
+            forget(user_id)
+        return await self.engine.pause_memory(user_id)
+
+    async def resume(self, user_id: int) -> bool:
+        return await self.engine.resume_memory(user_id)
+
+    async def forget_memories(self, user_id: int, memory_ids: list[int]) -> int:
+        """Forget those of the ids that are this person's personal memories, leaving no trace."""
+        return await self.engine.forget_personal(user_id, memory_ids)
+
     def _forgotten_since(self, user_id: int, received: float) -> bool:
         return self._forgotten_at.get(user_id, float("-inf")) >= received
 
     # -- answering -------------------------------------------------------------
 
     async def respond(self, incoming: Incoming, outlet: Outlet) -> Reply | None:
-        """Answer one message (in its channel's turn). None when the channel's queue is full."""
+        """Answer one message (in its channel's turn). None when the channel's queue is full
+        (the outlet shows that it is busy) or the bot is stopping."""
+        if not self.accepting:
+            return None
         if self._turns.waiting(incoming.channel_id) >= self.settings.reply_queue_limit:
             self._log("queue", logging.WARNING, "channel %s has %d messages waiting for an answer; "
                       "recording the rest without answering", incoming.channel_id,
                       self._turns.waiting(incoming.channel_id))
+            await self._show_busy(outlet)
             await self.record(incoming)
             return None
         received = time.monotonic()
-        async with self._turns.turn(incoming.channel_id):
-            return await self._answer(storable(incoming), outlet, received)
+        self._active += 1
+        self._idle.clear()
+        try:
+            async with self._turns.turn(incoming.channel_id):
+                incoming = storable(incoming)
+                intent = forget_intent.detect(incoming.content) if hasattr(outlet, "confirm_forget") else None
+                if intent is not None:
+                    return await self._offer_to_forget(incoming, intent, outlet)
+                return await self._answer(incoming, outlet, received)
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+
+    async def _show_busy(self, outlet: Outlet) -> None:
+        busy = getattr(outlet, "busy", None)
+        if busy is None:
+            return
+        try:
+            await busy()
+        except Exception as exc:  # a sign that cannot be shown is no reason to fail
+            self._log("busy", logging.WARNING, "could not show that Muninn is busy: %s: %s", type(exc).__name__, exc)
 
     async def _answer(self, incoming: Incoming, outlet: Outlet, received: float) -> Reply:
-        message_id = await self._record(self._user_row(incoming))
+        paused = await self.engine.memory_paused(incoming.author_id)
+        message_id = None if paused else await self._record(self._user_row(incoming))
         current = history.HistoryMessage(
             id=message_id if message_id is not None else incoming.message_id or 0, channel_id=incoming.channel_id,
             guild_id=incoming.guild_id, author_id=incoming.author_id, author_name=incoming.author_name,
             role="user", content=incoming.content, created_at=incoming.created_at)
+        stream = outlet.stream() if self.settings.stream_replies and hasattr(outlet, "stream") else None
         async with outlet.typing():
-            memories = await self._recall(incoming)
+            memories = await self._recall(incoming, touch=not paused)  # paused: not even recall counts
             recent: list[history.HistoryMessage] = await self._db_or([], "read the channel history", self.engine.read(
                 history.recent, incoming.channel_id, self.settings.history_limit, before=current))
             built = prompt.build(persona=self.settings.persona, tz=self.settings.timezone,
                                  memories=memories, history=recent, current=current,
                                  token_budget=self.settings.token_budget, place=incoming.place)
-            text, ok = await self._think(built)
-        sent = await outlet.send(text)
+            text, ok = await (self._think(built) if stream is None else self._think_streaming(built, stream))
+        sent = await (outlet.send(text) if stream is None else stream.finish(text))
         reply = Reply(text=text, ok=ok, sent=sent, prompt=built)
+        if paused:
+            # Nothing of theirs is kept: not the message, not the reply, nothing for extraction.
+            if await self.engine.take_pause_notice(incoming.author_id):
+                await outlet.send(PAUSED_NOTE)
+            return reply
         reply_id = None
         # The fallback is not conversation, and a reply not posted (no permission) was not said:
         # keep both out of the history.
@@ -256,6 +353,8 @@ class Pipeline:
             # Checked after the last await, so an exchange submitted below came before the forget.
             await self._drop_forgotten([i for i in (message_id, reply_id) if i is not None])
             return reply
+        if await self.engine.memory_paused(incoming.author_id):
+            return reply  # paused while this was answered: from now on nothing is extracted
         if ok and self.extractor is not None:
             self.extractor.submit(Exchange(
                 author_id=incoming.author_id, author_name=incoming.author_name, channel_id=incoming.channel_id,
@@ -265,10 +364,44 @@ class Pipeline:
                 participants=participants(recent, incoming), private=incoming.private))
         return reply
 
-    async def _recall(self, incoming: Incoming) -> list[str]:
+    async def _offer_to_forget(self, incoming: Incoming, intent: forget_intent.ForgetIntent, outlet) -> Reply:
+        """A plain-words forget request: find the person's matching personal memories that could
+        surface here, and let the outlet ask before forgetting them. Nothing of it is kept."""
+        author = incoming.author_id
+        if intent.everything:
+            return Reply(text=FORGET_EVERYTHING, ok=True, sent=await outlet.send(FORGET_EVERYTHING))
+        if intent.about is None:  # "don't remember this": their previous message here
+            previous = await self.engine.last_message_of(incoming.channel_id, author, before=incoming.message_id)
+            ids = [previous] if previous is not None else []
+            if ids and self.extractor is not None and hasattr(self.extractor, "forget_messages"):
+                self.extractor.forget_messages(ids)  # not extracted yet: never will be
+            memories = await self.engine.personal_from_messages(author, ids)
+            if ids:
+                await self.engine.drop_own_message(author, ids[0])
+            none_found = ("OK: I dropped your previous message from my history and won't learn from it."
+                          if ids else "I have no earlier message of yours here to forget.")
+            intro = "From your previous message I had remembered:"
+        else:
+            result = await self.engine.recall(intent.about, incoming.viewer, touch=False)
+            memories = [r.memory for r in result.memories
+                        if r.memory.scope == "personal" and r.memory.owner_id == author
+                        and _matches(r.candidate.reason(), self.settings)]
+            none_found = (f"I found nothing of yours here about “{_clip(intent.about, 80)}”. "
+                          "`/memory list` shows what I remember about you here.")
+            intro = f"About “{_clip(intent.about, 80)}” I remember:"
+        if not memories:
+            return Reply(text=none_found, ok=True, sent=await outlet.send(none_found))
+
+        async def forget() -> int:
+            return await self.forget_memories(author, [m.id for m in memories])
+        offer = ForgetOffer(author_id=author, memories=memories, intro=intro, forget=forget,
+                            in_private=incoming.dm or incoming.guild_id == 0)
+        return Reply(text=intro, ok=True, sent=await outlet.confirm_forget(offer))
+
+    async def _recall(self, incoming: Incoming, *, touch: bool = True) -> list[str]:
         """The memory texts for the prompt; none when recall fails (the answer matters more)."""
         try:
-            return (await self.engine.recall(incoming.content, incoming.viewer)).texts
+            return (await self.engine.recall(incoming.content, incoming.viewer, touch=touch)).texts
         except Exception as exc:  # apsw.BusyError, a damaged index...: not the person's problem
             self._log("recall", logging.ERROR, "recall failed, answering without memories: %s: %s",
                       type(exc).__name__, exc)
@@ -300,24 +433,44 @@ class Pipeline:
     async def _think(self, built: prompt.Prompt) -> tuple[str, bool]:
         """The model's reply, or the friendly fallback (and one log line saying what to fix)."""
         try:
-            text = (await self.engine.ollama.chat(built.messages)).strip()
-        except OllamaModelMissing as exc:
-            self._log("missing", logging.ERROR, "cannot answer: %s", exc)
-            return CANNOT_THINK, False
-        except OllamaDisabled:
-            self._log("disabled", logging.ERROR, "cannot answer: no OLLAMA_URL is configured; set it "
-                      "in .env (for example http://localhost:11434)")
-            return CANNOT_THINK, False
-        except OllamaUnavailable as exc:
-            self._log("unavailable", logging.WARNING, "cannot answer: %s", exc)
-            return CANNOT_THINK, False
+            raw = await self.engine.ollama.chat(built.messages)
         except OllamaError as exc:
-            self._log("bad", logging.WARNING, "cannot answer: %s", exc)
-            return CANNOT_THINK, False
+            return self._cannot_answer(exc)
+        return self._final(raw)
+
+    async def _think_streaming(self, built: prompt.Prompt, stream: ReplyStream) -> tuple[str, bool]:
+        """Like `_think`, showing the reply on `stream` as it is written (reasoning held back)."""
+        raw, shown = "", ""
+        try:
+            async with aclosing(self.engine.ollama.chat_stream(built.messages)) as pieces:
+                async for piece in pieces:
+                    raw += piece
+                    visible = visible_so_far(raw)
+                    if visible and visible != shown:
+                        shown = visible
+                        await stream.update(visible)
+        except OllamaError as exc:
+            return self._cannot_answer(exc)
+        return self._final(raw)
+
+    def _final(self, raw: str) -> tuple[str, bool]:
+        text = strip_thinking(raw)
         if not text:
             self._log("empty", logging.WARNING, "%s returned an empty reply", self.settings.chat_model)
             return CANNOT_THINK, False
         return text, True
+
+    def _cannot_answer(self, exc: OllamaError) -> tuple[str, bool]:
+        if isinstance(exc, OllamaModelMissing):
+            self._log("missing", logging.ERROR, "cannot answer: %s", exc)
+        elif isinstance(exc, OllamaDisabled):
+            self._log("disabled", logging.ERROR, "cannot answer: no OLLAMA_URL is configured; set it "
+                      "in .env (for example http://localhost:11434)")
+        elif isinstance(exc, OllamaUnavailable):
+            self._log("unavailable", logging.WARNING, "cannot answer: %s", exc)
+        else:
+            self._log("bad", logging.WARNING, "cannot answer: %s", exc)
+        return CANNOT_THINK, False
 
     @staticmethod
     def _user_row(incoming: Incoming) -> dict:
@@ -329,6 +482,16 @@ class Pipeline:
         """Log a recurring failure once a minute, not once per message."""
         if self._throttle.ready(key, LOG_EVERY_SECONDS):
             log.log(level, message, *args)
+
+
+def _matches(reason: dict, settings) -> bool:
+    """A recalled memory really about the words: a keyword hit, or a vector neighbour at least as
+    close as the lifecycle's "same subject" threshold (a nearest neighbour alone is not enough)."""
+    return reason.get("via") != "link" and ("fts_rank" in reason or reason.get("cosine", 0.0) >= settings.update_cosine)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
 def storable(incoming: Incoming) -> Incoming:

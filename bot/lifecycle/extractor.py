@@ -195,12 +195,21 @@ class Extractor:
                 continue
             await asyncio.wait([worker])   # never raises, and never cancels the worker
 
-    async def close(self) -> None:
-        """Finish queued work, then stop; later submits are ignored."""
+    @property
+    def waiting(self) -> int:
+        """Exchanges not yet extracted (waiting for their batch, or queued)."""
+        return sum(map(len, self._pending.values())) + sum(map(len, self._queue))
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Finish queued work (for at most `timeout` seconds, logging what is dropped after
+        that), then stop; later submits are ignored."""
         if self._closed:
             return
         try:
-            await self.drain()
+            await asyncio.wait_for(self.drain(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("fact extraction did not finish within %g s; %d waiting messages (and any batch being "
+                        "extracted) are dropped", timeout, self.waiting)
         finally:
             self._closed = True
             for timer in list(self._timers.values()):

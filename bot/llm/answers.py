@@ -20,18 +20,49 @@ class InvalidReply(ValueError):
 
 # -- robust JSON from a chat model ---------------------------------------------
 
-_THINK_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.IGNORECASE | re.DOTALL)
-_THINK_OPEN = re.compile(r"<(think|thinking|reasoning)>.*$", re.IGNORECASE | re.DOTALL)
-_THINK_CLOSE = re.compile(r"</(?:think|thinking|reasoning)>", re.IGNORECASE)
+_TAGS = r"(?:think|thinking|reasoning|thought)"
+_THINK_BLOCK = re.compile(rf"<({_TAGS})\b[^>]*>.*?</\1\s*>", re.IGNORECASE | re.DOTALL)
+_THINK_OPEN = re.compile(rf"<{_TAGS}\b[^>]*>.*$", re.IGNORECASE | re.DOTALL)
+_THINK_CLOSE = re.compile(rf"</{_TAGS}\s*>", re.IGNORECASE)
+# gpt-oss's "harmony" format, when a template leaves it raw: the answer is the final channel.
+_HARMONY_FINAL = re.compile(r"<\|channel\|>\s*final\s*<\|message\|>", re.IGNORECASE)
+_HARMONY_TOKEN = re.compile(r"<\|(?:start|end|return|channel|message|call)\|>", re.IGNORECASE)
 _FENCE = re.compile(r"```[\w-]*[ \t]*\n?(.*?)```", re.DOTALL)
+_TAG_STARTS = ("<think", "<thinking", "<reasoning", "<thought", "<|channel|>", "</think", "</thinking",
+               "</reasoning", "</thought")
 
 
-def strip_reasoning(raw: str) -> str:
-    """The answer without reasoning blocks and without the code fence around it."""
+def strip_thinking(raw: str) -> str:
+    """A reply without the model's reasoning: `<think>` blocks (any case, also `<thinking>`,
+    `<reasoning>`, `<thought>`), an unclosed block (the rest is reasoning), the reasoning before
+    a lone closing tag (the chat template opened the block in the prompt, as QwQ and
+    DeepSeek-R1 templates do), and gpt-oss's analysis channel. Code fences stay."""
+    if _HARMONY_TOKEN.search(raw):
+        final = list(_HARMONY_FINAL.finditer(raw))
+        if not final:
+            return ""                         # only the analysis channel: all reasoning
+        raw = _HARMONY_TOKEN.split(raw[final[-1].end():])[0]
     text = _THINK_BLOCK.sub("", raw)
     text = _THINK_OPEN.sub("", text)          # unclosed: the rest is reasoning
     if _THINK_CLOSE.search(text):             # template opened the block in the prompt
         text = _THINK_CLOSE.split(text)[-1]
+    return text.strip()
+
+
+def visible_so_far(partial: str) -> str:
+    """What of a reply still being streamed may be shown: `strip_thinking`, and nothing of a
+    tag that may be starting at the very end (`<thi` could become `<think>`)."""
+    cut = partial.rfind("<")
+    if cut >= 0 and ">" not in partial[cut:]:
+        tail = partial[cut:].lower()
+        if any(tag.startswith(tail) or tail.startswith(tag) for tag in _TAG_STARTS):
+            partial = partial[:cut]
+    return strip_thinking(partial)
+
+
+def strip_reasoning(raw: str) -> str:
+    """The answer without reasoning blocks and without the code fence around it (for JSON)."""
+    text = strip_thinking(raw)
     fence = _FENCE.search(text)
     if fence:
         text = fence.group(1)

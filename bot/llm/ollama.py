@@ -2,9 +2,15 @@
 
 Ollama runs elsewhere and may be down, slow, or missing a model. Every call has a
 short timeout and a bounded number of retries, raises one of the OllamaError
-subclasses below, and logs one line that says what to fix. After a failed embedding
-call the client stops trying for `cooldown` seconds, so a dead server does not add a
-timeout to every message.
+subclasses below, and logs one line that says what to fix.
+
+Cooldowns are kept per purpose, so one failure never blocks another kind of call:
+- embeddings: after a failure, none for `cooldown` seconds (recall goes keyword-only, so a
+  dead server does not add a timeout to every message);
+- replies: after a failure, calls fail fast, but from `PROBE_AFTER` seconds on the next reply
+  first asks a cheap `/api/version` (one probe at a time): if Ollama is back the reply goes
+  through at once instead of waiting out the cooldown;
+- background work (extraction, consolidation): its own cooldown, which replies never see.
 """
 from __future__ import annotations
 
@@ -13,12 +19,17 @@ import json
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Literal, Sequence
 
 if TYPE_CHECKING:  # imported lazily: keyword-only command-line calls never need it
     import aiohttp
 
 log = logging.getLogger(__name__)
+
+Purpose = Literal["embed", "reply", "background"]
+PROBE_AFTER = 1.0      # seconds after a failed reply before the next one may probe Ollama
+PROBE_TIMEOUT = 1.0    # seconds a probe may take
 
 
 class OllamaError(RuntimeError):
@@ -72,8 +83,9 @@ class OllamaClient:
         self._reply_slots = asyncio.Semaphore(concurrency)
         self._background_slots = asyncio.Semaphore(1)
         self._session: aiohttp.ClientSession | None = None
-        self._embed_down_until = 0.0
-        self._chat_down_until = 0.0
+        self._down_until: dict[str, float] = {"embed": 0.0, "reply": 0.0, "background": 0.0}
+        self._last_failure: dict[str, float] = {"embed": 0.0, "reply": 0.0, "background": 0.0}
+        self._probe: asyncio.Task | None = None
 
     @classmethod
     def from_settings(cls, settings) -> "OllamaClient":
@@ -103,13 +115,13 @@ class OllamaClient:
         """One embedding per text, in order."""
         if not self.enabled:
             raise OllamaDisabled("no OLLAMA_URL configured")
-        if time.monotonic() < self._embed_down_until:
+        if self.cooling_down("embed"):
             raise OllamaUnavailable("Ollama failed recently; skipping embeddings during the cooldown")
         try:
             data = await self._post("/api/embed", {"model": self.embed_model, "input": list(texts)},
                                     self.embed_timeout, retry_timeouts=False)
         except OllamaUnavailable as exc:
-            self._embed_down_until = time.monotonic() + self.cooldown
+            self._failed("embed")
             log.warning("embedding failed, recall uses keywords only for %.0f s: %s", self.cooldown, exc)
             raise
         vectors = data.get("embeddings")
@@ -123,35 +135,149 @@ class OllamaClient:
                    options: dict[str, Any] | None = None, timeout: float | None = None,
                    background: bool = False) -> str:
         """The assistant's reply text (non-streaming). `timeout` bounds the whole call, the
-        wait for a free slot included; `background` work queues apart from replies."""
+        wait for a free slot included; `background` work queues apart from replies, and its
+        failures never put replies on cooldown."""
+        purpose: Purpose = "background" if background else "reply"
+        body = self._chat_body(messages, format, options, stream=False)
+        timeout = timeout or self.chat_timeout
+        deadline = time.monotonic() + timeout
+        async with self._slot(purpose, timeout):
+            try:
+                data = await self._post("/api/chat", body, max(0.1, deadline - time.monotonic()),
+                                        retry_timeouts=False)
+            except OllamaUnavailable:
+                self._failed(purpose)
+                raise
+        self._recovered(purpose)
+        message = data.get("message")
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            raise OllamaBadResponse("/api/chat returned no message content")
+        return message["content"]
+
+    async def chat_stream(self, messages: list[dict[str, str]], *,
+                          timeout: float | None = None) -> AsyncGenerator[str, None]:
+        """A reply as it is written: the content pieces of Ollama's NDJSON stream, in order.
+        `timeout` bounds the wait for a slot and for each piece (a long answer may take longer
+        in all, as long as it keeps coming). Raises OllamaError like `chat`, also mid-stream;
+        a connection error before the first piece is retried like `chat` does."""
+        body = self._chat_body(messages, None, None, stream=True)
+        timeout = timeout or self.chat_timeout
+        async with self._slot("reply", timeout):
+            attempt = 0
+            while True:
+                started = False
+                try:
+                    async for piece in self._stream_once(body, timeout):
+                        started = True
+                        yield piece
+                    break
+                except OllamaUnavailable as exc:
+                    timed_out = isinstance(exc.__cause__, asyncio.TimeoutError)
+                    if started or timed_out or attempt >= self.retries:
+                        self._failed("reply")
+                        raise
+                    attempt += 1
+                    await asyncio.sleep(0.2 * attempt)
+        self._recovered("reply")
+
+    async def _stream_once(self, body: dict[str, Any], timeout: float) -> AsyncIterator[str]:
+        import aiohttp
+        session = self._open_session()
+        try:
+            async with session.post(self.url + "/api/chat", json=body, timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=timeout, sock_read=timeout)) as resp:
+                if resp.status >= 400:
+                    self._raise_for(resp.status, await resp.text(), "/api/chat", body)
+                async for line in resp.content:
+                    piece, done = self._stream_piece(line)
+                    if piece:
+                        yield piece
+                    if done:
+                        return
+            raise OllamaBadResponse("/api/chat ended its stream without saying it was done")
+        except asyncio.TimeoutError as exc:
+            raise OllamaUnavailable(f"Ollama at {self.url} stopped answering /api/chat for {timeout:g} s "
+                                    "(is the model loading? raise OLLAMA_CHAT_TIMEOUT if it is just slow)") from exc
+        except aiohttp.ClientError as exc:
+            raise OllamaUnavailable(f"cannot reach Ollama at {self.url} ({exc.__class__.__name__}): "
+                                    "start it with `ollama serve` or fix OLLAMA_URL") from exc
+
+    @staticmethod
+    def _stream_piece(line: bytes) -> tuple[str, bool]:
+        """(content, done) of one NDJSON line of /api/chat."""
+        if not line.strip():
+            return "", False
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            raise OllamaBadResponse("/api/chat streamed a line that is not JSON") from None
+        if not isinstance(data, dict):
+            raise OllamaBadResponse("/api/chat streamed something that is not an object")
+        if data.get("error"):
+            raise OllamaUnavailable(f"Ollama failed while answering: {data['error']}")
+        message = data.get("message") or {}
+        content = message.get("content", "") if isinstance(message, dict) else ""
+        return (content if isinstance(content, str) else ""), bool(data.get("done"))
+
+    def _chat_body(self, messages: list[dict[str, str]], format: Any, options: dict[str, Any] | None, *,
+                   stream: bool) -> dict[str, Any]:
         if not self.enabled:
             raise OllamaDisabled("no OLLAMA_URL configured")
-        if time.monotonic() < self._chat_down_until:
-            raise OllamaUnavailable(f"Ollama at {self.url} failed moments ago; not asking again for a few seconds")
-        body: dict[str, Any] = {"model": self.chat_model, "messages": messages, "stream": False}
+        body: dict[str, Any] = {"model": self.chat_model, "messages": messages, "stream": stream}
         if format is not None:
             body["format"] = format
         if options:
             body["options"] = options
-        timeout = timeout or self.chat_timeout
-        deadline = time.monotonic() + timeout
-        slots = self._background_slots if background else self._reply_slots
+        return body
+
+    @asynccontextmanager
+    async def _slot(self, purpose: Purpose, timeout: float) -> AsyncIterator[None]:
+        """A free chat slot of the purpose's line, after checking its cooldown."""
+        if self.cooling_down(purpose) and not (purpose == "reply" and await self._back_up()):
+            raise OllamaUnavailable(f"Ollama at {self.url} failed moments ago; not asking again for a few seconds")
+        slots = self._background_slots if purpose == "background" else self._reply_slots
         try:
             await asyncio.wait_for(slots.acquire(), timeout)
         except asyncio.TimeoutError:
             raise OllamaUnavailable(f"all {self.concurrency} chat slots stayed busy for {timeout:g} s "
                                     "(raise OLLAMA_MAX_CONCURRENCY if Ollama can take more)") from None
         try:
-            data = await self._post("/api/chat", body, max(0.1, deadline - time.monotonic()), retry_timeouts=False)
-        except OllamaUnavailable:
-            self._chat_down_until = time.monotonic() + self.cooldown
-            raise
+            yield
         finally:
             slots.release()
-        message = data.get("message")
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
-            raise OllamaBadResponse("/api/chat returned no message content")
-        return message["content"]
+
+    # -- cooldowns -----------------------------------------------------------
+
+    def cooling_down(self, purpose: Purpose) -> bool:
+        return time.monotonic() < self._down_until[purpose]
+
+    def _failed(self, purpose: Purpose) -> None:
+        now = time.monotonic()
+        self._down_until[purpose] = now + self.cooldown
+        self._last_failure[purpose] = now
+
+    def _recovered(self, purpose: Purpose) -> None:
+        self._down_until[purpose] = 0.0
+
+    async def _back_up(self) -> bool:
+        """During the reply cooldown: is Ollama answering again? At most one probe at a time,
+        and none in the first PROBE_AFTER seconds after a failure (that would only fail too)."""
+        if time.monotonic() - self._last_failure["reply"] < PROBE_AFTER:
+            return False
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._probe_once())
+        return await asyncio.shield(self._probe)
+
+    async def _probe_once(self) -> bool:
+        try:
+            await self._request("GET", "/api/version", None, min(PROBE_TIMEOUT, self.embed_timeout))
+        except OllamaError:
+            self._last_failure["reply"] = time.monotonic()
+            return False
+        log.info("Ollama at %s answers again", self.url)
+        for purpose in ("reply", "background"):
+            self._recovered(purpose)
+        return True
 
     async def model_names(self) -> list[str]:
         """Models pulled on the server (/api/tags)."""
@@ -182,13 +308,18 @@ class OllamaClient:
                 attempt += 1
                 await asyncio.sleep(0.2 * attempt)
 
-    async def _request(self, method: str, path: str, body: dict | None, timeout: float) -> dict:
+    def _open_session(self) -> "aiohttp.ClientSession":
         import aiohttp
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def _request(self, method: str, path: str, body: dict | None, timeout: float) -> dict:
+        import aiohttp
+        session = self._open_session()
         url = self.url + path
         try:
-            async with self._session.request(method, url, json=body,
+            async with session.request(method, url, json=body,
                                              timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 text = await resp.text()
                 status = resp.status
@@ -204,14 +335,21 @@ class OllamaClient:
             data = json.loads(text) if text else {}
         except json.JSONDecodeError:
             data = None
-        error = data.get("error") if isinstance(data, dict) else None
-        if status == 404 and error and "not found" in str(error):
-            model = (body or {}).get("model", "?")
-            raise OllamaModelMissing(model)
-        if status >= 500:
-            raise OllamaUnavailable(f"Ollama at {self.url} answered {status} on {path}: {error or text[:200]}")
         if status >= 400:
-            raise OllamaBadResponse(f"Ollama at {self.url} answered {status} on {path}: {error or text[:200]}")
+            self._raise_for(status, text, path, body)
         if not isinstance(data, dict):
             raise OllamaBadResponse(f"Ollama at {self.url} answered {path} with something that is not JSON")
         return data
+
+    def _raise_for(self, status: int, text: str, path: str, body: dict | None) -> None:
+        """The OllamaError for an HTTP error answer."""
+        try:
+            data = json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            data = None
+        error = data.get("error") if isinstance(data, dict) else None
+        if status == 404 and error and "not found" in str(error):
+            raise OllamaModelMissing((body or {}).get("model", "?"))
+        if status >= 500:
+            raise OllamaUnavailable(f"Ollama at {self.url} answered {status} on {path}: {error or text[:200]}")
+        raise OllamaBadResponse(f"Ollama at {self.url} answered {status} on {path}: {error or text[:200]}")

@@ -29,7 +29,7 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import db, retrieval, store, vectors
+from bot.memory import db, privacy, retrieval, store, vectors
 from bot.memory.db import write_transaction
 from bot.memory.files import DatabaseBusy
 from bot.memory.retrieval import VectorStatus
@@ -64,6 +64,7 @@ class Engine:
         self._reader_local = threading.local()
         self._reader_conns: list[apsw.Connection] = []
         self._reader_lock = threading.Lock()
+        self._paused: set[int] | None = None  # cache of memory_pauses (this process writes it)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -407,3 +408,48 @@ class Engine:
 
     async def stats(self) -> dict:
         return await self._run(store.stats)
+
+    # -- privacy controls ------------------------------------------------------
+
+    async def pause_memory(self, user_id: int) -> bool:
+        """Stop storing anything of this person until `resume_memory`; False if already paused."""
+        changed = await self.write(privacy.pause, user_id, what=f"pause the memory of user {user_id}")
+        (await self._paused_users()).add(user_id)
+        return changed
+
+    async def resume_memory(self, user_id: int) -> bool:
+        changed = await self.write(privacy.resume, user_id, what=f"resume the memory of user {user_id}")
+        (await self._paused_users()).discard(user_id)
+        return changed
+
+    async def memory_paused(self, user_id: int) -> bool:
+        return user_id in await self._paused_users()
+
+    async def take_pause_notice(self, user_id: int) -> bool:
+        """True the first time this is asked during a pause (Muninn then says so, once)."""
+        return await self.write(privacy.take_pause_notice, user_id, what="note the pause notice")
+
+    async def _paused_users(self) -> set[int]:
+        if self._paused is None:
+            self._paused = await self._read(privacy.paused_users)
+        return self._paused
+
+    async def personal_from_messages(self, owner_id: int, message_ids: Sequence[int]) -> list[store.Memory]:
+        return await self._read(privacy.personal_from_messages, owner_id, list(message_ids))
+
+    async def own_memory(self, owner_id: int, memory_id: int) -> store.Memory:
+        """The caller's own memory (personal, or a room memory they taught); MemoryNotFound otherwise."""
+        return await self._read(privacy.own_memory, owner_id, memory_id)
+
+    async def forget_personal(self, owner_id: int, memory_ids: Sequence[int]) -> int:
+        """Delete those of the ids that are the owner's personal memories, leaving no trace."""
+        return await self.write(privacy.forget_personal, owner_id, list(memory_ids),
+                                what=f"forget {len(memory_ids)} memories of user {owner_id}")
+
+    async def last_message_of(self, channel_id: int, author_id: int, before: int | None = None) -> int | None:
+        """The author's latest message in the channel's history, other than `before`."""
+        return await self._read(privacy.last_message_of, channel_id, author_id, before)
+
+    async def drop_own_message(self, author_id: int, message_id: int) -> bool:
+        """"Don't remember this": the author's message leaves the conversation history."""
+        return await self.write(privacy.drop_own_message, author_id, message_id, what="drop a message from the history")

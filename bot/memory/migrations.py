@@ -138,6 +138,15 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX memories_owner_keys ON memories (owner_id, scope, vis_key) WHERE archived_at IS NULL;
     """,
+    # 6: people who paused Muninn's memory of them (/memory pause): nothing of theirs is
+    # extracted or stored until they resume; `notified` = Muninn has told them once.
+    """
+    CREATE TABLE memory_pauses (
+        user_id INTEGER PRIMARY KEY,
+        paused_at REAL NOT NULL,
+        notified INTEGER NOT NULL DEFAULT 0 CHECK (notified IN (0, 1))
+    );
+    """,
 ]
 
 
@@ -158,5 +167,8 @@ def migrate(conn: apsw.Connection) -> int:
                 continue  # another process applied it while we waited for the lock
             conn.execute(MIGRATIONS[number - 1])
             conn.execute(f"PRAGMA user_version = {number}")
-        log.info("applied schema migration %d", number)
+    if current == 0:  # one line, not one per migration: a first start stays quiet
+        log.debug("created the database schema (version %d)", len(MIGRATIONS))
+    elif current < len(MIGRATIONS):
+        log.info("upgraded the database schema from version %d to %d", current, len(MIGRATIONS))
     return len(MIGRATIONS)

@@ -79,6 +79,9 @@ class FakeOllama:
         self.chat_replies: list[Any] = []
         self.default_chat_reply: Any = self._default_reply
         self.requests: list[tuple[str, dict]] = []
+        self.stream_delay = 0.0  # seconds between two streamed pieces (a model writing slowly)
+        self.stream_pieces: int | None = None  # stream in this many pieces instead of word by word
+        self.stream_fail_after: int | None = None  # send an error line after this many pieces
 
     # ----------------------------------------------------------- lifecycle
     @property
@@ -290,7 +293,18 @@ class FakeOllama:
             return web.json_response(chunk(reply, True))
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
-        for piece in re.findall(r"\s*\S+", reply) + re.findall(r"\s+$", reply):
+        if self.stream_pieces:
+            size = -(-len(reply) // self.stream_pieces)
+            pieces = [reply[i:i + size] for i in range(0, len(reply), size)]
+        else:
+            pieces = re.findall(r"\s*\S+", reply) + re.findall(r"\s+$", reply)
+        for number, piece in enumerate(pieces):
+            if number == self.stream_fail_after:  # what Ollama sends when the runner dies mid-answer
+                await resp.write(b'{"error":"fake ollama: model runner has unexpectedly stopped"}\n')
+                await resp.write_eof()
+                return resp
+            if self.stream_delay:
+                await asyncio.sleep(self.stream_delay)
             await resp.write((json.dumps(chunk(piece, False)) + "\n").encode())
         await resp.write((json.dumps(chunk("", True)) + "\n").encode())
         await resp.write_eof()
