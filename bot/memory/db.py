@@ -24,13 +24,53 @@ class DatabaseError(RuntimeError):
     """The database cannot be opened or used; the message says what to do."""
 
 
+class Connection(apsw.Connection):
+    """`with conn:` begins IMMEDIATE at the outermost level (nested blocks stay savepoints).
+
+    Several bot processes (shards) may share the file. A deferred transaction that reads and
+    then writes (the duplicate check before a fact is stored, the lease) would either act on a
+    read another process has made stale, or fail with SQLITE_BUSY_SNAPSHOT when it tries to
+    write. Taking the write lock first makes every such block see the latest data; waiting for
+    the lock is bounded by the busy timeout. Reads outside `with conn:` never wait (WAL)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._began: list[bool] = []
+
+    def __enter__(self) -> "Connection":
+        outermost = not self.in_transaction
+        if outermost:
+            self.execute("BEGIN IMMEDIATE")
+        self._began.append(outermost)
+        try:
+            super().__enter__()
+        except BaseException:
+            self._began.pop()
+            if outermost:
+                self.execute("ROLLBACK")
+            raise
+        return self
+
+    def __exit__(self, etype, evalue, etb) -> bool:
+        outermost = self._began.pop()
+        try:
+            result = super().__exit__(etype, evalue, etb)
+            if outermost and self.in_transaction:
+                self.execute("COMMIT" if etype is None else "ROLLBACK")
+        except BaseException:
+            if outermost and self.in_transaction:
+                self.execute("ROLLBACK")
+            raise
+        return bool(result)
+
+
 def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection:
     """Open (creating if needed) the memory database, load sqlite-vec, apply migrations."""
     path = str(path)
     if path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     try:
-        conn = apsw.Connection(path)
+        conn = Connection(path)
     except apsw.Error as exc:
         raise DatabaseError(f"cannot open database {path!r}: {exc}") from exc
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)

@@ -24,7 +24,7 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import db, privacy, retrieval, store, vectors
+from bot.memory import db, leases, privacy, retrieval, store, vectors
 from bot.memory.scope import Viewer, visible_keys
 from bot.settings import Settings
 
@@ -340,3 +340,22 @@ class Engine:
     async def last_message_of(self, channel_id: int, author_id: int, before: int | None = None) -> int | None:
         """The author's latest message in the channel's history, other than `before`."""
         return await self.run(privacy.last_message_of, channel_id, author_id, before)
+
+    # -- several processes on one database (shards) ------------------------------
+
+    async def take_lease(self, name: str, holder: str, seconds: float) -> bool:
+        """Take or renew the lease `name` for `seconds`; False while another process holds it."""
+        return await self.run(leases.take, name, holder, seconds)
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        return await self.run(leases.release, name, holder)
+
+    async def lease_holder(self, name: str) -> str | None:
+        return await self.run(leases.holder_of, name)
+
+    async def last_run(self, job: str) -> float | None:
+        """When a periodic job last finished (unix seconds), in whichever process ran it."""
+        return await self.run(leases.last_run, job)
+
+    async def record_run(self, job: str, at: float) -> None:
+        await self.run(leases.record_run, job, at)

@@ -148,6 +148,8 @@ def migrate(conn: apsw.Connection) -> int:
             f"database schema version {current} is newer than this Muninn ({len(MIGRATIONS)}); upgrade Muninn")
     for number in range(current + 1, len(MIGRATIONS) + 1):
         with conn:  # one transaction per migration
+            if schema_version(conn) >= number:
+                continue  # another process (a second shard starting at once) applied it meanwhile
             conn.execute(MIGRATIONS[number - 1])
             conn.execute(f"PRAGMA user_version = {number}")
     if current == 0:  # one line, not one per migration: a first start stays quiet
