@@ -45,7 +45,7 @@ class Engine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-db")
         self._conn: apsw.Connection | None = None
         self._throttle = Throttle()
-        self._paused: set[int] | None = None  # cache of memory_pauses (this process writes it)
+        self._paused: set[int] | None = None  # cache of memory_pauses (one process: only it writes them)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -322,7 +322,7 @@ class Engine:
         return await self.run(privacy.take_pause_notice, user_id)
 
     async def _paused_users(self) -> set[int]:
-        if self._paused is None:
+        if self._paused is None or self.settings.shard_count:  # other shards' processes pause people too
             self._paused = await self.run(privacy.paused_users)
         return self._paused
 
