@@ -73,11 +73,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--writes", type=int, default=400)
     args = parser.parse_args(argv)
     rates = {n: asyncio.run(replies_per_second(n, args.replies, args.reply_ms)) for n in (1, 2, 3)}
-    print(f"| Ollama hosts | replies/s | vs one host |\n|---|---|---|")
+    print("| Ollama hosts | replies/s | vs one host |\n|---|---|---|")
     for n, rate in rates.items():
         print(f"| {n} | {rate:.1f} | {rate / rates[1]:.2f}x |")
     writes = {n: writes_per_second(n, args.writes) for n in (1, 2)}
-    print(f"\n| writer processes | memories stored/s | vs one |\n|---|---|---|")
+    print("\n| writer processes | memories stored/s | vs one |\n|---|---|---|")
     for n, rate in writes.items():
         print(f"| {n} | {rate:.0f} | {rate / writes[1]:.2f}x |")
 

@@ -152,3 +152,12 @@ def test_processes_starting_at_once_on_a_new_file_create_the_schema_once(tmp_pat
             conn.close()
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(open_and_close, range(4))) == [len(MIGRATIONS)] * 4
+
+
+async def test_doctor_names_the_process_that_runs_maintenance(two):
+    from bot.cli.doctor import database_checks
+    first, _ = two
+    assert not any(c.name == "maintenance" for c in await asyncio.to_thread(database_checks, first.settings))
+    await first.take_lease("maintenance", "gpu-box:4242:abc", 60)
+    [check] = [c for c in await asyncio.to_thread(database_checks, first.settings) if c.name == "maintenance"]
+    assert check.ok and "gpu-box:4242:abc" in check.detail

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from bot.llm.hosts import split_urls
 from bot.llm.ollama import OllamaClient, OllamaError
-from bot.memory import db, vectors
+from bot.memory import db, leases, vectors
 from bot.memory.migrations import MIGRATIONS, schema_version
 from bot.settings import Settings
 
@@ -44,6 +44,9 @@ def database_checks(settings: Settings) -> list[Check]:
             detail = (f"{info.model}, {info.dim} dimensions" if info else "no vectors yet") + \
                      f"; {missing} active memories without a vector"
             checks.append(Check("vector index", missing == 0, detail, "" if missing == 0 else "muninn maintain"))
+        holder = leases.holder_of(conn, "maintenance")
+        if holder is not None:  # a running bot (one of several shard processes) does the periodic maintenance
+            checks.append(Check("maintenance", True, f"periodic maintenance is run by {holder}"))
     finally:
         conn.close()
     return checks
