@@ -67,6 +67,14 @@ def _url(name: str, raw: str) -> str:
     return raw.rstrip("/")
 
 
+def _urls(name: str, raw: str) -> str:
+    """One URL, or several separated by commas (several Ollama hosts); kept as one string."""
+    parts = [part.strip() for part in raw.split(",")]
+    if len(parts) > 1 and not all(parts):
+        raise SettingsError(f"{name}={raw!r} has an empty entry; separate the URLs with single commas")
+    return ",".join(dict.fromkeys(_url(name, part) for part in parts))
+
+
 def _path(name: str, raw: str) -> Path:
     if not raw.strip():
         raise SettingsError(f"{name} is empty; give a file path such as data/muninn.db")
@@ -104,10 +112,22 @@ def _id_list(name: str, raw: str) -> frozenset[int]:
     return frozenset(out)
 
 
+def _shard_list(name: str, raw: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in raw.replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit():
+            raise SettingsError(f"{name}: {part!r} is not a shard id (a whole number from 0)")
+        out.append(int(part))
+    return tuple(sorted(set(out)))
+
+
 SETTINGS: dict[str, Spec] = {
     "discord_token": Spec("DISCORD_TOKEN", "", "Bot token from https://discord.com/developers/applications (Bot > Reset Token).", _str),
     "db_path": Spec("MUNINN_DB_PATH", "data/muninn.db", "SQLite file holding all memories; created on first start.", _path),
-    "ollama_url": Spec("OLLAMA_URL", "http://localhost:11434", "Ollama server address; empty disables embeddings and chat (FTS-only recall).", _url),
+    "ollama_url": Spec("OLLAMA_URL", "http://localhost:11434", "Ollama server address, or several separated by commas (each call goes to the least busy healthy one); empty disables embeddings and chat (FTS-only recall).", _urls),
     "chat_model": Spec("OLLAMA_CHAT_MODEL", "llama3.2", "Ollama model that writes replies and extracts facts (ollama pull it first).", _str),
     "embed_model": Spec("OLLAMA_EMBED_MODEL", "nomic-embed-text", "Ollama embedding model; changing it needs `muninn reindex`.", _str),
     "embed_timeout": Spec("OLLAMA_EMBED_TIMEOUT", "2.0", "Seconds to wait for one embedding call before recall falls back to FTS-only.", _float(positive=True)),
@@ -133,6 +153,8 @@ SETTINGS: dict[str, Spec] = {
     "reply_queue_limit": Spec("MUNINN_REPLY_QUEUE_LIMIT", "20", "Most messages waiting for an answer in one channel; beyond it messages are only recorded, so a flood cannot pile up work.", _int(1, 1000)),
     "stream_replies": Spec("MUNINN_STREAM_REPLIES", "true", "Show replies on Discord as they are written (one message, edited about once a second) instead of all at once.", _bool),
     "shutdown_seconds": Spec("MUNINN_SHUTDOWN_SECONDS", "10", "On SIGTERM or Ctrl-C: seconds to finish replies in flight, then as many to save facts waiting for extraction, before stopping.", _float(0, 600)),
+    "shard_count": Spec("MUNINN_SHARD_COUNT", "0", "Several bot processes on one database: the total number of Discord shards (0 = one process, no sharding; docs in README, Scaling out).", _int(0, 100_000)),
+    "shard_ids": Spec("MUNINN_SHARD_IDS", "", "With MUNINN_SHARD_COUNT: the comma-separated shard ids this process serves (e.g. 0,1); empty = all of them.", _shard_list),
     "extraction": Spec("MUNINN_EXTRACTION", "true", "Extract facts to remember from each exchange.", _bool),
     "dedup_cosine": Spec("MUNINN_DEDUP_COSINE", "0.92", "Lifecycle: cosine at or above which a new fact (same scope and owner) reinforces an existing memory instead of being stored; also the consolidation threshold (docs/lifecycle.md).", _float(0.0, 1.0)),
     "update_cosine": Spec("MUNINN_UPDATE_COSINE", "0.5", "Lifecycle: cosine at or above which an older memory of the same subject is shown to the LLM to decide whether the new fact replaces it.", _float(0.0, 1.0)),
@@ -176,6 +198,8 @@ class Settings:
     reply_queue_limit: int
     stream_replies: bool
     shutdown_seconds: float
+    shard_count: int
+    shard_ids: tuple[int, ...]
     extraction: bool
     dedup_cosine: float
     update_cosine: float
@@ -208,6 +232,11 @@ def load_settings(env: dict[str, str] | None = None, *, dotenv: bool = True, **o
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError(f"MUNINN_LOG_LEVEL={values['log_level']!r} must be DEBUG, INFO, WARNING or ERROR")
     values["log_level"] = level
+    if values["shard_ids"] and not values["shard_count"]:
+        raise SettingsError("MUNINN_SHARD_IDS is set but MUNINN_SHARD_COUNT is not; set the total number of shards")
+    if any(shard >= values["shard_count"] for shard in values["shard_ids"]):
+        raise SettingsError(f"MUNINN_SHARD_IDS={','.join(map(str, values['shard_ids']))} must be below "
+                            f"MUNINN_SHARD_COUNT={values['shard_count']} (shards count from 0)")
     values.update(overrides)
     if isinstance(values["db_path"], str):
         values["db_path"] = _path("MUNINN_DB_PATH", values["db_path"])

@@ -247,7 +247,8 @@ def stop_on_signals(bot: MuninnBot) -> None:
 
 async def run_bot(settings: Settings) -> None:
     """Run until stopped; StartupError when Discord turns the bot away."""
-    async with MuninnBot(settings) as bot:
+    from cogs.sharding import make_bot  # several processes: MUNINN_SHARD_COUNT / MUNINN_SHARD_IDS
+    async with make_bot(settings) as bot:
         stop_on_signals(bot)
         try:
             await bot.start(settings.discord_token.strip())

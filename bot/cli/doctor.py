@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from bot.llm.hosts import split_urls
 from bot.llm.ollama import OllamaClient, OllamaError
-from bot.memory import db, files, repair, vectors
+from bot.memory import db, files, leases, repair, vectors
 from bot.memory.migrations import MIGRATIONS, schema_version
 from bot.settings import Settings
 
@@ -48,6 +49,9 @@ def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
             detail = (f"{info.model}, {info.dim} dimensions" if info else "no vectors yet") + \
                      f"; {missing} active memories without a vector"
             checks.append(Check("vector index", missing == 0, detail, "" if missing == 0 else "muninn maintain"))
+        holder = leases.holder_of(conn, "maintenance")
+        if holder is not None:  # a running bot (one of several shard processes) does the periodic maintenance
+            checks.append(Check("maintenance", True, f"periodic maintenance is run by {holder}"))
     finally:
         conn.close()
     return checks
@@ -82,17 +86,26 @@ async def ollama_checks(settings: Settings) -> list[Check]:
     if not settings.ollama_url:
         return [Check("ollama", False, "OLLAMA_URL is empty: recall is keyword-only and Muninn cannot chat",
                       "set OLLAMA_URL=http://localhost:11434 in .env")]
+    urls = split_urls(settings.ollama_url)
+    checks: list[Check] = []
+    for url in urls:  # every host: a reply or an embedding may go to any of them
+        checks += await host_checks(settings.replace(ollama_url=url), "" if len(urls) == 1 else f" {url}")
+    return checks
+
+
+async def host_checks(settings: Settings, suffix: str) -> list[Check]:
+    """Reachable, and both models pulled, for one Ollama host (`suffix` names it among several)."""
     async with OllamaClient.from_settings(settings) as client:
         try:
             names = await client.model_names()
         except OllamaError as exc:
-            return [Check("ollama", False, str(exc), "start Ollama with `ollama serve`, or fix OLLAMA_URL")]
-        checks = [Check("ollama", True, f"reachable at {settings.ollama_url}")]
+            return [Check("ollama" + suffix, False, str(exc), "start Ollama with `ollama serve`, or fix OLLAMA_URL")]
+        checks = [Check("ollama" + suffix, True, f"reachable at {settings.ollama_url}")]
         for role, model in (("chat model", settings.chat_model), ("embedding model", settings.embed_model)):
             wanted = {model, f"{model}:latest"}
             present = any(name in wanted for name in names)
-            checks.append(Check(role, present, f"{model} {'is' if present else 'is not'} pulled",
-                                "" if present else f"ollama pull {model}"))
+            checks.append(Check(role + suffix, present, f"{model} {'is' if present else 'is not'} pulled",
+                                "" if present else f"ollama pull {model}" + (f" (on{suffix})" if suffix else "")))
     return checks
 
 

@@ -42,7 +42,7 @@ from bot.conversation import history
 from bot.lifecycle import writes
 from bot.lifecycle.facts import FIRST_PERSON, GENERIC_SUBJECT
 from bot.llm.answers import ask_json
-from bot.memory import decay, store, vectors
+from bot.memory import decay, leases, store, vectors
 from bot.memory.db import get_meta, query_value, set_meta, write_transaction
 from bot.memory.engine import Engine
 from bot.memory.scope import ACTIVE
@@ -430,19 +430,61 @@ def _say(on_step: Callable[[str], None] | None, line: str) -> None:
         on_step(line)
 
 
-async def maintain_periodically(engine: Engine, *, hours: float | None = None, first_delay: float = 60.0) -> None:
+MAINTENANCE_LEASE = "maintenance"
+LEASE_SECONDS = 90.0      # a holder that died blocks maintenance this long at most
+
+
+async def maintain_periodically(engine: Engine, *, hours: float | None = None, first_delay: float = 60.0,
+                                lease_seconds: float = LEASE_SECONDS, holder: str | None = None) -> None:
     """The bot's background task: run maintenance every `hours` (MUNINN_MAINTENANCE_HOURS) until
-    cancelled. A failed run is logged and retried at the next interval."""
+    cancelled. A failed run is logged and retried at the next interval.
+
+    Several bot processes (shards) may share the database: only the holder of the maintenance
+    lease (`bot.memory.leases`, renewed every third of `lease_seconds`) runs it, and the time of
+    the last run is kept in the database, so a process that takes over after the holder stopped
+    or died keeps the same schedule instead of starting one of its own."""
     hours = engine.settings.maintenance_hours if hours is None else hours
     if hours <= 0:
         return
-    await asyncio.sleep(first_delay)
-    while True:
-        try:
-            report = await run_maintenance(engine)
-            log.info("maintenance: %s", "; ".join(report.lines()))
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("maintenance run failed; trying again in %g hours", hours)
-        await asyncio.sleep(hours * 3600)
+    holder = holder or leases.new_holder()
+    held = False
+    not_before = time.time() + first_delay
+    try:
+        while True:
+            taken = await engine.take_lease(MAINTENANCE_LEASE, holder, lease_seconds)
+            if taken != held:
+                held = taken
+                log.info("this process %s the periodic maintenance", "now runs" if held else "no longer runs")
+            if held:
+                last = await engine.last_run(MAINTENANCE_LEASE)
+                due = max(not_before, (last or 0.0) + hours * 3600)
+                if time.time() >= due:
+                    await _run_holding(engine, holder, lease_seconds)
+                    continue
+            await asyncio.sleep(lease_seconds / 3)
+    finally:
+        if held:
+            try:
+                await engine.release_lease(MAINTENANCE_LEASE, holder)
+            except Exception as exc:  # the engine is closing; the lease expires on its own
+                log.debug("could not release the maintenance lease: %s", exc)
+
+
+async def _run_holding(engine: Any, holder: str, lease_seconds: float) -> None:
+    """One maintenance run, renewing the lease while it lasts (a run may outlast the lease)."""
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(lease_seconds / 3)
+            if not await engine.take_lease(MAINTENANCE_LEASE, holder, lease_seconds):
+                log.warning("the maintenance lease was lost during a run (was this process paused?)")
+    renewing = asyncio.create_task(renew())
+    try:
+        report = await run_maintenance(engine)
+        log.info("maintenance: %s", "; ".join(report.lines()))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("maintenance run failed; trying again at the next interval")
+    finally:
+        renewing.cancel()
+    await engine.record_run(MAINTENANCE_LEASE, time.time())

@@ -89,10 +89,14 @@ class OllamaClient:
 
     @classmethod
     def from_settings(cls, settings) -> "OllamaClient":
-        return cls(settings.ollama_url, chat_model=settings.chat_model, embed_model=settings.embed_model,
-                   embed_timeout=settings.embed_timeout, chat_timeout=settings.chat_timeout,
-                   retries=settings.ollama_retries, cooldown=settings.ollama_cooldown,
-                   concurrency=settings.ollama_concurrency)
+        """The client for OLLAMA_URL; several comma-separated hosts get a `hosts.OllamaHosts`."""
+        options = dict(chat_model=settings.chat_model, embed_model=settings.embed_model,
+                       embed_timeout=settings.embed_timeout, chat_timeout=settings.chat_timeout,
+                       retries=settings.ollama_retries, cooldown=settings.ollama_cooldown,
+                       concurrency=settings.ollama_concurrency)
+        from bot.llm.hosts import OllamaHosts, split_urls
+        urls = split_urls(settings.ollama_url)
+        return OllamaHosts(urls, **options) if len(urls) > 1 else cls(settings.ollama_url, **options)
 
     @property
     def enabled(self) -> bool:
@@ -122,7 +126,7 @@ class OllamaClient:
                                     self.embed_timeout, retry_timeouts=False)
         except OllamaUnavailable as exc:
             self._failed("embed")
-            log.warning("embedding failed, recall uses keywords only for %.0f s: %s", self.cooldown, exc)
+            self._log_embed_failure(exc)
             raise
         vectors = data.get("embeddings")
         if not isinstance(vectors, list) or len(vectors) != len(texts) or not all(map(usable_vector, vectors)) \
@@ -245,6 +249,9 @@ class OllamaClient:
             yield
         finally:
             slots.release()
+
+    def _log_embed_failure(self, exc: OllamaError) -> None:
+        log.warning("embedding failed, recall uses keywords only for %.0f s: %s", self.cooldown, exc)
 
     # -- cooldowns -----------------------------------------------------------
 

@@ -29,7 +29,7 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import db, privacy, retrieval, store, vectors
+from bot.memory import db, leases, privacy, retrieval, store, vectors
 from bot.memory.db import write_transaction
 from bot.memory.files import DatabaseBusy
 from bot.memory.retrieval import VectorStatus
@@ -430,7 +430,7 @@ class Engine:
         return await self.write(privacy.take_pause_notice, user_id, what="note the pause notice")
 
     async def _paused_users(self) -> set[int]:
-        if self._paused is None:
+        if self._paused is None or self.settings.shard_count:  # other shards' processes pause people too
             self._paused = await self._read(privacy.paused_users)
         return self._paused
 
@@ -453,3 +453,22 @@ class Engine:
     async def drop_own_message(self, author_id: int, message_id: int) -> bool:
         """"Don't remember this": the author's message leaves the conversation history."""
         return await self.write(privacy.drop_own_message, author_id, message_id, what="drop a message from the history")
+
+    # -- several processes on one database (shards) ------------------------------
+
+    async def take_lease(self, name: str, holder: str, seconds: float) -> bool:
+        """Take or renew the lease `name` for `seconds`; False while another process holds it."""
+        return await self.write(leases.take, name, holder, seconds, what=f"take the {name} lease")
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        return await self.write(leases.release, name, holder, what=f"release the {name} lease")
+
+    async def lease_holder(self, name: str) -> str | None:
+        return await self._read(leases.holder_of, name)
+
+    async def last_run(self, job: str) -> float | None:
+        """When a periodic job last finished (unix seconds), in whichever process ran it."""
+        return await self._read(leases.last_run, job)
+
+    async def record_run(self, job: str, at: float) -> None:
+        await self.write(leases.record_run, job, at, what=f"record the {job} run")

@@ -321,7 +321,7 @@ def neighbours_many(conn: apsw.Connection, info: IndexInfo, items: Sequence[tupl
 
 def prune_changes(conn: apsw.Connection, keep: int = 100_000) -> int:
     """Drop all but the last `keep` entries of the change log (a cache further behind reloads)."""
-    with conn:
+    with write_transaction(conn):
         last = query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")
         conn.execute("DELETE FROM vector_changes WHERE seq <= ?", (last - keep,))
         pruned = conn.changes()

@@ -318,6 +318,7 @@ class FakeDiscord:
         self.heartbeat_acks = 0
         self.gateway_connections: List[GatewayConnection] = []
         self._sessions: Dict[str, Dict[str, Any]] = {}  # session_id -> {intents, token, shard}
+        self.recommended_shards = 1  # what GET /gateway/bot answers as "shards"
 
         self._ready = asyncio.Event()
         self._runner: Optional[web.AppRunner] = None
@@ -773,7 +774,7 @@ class FakeDiscord:
             "v": API_VERSION,
             "user": me,
             "user_settings": {},
-            "guilds": [{"id": gid, "unavailable": True} for gid in self.guilds],
+            "guilds": [{"id": gid, "unavailable": True} for gid in self.guilds if self.serves(conn, gid)],
             "private_channels": [],
             "relationships": [],
             "presences": [],
@@ -789,9 +790,24 @@ class FakeDiscord:
         if conn.shard is not None:
             ready["shard"] = conn.shard
         await self._send_dispatch(conn, "READY", ready)
-        for guild in self.guilds.values():
-            await self._send_dispatch(conn, "GUILD_CREATE", self._public_guild(guild))
+        for gid, guild in self.guilds.items():
+            if self.serves(conn, gid):
+                await self._send_dispatch(conn, "GUILD_CREATE", self._public_guild(guild))
         self._ready.set()
+
+    @staticmethod
+    def shard_of(guild_id: Optional[Snowflake], shard_count: int) -> int:
+        """Discord's rule: a guild's events go to shard (guild_id >> 22) % shard_count; DMs to shard 0."""
+        return 0 if guild_id is None else (int(guild_id) >> 22) % shard_count
+
+    @classmethod
+    def serves(cls, conn: GatewayConnection, guild_id: Optional[Snowflake]) -> bool:
+        """Whether a connection gets the events of this guild (None: a DM). An unsharded
+        connection (no "shard" in IDENTIFY) gets everything."""
+        if not conn.shard:
+            return True
+        shard_id, shard_count = conn.shard
+        return cls.shard_of(guild_id, int(shard_count)) == int(shard_id)
 
     async def _resume(self, conn: GatewayConnection, d: Dict[str, Any]) -> None:
         self.resumes.append(d)
@@ -854,7 +870,7 @@ class FakeDiscord:
         sent = 0
         for conn in conns:
             data = make(conn)
-            if data is None:
+            if data is None or not self.serves(conn, data.get("guild_id")):
                 continue
             if event == "MESSAGE_CREATE":
                 self._store_message(data)
@@ -1265,7 +1281,7 @@ class FakeDiscord:
     async def _get_gateway_bot(self, request, p, body, files):
         return _json({
             "url": self.gateway_url,
-            "shards": 1,
+            "shards": self.recommended_shards,
             "session_start_limit": {"total": 1000, "remaining": 999, "reset_after": 14400000, "max_concurrency": 1},
         })
 

@@ -1,0 +1,183 @@
+"""Several Ollama hosts behind one client: OLLAMA_URL=http://gpu1:11434,http://gpu2:11434.
+
+Each host is a plain `OllamaClient` with everything that client keeps per server: its
+cooldowns per purpose, its recovery probe, its chat slots (OLLAMA_MAX_CONCURRENCY per host).
+`OllamaHosts` only chooses: every call (reply, streamed reply, embedding, background work)
+goes to the least busy host that is not cooling down for that purpose (fewest of our calls in
+flight; ties take turns), and when a host cannot be reached the same call moves on to the
+next one, with one log line naming the failed host. A streamed reply moves on only before
+its first piece (a person never sees half an answer twice). Replies may still go to a
+cooling host when every other one failed: its probe (`OllamaClient._back_up`) is what brings
+a host back. Embeddings and background work skip cooling hosts until their cooldown ends.
+When every host failed, the call raises like the single-host client, so the callers' usual
+fallbacks apply (keyword-only recall, "cannot think right now").
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from bot.llm.ollama import OllamaClient, OllamaError, OllamaUnavailable, Purpose
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def split_urls(raw: str) -> list[str]:
+    """The hosts of an OLLAMA_URL value, in order, without blanks or repeats."""
+    return list(dict.fromkeys(part.strip().rstrip("/") for part in raw.split(",") if part.strip()))
+
+
+class _Host(OllamaClient):
+    """One host of several: its failures are logged by `OllamaHosts`, which knows whether
+    another host took the call over (so the line never claims recall lost its vectors when it
+    did not)."""
+
+    def _log_embed_failure(self, exc: OllamaError) -> None:
+        pass
+
+
+class OllamaHosts(OllamaClient):
+    """The `OllamaClient` API over several hosts (see the module docstring)."""
+
+    def __init__(self, urls: Sequence[str], **options: Any):
+        if not urls:
+            raise ValueError("OllamaHosts needs at least one URL")
+        super().__init__(",".join(urls), **options)
+        self.hosts: list[OllamaClient] = [_Host(url, **options) for url in urls]
+        self.in_flight: dict[str, int] = {host.url: 0 for host in self.hosts}
+        self._turn = 0
+        self._probes: set[asyncio.Task] = set()
+
+    async def close(self) -> None:
+        for probe in list(self._probes):
+            probe.cancel()
+        await asyncio.gather(*self._probes, return_exceptions=True)
+        for host in self.hosts:
+            await host.close()
+
+    def cooling_down(self, purpose: Purpose) -> bool:
+        return all(host.cooling_down(purpose) for host in self.hosts)
+
+    # -- choosing a host -----------------------------------------------------
+
+    def candidates(self, purpose: Purpose) -> list[OllamaClient]:
+        """The hosts to try, best first: healthy ones by load (ties take turns); for replies
+        then the cooling ones, whose recovery probe may find them back."""
+        count = len(self.hosts)
+        self._turn = (self._turn + 1) % count
+        turn = [self.hosts[(self._turn + i) % count] for i in range(count)]
+        healthy = sorted((h for h in turn if not h.cooling_down(purpose)), key=lambda h: self.in_flight[h.url])
+        cooling = [h for h in turn if h.cooling_down(purpose)] if purpose == "reply" else []
+        if healthy:
+            for host in cooling:
+                self._probe_soon(host)
+        return healthy + cooling
+
+    def _probe_soon(self, host: OllamaClient) -> None:
+        """While other hosts take the replies, ask a cooling host in the background whether it is
+        back (its own probe: at most one at a time, none in the first PROBE_AFTER seconds)."""
+        probe = asyncio.get_running_loop().create_task(host._back_up())
+        self._probes.add(probe)
+        probe.add_done_callback(self._probes.discard)
+
+    async def _first_that_answers(self, purpose: Purpose, call: Callable[[OllamaClient], Awaitable[T]],
+                                  deadline: float | None = None) -> T:
+        hosts = self.candidates(purpose)
+        if not hosts:
+            raise OllamaUnavailable(f"every Ollama host ({self.url}) failed moments ago; "
+                                    "not asking again for a few seconds")
+        failure: OllamaUnavailable | None = None
+        for host in hosts:
+            if deadline is not None and deadline - time.monotonic() < 0.05:
+                break
+            was_cooling = host.cooling_down(purpose)
+            self.in_flight[host.url] += 1
+            try:
+                return await call(host)
+            except OllamaUnavailable as exc:
+                failure = exc
+                if not was_cooling:
+                    self._log_skip(host, purpose, exc)
+            finally:
+                self.in_flight[host.url] -= 1
+        assert failure is not None
+        raise failure
+
+    def _log_skip(self, host: OllamaClient, purpose: Purpose, exc: OllamaError) -> None:
+        log.warning("Ollama host %s failed a %s call, skipping it for %.0f s: %s", host.url, purpose,
+                    self.cooldown, exc)
+
+    # -- the OllamaClient API ------------------------------------------------
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if self.cooling_down("embed"):
+            raise OllamaUnavailable("every Ollama host failed recently; skipping embeddings during the cooldown")
+        try:
+            return await self._first_that_answers("embed", lambda host: host.embed(texts))
+        except OllamaUnavailable as exc:
+            log.warning("embedding failed on every Ollama host, recall uses keywords only for %.0f s: %s",
+                        self.cooldown, exc)
+            raise
+
+    async def chat(self, messages: list[dict[str, str]], *, format: Any = None,
+                   options: dict[str, Any] | None = None, timeout: float | None = None,
+                   background: bool = False) -> str:
+        timeout = timeout or self.chat_timeout
+        deadline = time.monotonic() + timeout
+
+        def ask(host: OllamaClient) -> Awaitable[str]:
+            return host.chat(messages, format=format, options=options, background=background,
+                             timeout=max(0.1, deadline - time.monotonic()))
+        return await self._first_that_answers("background" if background else "reply", ask, deadline)
+
+    async def chat_stream(self, messages: list[dict[str, str]], *,
+                          timeout: float | None = None) -> AsyncGenerator[str, None]:
+        hosts = self.candidates("reply")
+        failure: OllamaUnavailable | None = None
+        for host in hosts:
+            was_cooling = host.cooling_down("reply")
+            started = False
+            self.in_flight[host.url] += 1
+            try:
+                async for piece in host.chat_stream(messages, timeout=timeout):
+                    started = True
+                    yield piece
+                return
+            except OllamaUnavailable as exc:
+                if started:
+                    raise
+                failure = exc
+                if not was_cooling:
+                    self._log_skip(host, "reply", exc)
+            finally:
+                self.in_flight[host.url] -= 1
+        raise failure or OllamaUnavailable(f"no Ollama host ({self.url}) answered")
+
+    async def model_names(self) -> list[str]:
+        """The models that every reachable host has (a reply may go to any of them); raises
+        only when no host answers."""
+        found: list[list[str]] = []
+        failure: OllamaError | None = None
+        for host in self.hosts:
+            try:
+                found.append(await host.model_names())
+            except OllamaError as exc:
+                failure = exc
+        if not found:
+            assert failure is not None
+            raise failure
+        return [name for name in found[0] if all(name in names for names in found[1:])]
+
+    async def models_per_host(self) -> dict[str, list[str] | OllamaError]:
+        """Each host's pulled models, or why it could not say (for `muninn doctor`)."""
+        out: dict[str, list[str] | OllamaError] = {}
+        for host in self.hosts:
+            try:
+                out[host.url] = await host.model_names()
+            except OllamaError as exc:
+                out[host.url] = exc
+        return out

@@ -1,0 +1,163 @@
+"""Several processes on one SQLite file: the maintenance lease, and facts stored by two at once.
+
+Each Engine has its own connection and database thread, so two engines on one file contend
+for SQLite's locks exactly as two bot processes do."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from bot.lifecycle import maintenance
+from bot.lifecycle.fact_store import store_facts
+from bot.lifecycle.facts import Fact
+from bot.memory import leases
+from bot.memory.engine import Engine
+from tests.helpers import ALICE, CHANNEL, GUILD, exchange, memories_of, one
+
+DAY = 86400.0
+
+
+@pytest.fixture
+async def two(fake_ollama, make_settings):
+    """Two engines (two "processes") on one database file."""
+    settings = make_settings(fake_ollama.url)
+    async with Engine(settings) as first, Engine(settings) as second:
+        yield first, second
+
+
+async def test_one_lease_holder_at_a_time_and_a_free_or_expired_lease_is_taken(two):
+    first, second = two
+    assert await first.take_lease("job", "a", 60) and not await second.take_lease("job", "b", 60)
+    assert await first.take_lease("job", "a", 60)                 # the holder renews
+    assert await second.lease_holder("job") == "a"
+    assert not await second.release_lease("job", "b")             # only the holder can give it up
+    assert await first.release_lease("job", "a") and await second.lease_holder("job") is None
+    assert await second.take_lease("job", "b", 0.05) and not await first.take_lease("job", "a", 60)
+    await asyncio.sleep(0.1)                                       # "b" died without releasing
+    assert await first.lease_holder("job") is None and await first.take_lease("job", "a", 60)
+
+
+async def test_contenders_racing_for_a_free_lease_get_exactly_one_holder(make_settings, fake_ollama):
+    settings = make_settings(fake_ollama.url)
+    engines = [Engine(settings) for _ in range(4)]
+    try:
+        for engine in engines:
+            await engine.start()
+        for round_ in range(5):
+            won = await asyncio.gather(*(e.take_lease(f"race{round_}", f"h{i}", 60) for i, e in enumerate(engines)))
+            assert sum(won) == 1
+    finally:
+        for engine in engines:
+            await engine.close()
+
+
+async def test_maintenance_runs_in_exactly_one_process_and_the_other_takes_over(two, caplog):
+    first, second = two
+    faded = await first.remember(Fact("Alice had toast.", "Alice", "personal", 0.1, ALICE, CHANNEL, GUILD)
+                                 .to_new_memory(created_at=time.time() - 60 * DAY))
+    runs: list[str] = []
+    real_run = maintenance.run_maintenance
+
+    async def counted(engine):
+        runs.append("first" if engine is first else "second")
+        return await real_run(engine)
+
+    with caplog.at_level(logging.INFO, logger="bot.lifecycle.maintenance"):
+        maintenance.run_maintenance = counted  # type: ignore[assignment]
+        try:
+            tasks = {name: asyncio.create_task(maintenance.maintain_periodically(
+                engine, hours=1.0, first_delay=0.0, lease_seconds=0.3, holder=name))
+                for name, engine in (("first", first), ("second", second))}
+            for _ in range(100):
+                if runs and await first.last_run("maintenance") is not None:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.3)                        # two renewals later: still one run
+            assert len(runs) == 1 and (await one(first, faded)).archived_at is not None
+            holder = await first.lease_holder("maintenance")
+            assert holder == runs[0]
+            tasks[holder].cancel()                          # the holder stops (and releases the lease)
+            await asyncio.gather(tasks[holder], return_exceptions=True)
+            other = "second" if holder == "first" else "first"
+            for _ in range(50):
+                if await first.lease_holder("maintenance") == other:
+                    break
+                await asyncio.sleep(0.02)
+            assert await first.lease_holder("maintenance") == other
+            await asyncio.sleep(0.2)
+            assert len(runs) == 1            # the schedule is shared: the next run is due in an hour
+            tasks[other].cancel()
+            await asyncio.gather(tasks[other], return_exceptions=True)
+        finally:
+            maintenance.run_maintenance = real_run  # type: ignore[assignment]
+    assert await first.lease_holder("maintenance") is None
+    assert sum("now runs the periodic maintenance" in r.getMessage() for r in caplog.records) == 2
+
+
+async def test_a_holder_that_dies_is_replaced_when_its_lease_expires(two):
+    first, second = two
+    assert await first.take_lease(maintenance.MAINTENANCE_LEASE, "crashed", 0.3)   # never renewed, never released
+    task = asyncio.create_task(maintenance.maintain_periodically(second, hours=1.0, first_delay=0.0,
+                                                                lease_seconds=0.3, holder="heir"))
+    try:
+        await asyncio.sleep(0.15)
+        assert await second.last_run(maintenance.MAINTENANCE_LEASE) is None   # not while the lease stands
+        for _ in range(100):
+            if await second.last_run(maintenance.MAINTENANCE_LEASE) is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert await second.lease_holder(maintenance.MAINTENANCE_LEASE) == "heir"
+        assert await second.last_run(maintenance.MAINTENANCE_LEASE) is not None
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_two_processes_storing_the_same_facts_at_once_store_each_once(two, fake_ollama):
+    first, second = two
+    texts = [f"Alice's locker number is {n}" for n in range(8)]
+    facts = [Fact(text, "Alice", "personal", 0.6, ALICE, CHANNEL, GUILD, (n,)) for n, text in enumerate(texts)]
+    outcomes = await asyncio.gather(*(store_facts(engine, [fact], exchange(fact.text, message_id=n))
+                                      for n, fact in enumerate(facts) for engine in (first, second)))
+    stored = await memories_of(first)
+    assert sorted(m.text for m in stored) == sorted(texts)           # each fact once, none lost
+    for n in range(len(texts)):
+        assert outcomes[2 * n] == outcomes[2 * n + 1]                # the second one reinforced the first
+
+
+def test_the_lease_row_is_one_statement_per_take(tmp_path):
+    """A lease taken at `now` by one holder is refused to another until it expires (pure SQL)."""
+    from bot.memory import db
+    conn = db.connect(tmp_path / "m.db")
+    assert leases.take(conn, "x", "a", 10, now=100.0) and not leases.take(conn, "x", "b", 10, now=109.0)
+    assert leases.take(conn, "x", "b", 10, now=111.0) and leases.holder_of(conn, "x", now=111.0) == "b"
+    conn.close()
+
+
+def test_processes_starting_at_once_on_a_new_file_create_the_schema_once(tmp_path):
+    """Several shards started together by systemd: each applies the migrations it finds missing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bot.memory import db
+    from bot.memory.migrations import MIGRATIONS, schema_version
+
+    def open_and_close(_: int) -> int:
+        conn = db.connect(tmp_path / "new.db")
+        try:
+            return schema_version(conn)
+        finally:
+            conn.close()
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(open_and_close, range(4))) == [len(MIGRATIONS)] * 4
+
+
+async def test_doctor_names_the_process_that_runs_maintenance(two):
+    from bot.cli.doctor import database_checks
+    first, _ = two
+    assert not any(c.name == "maintenance" for c in await asyncio.to_thread(database_checks, first.settings))
+    await first.take_lease("maintenance", "gpu-box:4242:abc", 60)
+    [check] = [c for c in await asyncio.to_thread(database_checks, first.settings) if c.name == "maintenance"]
+    assert check.ok and "gpu-box:4242:abc" in check.detail
