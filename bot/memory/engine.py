@@ -24,7 +24,7 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import db, retrieval, store, vectors
+from bot.memory import db, ranking, retrieval, store, vectors
 from bot.memory.scope import Viewer, visible_keys
 from bot.settings import Settings
 
@@ -241,12 +241,17 @@ class Engine:
         t1 = time.perf_counter()
         fused = retrieval.fuse(fts_hits, vector_hits, k=self.settings.rrf_k, limit=len(fts_hits) + len(vector_hits),
                                weight_fts=self.settings.rrf_weight_fts, weight_vector=self.settings.rrf_weight_vec)
-        fused = retrieval.spread_to_neighbours(conn, fused, keys, self.settings.neighbour_share, as_of)[:limit]
+        fused = retrieval.spread_to_neighbours(conn, fused, keys, self.settings.neighbour_share, as_of)
+        fused = ranking.apply_time(conn, fused, now, self.settings.time_weight)[:limit]
         linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
         ids = [c.memory_id for c in chosen]
+        if vector is not None and ids:
+            ranking.measure_similarity(conn, info, vector, chosen)
         if touch and ids:
-            store.touch(conn, ids, growth=self.settings.stability_growth, now=now)
+            floor = ranking.touch_floor(self.settings.embed_model, self.settings.touch_min_cosine)
+            relevant = ranking.worth_touching(chosen, vector_ran=vector is not None, floor=floor)
+            store.touch(conn, relevant, growth=self.settings.stability_growth, now=now)
         memories = store.get_many(conn, ids)
         t2 = time.perf_counter()
         return (memories, chosen, retrieval.mode_of(vector is not None, fts_hits),
