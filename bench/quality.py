@@ -28,7 +28,7 @@ import re
 import shutil
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import apsw
@@ -57,13 +57,13 @@ EMBED_CACHE = RESULTS / "embeddings-minilm.npz"
 
 def session_time(text: str) -> float:
     """'1:56 pm on 8 May, 2023' -> unix seconds (UTC)."""
-    return datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC).timestamp()
 
 
 def import_records(conv: dict, owner_id: int) -> list[dict]:
     """The conversation as `muninn import` JSON records, one per turn, in order."""
     c = conv["conversation"]
-    sessions = sorted((int(k.split("_")[1]) for k in c if re.fullmatch(r"session_\d+", k)))
+    sessions = sorted(int(k.split("_")[1]) for k in c if re.fullmatch(r"session_\d+", k))
     out = []
     for n in sessions:
         when = session_time(c[f"session_{n}_date_time"])
@@ -234,6 +234,33 @@ def cosine_report(rows: list[dict]) -> dict:
     return out
 
 
+FLOORS = (0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
+
+
+async def floor_report(corpus: Corpus, path: Path, url: str, env: dict) -> dict:
+    """For choosing the touch floor of this embedding model: the cosine between each question
+    (categories 1-4) and its evidence turns versus every other turn of its conversation, and
+    the share of each above candidate floors."""
+    async with Engine(load_settings(dict(env, MUNINN_DB_PATH=str(path), OLLAMA_URL=url))) as engine:
+        texts = {sid: [store.clean_text(r["text"]) for r in records] for sid, records in corpus.records.items()}
+        asks = [q for q in corpus.asks if q["category"] != 5]
+        turn_vecs = {sid: np.asarray(await engine.embed_or_none(t), dtype=np.float32) for sid, t in texts.items()}
+        question_vecs = np.asarray(await engine.embed_or_none([q["question"] for q in asks]), dtype=np.float32)
+    evidence: list[float] = []
+    other: list[float] = []
+    for q, qv in zip(asks, question_vecs):
+        ids = [r["external_id"] for r in corpus.records[q["conversation"]]]
+        m = turn_vecs[q["conversation"]]
+        cos = (m / np.linalg.norm(m, axis=1, keepdims=True)) @ (qv / np.linalg.norm(qv))
+        for eid, c in zip(ids, cos.tolist()):
+            (evidence if eid in q["evidence"] else other).append(c)
+    ev, ot = np.asarray(evidence), np.asarray(other)
+    return {"evidence": {f"p{p}": round(float(np.percentile(ev, p)), 4) for p in (5, 10, 25, 50)} | {"n": len(ev)},
+            "other": {f"p{p}": round(float(np.percentile(ot, p)), 4) for p in (50, 75, 90, 95, 99)} | {"n": len(ot)},
+            "share_above": {str(f): {"evidence": round(float((ev >= f).mean()), 4),
+                                     "other": round(float((ot >= f).mean()), 4)} for f in FLOORS}}
+
+
 async def evaluate(data: list[dict], url: str, env: dict, modes: tuple[str, ...], limit: int,
                    protocols: dict[str, float | None] | None = None, touch: bool = True,
                    keep_rows: bool = False) -> dict:
@@ -245,6 +272,8 @@ async def evaluate(data: list[dict], url: str, env: dict, modes: tuple[str, ...]
         template = Path(tmp) / "template.db"
         await import_all(corpus, template, url, env)
         bm25_rows = ask_bm25(corpus, limit) if "bm25" in modes else []
+        if any(m != "fts" for m in modes if m != "bm25"):
+            results["touch_floor"] = await floor_report(corpus, Path(tmp) / "floor.db", url, env)
         for name, days_after in protocols.items():
             results[name] = {}
             for mode in modes:
@@ -263,9 +292,10 @@ async def evaluate(data: list[dict], url: str, env: dict, modes: tuple[str, ...]
 
 
 def print_table(results: dict) -> None:
+    floors = results.pop("touch_floor", None)
     protocols = list(results)
     modes = list(results[protocols[0]])
-    print(f"\nR@5 / R@10 / MRR by as_of (touch on, questions in order)")
+    print("\nR@5 / R@10 / MRR by as_of (touch on, questions in order)")
     print(f"{'group':<12} {'mode':<7} {'n':>4} " + " ".join(f"{p:>20}" for p in protocols))
     for group in GROUPS:
         for mode in modes:
@@ -281,6 +311,14 @@ def print_table(results: dict) -> None:
             cells = " ".join(f"{name} {age[name]['r10'] if age[name]['r10'] is not None else '-':>6} (n {age[name]['n']:>3})"
                              for _, _, name in AGE_BUCKETS)
             print(f"{p:<6} {mode:<7} {cells}  recent share {age['top10_share_last_14d']}")
+    if floors:
+        print("\ncosine question-turn: evidence", floors["evidence"], "\n                     other   ", floors["other"])
+        print("share at or above a floor (evidence / other turns):",
+              "  ".join(f"{f}: {v['evidence']:.3f} / {v['other']:.3f}" for f, v in floors["share_above"].items()))
+        hybrid = results[protocols[0]].get("hybrid", {}).get("cosine")
+        if hybrid:
+            print("cosine of what hybrid recalls (top 10):", hybrid)
+        results["touch_floor"] = floors
 
 
 def main(argv: list[str] | None = None) -> None:

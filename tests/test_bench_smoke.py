@@ -57,6 +57,10 @@ async def test_quality_benchmark_on_one_conversation(tmp_path):
     async with FakeOllama(models=[quality.MINILM_NAME], dim=384) as fake:
         results = await quality.evaluate([CONVERSATION], fake.url, env, quality.MODES, 10,
                                          {"+1d": 1.0, "none": None})
+    floors = results.pop("touch_floor")  # question-turn cosines, for choosing the touch floor
+    assert floors["evidence"]["n"] == 3 and floors["other"]["n"] == 2 * 5 - 3  # 2 questions x 5 turns
+    shares = [v["other"] for v in floors["share_above"].values()]
+    assert shares == sorted(shares, reverse=True)  # a higher floor lets fewer through
     assert set(results) == {"+1d", "none"}
     assert set(results["+1d"]) == {"bm25", "fts", "vector", "hybrid"}
     for mode in ("bm25", "fts"):

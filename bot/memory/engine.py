@@ -24,7 +24,7 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import db, ranking, retrieval, store, vectors
+from bot.memory import dates, db, ranking, retrieval, store, vectors
 from bot.memory.scope import Viewer, visible_keys
 from bot.settings import Settings
 
@@ -221,7 +221,7 @@ class Engine:
                                               f"vector, the index holds {info.dim}: run `muninn reindex`")
                 vector, status = None, "wrong-size"
         memories, candidates, mode, finish = await self.run(
-            self._finish_step, keys, fts_hits, info, vector, limit, now, as_of, touch)
+            self._finish_step, keys, fts_hits, info, vector, limit, now, as_of, touch, dates.hints(query))
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
                                         memories=[retrieval.Recalled(memories[c.memory_id], c)
                                                   for c in candidates if c.memory_id in memories])
@@ -234,7 +234,7 @@ class Engine:
         hits = retrieval.fts_candidates(conn, query, keys, candidates, now, as_of)
         return keys, hits, vectors.index_info(conn)
 
-    def _finish_step(self, conn, keys, fts_hits, info, vector, limit, now, as_of, touch):
+    def _finish_step(self, conn, keys, fts_hits, info, vector, limit, now, as_of, touch, date_hints=()):
         t0 = time.perf_counter()
         vector_hits = (retrieval.vector_candidates(conn, info, vector, keys, limit * 3, as_of)
                        if vector is not None else [])
@@ -242,7 +242,8 @@ class Engine:
         fused = retrieval.fuse(fts_hits, vector_hits, k=self.settings.rrf_k, limit=len(fts_hits) + len(vector_hits),
                                weight_fts=self.settings.rrf_weight_fts, weight_vector=self.settings.rrf_weight_vec)
         fused = retrieval.spread_to_neighbours(conn, fused, keys, self.settings.neighbour_share, as_of)
-        fused = ranking.apply_time(conn, fused, now, self.settings.time_weight)[:limit]
+        fused = ranking.final_order(conn, fused, now, time_weight=self.settings.time_weight, date_hints=date_hints,
+                                    date_boost=self.settings.date_boost, tz=self.settings.timezone)[:limit]
         linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
         ids = [c.memory_id for c in chosen]

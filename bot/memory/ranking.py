@@ -2,36 +2,43 @@
 
 Relevance decides, time breaks near-ties. Each candidate's fused relevance (RRF of its
 BM25 rank and its vector rank, plus the neighbour loan: retrieval.fuse and
-retrieval.spread_to_neighbours; neither path looks at time) is multiplied by a small
-time factor:
+retrieval.spread_to_neighbours; neither looks at time) is multiplied by two factors:
 
-    score    = relevance x (1 + TIME_WEIGHT x vitality)
-    vitality = retention x (1 + importance) / 2          in [0, 1]
+    score     = relevance x (1 + TIME_WEIGHT x vitality) x (1 + DATE_BOOST if stored on a date the query names)
+    vitality  = retention x (1 + importance) / 2                      in [0, 1]
     retention = exp(-days since last recall (or creation) / stability)   (bot/memory/decay.py)
 
-With the chosen weight (0.1) a fresh, important memory gains at most 10 %: enough to
-order two near-equally relevant memories, never enough to lift an irrelevant recent one
-over a relevant old one (adjacent fused ranks differ by 15-25 % at RRF k = 3).
-The seed ranked keyword hits by BM25 x strength x (1 + importance), which let a
-months-old memory fall below everything said this week (bench/README.md).
+With TIME_WEIGHT 0.05 a fresh, important memory gains at most 5 %: enough to order two
+equally relevant memories, never enough to lift an irrelevant recent one over a relevant
+old one (adjacent RRF ranks differ by 8-25 % at k = 3). The seed ranked keyword hits by
+BM25 x strength x (1 + importance), so a months-old memory fell below anything said this
+week (LoCoMo dev asked the day after: hybrid R@10 0.646 -> 0.726, bench/README.md).
+Decay, strength and importance still decide what maintenance archives.
+
+A date the question names ("on 7 July, 2023", "in August": bot/memory/dates.py) doubles
+the score of candidates stored on that day or in that month (DATE_BOOST 1.0).
 
 Touch (a recall strengthens a memory) goes only to memories that were relevant:
 cosine to the query at least the embedding model's floor (TOUCH_FLOORS, measured on
-LoCoMo; MUNINN_TOUCH_MIN_COSINE overrides). Without a query vector (keyword-only
-recall) every returned keyword hit counts, as before.
+LoCoMo; MUNINN_TOUCH_MIN_COSINE overrides), or, for a model without a measured floor,
+at least RELATIVE_FLOOR x the best cosine among the recalled. Without a query vector
+(keyword-only recall) every returned keyword hit counts, as before.
 """
 from __future__ import annotations
 
 import math
 import struct
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from datetime import UTC, tzinfo
 
 import apsw
 
 from bot.memory import decay, vectors
+from bot.memory.dates import DateHint
 from bot.memory.retrieval import Candidate, rank
 
-TIME_WEIGHT = 0.1
+TIME_WEIGHT = 0.05
+DATE_BOOST = 1.0
 
 # Cosine floors per embedding model family (the name before the tag), measured on the
 # LoCoMo dev split (bench/README.md, "Touch floor"). Unknown models use the relative rule.
@@ -49,19 +56,24 @@ def time_factor(vital: float, weight: float = TIME_WEIGHT) -> float:
     return 1.0 + weight * vital
 
 
-def apply_time(conn: apsw.Connection, candidates: Iterable[Candidate], now: float,
-               weight: float = TIME_WEIGHT) -> list[Candidate]:
-    """Re-rank by relevance x time factor (see the module doc)."""
+def final_order(conn: apsw.Connection, candidates: Iterable[Candidate], now: float, *,
+                time_weight: float = TIME_WEIGHT, date_hints: Sequence[DateHint] = (),
+                date_boost: float = DATE_BOOST, tz: tzinfo = UTC) -> list[Candidate]:
+    """Re-rank by relevance x time factor x date factor (see the module doc)."""
     pool = list(candidates)
-    if not pool or weight == 0:
+    if not pool or (time_weight == 0 and not (date_hints and date_boost)):
         return rank(pool)
     ids = [c.memory_id for c in pool]
     rows = conn.execute(
-        "SELECT id, coalesce(last_accessed, created_at), stability, importance FROM memories "
+        "SELECT id, coalesce(last_accessed, created_at), stability, importance, created_at FROM memories "
         f"WHERE id IN ({','.join('?' * len(ids))})", ids)
-    vital = {row[0]: vitality(now, row[1], row[2], row[3]) for row in rows}
+    factor = {}
+    for memory_id, last_seen, stability, importance, created_at in rows:
+        named = any(hint.covers(created_at, tz) for hint in date_hints)
+        factor[memory_id] = (time_factor(vitality(now, last_seen, stability, importance), time_weight)
+                             * (1.0 + date_boost if named else 1.0))
     for cand in pool:
-        cand.fused *= time_factor(vital.get(cand.memory_id, 0.0), weight)
+        cand.fused *= factor.get(cand.memory_id, 1.0)
     return rank(pool)
 
 
