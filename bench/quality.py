@@ -35,7 +35,7 @@ import apsw
 import numpy as np
 
 from bot.cli import importer
-from bot.memory import fts, store
+from bot.memory import fts, ranking, store
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from bot.settings import SETTINGS, load_settings
@@ -217,24 +217,35 @@ def age_report(rows: list[dict], created: dict[str, float]) -> dict:
 
 
 def cosine_report(rows: list[dict]) -> dict:
-    """Percentiles of the cosine of recalled memories that are evidence and that are not."""
+    """Percentiles of the cosine of recalled memories that are evidence and that are not, and
+    the share of each that the touch rules (absolute floor, relative to the best) would touch."""
     evidence: list[float] = []
     other: list[float] = []
+    relative: dict[str, list[float]] = {"evidence": [], "other": []}
     for row in rows:
         if row["category"] == 5:
             continue
+        known = [c for c in row["cosines"] if c is not None]
+        best = max(known, default=0.0)
         for eid, cos in zip(row["ranked"], row["cosines"]):
             if cos is not None:
-                (evidence if eid in row["evidence"] else other).append(cos)
-    out = {}
+                kind = "evidence" if eid in row["evidence"] else "other"
+                (evidence if kind == "evidence" else other).append(cos)
+                relative[kind].append(cos / best if best > 0 else 0.0)
+    out: dict = {}
     for name, values in (("evidence", evidence), ("other", other)):
         if values:
             out[name] = {f"p{p}": round(float(np.percentile(values, p)), 4) for p in (5, 10, 25, 50, 75, 90)}
             out[name]["n"] = len(values)
+            out[name]["touched_by_floor"] = {str(f): round(float(np.mean(np.asarray(values) >= f)), 4) for f in FLOORS}
+            ratios = np.asarray(relative[name])
+            out[name]["touched_by_relative_rule"] = {str(r): round(float(np.mean(ratios >= r)), 4)
+                                                     for r in RATIOS}
     return out
 
 
 FLOORS = (0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
+RATIOS = (0.5, 0.6, 0.7, ranking.RELATIVE_FLOOR)  # cosine / the best recalled cosine of the same question
 
 
 async def floor_report(corpus: Corpus, path: Path, url: str, env: dict) -> dict:

@@ -4,8 +4,9 @@
 S its stability in days. A new memory starts at S = base × (1 + 2 × importance), so
 an important memory fades three times slower; each recall multiplies S by the growth
 factor (spaced repetition: recalled memories fade ever more slowly) and resets Δt.
-Retrieval ranks keyword matches by relevance × strength × (1 + importance), where
-strength = floor + (1 - floor) × R, so a faded memory still counts a little.
+Retention decides what maintenance archives; in ranking it only breaks near-ties
+(bot/memory/ranking.py). `strength` (floor + (1 - floor) × R) is the seed's ranking
+factor, no longer used by recall.
 """
 from __future__ import annotations
 
