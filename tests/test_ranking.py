@@ -103,3 +103,15 @@ def test_the_floor_is_per_model_with_a_relative_rule_for_unmeasured_models():
     chosen = [Candidate(1, similarity=0.8), Candidate(2, similarity=0.41), Candidate(3, similarity=0.39)]
     assert ranking.worth_touching(chosen, vector_ran=True, floor=None) == [1, 2]  # >= half the best
     assert ranking.worth_touching(chosen, vector_ran=False, floor=0.7) == [1, 2, 3]  # keyword-only: all hits
+
+
+def test_a_clear_keyword_winner_leads():
+    from bot.memory.retrieval import Candidate
+    paraphrase = Candidate(1, vector_rank=1, fused=0.5)
+    exact = Candidate(2, fts_rank=1, fts_score=-6.0, fused=0.4)
+    runner_up = Candidate(3, fts_rank=2, fts_score=-5.0, fused=0.3)
+    ranked = [paraphrase, exact, runner_up]
+    assert ranking.keyword_winner_first(ranked, 1.1) == [exact, paraphrase, runner_up]  # 6 / 5 = 1.2 >= 1.1
+    assert ranking.keyword_winner_first(ranked, 1.3) == ranked  # not clear enough
+    assert ranking.keyword_winner_first(ranked, 0) == ranked  # off
+    assert ranking.keyword_winner_first([paraphrase, exact], 1.1) == [paraphrase, exact]  # no runner-up to beat

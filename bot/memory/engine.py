@@ -243,7 +243,10 @@ class Engine:
                                weight_fts=self.settings.rrf_weight_fts, weight_vector=self.settings.rrf_weight_vec)
         fused = retrieval.spread_to_neighbours(conn, fused, keys, self.settings.neighbour_share, as_of)
         fused = ranking.final_order(conn, fused, now, time_weight=self.settings.time_weight, date_hints=date_hints,
-                                    date_boost=self.settings.date_boost, tz=self.settings.timezone)[:limit]
+                                    date_boost=self.settings.date_boost, tz=self.settings.timezone)
+        if self.settings.rrf_weight_fts > 0:
+            fused = ranking.keyword_winner_first(fused, self.settings.keyword_lead)
+        fused = fused[:limit]
         linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
         ids = [c.memory_id for c in chosen]
