@@ -251,7 +251,7 @@ class Engine:
         chosen = fused + linked
         ids = [c.memory_id for c in chosen]
         if vector is not None and ids:
-            ranking.measure_similarity(conn, info, vector, chosen)
+            ranking.measure_similarity(conn, vector, chosen)
         if touch and ids:
             floor = ranking.touch_floor(self.settings.embed_model, self.settings.touch_min_cosine)
             relevant = ranking.worth_touching(chosen, vector_ran=vector is not None, floor=floor)

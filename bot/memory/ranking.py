@@ -32,8 +32,6 @@ at least RELATIVE_FLOOR x the best cosine among the recalled. Without a query ve
 """
 from __future__ import annotations
 
-import math
-import struct
 from collections.abc import Iterable, Sequence
 from datetime import UTC, tzinfo
 
@@ -41,6 +39,7 @@ import apsw
 
 from bot.memory import decay, vectors
 from bot.memory.dates import DateHint
+from bot.memory.db import query_value
 from bot.memory.retrieval import Candidate, rank
 
 TIME_WEIGHT = 0.02
@@ -97,20 +96,21 @@ def keyword_winner_first(ranked: list[Candidate], margin: float = KEYWORD_LEAD) 
     return [hits[0]] + [c for c in ranked if c is not hits[0]]
 
 
-def measure_similarity(conn: apsw.Connection, info: vectors.IndexInfo, query_vector: Sequence[float],
-                       candidates: Iterable[Candidate]) -> None:
+def measure_similarity(conn: apsw.Connection, query_vector: Sequence[float], candidates: Iterable[Candidate]) -> None:
     """Give every candidate its cosine to the query; the vector path's hits know it already,
     the others (keyword hits, graph links) read their stored vector."""
     unknown = {c.memory_id: c for c in candidates if c.cosine is None}
     if not unknown:
         return
-    norm = math.hypot(*query_vector) or 1.0
-    query = [x / norm for x in query_vector]
-    rows = conn.execute(f"SELECT memory_id, embedding FROM vec_memories WHERE memory_id IN "
-                        f"({','.join('?' * len(unknown))})", list(unknown))
-    for memory_id, blob in rows:
-        stored = struct.unpack(f"{info.dim}f", blob)  # stored vectors are unit length
-        unknown[memory_id].similarity = sum(a * b for a, b in zip(query, stored))
+    query = vectors.pack(query_vector)
+    for memory_id, cand in unknown.items():
+        # One point lookup each: vec0 answers `memory_id = ?` by rowid, but `IN (...)` with a
+        # scan (4.5 ms for 10 ids at 10k memories, against 0.13 ms for ten lookups). The
+        # distance is computed in C (sqlite-vec), not in Python.
+        distance = query_value(conn, "SELECT vec_distance_cosine(embedding, ?) FROM vec_memories "
+                                     "WHERE memory_id = ?", (query, memory_id))
+        if distance is not None:
+            cand.similarity = 1.0 - distance
 
 
 def touch_floor(model: str, override: float | None) -> float | None:
