@@ -93,6 +93,10 @@ async def test_only_memories_above_the_cosine_floor_are_touched(fake_ollama, mak
         assert cosines[ids[0]] == pytest.approx(0.99, abs=0.01) and cosines[ids[2]] == pytest.approx(0.0, abs=1e-6)
         counts = [(await engine.run(store.get, i)).access_count for i in ids]
         assert counts == [1, 0, 0]  # ...but only the relevant one counts as recalled
+        assert {r.memory.id: r.candidate.reason()["touched"] for r in result.memories} == {
+            ids[0]: True, ids[1]: False, ids[2]: False}  # and each result says so
+        quiet = await engine.recall("where is my passport", ME, as_of=NOW, limit=5, touch=False)
+        assert all("touched" not in r.candidate.reason() for r in quiet.memories)
 
 
 def test_the_floor_is_per_model_with_a_relative_rule_for_unmeasured_models():

@@ -256,6 +256,8 @@ class Engine:
             floor = ranking.touch_floor(self.settings.embed_model, self.settings.touch_min_cosine)
             relevant = ranking.worth_touching(chosen, vector_ran=vector is not None, floor=floor)
             store.touch(conn, relevant, growth=self.settings.stability_growth, now=now)
+            for cand in chosen:
+                cand.touched = cand.memory_id in relevant
         memories = store.get_many(conn, ids)
         t2 = time.perf_counter()
         return (memories, chosen, retrieval.mode_of(vector is not None, fts_hits),

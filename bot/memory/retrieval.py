@@ -33,6 +33,7 @@ class Candidate:
     link: dict | None = None            # {"from": id, "kind": ..., "weight": ...} for graph additions
     neighbour_of: int | None = None     # the hit stored next to it that lent it score (spread_to_neighbours)
     similarity: float | None = None     # cosine to the query, for what recall returns (ranking.measure_similarity)
+    touched: bool | None = None         # counted as recalled (above the touch floor); None = touch was off
 
     @property
     def cosine(self) -> float | None:
@@ -63,6 +64,8 @@ class Candidate:
             out["link"] = self.link
         else:
             out["fused_score"] = float(f"{self.fused:.6g}")
+        if self.touched is not None:
+            out["touched"] = self.touched
         return out
 
 
