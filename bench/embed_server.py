@@ -60,8 +60,41 @@ class MiniLMEmbedder:
         return vecs.reshape(len(texts), -1)
 
 
-def make_app(embedder, model_name: str) -> web.Application:
-    cache: dict[str, list[float]] = {}  # the model is deterministic: repeated runs skip encoding
+class DiskCache:
+    """Vectors by text in an .npz file, so repeated benchmark runs never re-encode (the model
+    is deterministic). Rewritten whole after each batch of new texts: it is a few MB."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.vectors: dict[str, list[float]] = {}
+        if path and os.path.exists(path):
+            with np.load(path, allow_pickle=False) as saved:
+                self.vectors = dict(zip(saved["texts"].tolist(), saved["vectors"].tolist(), strict=True))
+
+    def save(self) -> None:
+        if not self.path or not self.vectors:
+            return
+        texts = list(self.vectors)
+        tmp = self.path + ".tmp.npz"
+        np.savez(tmp, texts=np.array(texts), vectors=np.array([self.vectors[t] for t in texts], dtype=np.float32))
+        os.replace(tmp, self.path)
+
+
+class Lazy:
+    """Builds the embedder on the first text the cache does not hold (a warm cache never loads torch)."""
+
+    def __init__(self, factory):
+        self.factory, self.embedder = factory, None
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        if self.embedder is None:
+            self.embedder = self.factory()
+        return self.embedder(texts)
+
+
+def make_app(embedder, model_name: str, disk: DiskCache | None = None) -> web.Application:
+    disk = disk or DiskCache(None)
+    cache = disk.vectors  # the model is deterministic: repeated texts (and runs, with a file) skip encoding
 
     async def embed(request: web.Request) -> web.Response:
         body = await request.json()
@@ -70,6 +103,7 @@ def make_app(embedder, model_name: str) -> web.Application:
         todo = list(dict.fromkeys(t for t in texts if t not in cache))
         if todo:
             cache.update(zip(todo, embedder(todo).tolist(), strict=True))
+            disk.save()
         return web.json_response({"model": body.get("model", model_name), "embeddings": [cache[t] for t in texts]})
 
     async def tags(request: web.Request) -> web.Response:
@@ -94,8 +128,8 @@ def free_port() -> int:
 class EmbedServerProcess:
     """The server in a child process: `with EmbedServerProcess("hash", dim=768) as url: ...`."""
 
-    def __init__(self, backend: str, *, dim: int = 768, startup_timeout: float = 180.0):
-        self.backend, self.dim, self.startup_timeout = backend, dim, startup_timeout
+    def __init__(self, backend: str, *, dim: int = 768, startup_timeout: float = 180.0, cache: str | None = None):
+        self.backend, self.dim, self.startup_timeout, self.cache = backend, dim, startup_timeout, cache
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -106,7 +140,8 @@ class EmbedServerProcess:
     def __enter__(self) -> str:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.embed_server", "--backend", self.backend,
-                                      "--dim", str(self.dim), "--port", str(self.port)], env=env)
+                                      "--dim", str(self.dim), "--port", str(self.port)]
+                                     + (["--cache", self.cache] if self.cache else []), env=env)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -133,10 +168,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", choices=("minilm", "hash"), default="minilm")
     parser.add_argument("--dim", type=int, default=768, help="dimension for the hash backend")
     parser.add_argument("--port", type=int, default=11435)
+    parser.add_argument("--cache", default=None, help="an .npz file of vectors by text, read and extended")
     args = parser.parse_args(argv)
-    embedder = MiniLMEmbedder() if args.backend == "minilm" else HashEmbedder(args.dim)
+    embedder = Lazy(MiniLMEmbedder) if args.backend == "minilm" else HashEmbedder(args.dim)
     name = MINILM_NAME if args.backend == "minilm" else "hash-embed"
-    web.run_app(make_app(embedder, name), host="127.0.0.1", port=args.port, print=None)
+    web.run_app(make_app(embedder, name, DiskCache(args.cache)), host="127.0.0.1", port=args.port, print=None)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,23 @@
-"""Retrieval quality on the LoCoMo development split.
+"""Retrieval quality on the LoCoMo development split, asked the way the bot asks.
 
     .venv/bin/python -m bench.quality
 
 Each conversation's turns become one user's personal memories ("Speaker: utterance",
-stamped with the session date), written through the `muninn import` code (bot/importer.py,
-which embeds and stores through `Engine.remember_many`) with embeddings
-from the product's `OllamaClient` talking to `bench.embed_server` (all-MiniLM-L6-v2).
-Each question is asked through `Engine.recall` as that user (touch=False, so asking
-does not change the ranking of later questions). Reports R@5, R@10, All@10 and MRR
-overall (categories 1-4) and per category, adversarial (5) apart, for FTS-only,
-vector-only and hybrid. Prints a table and saves JSON to bench/results/.
+stamped with the session's real date + turn index seconds), written through the
+`muninn import` code (bot/cli/importer.py: embeds and stores through
+`Engine.remember_many`) with embeddings from the product's `OllamaClient` talking to
+`bench.embed_server` (all-MiniLM-L6-v2; vectors cached on disk in bench/results/).
 
-The three modes run through the same engine and settings, changing only what a user
-could change: FTS-only = OLLAMA_URL empty; vector-only = MUNINN_RRF_WEIGHT_FTS=0.
+Each question is asked through `Engine.recall` as that user, in question order, with
+touch on (as in the bot: what is recalled is strengthened, which changes later
+rankings), at `as_of` = the day after the conversation's last session, and again at
++30 days, +365 days and with no `as_of` (now), each from a fresh copy of the imported
+database. Modes, through the same engine: FTS-only (OLLAMA_URL empty), vector-only
+(MUNINN_RRF_WEIGHT_FTS=0), hybrid (defaults); plus `bm25`, plain porter BM25 over the
+same turns (an FTS5 table of its own, no decay, no touch) as the baseline to beat.
+Reports R@5, R@10, All@10 and MRR overall (categories 1-4) and per category,
+adversarial (5) apart, R@10 by the age of the evidence, and the cosine of recalled
+memories (evidence or not) for choosing the touch floor. Prints tables, saves JSON.
 """
 from __future__ import annotations
 
@@ -20,12 +25,17 @@ import argparse
 import asyncio
 import json
 import re
+import shutil
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
+import apsw
+import numpy as np
+
 from bot.cli import importer
+from bot.memory import fts, ranking, store
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from bot.settings import SETTINGS, load_settings
@@ -36,18 +46,24 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "eval" / "locomo-dev" / 
 RESULTS = Path(__file__).resolve().parent / "results"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 DIA_ID = re.compile(r"D\d+:\d+")
-MODES = ("fts", "vector", "hybrid")
+MODES = ("bm25", "fts", "vector", "hybrid")
+ENGINE_MODES = ("fts", "vector", "hybrid")
+DAY = 86400.0
+PROTOCOLS: dict[str, float | None] = {"+1d": 1.0, "+30d": 30.0, "+365d": 365.0, "none": None}
+AGE_BUCKETS = ((0, 14, "<=14d"), (14, 60, "15-60d"), (60, 10**9, ">60d"))
+GROUPS = ("overall", "single-hop", "multi-hop", "temporal", "open-domain", "adversarial")
+EMBED_CACHE = RESULTS / "embeddings-minilm.npz"
 
 
 def session_time(text: str) -> float:
     """'1:56 pm on 8 May, 2023' -> unix seconds (UTC)."""
-    return datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC).timestamp()
 
 
 def import_records(conv: dict, owner_id: int) -> list[dict]:
     """The conversation as `muninn import` JSON records, one per turn, in order."""
     c = conv["conversation"]
-    sessions = sorted((int(k.split("_")[1]) for k in c if re.fullmatch(r"session_\d+", k)))
+    sessions = sorted(int(k.split("_")[1]) for k in c if re.fullmatch(r"session_\d+", k))
     out = []
     for n in sessions:
         when = session_time(c[f"session_{n}_date_time"])
@@ -82,61 +98,238 @@ def aggregate(rows: list[dict]) -> dict:
         "n": len(rows)}
 
 
+def by_group(rows: list[dict]) -> dict:
+    out = {"overall": aggregate([r for r in rows if r["category"] != 5])}
+    for cat, name in CATEGORIES.items():
+        out[name] = aggregate([r for r in rows if r["category"] == cat])
+    return out
+
+
 def mode_settings(base: dict, mode: str, url: str):
     env = dict(base)
-    if mode == "fts":
-        env["OLLAMA_URL"] = ""
-    else:
-        env["OLLAMA_URL"] = url
+    env["OLLAMA_URL"] = "" if mode == "fts" else url
     if mode == "vector":
         env["MUNINN_RRF_WEIGHT_FTS"] = "0"
     return load_settings(env)
 
 
-async def evaluate(data: list[dict], url: str, env: dict, modes: tuple[str, ...], limit: int) -> dict:
-    owners = {conv["sample_id"]: i + 1 for i, conv in enumerate(data)}
-    asks: list[dict] = []
-    async with Engine(load_settings(dict(env, OLLAMA_URL=url))) as engine:
-        for conv in data:
-            records = import_records(conv, owners[conv["sample_id"]])
+class Corpus:
+    """The dev split as imported: records, questions in order, each conversation's owner and last session."""
+
+    def __init__(self, data: list[dict]):
+        self.records: dict[str, list[dict]] = {}
+        self.asks: list[dict] = []
+        self.created: dict[str, float] = {}
+        for i, conv in enumerate(data):
+            sid = conv["sample_id"]
+            records = import_records(conv, i + 1)
+            self.records[sid] = records
+            self.created.update((r["external_id"], r["created_at"]) for r in records)
+            last = max(r["created_at"] for r in records)
+            known = {r["external_id"] for r in records}
+            self.asks += [q | {"owner": i + 1, "conversation": sid, "last_session": last}
+                          for q in questions(conv, known)]
+
+
+def as_of_for(ask: dict, days_after: float | None) -> float | None:
+    """The day after the conversation's last session (+ more days), or None = now."""
+    return None if days_after is None else ask["last_session"] + days_after * DAY
+
+
+async def import_all(corpus: Corpus, path: Path, url: str, env: dict) -> None:
+    async with Engine(load_settings(dict(env, MUNINN_DB_PATH=str(path), OLLAMA_URL=url))) as engine:
+        for sid, records in corpus.records.items():
             report = await importer.import_lines(engine, [json.dumps(r) for r in records])
             if report.errors or report.imported != len(records):
-                raise RuntimeError(f"import of {conv['sample_id']} failed: {report}")
-            known = {r["external_id"] for r in records}
-            for q in questions(conv, known):
-                asks.append(q | {"owner": owners[conv["sample_id"]]})
+                raise RuntimeError(f"import of {sid} failed: {report}")
         missing = (await engine.stats())["missing_vectors"]
         if missing:
             raise RuntimeError(f"{missing} memories have no vector: is the embed server answering?")
+
+
+def copy_database(template: Path, target: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        source = Path(str(template) + suffix)
+        if source.exists():
+            shutil.copyfile(source, str(target) + suffix)
+
+
+async def ask_engine(corpus: Corpus, path: Path, env: dict, mode: str, url: str, days_after: float | None,
+                     touch: bool, limit: int) -> list[dict]:
+    """Every question in order through `Engine.recall`; one row per question."""
+    rows = []
+    async with Engine(mode_settings(dict(env, MUNINN_DB_PATH=str(path)), mode, url)) as engine:
+        for q in corpus.asks:
+            as_of = as_of_for(q, days_after)
+            result = await engine.recall(q["question"], Viewer(q["owner"], dm=True), limit=limit, as_of=as_of,
+                                         touch=touch)
+            expected_mode = {"fts": "fts-only", "vector": "hybrid", "hybrid": "hybrid"}[mode]
+            if result.mode not in (expected_mode, "vector-only") or (mode != "fts" and result.vector_status != "ok"):
+                raise RuntimeError(f"{mode}: recall ran as {result.mode}/{result.vector_status}")
+            chosen = [r for r in result.memories if r.candidate.link is None]
+            ranked = [r.memory.external_id for r in chosen]
+            cosines = [r.candidate.cosine for r in chosen]
+            rows.append(score(ranked, q["evidence"]) | {
+                "category": q["category"], "ranked": ranked, "evidence": sorted(q["evidence"]),
+                "cosines": cosines, "as_of": as_of if as_of is not None else time.time()})
+    return rows
+
+
+def ask_bm25(corpus: Corpus, limit: int) -> list[dict]:
+    """Plain porter BM25 over the same turns (no decay, no scope machinery): the baseline."""
+    conn = apsw.Connection(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(conversation UNINDEXED, external_id UNINDEXED, text, "
+                 "tokenize = 'porter unicode61 remove_diacritics 2')")
+    with conn:
+        for sid, records in corpus.records.items():
+            conn.executemany("INSERT INTO t VALUES (?, ?, ?)",
+                             [(sid, r["external_id"], store.clean_text(r["text"])) for r in records])
+    rows = []
+    for q in corpus.asks:
+        expression = fts.match_expression(q["question"])
+        ranked = [] if expression is None else [row[0] for row in conn.execute(
+            "SELECT external_id FROM t WHERE t MATCH ? AND conversation = ? ORDER BY bm25(t) LIMIT ?",
+            (expression, q["conversation"], limit))]
+        rows.append(score(ranked, q["evidence"]) | {"category": q["category"], "ranked": ranked,
+                                                    "evidence": sorted(q["evidence"]), "cosines": [],
+                                                    "as_of": q["last_session"] + DAY})
+    return rows
+
+
+def age_report(rows: list[dict], created: dict[str, float]) -> dict:
+    """R@10 of evidence by its age at the time of asking, and the share of the top 10 from the last 14 days."""
+    found: dict[str, list[int]] = {name: [0, 0] for _, _, name in AGE_BUCKETS}
+    recent, shown = 0, 0
+    for row in rows:
+        if row["category"] == 5:
+            continue
+        top = set(row["ranked"][:10])
+        for eid in row["evidence"]:
+            age = (row["as_of"] - created[eid]) / DAY
+            name = next(n for lo, hi, n in AGE_BUCKETS if lo <= age < hi)
+            found[name][0] += eid in top
+            found[name][1] += 1
+        recent += sum(1 for eid in row["ranked"][:10] if (row["as_of"] - created[eid]) / DAY <= 14)
+        shown += len(row["ranked"][:10])
+    out = {name: {"r10": round(hit / n, 4) if n else None, "n": n} for name, (hit, n) in found.items()}
+    out["top10_share_last_14d"] = round(recent / shown, 4) if shown else None
+    return out
+
+
+def cosine_report(rows: list[dict]) -> dict:
+    """Percentiles of the cosine of recalled memories that are evidence and that are not, and
+    the share of each that the touch rules (absolute floor, relative to the best) would touch."""
+    evidence: list[float] = []
+    other: list[float] = []
+    relative: dict[str, list[float]] = {"evidence": [], "other": []}
+    for row in rows:
+        if row["category"] == 5:
+            continue
+        known = [c for c in row["cosines"] if c is not None]
+        best = max(known, default=0.0)
+        for eid, cos in zip(row["ranked"], row["cosines"], strict=False):  # BM25 rows have no cosines
+            if cos is not None:
+                kind = "evidence" if eid in row["evidence"] else "other"
+                (evidence if kind == "evidence" else other).append(cos)
+                relative[kind].append(cos / best if best > 0 else 0.0)
+    out: dict = {}
+    for name, values in (("evidence", evidence), ("other", other)):
+        if values:
+            out[name] = {f"p{p}": round(float(np.percentile(values, p)), 4) for p in (5, 10, 25, 50, 75, 90)}
+            out[name]["n"] = len(values)
+            out[name]["touched_by_floor"] = {str(f): round(float(np.mean(np.asarray(values) >= f)), 4) for f in FLOORS}
+            ratios = np.asarray(relative[name])
+            out[name]["touched_by_relative_rule"] = {str(r): round(float(np.mean(ratios >= r)), 4)
+                                                     for r in RATIOS}
+    return out
+
+
+FLOORS = (0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
+RATIOS = (0.5, 0.6, 0.7, ranking.RELATIVE_FLOOR)  # cosine / the best recalled cosine of the same question
+
+
+async def floor_report(corpus: Corpus, path: Path, url: str, env: dict) -> dict:
+    """For choosing the touch floor of this embedding model: the cosine between each question
+    (categories 1-4) and its evidence turns versus every other turn of its conversation, and
+    the share of each above candidate floors."""
+    async with Engine(load_settings(dict(env, MUNINN_DB_PATH=str(path), OLLAMA_URL=url))) as engine:
+        texts = {sid: [store.clean_text(r["text"]) for r in records] for sid, records in corpus.records.items()}
+        asks = [q for q in corpus.asks if q["category"] != 5]
+        turn_vecs = {sid: np.asarray(await engine.embed_or_none(t), dtype=np.float32) for sid, t in texts.items()}
+        question_vecs = np.asarray(await engine.embed_or_none([q["question"] for q in asks]), dtype=np.float32)
+    evidence: list[float] = []
+    other: list[float] = []
+    for q, qv in zip(asks, question_vecs, strict=True):
+        ids = [r["external_id"] for r in corpus.records[q["conversation"]]]
+        m = turn_vecs[q["conversation"]]
+        cos = (m / np.linalg.norm(m, axis=1, keepdims=True)) @ (qv / np.linalg.norm(qv))
+        for eid, c in zip(ids, cos.tolist(), strict=True):
+            (evidence if eid in q["evidence"] else other).append(c)
+    ev, ot = np.asarray(evidence), np.asarray(other)
+    return {"evidence": {f"p{p}": round(float(np.percentile(ev, p)), 4) for p in (5, 10, 25, 50)} | {"n": len(ev)},
+            "other": {f"p{p}": round(float(np.percentile(ot, p)), 4) for p in (50, 75, 90, 95, 99)} | {"n": len(ot)},
+            "share_above": {str(f): {"evidence": round(float((ev >= f).mean()), 4),
+                                     "other": round(float((ot >= f).mean()), 4)} for f in FLOORS}}
+
+
+async def evaluate(data: list[dict], url: str, env: dict, modes: tuple[str, ...], limit: int,
+                   protocols: dict[str, float | None] | None = None, touch: bool = True,
+                   keep_rows: bool = False) -> dict:
+    """results[protocol][mode] = per-group scores, R@10 by evidence age and recalled cosines."""
+    protocols = PROTOCOLS if protocols is None else protocols
+    corpus = Corpus(data)
     results: dict = {}
-    per_question: dict = {}
-    for mode in modes:
-        async with Engine(mode_settings(env, mode, url)) as engine:
-            rows = []
-            for q in asks:
-                result = await engine.recall(q["question"], Viewer(q["owner"], dm=True), limit=limit, touch=False)
-                expected_mode = {"fts": "fts-only", "vector": "hybrid", "hybrid": "hybrid"}[mode]
-                if result.mode not in (expected_mode, "vector-only") or (mode != "fts" and result.vector_status != "ok"):
-                    raise RuntimeError(f"{mode}: recall ran as {result.mode}/{result.vector_status}")
-                ranked = [r.memory.external_id for r in result.memories if r.candidate.link is None]
-                rows.append(score(ranked, q["evidence"]) | {"category": q["category"]})
-            per_question[mode] = rows
-            out = {"overall": aggregate([r for r in rows if r["category"] != 5])}
-            for cat, name in CATEGORIES.items():
-                out[name] = aggregate([r for r in rows if r["category"] == cat])
-            results[mode] = out
+    with tempfile.TemporaryDirectory() as tmp:
+        template = Path(tmp) / "template.db"
+        await import_all(corpus, template, url, env)
+        bm25_rows = ask_bm25(corpus, limit) if "bm25" in modes else []
+        if any(m != "fts" for m in modes if m != "bm25"):
+            results["touch_floor"] = await floor_report(corpus, Path(tmp) / "floor.db", url, env)
+        for name, days_after in protocols.items():
+            results[name] = {}
+            for mode in modes:
+                if mode == "bm25":
+                    rows = [dict(r, as_of=as_of_for(q, days_after) or time.time())
+                            for r, q in zip(bm25_rows, corpus.asks, strict=True)]
+                else:
+                    path = Path(tmp) / f"{name}-{mode}.db"
+                    copy_database(template, path)
+                    rows = await ask_engine(corpus, path, env, mode, url, days_after, touch, limit)
+                out = by_group(rows) | {"age": age_report(rows, corpus.created), "cosine": cosine_report(rows)}
+                if keep_rows:
+                    out["rows"] = rows
+                results[name][mode] = out
     return results
 
 
 def print_table(results: dict) -> None:
-    groups = ["overall", "single-hop", "multi-hop", "temporal", "open-domain", "adversarial"]
-    print(f"\n{'mode':<8} {'group':<12} {'n':>4} {'R@5':>6} {'R@10':>6} {'All@10':>7} {'MRR':>6}")
-    for group in groups:
-        for mode, out in results.items():
-            a = out.get(group)
-            if a:
-                print(f"{mode:<8} {group:<12} {a['n']:>4} {a['r5']:>6.3f} {a['r10']:>6.3f} {a['all10']:>7.3f} "
-                      f"{a['mrr']:>6.3f}")
+    floors = results.pop("touch_floor", None)
+    protocols = list(results)
+    modes = list(results[protocols[0]])
+    print("\nR@5 / R@10 / MRR by as_of (touch on, questions in order)")
+    print(f"{'group':<12} {'mode':<7} {'n':>4} " + " ".join(f"{p:>20}" for p in protocols))
+    for group in GROUPS:
+        for mode in modes:
+            cells = [results[p][mode].get(group) for p in protocols]
+            if not cells[0]:
+                continue
+            line = " ".join(f"{c['r5']:>6.3f} {c['r10']:>6.3f} {c['mrr']:>6.3f}" for c in cells)
+            print(f"{group:<12} {mode:<7} {cells[0]['n']:>4} {line}")
+    print("\nR@10 by evidence age (categories 1-4) and share of the top 10 from the last 14 days")
+    for p in protocols:
+        for mode in modes:
+            age = results[p][mode]["age"]
+            cells = " ".join(f"{name} {age[name]['r10'] if age[name]['r10'] is not None else '-':>6} (n {age[name]['n']:>3})"
+                             for _, _, name in AGE_BUCKETS)
+            print(f"{p:<6} {mode:<7} {cells}  recent share {age['top10_share_last_14d']}")
+    if floors:
+        print("\ncosine question-turn: evidence", floors["evidence"], "\n                     other   ", floors["other"])
+        print("share at or above a floor (evidence / other turns):",
+              "  ".join(f"{f}: {v['evidence']:.3f} / {v['other']:.3f}" for f, v in floors["share_above"].items()))
+        hybrid = results[protocols[0]].get("hybrid", {}).get("cosine")
+        if hybrid:
+            print("cosine of what hybrid recalls (top 10):", hybrid)
+        results["touch_floor"] = floors
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -144,6 +337,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--conversations", type=int, default=0, help="use only the first N (0 = all)")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--protocols", default=",".join(PROTOCOLS), help=f"any of {', '.join(PROTOCOLS)}")
+    parser.add_argument("--no-touch", action="store_true", help="ask with touch off (rankings never change)")
     parser.add_argument("--set", action="append", default=[], metavar="ENV=VALUE",
                         help="a setting for this run, e.g. --set MUNINN_RRF_K=20 (repeatable)")
     parser.add_argument("--url", default=None, help="an Ollama-compatible server to use instead of starting one")
@@ -159,20 +354,21 @@ def main(argv: list[str] | None = None) -> None:
         if name not in known_env:
             parser.error(f"unknown setting {name}")
     modes = tuple(m for m in args.modes.split(",") if m)
+    protocols = {p: PROTOCOLS[p] for p in args.protocols.split(",") if p}
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {"MUNINN_DB_PATH": str(Path(tmp) / "locomo.db"), "OLLAMA_EMBED_MODEL": MINILM_NAME,
-               "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60", "MUNINN_GRAPH_LIMIT": "0"} | overrides
-        if args.url:
-            results = asyncio.run(evaluate(data, args.url, env, modes, 10))
-        else:
-            with EmbedServerProcess("minilm") as url:
-                results = asyncio.run(evaluate(data, url, env, modes, 10))
+    env = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
+           "MUNINN_GRAPH_LIMIT": "0"} | overrides
+    if args.url:
+        results = asyncio.run(evaluate(data, args.url, env, modes, 10, protocols, not args.no_touch))
+    else:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        with EmbedServerProcess("minilm", cache=str(EMBED_CACHE)) as url:
+            results = asyncio.run(evaluate(data, url, env, modes, 10, protocols, not args.no_touch))
     print_table(results)
     out = Path(args.out) if args.out else RESULTS / f"{args.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"settings": overrides, "conversations": len(data), "results": results,
-                               "seconds": round(time.perf_counter() - started, 1)}, indent=2))
+    out.write_text(json.dumps({"settings": overrides, "touch": not args.no_touch, "conversations": len(data),
+                               "results": results, "seconds": round(time.perf_counter() - started, 1)}, indent=2))
     print(f"saved {out} ({time.perf_counter() - started:.0f} s)")
 
 

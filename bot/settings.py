@@ -40,6 +40,15 @@ def _float(lo: float | None = None, hi: float | None = None, *, positive: bool =
     return parse
 
 
+def _optional_float(lo: float, hi: float):
+    """A number in [lo, hi], or empty for "decide automatically" (None)."""
+    number = _float(lo, hi)
+
+    def parse(name: str, raw: str) -> float | None:
+        return None if raw.strip() == "" else number(name, raw)
+    return parse
+
+
 def _int(lo: int = 0, hi: int | None = None):
     def parse(name: str, raw: str) -> int:
         try:
@@ -141,6 +150,10 @@ SETTINGS: dict[str, Spec] = {
     "rrf_weight_fts": Spec("MUNINN_RRF_WEIGHT_FTS", "1.0", "Weight of the keyword (FTS5) path in fusion.", _float(0)),
     "rrf_weight_vec": Spec("MUNINN_RRF_WEIGHT_VEC", "0.8", "Weight of the vector path in fusion.", _float(0)),
     "neighbour_share": Spec("MUNINN_NEIGHBOUR_SHARE", "0.5", "Share of a hit's fusion score lent to the memories stored just before and after it (0 = off).", _float(0, 2)),
+    "time_weight": Spec("MUNINN_TIME_WEIGHT", "0.02", "Ranking: how much retention and importance may lift a memory (score = relevance x (1 + weight x vitality)); small, so time breaks near-ties and never buries relevance (README, Ranking).", _float(0, 10)),
+    "date_boost": Spec("MUNINN_DATE_BOOST", "1.0", "Ranking: lift for memories stored on a day or in a month the question names (\"on 7 July\", \"in August\"): score x (1 + boost).", _float(0, 10)),
+    "keyword_lead": Spec("MUNINN_KEYWORD_LEAD", "1.1", "Ranking: the best keyword (BM25) match goes first when it beats the runner-up keyword match by this factor (0 = off).", _float(0, 100)),
+    "touch_min_cosine": Spec("MUNINN_TOUCH_MIN_COSINE", "", "Cosine to the query a recalled memory needs to be strengthened (touched); empty = the floor measured for the embedding model, or half the best hit's cosine for a model not measured (bot/memory/ranking.py).", _optional_float(-1.0, 1.0)),
     "base_stability_days": Spec("MUNINN_BASE_STABILITY_DAYS", "7", "Decay: days until an unimportant, never-recalled memory falls to 37% retention.", _float(positive=True)),
     "stability_growth": Spec("MUNINN_STABILITY_GROWTH", "1.5", "Decay: factor by which each recall multiplies a memory's stability.", _float(1.0, 10.0)),
     "timezone": Spec("MUNINN_TIMEZONE", "UTC", "Time zone for the timestamps shown to the LLM.", _timezone),
@@ -186,6 +199,10 @@ class Settings:
     rrf_weight_fts: float
     rrf_weight_vec: float
     neighbour_share: float
+    time_weight: float
+    date_boost: float
+    keyword_lead: float
+    touch_min_cosine: float | None
     base_stability_days: float
     stability_growth: float
     timezone: ZoneInfo

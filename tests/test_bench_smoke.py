@@ -69,18 +69,30 @@ CONVERSATION = {
 
 
 async def test_quality_benchmark_on_one_conversation(tmp_path):
-    env = {"MUNINN_DB_PATH": str(tmp_path / "q.db"), "OLLAMA_EMBED_MODEL": quality.MINILM_NAME,
-           "OLLAMA_COOLDOWN": "0", "MUNINN_GRAPH_LIMIT": "0"}
+    env = {"OLLAMA_EMBED_MODEL": quality.MINILM_NAME, "OLLAMA_COOLDOWN": "0", "MUNINN_GRAPH_LIMIT": "0"}
     async with FakeOllama(models=[quality.MINILM_NAME], dim=384) as fake:
-        results = await quality.evaluate([CONVERSATION], fake.url, env, quality.MODES, 10)
-    assert set(results) == {"fts", "vector", "hybrid"}
-    fts = results["fts"]
-    assert fts["overall"]["n"] == 2 and fts["adversarial"]["n"] == 1 and fts["single-hop"]["n"] == 1
-    assert fts["single-hop"] == {"r5": 1.0, "r10": 1.0, "all10": 1.0, "mrr": 1.0, "n": 1}
-    assert fts["multi-hop"]["r10"] == 1.0  # the malformed "D1:2; D2:1" evidence counts as two turns
-    for mode in results.values():
-        for group in filter(None, mode.values()):  # categories with no question are empty
-            assert 0.0 <= group["r5"] <= group["r10"] <= 1.0 and 0.0 <= group["mrr"] <= 1.0
+        results = await quality.evaluate([CONVERSATION], fake.url, env, quality.MODES, 10,
+                                         {"+1d": 1.0, "none": None})
+    floors = results.pop("touch_floor")  # question-turn cosines, for choosing the touch floor
+    assert floors["evidence"]["n"] == 3 and floors["other"]["n"] == 2 * 5 - 3  # 2 questions x 5 turns
+    shares = [v["other"] for v in floors["share_above"].values()]
+    assert shares == sorted(shares, reverse=True)  # a higher floor lets fewer through
+    assert set(results) == {"+1d", "none"}
+    assert set(results["+1d"]) == {"bm25", "fts", "vector", "hybrid"}
+    for mode in ("bm25", "fts"):
+        found = results["+1d"][mode]
+        assert found["overall"]["n"] == 2 and found["adversarial"]["n"] == 1 and found["single-hop"]["n"] == 1
+        assert found["single-hop"] == {"r5": 1.0, "r10": 1.0, "all10": 1.0, "mrr": 1.0, "n": 1}
+        assert found["multi-hop"]["r10"] == 1.0  # the malformed "D1:2; D2:1" evidence counts as two turns
+    # asked the day after the last session (20 June): the evidence of 8 May is 43 days old
+    age = results["+1d"]["fts"]["age"]
+    assert age["15-60d"]["n"] == 2 and age["<=14d"]["n"] == 1 and age[">60d"]["n"] == 0
+    assert results["none"]["fts"]["age"][">60d"]["n"] == 3
+    assert results["+1d"]["hybrid"]["cosine"]["evidence"]["n"] >= 1  # recalled memories carry their cosine
+    for protocol in results.values():
+        for mode in protocol.values():
+            for group in (mode[g] for g in quality.GROUPS if mode[g]):  # categories with no question are empty
+                assert 0.0 <= group["r5"] <= group["r10"] <= 1.0 and 0.0 <= group["mrr"] <= 1.0
 
 
 def test_scores_are_the_share_of_evidence_found():

@@ -4,8 +4,9 @@
 S its stability in days. A new memory starts at S = base × (1 + 2 × importance), so
 an important memory fades three times slower; each recall multiplies S by the growth
 factor (spaced repetition: recalled memories fade ever more slowly) and resets Δt.
-Retrieval ranks keyword matches by relevance × strength × (1 + importance), where
-strength = floor + (1 - floor) × R, so a faded memory still counts a little.
+Retention decides what maintenance archives; in ranking it only breaks near-ties
+(bot/memory/ranking.py). `strength` (floor + (1 - floor) × R) is the seed's ranking
+factor, no longer used by recall.
 """
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ def initial_stability(importance: float, base_days: float) -> float:
 
 
 def retention(now: float, last_seen: float, stability: float) -> float:
+    """R in [0, 1]; whatever a damaged row holds (a zero or NaN stability, an infinite time),
+    never an exception: such a memory counts as faded (`muninn doctor` finds and fixes it)."""
     elapsed_days = max(0.0, now - last_seen) / SECONDS_PER_DAY
+    if not (stability > 0.0 and math.isfinite(stability) and math.isfinite(elapsed_days)):
+        return 0.0
     return math.exp(-elapsed_days / stability)
 
 

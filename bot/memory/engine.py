@@ -29,7 +29,7 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import db, leases, privacy, retrieval, store, vectors
+from bot.memory import dates, db, leases, privacy, ranking, retrieval, store, vectors
 from bot.memory.db import write_transaction
 from bot.memory.files import DatabaseBusy
 from bot.memory.retrieval import VectorStatus
@@ -304,11 +304,18 @@ class Engine:
                 vector, status = None, VectorStatus.WRONG_SIZE
             elif partial:
                 status = VectorStatus.PARTIAL  # a re-index is under way or was interrupted: some vectors are missing
-        candidates, mode, finish = await self._read(self._search_step, keys, fts_hits, info, vector, limit, as_of)
+        candidates, mode, finish = await self._read(self._search_step, keys, fts_hits, info, vector, limit, now, as_of,
+                                                    dates.hints(query))
         t0 = time.perf_counter()
         ids = [c.memory_id for c in candidates]
-        memories = await (self._run(self._touch_and_load, ids, now) if touch and ids
-                          else self._read(store.get_many, ids))
+        if touch and ids:  # only what was relevant counts as recalled (ranking.py: the touch floor)
+            floor = ranking.touch_floor(self.settings.embed_model, self.settings.touch_min_cosine)
+            relevant = ranking.worth_touching(candidates, vector_ran=vector is not None, floor=floor)
+            for cand in candidates:
+                cand.touched = cand.memory_id in relevant
+            memories = await self._run(self._touch_and_load, relevant, ids, now)
+        else:
+            memories = await self._read(store.get_many, ids)
         finish["fuse_graph_touch"] += (time.perf_counter() - t0) * 1000
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
                                         memories=[retrieval.Recalled(memories[c.memory_id], c)
@@ -322,23 +329,33 @@ class Engine:
         hits = retrieval.fts_candidates(conn, query, keys, candidates, now, as_of)
         return keys, hits, vectors.index_info(conn), vectors.reindex_pending(conn)
 
-    def _search_step(self, conn, keys, fts_hits, info, vector, limit, as_of):
+    def _search_step(self, conn, keys, fts_hits, info, vector, limit, now, as_of, date_hints=()):
         t0 = time.perf_counter()
         vector_hits = (retrieval.vector_candidates(conn, info, vector, keys, limit * 3, as_of)
                        if vector is not None else [])
         t1 = time.perf_counter()
         fused = retrieval.fuse(fts_hits, vector_hits, k=self.settings.rrf_k, limit=len(fts_hits) + len(vector_hits),
                                weight_fts=self.settings.rrf_weight_fts, weight_vector=self.settings.rrf_weight_vec)
-        fused = retrieval.spread_to_neighbours(conn, fused, keys, self.settings.neighbour_share, as_of)[:limit]
+        fused = retrieval.spread_to_neighbours(conn, fused, keys, self.settings.neighbour_share, as_of)
+        fused = ranking.final_order(conn, fused, now, time_weight=self.settings.time_weight, date_hints=date_hints,
+                                    date_boost=self.settings.date_boost, tz=self.settings.timezone)
+        if self.settings.rrf_weight_fts > 0:
+            fused = ranking.keyword_winner_first(fused, self.settings.keyword_lead)
+        fused = fused[:limit]
         linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
+        if vector is not None and chosen:
+            ranking.measure_similarity(conn, vector, chosen)
         t2 = time.perf_counter()
         return (chosen, retrieval.mode_of(vector is not None, fts_hits),
                 {"vector": (t1 - t0) * 1000, "fuse_graph_touch": (t2 - t1) * 1000})
 
-    def _touch_and_load(self, conn: apsw.Connection, ids: list[int], now: float) -> dict[int, store.Memory]:
+    def _touch_and_load(self, conn: apsw.Connection, touched: list[int], ids: list[int],
+                        now: float) -> dict[int, store.Memory]:
         # never stamp a future recall time: it would pin the memories so they never fade
-        store.touch(conn, ids, growth=self.settings.stability_growth, now=min(now, time.time() + FUTURE_SLACK_S))
+        if touched:
+            store.touch(conn, touched, growth=self.settings.stability_growth,
+                        now=min(now, time.time() + FUTURE_SLACK_S))
         return store.get_many(conn, ids)
 
     async def _query_vector(self, query: str) -> tuple[list[float] | None, VectorStatus]:

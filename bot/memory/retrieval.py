@@ -12,7 +12,7 @@ from enum import StrEnum
 
 import apsw
 
-from bot.memory import decay, fts, store, vectors
+from bot.memory import fts, store, vectors
 from bot.memory.scope import ACTIVE, key_filter
 
 GRAPH_LINK_KINDS = ("co_extracted", "consolidated", "semantic")
@@ -27,12 +27,20 @@ class Candidate:
     """One memory on its way through retrieval, with why it was picked."""
     memory_id: int
     fts_rank: int | None = None
-    fts_score: float | None = None      # bm25 x strength x (1 + importance); lower is better
+    fts_score: float | None = None      # bm25; lower is better
     vector_rank: int | None = None
     distance: float | None = None       # L2 between unit vectors
     fused: float = 0.0
     link: dict | None = None            # {"from": id, "kind": ..., "weight": ...} for graph additions
     neighbour_of: int | None = None     # the hit stored next to it that lent it score (spread_to_neighbours)
+    similarity: float | None = None     # cosine to the query, for what recall returns (ranking.measure_similarity)
+    touched: bool | None = None         # counted as recalled (above the touch floor); None = touch was off
+
+    @property
+    def cosine(self) -> float | None:
+        if self.similarity is not None:
+            return self.similarity
+        return None if self.distance is None else vectors.cosine_from_distance(self.distance)
 
     @property
     def via(self) -> str:
@@ -49,13 +57,16 @@ class Candidate:
             out["fts_score"] = float(f"{self.fts_score:.6g}")
         if self.vector_rank is not None and self.distance is not None:
             out["vector_rank"] = self.vector_rank
-            out["cosine"] = round(vectors.cosine_from_distance(self.distance), 4)
+        if self.cosine is not None:
+            out["cosine"] = round(self.cosine, 4)
         if self.neighbour_of is not None:
             out["neighbour_of"] = self.neighbour_of
         if self.link is not None:
             out["link"] = self.link
         else:
             out["fused_score"] = float(f"{self.fused:.6g}")
+        if self.touched is not None:
+            out["touched"] = self.touched
         return out
 
 
@@ -108,16 +119,16 @@ class RecallResult:
 
 def fts_candidates(conn: apsw.Connection, query: str, keys: list[str], limit: int, now: float,
                    as_of: float | None = None) -> list[Candidate]:
-    """Keyword path: BM25 weighted by strength and importance, scoped, active only."""
+    """Keyword path: BM25, scoped, active only (`now` is unused: time is ranking.py's business)."""
     planned = fts.scoped_hits(conn, query, keys, as_of)
     if planned is None:
         return []
     hits, params = planned  # `hits(id, relevance)`: matches first or the visible set first (fts.py)
     sql = (
         f"WITH {hits} "
-        f"SELECT m.id, h.relevance * {decay.strength_sql('?', 'm')} * (1.0 + m.importance) AS score "
+        "SELECT m.id, h.relevance AS score "  # relevance only: time enters later, as a tie-breaker (ranking.py)
         "FROM hits h JOIN memories m ON m.id = h.id ORDER BY score ASC, m.id DESC LIMIT ?")
-    params += [now, limit]
+    params += [limit]
     return [Candidate(row[0], fts_rank=rank, fts_score=row[1])
             for rank, row in enumerate(conn.execute(sql, params), start=1)]
 
