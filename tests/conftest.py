@@ -5,6 +5,7 @@ import pytest
 
 from bot.memory.engine import Engine
 from bot.settings import load_settings
+from tests.fakes.discord_server import FakeDiscord, patch_discord_urls
 from tests.fakes.ollama import FakeOllama
 from tests.helpers import Script
 
@@ -45,3 +46,14 @@ async def fts_engine(make_settings):
 async def script(fake_ollama):
     """Scripted LLM answers per kind of request (extract / update / merge) on the fake Ollama."""
     return Script(fake_ollama)
+
+
+@pytest.fixture
+async def discord_world(monkeypatch):
+    """A fake Discord (gateway + REST on 127.0.0.1) with Alice in the guild Asgard."""
+    async with FakeDiscord(heartbeat_interval=200) as fake:
+        patch_discord_urls(fake, monkeypatch)
+        alice = fake.add_user("alice", global_name="Alice")
+        guild = fake.add_guild("Asgard", members=[alice])
+        yield fake, alice, guild
+        assert fake.unhandled_requests == [], fake.unhandled_requests

@@ -14,27 +14,16 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-
 from bot.conversation.pipeline import CANNOT_THINK
 from bot.conversation.text import split_message
 from bot.memory import store
 from bot.memory.engine import Engine
 from cogs.client import MuninnBot
-from tests.fakes.discord_server import FakeDiscord, patch_discord_urls
+from tests.fakes.discord_server import FakeDiscord
 
 ROOT = Path(__file__).resolve().parent.parent
 FACT = "Alice's sister is called Ylva"
 
-
-@pytest.fixture
-async def discord_world(monkeypatch):
-    async with FakeDiscord(heartbeat_interval=200) as fake:
-        patch_discord_urls(fake, monkeypatch)
-        alice = fake.add_user("alice", global_name="Alice")
-        guild = fake.add_guild("Asgard", members=[alice])
-        yield fake, alice, guild
-        assert fake.unhandled_requests == [], fake.unhandled_requests
 
 
 @contextlib.asynccontextmanager

@@ -15,7 +15,7 @@ import pytest
 from bot.memory import store
 from cogs.client import MuninnBot
 from cogs.launch import main
-from tests.fakes.discord_server import FakeDiscord, Intents, patch_discord_urls
+from tests.fakes.discord_server import Intents
 
 FACT = "Alice's sister is called Ylva"
 
@@ -27,15 +27,6 @@ def ollama_answers(request: dict) -> str:
         return json.dumps({"facts": facts})
     return "Got it."
 
-
-@pytest.fixture
-async def discord_world(monkeypatch):
-    async with FakeDiscord(heartbeat_interval=200) as fake:
-        patch_discord_urls(fake, monkeypatch)
-        alice = fake.add_user("alice", global_name="Alice")
-        guild = fake.add_guild("Asgard", members=[alice])
-        yield fake, alice, guild
-        assert fake.unhandled_requests == [], fake.unhandled_requests
 
 
 async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, fake_ollama, make_settings):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,21 @@ log = logging.getLogger(__name__)
 BUSY_TIMEOUT_MS = 5000
 
 
+def _enable_wal(conn: apsw.Connection) -> None:
+    """Switch to WAL. SQLite does not call the busy handler for this switch, so a second
+    process opening a new file while the first creates it gets BUSY at once: wait here,
+    within the busy timeout, as for any other lock."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL").fetchall()
+            return
+        except apsw.BusyError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection:
     """Open (creating if needed, private to this user) the memory database, load sqlite-vec,
     apply migrations. A file that is not Muninn's, or is newer than this code, is refused
@@ -40,7 +56,7 @@ def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     load_vec(conn)
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
+        _enable_wal(conn)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA secure_delete=ON")  # forgotten memories must not linger in free pages
