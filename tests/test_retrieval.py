@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from bot.memory import store
+from bot.memory import retrieval, store
 from bot.memory.engine import Engine
 from bot.memory.retrieval import Candidate, fuse, spread_to_neighbours
 from bot.memory.scope import Viewer, visible_keys
@@ -267,7 +267,7 @@ async def test_neighbours_lend_score_within_key_and_time_window(fts_engine):
     fused = {a: 1.0, b: 0.1, mine: 0.9, c: 0.3, late: 0.4}
     ranked = [Candidate(mid, fts_rank=r, fts_score=-1.0, fused=f) for r, (mid, f) in enumerate(fused.items(), start=1)]
     keys = await fts_engine.write(visible_keys, ALICE)
-    out = await fts_engine.write(spread_to_neighbours, ranked, keys, 0.5)
+    out = await fts_engine.write(spread_to_neighbours, ranked, keys, 0.5, reach=1)
     got = {cand.memory_id: cand for cand in out}
     assert got[b].fused == pytest.approx(0.1 + 0.5 * 1.0) and got[b].neighbour_of == a  # the larger loan
     assert got[a].fused == pytest.approx(1.0 + 0.5 * 0.1)
@@ -276,6 +276,29 @@ async def test_neighbours_lend_score_within_key_and_time_window(fts_engine):
     assert [cand.memory_id for cand in out] == [a, mine, b, late, c]
     assert got[b].reason()["neighbour_of"] == a and got[b].via == "fts"
     assert await fts_engine.write(spread_to_neighbours, ranked[:1], keys, 0.5) == ranked[:1]  # nothing new surfaces
+
+
+async def test_the_loan_reaches_two_places_each_side_and_falls_off(fts_engine):
+    t0 = time.time() - 10_000
+    texts = ["Ann: hello", "Mel: what did you paint?", "Caroline: let me think", "Caroline: a sunrise",
+             "Caroline: over the lake", "Mel: lovely"]
+    ids = await fts_engine.remember_many([NewMemory(t, "room", owner_id=1, created_at=t0 + i, **ROOM)
+                                          for i, t in enumerate(texts)])
+    hit = ids[3]  # "a sunrise" matched; everything else is a weak candidate
+    def ranked() -> list[Candidate]:  # fresh each time: the spread adds to the candidates it is given
+        return [Candidate(mid, fts_rank=r, fts_score=-1.0, fused=1.0 if mid == hit else 0.01)
+                for r, mid in enumerate(ids, start=1)]
+    keys = await fts_engine.write(visible_keys, ALICE)
+    got = {c.memory_id: c for c in await fts_engine.write(spread_to_neighbours, ranked(), keys, 0.5)}
+    loan = {mid: round(got[mid].fused - 0.01, 6) for mid in ids if mid != hit}
+    falloff = retrieval.NEIGHBOUR_FALLOFF
+    assert retrieval.NEIGHBOUR_REACH == 2
+    assert loan == {ids[0]: 0.005, ids[1]: round(0.5 * falloff, 6), ids[2]: 0.5, ids[4]: 0.5,
+                    ids[5]: round(0.5 * falloff, 6)}  # ids[0] is 3 places from the hit: only its weak neighbour lends
+    assert got[ids[1]].neighbour_of == hit and got[ids[0]].neighbour_of == ids[1]
+    # the walk steps over neither the time window nor as_of: a later line is never lent to
+    assert hit not in {c.neighbour_of for c in await fts_engine.write(
+        spread_to_neighbours, ranked(), keys, 0.5, t0 + 3.5) if c.memory_id in ids[4:]}
 
 
 async def test_a_changed_embedding_model_is_detected_at_start_and_recall_falls_back(fake_ollama, make_settings,

@@ -166,39 +166,49 @@ def rank(candidates) -> list[Candidate]:
 
 
 NEIGHBOUR_WINDOW_S = 3600.0
+# Each hit lends to the NEIGHBOUR_REACH memories on either side of it; the one n places away
+# gets share x NEIGHBOUR_FALLOFF^(n-1). LoCoMo dev (bench/README.md, round 3): reach 1 -> 2
+# at falloff 0.8 took hybrid R@10 0.727 -> 0.746; reach 3-4 and other falloffs were flat.
+NEIGHBOUR_REACH = 2
+NEIGHBOUR_FALLOFF = 0.8
 
 
 def spread_to_neighbours(conn: apsw.Connection, ranked: list[Candidate], keys: list[str], share: float,
-                         as_of: float | None = None) -> list[Candidate]:
+                         as_of: float | None = None, *, reach: int | None = None) -> list[Candidate]:
     """Re-rank: each hit lends `share` of its fused score to the hits stored just before and
-    just after it under the same visibility key (within NEIGHBOUR_WINDOW_S; the largest loan
-    counts). What was said around a matching line is its context: an answer often shares
-    few words with the question while the line before it shares many (LoCoMo dev, hybrid:
-    R@5 0.575 -> 0.631, bench/README.md). Only candidates are re-ranked; nothing new surfaces."""
-    if share <= 0 or not ranked:
+    just after it under the same visibility key, and a falling share to those up to `reach`
+    places away (within NEIGHBOUR_WINDOW_S of the hit; the largest loan counts). What was
+    said around a matching line is its context: an answer often shares few words with the
+    question while the line before it shares many (LoCoMo dev, hybrid: R@5 0.575 -> 0.631,
+    bench/README.md). Only candidates are re-ranked; nothing new surfaces."""
+    reach = NEIGHBOUR_REACH if reach is None else reach
+    if share <= 0 or not ranked or reach <= 0:
         return ranked
     by_id = {c.memory_id: c for c in ranked}
     ids = list(by_id)
     marks = ",".join("?" * len(ids))
-    where, key_params = key_filter(keys, "h.vis_key")
-    nearest = "(SELECT {agg}(p.id) FROM memories p WHERE p.vis_key = h.vis_key AND p.id {op} h.id AND p." + ACTIVE + ")"
+    where, key_params = key_filter(keys, "vis_key")
+    step = ("(SELECT {agg}(p.id) FROM memories p WHERE p.vis_key = w.vis_key AND p.id {op} w.other AND p."
+            + ACTIVE + ")")
+    # One statement: a walk of the (vis_key, id) index, `reach` steps each side of every hit.
+    # The time tests are applied to what it finds, so no step ever scans for a memory in the window.
     sql = (
-        f"WITH pair(hit, other, t) AS ("
-        f"SELECT h.id, {nearest.format(agg='max', op='<')}, h.created_at FROM memories h "
-        f"WHERE h.id IN ({marks}) AND {where} UNION ALL "
-        f"SELECT h.id, {nearest.format(agg='min', op='>')}, h.created_at FROM memories h "
-        f"WHERE h.id IN ({marks}) AND {where}) "
-        "SELECT pair.hit, m.id FROM pair JOIN memories m ON m.id = pair.other WHERE abs(m.created_at - pair.t) <= ?"
-        + (" AND m.created_at <= ?" if as_of is not None else ""))
-    params: list = [*ids, *key_params, *ids, *key_params, NEIGHBOUR_WINDOW_S]
+        "WITH RECURSIVE walk(hit, vis_key, t, dir, other, places) AS ("
+        f"SELECT id, vis_key, created_at, -1, id, 0 FROM memories WHERE id IN ({marks}) AND {where} UNION ALL "
+        f"SELECT id, vis_key, created_at, 1, id, 0 FROM memories WHERE id IN ({marks}) AND {where} UNION ALL "
+        f"SELECT hit, vis_key, t, dir, CASE WHEN dir < 0 THEN {step.format(agg='max', op='<')} "
+        f"ELSE {step.format(agg='min', op='>')} END, places + 1 FROM walk w WHERE places < ? AND other IS NOT NULL) "
+        "SELECT w.hit, w.other, w.places FROM walk w JOIN memories m ON m.id = w.other "
+        "WHERE w.places > 0 AND abs(m.created_at - w.t) <= ?" + (" AND m.created_at <= ?" if as_of is not None else ""))
+    params: list = [*ids, *key_params, *ids, *key_params, reach, NEIGHBOUR_WINDOW_S]
     if as_of is not None:
         params.append(as_of)
     lent: dict[int, float] = {}
     lender: dict[int, int] = {}
-    for hit, other in conn.execute(sql, params):
-        lent[other] = max(lent.get(other, 0.0), share * by_id[hit].fused)
-        if other not in lender or by_id[hit].fused > by_id[lender[other]].fused:
-            lender[other] = hit
+    for hit, other, places in conn.execute(sql, params):
+        amount = share * by_id[hit].fused * NEIGHBOUR_FALLOFF ** (places - 1)
+        if other in by_id and amount > lent.get(other, 0.0):
+            lent[other], lender[other] = amount, hit
     for other, amount in lent.items():
         cand = by_id.get(other)
         if cand is not None:
