@@ -345,7 +345,7 @@ class Engine:
         linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
         if vector is not None and chosen:
-            ranking.measure_similarity(conn, vector, chosen)
+            ranking.measure_similarity(conn, vector, chosen, info)
         t2 = time.perf_counter()
         return (chosen, retrieval.mode_of(vector is not None, fts_hits),
                 {"vector": (t1 - t0) * 1000, "fuse_graph_touch": (t2 - t1) * 1000})

@@ -238,6 +238,30 @@ class VectorCache:
         scored.sort(key=lambda item: (-item[0], item[1]))
         return [(mid, distance_of(score)) for score, mid in scored[:k]]
 
+    def cosines(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float],
+                ids: Sequence[int]) -> dict[int, float]:
+        """Cosine to `query` of each id whose vector is in a cached key (a recall has just
+        loaded the viewer's keys for its search), without touching vec0. Ids changed in an
+        open transaction, or not cached, are left out: the caller reads those from vec0."""
+        q = unit(query)
+        overlay = self._sync(conn, info)
+        if overlay is None:
+            return {}
+        found: list[tuple[int, np.ndarray]] = []
+        with self._lock:  # rows are never rewritten in place (KeyVectors): the row views stay valid
+            for memory_id in ids:
+                key = self._key_of.get(memory_id)
+                entry = self._keys.get(key) if key is not None and memory_id not in overlay else None
+                row = entry.row_of.get(memory_id) if entry is not None else None
+                if entry is not None and row is not None:
+                    found.append((memory_id, entry.matrix[row]))
+        if not found:
+            return {}
+        rows = np.stack([vector for _, vector in found])
+        # vec0's vec_distance_cosine divides by both norms; so does this (stored vectors are unit already).
+        scores = (rows @ q) / np.maximum(np.linalg.norm(rows, axis=1), np.finfo(np.float32).tiny)
+        return {memory_id: float(score) for (memory_id, _), score in zip(found, scores.tolist(), strict=True)}
+
     def _overlay_scores(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int], keys: set[str],
                         q: np.ndarray, as_of: float | None) -> list[tuple[float, int]]:
         marks = ",".join("?" * len(ids))
