@@ -248,10 +248,8 @@ class VectorCache:
                 in_vec0.append(key)
             else:
                 views.append(entry.view())
-        scored: list[tuple[float, int]] = []
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
-        for ids, created, matrix, n in views:
-            scored += top_scores(ids[:n], created[:n], matrix[:n], q, k, as_of, skip)
+        scored = top_scores_over(views, q, k, as_of, skip)
         if in_vec0:
             scored += [(1.0 - d * d / 2.0, mid) for mid, d in vectors.knn_vec0(conn, info, q.tolist(), in_vec0, k, as_of)
                        if mid not in overlay]
@@ -353,6 +351,26 @@ def top_scores(ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, q: np.n
     scores[ids < 0] = -np.inf
     if as_of is not None:
         scores[created > as_of] = -np.inf
+    if skip is not None:
+        scores[np.isin(ids, skip)] = -np.inf
+    return top_scores_of(ids, scores, k)
+
+
+def top_scores_over(views: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]], q: np.ndarray, k: int,
+                    as_of: float | None, skip: np.ndarray | None) -> list[tuple[float, int]]:
+    """The k best over several keys' rows: one product per key (their arrays stay where they
+    are, no copy), then one selection over all the scores instead of one per key."""
+    views = [view for view in views if view[3] > 0]
+    if len(views) == 1:
+        ids, created, matrix, n = views[0]
+        return top_scores(ids[:n], created[:n], matrix[:n], q, k, as_of, skip)
+    if not views:
+        return []
+    ids = np.concatenate([view[0][:view[3]] for view in views])
+    scores = np.concatenate([view[2][:view[3]] @ q for view in views])
+    scores[ids < 0] = -np.inf
+    if as_of is not None:
+        scores[np.concatenate([view[1][:view[3]] for view in views]) > as_of] = -np.inf
     if skip is not None:
         scores[np.isin(ids, skip)] = -np.inf
     return top_scores_of(ids, scores, k)
