@@ -220,8 +220,10 @@ class VectorCache:
             return 0
         per_vector = info.dim * 4 + 16  # matrix row + id + created_at
         loaded = 0
-        for key, count in conn.execute(f"SELECT vis_key, count(*) AS n FROM memories WHERE embedded = 1 AND {ACTIVE} "
-                                       "GROUP BY vis_key ORDER BY n DESC, vis_key").fetchall():
+        sizes = [(str(key), int(count)) for key, count in conn.execute(
+            f"SELECT vis_key, count(*) AS n FROM memories WHERE embedded = 1 AND {ACTIVE} "
+            "GROUP BY vis_key ORDER BY n DESC, vis_key")]
+        for key, count in sizes:
             if stop is not None and stop.is_set():
                 break
             with self._lock:
