@@ -434,6 +434,10 @@ async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: in
     world = SkewWorld(shape, seed=99)
     out: dict = {}
     async with Engine(bench_settings(path)) as engine:
+        started = time.perf_counter()
+        warm_keys = await engine.warmed()  # a running bot is warm: measure recalls after the start-up load
+        print(f"  vector cache warm: {warm_keys} keys, {engine.vector_cache.nbytes / 1e6:.0f} MB, "
+              f"waited {time.perf_counter() - started:.2f} s", flush=True)
         matrix, by_key = await engine.write(load_vectors)
         k = engine.settings.recall_limit * 3
         for kind in VIEWER_CLASSES:

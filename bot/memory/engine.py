@@ -65,6 +65,8 @@ class Engine:
         self._reader_conns: list[apsw.Connection] = []
         self._reader_lock = threading.Lock()
         self._paused: set[int] | None = None  # cache of memory_pauses (this process writes it)
+        self._warm_stop = threading.Event()
+        self._warming: asyncio.Future | None = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -81,10 +83,29 @@ class Engine:
         if info is not None and info.model != self.settings.embed_model:
             log.warning("the vectors were made with %r but OLLAMA_EMBED_MODEL is %r: vector recall is off "
                         "until you run `muninn reindex`", info.model, self.settings.embed_model)
+        elif info is not None and self._readers is not None:
+            self._warming = asyncio.get_running_loop().run_in_executor(self._readers, self._warm_cache, info)
         return self
+
+    def _warm_cache(self, info: vectors.IndexInfo) -> int:
+        """On a read connection, in the background: load the vector cache (vector_cache.warm)."""
+        started = time.perf_counter()
+        try:
+            loaded = self.vector_cache.warm(self._reader(), info, self._warm_stop)
+        except apsw.Error as exc:  # a cold key still loads on first use: nothing is lost
+            log.warning("could not warm the vector cache: %s", exc)
+            return 0
+        log.debug("vector cache warm: %d keys, %.1f MB in %.2f s", loaded, self.vector_cache.nbytes / 1e6,
+                  time.perf_counter() - started)
+        return loaded
+
+    async def warmed(self) -> int:
+        """Wait until the start-up warm of the vector cache is over; how many keys it loaded."""
+        return await self._warming if self._warming is not None else 0
 
     async def close(self) -> None:
         await self.ollama.close()
+        self._warm_stop.set()
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
@@ -345,7 +366,7 @@ class Engine:
         linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
         if vector is not None and chosen:
-            ranking.measure_similarity(conn, vector, chosen)
+            ranking.measure_similarity(conn, vector, chosen, info)
         t2 = time.perf_counter()
         return (chosen, retrieval.mode_of(vector is not None, fts_hits),
                 {"vector": (t1 - t0) * 1000, "fuse_graph_touch": (t2 - t1) * 1000})

@@ -39,7 +39,6 @@ import apsw
 
 from bot.memory import decay, vectors
 from bot.memory.dates import DateHint
-from bot.memory.db import query_value
 from bot.memory.retrieval import Candidate, rank
 
 TIME_WEIGHT = 0.02
@@ -96,21 +95,19 @@ def keyword_winner_first(ranked: list[Candidate], margin: float = KEYWORD_LEAD) 
     return [hits[0]] + [c for c in ranked if c is not hits[0]]
 
 
-def measure_similarity(conn: apsw.Connection, query_vector: Sequence[float], candidates: Iterable[Candidate]) -> None:
+def measure_similarity(conn: apsw.Connection, query_vector: Sequence[float], candidates: Iterable[Candidate],
+                       info: vectors.IndexInfo | None = None) -> None:
     """Give every candidate its cosine to the query; the vector path's hits know it already,
-    the others (keyword hits, graph links) read their stored vector."""
+    the others (keyword hits, graph links) get it from their stored vector (vectors.cosines:
+    the search cache, or vec0 point lookups)."""
     unknown = {c.memory_id: c for c in candidates if c.cosine is None}
     if not unknown:
         return
-    query = vectors.pack(query_vector)
-    for memory_id, cand in unknown.items():
-        # One point lookup each: vec0 answers `memory_id = ?` by rowid, but `IN (...)` with a
-        # scan (4.5 ms for 10 ids at 10k memories, against 0.13 ms for ten lookups). The
-        # distance is computed in C (sqlite-vec), not in Python.
-        distance = query_value(conn, "SELECT vec_distance_cosine(embedding, ?) FROM vec_memories "
-                                     "WHERE memory_id = ?", (query, memory_id))
-        if distance is not None:
-            cand.similarity = 1.0 - distance
+    info = info or vectors.index_info(conn)
+    if info is None:
+        return
+    for memory_id, cosine in vectors.cosines(conn, info, query_vector, list(unknown)).items():
+        unknown[memory_id].similarity = cosine
 
 
 def touch_floor(model: str, override: float | None) -> float | None:

@@ -211,6 +211,30 @@ class VectorCache:
                 self._drop(next(iter(self._keys)))
             return entry
 
+    def warm(self, conn: apsw.Connection, info: vectors.IndexInfo, stop: threading.Event | None = None) -> int:
+        """Load every key that fits the budget, largest first (the keys most viewers see), so that
+        no recall pays a cold load (0.1-1 ms per small key, tens of ms for a big one). Each key
+        loads like a recall's own cold load would (`_entry`), so it is safe beside searches and
+        writes. Stops early when `stop` is set. Returns how many keys it loaded."""
+        if not conn.get_autocommit() or self._sync(conn, info) is None:
+            return 0
+        per_vector = info.dim * 4 + 16  # matrix row + id + created_at
+        loaded = 0
+        sizes = [(str(key), int(count)) for key, count in conn.execute(
+            f"SELECT vis_key, count(*) AS n FROM memories WHERE embedded = 1 AND {ACTIVE} "
+            "GROUP BY vis_key ORDER BY n DESC, vis_key")]
+        for key, count in sizes:
+            if stop is not None and stop.is_set():
+                break
+            with self._lock:
+                if key in self._keys or key in self._too_big:
+                    continue
+                if self._bytes + (count + SLACK_ROWS) * per_vector > self.budget_bytes:
+                    continue  # would evict a key already warm
+            if self._entry(conn, info, key) is not None:
+                loaded += 1
+        return loaded
+
     # -- search ---------------------------------------------------------------
 
     def knn(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float], keys: list[str],
@@ -226,10 +250,8 @@ class VectorCache:
                 in_vec0.append(key)
             else:
                 views.append(entry.view())
-        scored: list[tuple[float, int]] = []
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
-        for ids, created, matrix, n in views:
-            scored += top_scores(ids[:n], created[:n], matrix[:n], q, k, as_of, skip)
+        scored = top_scores_over(views, q, k, as_of, skip)
         if in_vec0:
             scored += [(1.0 - d * d / 2.0, mid) for mid, d in vectors.knn_vec0(conn, info, q.tolist(), in_vec0, k, as_of)
                        if mid not in overlay]
@@ -237,6 +259,30 @@ class VectorCache:
             scored += self._overlay_scores(conn, info, overlay, set(keys), q, as_of)
         scored.sort(key=lambda item: (-item[0], item[1]))
         return [(mid, distance_of(score)) for score, mid in scored[:k]]
+
+    def cosines(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float],
+                ids: Sequence[int]) -> dict[int, float]:
+        """Cosine to `query` of each id whose vector is in a cached key (a recall has just
+        loaded the viewer's keys for its search), without touching vec0. Ids changed in an
+        open transaction, or not cached, are left out: the caller reads those from vec0."""
+        q = unit(query)
+        overlay = self._sync(conn, info)
+        if overlay is None:
+            return {}
+        found: list[tuple[int, np.ndarray]] = []
+        with self._lock:  # rows are never rewritten in place (KeyVectors): the row views stay valid
+            for memory_id in ids:
+                key = self._key_of.get(memory_id)
+                entry = self._keys.get(key) if key is not None and memory_id not in overlay else None
+                row = entry.row_of.get(memory_id) if entry is not None else None
+                if entry is not None and row is not None:
+                    found.append((memory_id, entry.matrix[row]))
+        if not found:
+            return {}
+        rows = np.stack([vector for _, vector in found])
+        # vec0's vec_distance_cosine divides by both norms; so does this (stored vectors are unit already).
+        scores = (rows @ q) / np.maximum(np.linalg.norm(rows, axis=1), np.finfo(np.float32).tiny)
+        return {memory_id: float(score) for (memory_id, _), score in zip(found, scores.tolist(), strict=True)}
 
     def _overlay_scores(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int], keys: set[str],
                         q: np.ndarray, as_of: float | None) -> list[tuple[float, int]]:
@@ -307,6 +353,26 @@ def top_scores(ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, q: np.n
     scores[ids < 0] = -np.inf
     if as_of is not None:
         scores[created > as_of] = -np.inf
+    if skip is not None:
+        scores[np.isin(ids, skip)] = -np.inf
+    return top_scores_of(ids, scores, k)
+
+
+def top_scores_over(views: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]], q: np.ndarray, k: int,
+                    as_of: float | None, skip: np.ndarray | None) -> list[tuple[float, int]]:
+    """The k best over several keys' rows: one product per key (their arrays stay where they
+    are, no copy), then one selection over all the scores instead of one per key."""
+    views = [view for view in views if view[3] > 0]
+    if len(views) == 1:
+        ids, created, matrix, n = views[0]
+        return top_scores(ids[:n], created[:n], matrix[:n], q, k, as_of, skip)
+    if not views:
+        return []
+    ids = np.concatenate([view[0][:view[3]] for view in views])
+    scores = np.concatenate([view[2][:view[3]] @ q for view in views])
+    scores[ids < 0] = -np.inf
+    if as_of is not None:
+        scores[np.concatenate([view[1][:view[3]] for view in views]) > as_of] = -np.inf
     if skip is not None:
         scores[np.isin(ids, skip)] = -np.inf
     return top_scores_of(ids, scores, k)

@@ -242,6 +242,26 @@ def knn(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], keys: li
     return knn_vec0(conn, info, query, keys, k, as_of)
 
 
+def cosines(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], ids: Sequence[int]) -> dict[int, float]:
+    """Cosine to `query` of each stored vector among `ids` (ids without a vector are left out):
+    from the cache when it holds them, else one vec0 point lookup each (vec0 answers
+    `memory_id = ?` by rowid but `IN (...)` with a scan: 4.5 ms for 10 ids at 10k memories,
+    against 0.13 ms for ten lookups; the distance is computed in C)."""
+    if len(query) != info.dim:
+        raise VectorSizeError(f"query embedding has {len(query)} dimensions, the index has {info.dim}")
+    cache = cache_of(conn)
+    out = cache.cosines(conn, info, query, ids) if cache is not None else {}
+    missing = [memory_id for memory_id in ids if memory_id not in out]
+    if missing:
+        packed = pack(query)
+        for memory_id in missing:
+            distance = query_value(conn, "SELECT vec_distance_cosine(embedding, ?) FROM vec_memories "
+                                         "WHERE memory_id = ?", (packed, memory_id))
+            if distance is not None:
+                out[memory_id] = 1.0 - distance
+    return out
+
+
 def knn_vec0(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], keys: list[str], k: int,
              as_of: float | None = None) -> list[tuple[int, float]]:
     """The same search inside sqlite-vec: one KNN per partition (vec0 runs `IN` on a partition
