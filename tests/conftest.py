@@ -57,3 +57,15 @@ async def discord_world(monkeypatch):
         guild = fake.add_guild("Asgard", members=[alice])
         yield fake, alice, guild
         assert fake.unhandled_requests == [], fake.unhandled_requests
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """Two connections to one file: one searching through a vector cache, one plain (another process)."""
+    from bot.memory import db, vectors
+    from bot.memory.vector_cache import VectorCache
+    cached, plain = db.connect(tmp_path / "v.db"), db.connect(tmp_path / "v.db")
+    vectors.attach_cache(cached, VectorCache(64 << 20))
+    yield cached, plain
+    cached.close()
+    plain.close()

@@ -18,15 +18,6 @@ def vec0_cosines(conn, info, query, ids) -> dict[int, float]:
     return vectors.cosines(conn, info, query, ids)  # `conn` has no cache: one vec0 lookup each
 
 
-@pytest.fixture
-def pair(tmp_path):
-    cached, plain = db.connect(tmp_path / "v.db"), db.connect(tmp_path / "v.db")
-    vectors.attach_cache(cached, VectorCache(64 << 20))
-    yield cached, plain
-    cached.close()
-    plain.close()
-
-
 def close(a: dict[int, float], b: dict[int, float]) -> bool:
     return a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-5 for k in a)
 

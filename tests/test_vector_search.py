@@ -40,16 +40,6 @@ def same(cached, exact) -> bool:
         [d for _, d in cached], [d for _, d in exact], atol=1e-5)
 
 
-@pytest.fixture
-def pair(tmp_path):
-    """Two connections to one file: one searching through a cache, one plain (another process)."""
-    cached, plain = db.connect(tmp_path / "v.db"), db.connect(tmp_path / "v.db")
-    vectors.attach_cache(cached, VectorCache(64 << 20))
-    yield cached, plain
-    cached.close()
-    plain.close()
-
-
 def test_cache_answers_like_vec0_with_filters(pair):
     cached, plain = pair
     rng = np.random.default_rng(1)
