@@ -47,3 +47,14 @@ def test_warm_fits_the_budget_without_evicting_and_stops_when_asked(tmp_path):
     stopped.set()
     assert VectorCache(64 << 20).warm(conn, info, stopped) == 0
     conn.close()
+
+
+async def test_a_one_shot_engine_does_not_warm(make_settings):
+    """The command line opens `Engine(warm=False)`: `muninn recall` loads only the keys it searches."""
+    settings = make_settings("", OLLAMA_EMBED_MODEL="m")
+    conn = db.connect(settings.db_path)
+    fill(conn, np.random.default_rng(23), 60)
+    conn.close()
+    async with Engine(settings, warm=False) as engine:
+        assert await engine.warmed() == 0
+        assert list(engine.vector_cache.cached_keys()) == []

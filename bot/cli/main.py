@@ -82,7 +82,7 @@ async def cmd_remember(args, settings: Settings) -> int:
                                  guild_id=args.guild, importance=args.importance)
     except ValueError as exc:  # validate.Invalid included: a lone surrogate from a bad terminal byte
         raise UsageError(str(exc)) from None
-    async with Engine(settings) as engine:
+    async with Engine(settings, warm=False) as engine:
         memory_id = await engine.remember(memory)
         embedded = (await engine.get(memory_id)).embedded
     emit(args, {"id": memory_id, "embedded": embedded}, str(memory_id))
@@ -97,7 +97,7 @@ async def cmd_recall(args, settings: Settings) -> int:
     viewer = viewer_from(args.user, args.channel, args.guild, args.dm)
     as_of = as_of_from(args.as_of, touch=not args.no_touch)
     query, _ = validate.query_text(args.query)
-    async with Engine(settings) as engine:
+    async with Engine(settings, warm=False) as engine:
         result = await engine.recall(query, viewer, limit=args.limit, as_of=as_of, touch=not args.no_touch)
     emit(args, result.to_dict(as_of), human_recall(result))
     return 0
@@ -132,7 +132,7 @@ async def recall_batch(args, settings: Settings) -> int:
     if not path.is_file():
         raise UsageError(f"--batch: no file {str(path)!r}")
     bad = 0
-    async with Engine(settings) as engine:
+    async with Engine(settings, warm=False) as engine:
         with path.open("rb") as lines:
             for number, line in enumerate(lines, start=1):
                 if not line.strip():
@@ -157,7 +157,7 @@ async def cmd_import(args, settings: Settings) -> int:
         raise UsageError(f"no file {str(path)!r}")
     with path.open("rb") as lines:
         total = sum(1 for line in lines if line.strip())
-    async with Engine(settings) as engine:
+    async with Engine(settings, warm=False) as engine:
         with Progress("importing", total) as bar, path.open("rb") as lines:
             report = await import_lines(engine, lines, on_progress=bar.advance)
         missing = (await engine.stats())["missing_vectors"]
@@ -174,7 +174,7 @@ async def cmd_import(args, settings: Settings) -> int:
 
 
 async def cmd_stats(args, settings: Settings) -> int:
-    async with Engine(settings) as engine:
+    async with Engine(settings, warm=False) as engine:
         data = await engine.stats()
     data["database"] = str(settings.db_path)
     human = "\n".join(f"{key}: {value}" for key, value in data.items())
@@ -183,7 +183,7 @@ async def cmd_stats(args, settings: Settings) -> int:
 
 
 async def cmd_reindex(args, settings: Settings) -> int:
-    async with Engine(settings) as engine:
+    async with Engine(settings, warm=False) as engine:
         bar = Progress(f"embedding with {settings.embed_model}", None)
 
         def progress(done: int, total: int) -> None:
@@ -265,7 +265,7 @@ async def cmd_chat(args, settings: Settings) -> int:
 
 async def cmd_maintain(args, settings: Settings) -> int:
     from bot.lifecycle import maintenance
-    async with Engine(settings) as engine:
+    async with Engine(settings, warm=False) as engine:
         if args.restore is not None:
             try:
                 memory = await engine.get(args.restore)

@@ -50,7 +50,10 @@ async def _given(vector: list[float]) -> tuple[list[float] | None, VectorStatus]
 
 
 class Engine:
-    def __init__(self, settings: Settings, ollama: OllamaClient | None = None):
+    def __init__(self, settings: Settings, ollama: OllamaClient | None = None, *, warm: bool = True):
+        """`warm`: load the vector cache in the background at start (a long-running bot wants it;
+        a one-shot command would only pay for loading what it never searches)."""
+        self._warm_at_start = warm
         self.settings = settings
         self.ollama = ollama or OllamaClient.from_settings(settings)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-db")
@@ -83,7 +86,7 @@ class Engine:
         if info is not None and info.model != self.settings.embed_model:
             log.warning("the vectors were made with %r but OLLAMA_EMBED_MODEL is %r: vector recall is off "
                         "until you run `muninn reindex`", info.model, self.settings.embed_model)
-        elif info is not None and self._readers is not None:
+        elif info is not None and self._readers is not None and self._warm_at_start:
             self._warming = asyncio.get_running_loop().run_in_executor(self._readers, self._warm_cache, info)
         return self
 
