@@ -19,7 +19,7 @@ def test_retention_follows_exp_minus_t_over_s():
     assert decay.retention(T0 + 7 * DAY, T0, s0) == pytest.approx(math.exp(-1))
     assert decay.retention(T0 + 30 * DAY, T0, s0) == pytest.approx(0.0138, abs=1e-3)
     assert decay.retention(T0 - DAY, T0, s0) == 1.0  # a clock behind the memory never inflates it
-    assert decay.strength(T0 + 1000 * DAY, T0, s0) == pytest.approx(decay.STRENGTH_FLOOR)
+    assert decay.retention(T0 + 7 * DAY, T0, 0.0) == 0.0  # a damaged row counts as faded, never raises
 
 
 async def test_stability_grows_with_each_recall_and_is_capped(fts_engine):
@@ -43,11 +43,3 @@ async def test_recall_resets_the_clock_with_a_fixed_clock(fts_engine):
     assert recalled.retention(T0 + 7 * DAY) == 1.0
     assert recalled.stability == pytest.approx(7.0 * 1.5)
     assert recalled.retention(T0 + 7 * DAY + 10.5 * DAY) == pytest.approx(math.exp(-1))
-
-
-def test_sql_strength_matches_python(tmp_path):
-    from bot.memory import db
-    conn = db.connect(tmp_path / "m.db")
-    value = conn.execute(f"SELECT {decay.strength_sql('?', 'm')} FROM (SELECT ? AS last_accessed, ? AS created_at, "
-                         "? AS stability) m", (T0 + 10 * DAY, T0 + DAY, T0, 7.0)).fetchall()[0][0]
-    assert value == pytest.approx(decay.strength(T0 + 10 * DAY, T0 + DAY, 7.0))

@@ -5,15 +5,13 @@ S its stability in days. A new memory starts at S = base × (1 + 2 × importance
 an important memory fades three times slower; each recall multiplies S by the growth
 factor (spaced repetition: recalled memories fade ever more slowly) and resets Δt.
 Retention decides what maintenance archives; in ranking it only breaks near-ties
-(bot/memory/ranking.py). `strength` (floor + (1 - floor) × R) is the seed's ranking
-factor, no longer used by recall.
+(bot/memory/ranking.py).
 """
 from __future__ import annotations
 
 import math
 
 SECONDS_PER_DAY = 86400.0
-STRENGTH_FLOOR = 0.3
 MAX_STABILITY_DAYS = 3650.0
 
 
@@ -28,13 +26,3 @@ def retention(now: float, last_seen: float, stability: float) -> float:
     if not (stability > 0.0 and math.isfinite(stability) and math.isfinite(elapsed_days)):
         return 0.0
     return math.exp(-elapsed_days / stability)
-
-
-def strength(now: float, last_seen: float, stability: float) -> float:
-    return STRENGTH_FLOOR + (1.0 - STRENGTH_FLOOR) * retention(now, last_seen, stability)
-
-
-def strength_sql(now_param: str = ":now", alias: str = "m") -> str:
-    """The same strength as a SQL expression (SQLite's math functions)."""
-    return (f"({STRENGTH_FLOOR} + {1.0 - STRENGTH_FLOOR} * exp(-max(0.0, {now_param} - "
-            f"coalesce({alias}.last_accessed, {alias}.created_at)) / {SECONDS_PER_DAY} / {alias}.stability))")

@@ -308,7 +308,7 @@ class Engine:
         embedding = asyncio.create_task(self._query_vector(query) if query_vector is None
                                         else _given(list(query_vector)))
         try:
-            keys, fts_hits, info, partial = await self._read(self._fts_step, query, viewer, limit * 3, now, as_of)
+            keys, fts_hits, info, partial = await self._read(self._fts_step, query, viewer, limit * 3, as_of)
         except BaseException:
             embedding.cancel()
             raise
@@ -348,9 +348,9 @@ class Engine:
                              **finish, "total": (time.perf_counter() - started) * 1000}
         return result
 
-    def _fts_step(self, conn, query, viewer, candidates, now, as_of):
+    def _fts_step(self, conn, query, viewer, candidates, as_of):
         keys = visible_keys(conn, viewer)
-        hits = retrieval.fts_candidates(conn, query, keys, candidates, now, as_of)
+        hits = retrieval.fts_candidates(conn, query, keys, candidates, as_of)
         return keys, hits, vectors.index_info(conn), vectors.reindex_pending(conn)
 
     def _search_step(self, conn, keys, fts_hits, info, vector, limit, now, as_of, date_hints=()):

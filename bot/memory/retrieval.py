@@ -117,9 +117,9 @@ class RecallResult:
                 "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()}}
 
 
-def fts_candidates(conn: apsw.Connection, query: str, keys: list[str], limit: int, now: float,
+def fts_candidates(conn: apsw.Connection, query: str, keys: list[str], limit: int,
                    as_of: float | None = None) -> list[Candidate]:
-    """Keyword path: BM25, scoped, active only (`now` is unused: time is ranking.py's business)."""
+    """Keyword path: BM25 alone (time is ranking.py's business), scoped, active only."""
     planned = fts.scoped_hits(conn, query, keys, as_of)
     if planned is None:
         return []
