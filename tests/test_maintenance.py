@@ -244,6 +244,29 @@ def test_cli_maintain_is_idempotent_and_lists_and_restores(tmp_path, monkeypatch
         assert "is not archived" in capsys.readouterr().err
 
 
+
+def test_cli_maintain_never_overlaps_a_bot_process_and_counts_as_its_run(tmp_path, monkeypatch, capsys):
+    from bot.memory import leases
+    path = tmp_path / "main.db"
+    conn = db.connect(path)
+    [faded] = store.insert_many(conn, [alice("Alice had toast for breakfast.", importance=0.1, days_ago=60)],
+                                base_stability_days=7.0, now=time.time())
+    assert leases.take(conn, maintenance.MAINTENANCE_LEASE, "bot-shard-0", 90.0)   # a bot process is maintaining
+    monkeypatch.chdir(tmp_path)
+    for key, value in {"MUNINN_DB_PATH": str(path), "OLLAMA_URL": ""}.items():
+        monkeypatch.setenv(key, value)
+    assert cli.main(["maintain"]) == 2
+    err = capsys.readouterr().err
+    assert "maintenance is already running in another process (bot-shard-0)" in err
+    assert store.get(conn, faded).archived_at is None and leases.last_run(conn, "maintenance") is None
+    assert leases.release(conn, maintenance.MAINTENANCE_LEASE, "bot-shard-0")
+    started = time.time()
+    assert cli.main(["maintain", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["archived"] == [faded]
+    assert leases.holder_of(conn, maintenance.MAINTENANCE_LEASE) is None          # released: the bot may take it
+    assert (leases.last_run(conn, "maintenance") or 0) >= started                # the bot's schedule counts it
+    conn.close()
+
 async def test_maintenance_trims_the_channel_history(make_settings):
     from bot.conversation import history
     async with Engine(make_settings("", MUNINN_HISTORY_KEEP="100")) as engine:

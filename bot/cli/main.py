@@ -283,8 +283,11 @@ async def cmd_maintain(args, settings: Settings) -> int:
             emit(args, {"total": total, "memories": [m.to_dict() for m in memories]}, human)
             return 0
         # Each step commits as it goes and prints when done, so an interrupted run keeps (and shows) its work.
-        report = await maintenance.run_maintenance(
-            engine, use_llm=not args.no_llm, on_step=None if args.json else lambda line: print(line, flush=True))
+        try:
+            report = await maintenance.run_with_lease(
+                engine, use_llm=not args.no_llm, on_step=None if args.json else lambda line: print(line, flush=True))
+        except maintenance.MaintenanceBusy as exc:
+            raise UsageError(str(exc)) from None
     emit(args, report.to_dict(), f"done in {report.seconds:.1f} s")
     return 0
 

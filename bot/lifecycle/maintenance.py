@@ -32,7 +32,7 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import apsw
 import numpy as np
@@ -470,8 +470,36 @@ async def maintain_periodically(engine: Engine, *, hours: float | None = None, f
                 log.debug("could not release the maintenance lease: %s", exc)
 
 
-async def _run_holding(engine: Any, holder: str, lease_seconds: float) -> None:
-    """One maintenance run, renewing the lease while it lasts (a run may outlast the lease)."""
+class MaintenanceBusy(Exception):
+    """Another process holds the maintenance lease (it is running, or about to run, maintenance)."""
+
+    def __init__(self, holder: str | None):
+        super().__init__(f"maintenance is already running in another process ({holder or 'unknown'}); "
+                         "wait for it to finish, it takes over the schedule")
+        self.holder = holder
+
+
+async def run_with_lease(engine: Any, *, use_llm: bool = True, on_step: Callable[[str], None] | None = None,
+                         lease_seconds: float = LEASE_SECONDS, holder: str | None = None) -> MaintenanceReport:
+    """One maintenance run for `muninn maintain`: only while holding the lease the bot processes
+    use, so a run from the command line never overlaps the bot's own (two runs would embed,
+    link and consolidate the same memories twice); recorded as the last run, so the bot's
+    schedule counts it. Raises MaintenanceBusy when another process holds the lease."""
+    holder = holder or leases.new_holder()
+    if not await engine.take_lease(MAINTENANCE_LEASE, holder, lease_seconds):
+        raise MaintenanceBusy(await engine.lease_holder(MAINTENANCE_LEASE))
+    try:
+        report = await _holding(engine, holder, lease_seconds,
+                                lambda: run_maintenance(engine, use_llm=use_llm, on_step=on_step))
+        await engine.record_run(MAINTENANCE_LEASE, time.time())
+        return report
+    finally:
+        await engine.release_lease(MAINTENANCE_LEASE, holder)
+
+
+async def _holding(engine: Any, holder: str, lease_seconds: float,
+                   job: Callable[[], Awaitable[MaintenanceReport]]) -> MaintenanceReport:
+    """Run `job`, renewing the lease while it lasts (a run may outlast the lease)."""
     async def renew() -> None:
         while True:
             await asyncio.sleep(lease_seconds / 3)
@@ -479,12 +507,18 @@ async def _run_holding(engine: Any, holder: str, lease_seconds: float) -> None:
                 log.warning("the maintenance lease was lost during a run (was this process paused?)")
     renewing = asyncio.create_task(renew())
     try:
-        report = await run_maintenance(engine)
+        return await job()
+    finally:
+        renewing.cancel()
+
+
+async def _run_holding(engine: Any, holder: str, lease_seconds: float) -> None:
+    """One periodic maintenance run of the lease holder; a failure waits for the next interval."""
+    try:
+        report = await _holding(engine, holder, lease_seconds, lambda: run_maintenance(engine))
         log.info("maintenance: %s", "; ".join(report.lines()))
     except asyncio.CancelledError:
         raise
     except Exception:
         log.exception("maintenance run failed; trying again at the next interval")
-    finally:
-        renewing.cancel()
     await engine.record_run(MAINTENANCE_LEASE, time.time())
