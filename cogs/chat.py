@@ -16,7 +16,7 @@ from discord.ext import commands
 from bot.conversation.pipeline import ForgetOffer, Incoming, Pipeline, Sent
 from bot.conversation.text import split_message
 
-from .confirm import ConfirmForget, offer_text
+from .confirm import ConfirmForget, ForgetButton, offer_text
 from .streaming import DiscordReplyStream
 
 log = logging.getLogger(__name__)
@@ -101,20 +101,27 @@ class DiscordOutlet:
     async def confirm_forget(self, offer: ForgetOffer) -> list[Sent]:
         view = ConfirmForget(offer)
         try:
-            view.message = await self.message.channel.send(
+            view.posted(await self.message.channel.send(
                 offer_text(offer), view=view, reference=self.message.to_reference(fail_if_not_exists=False),
-                allowed_mentions=NO_MENTIONS)
+                allowed_mentions=NO_MENTIONS))
         except discord.Forbidden:
             view.stop()
             log.warning("cannot post in channel %s: Muninn lacks the Send Messages permission there",
                         self.message.channel.id)
             return []
+        assert view.message is not None
         return [Sent(view.message.id, view.message.created_at.timestamp())]
 
 
 class Chat(commands.Cog):
     def __init__(self, bot: commands.Bot):
         self.bot = bot
+
+    async def cog_load(self) -> None:
+        self.bot.add_dynamic_items(ForgetButton)  # forget questions asked before a restart still answer
+
+    async def cog_unload(self) -> None:
+        self.bot.remove_dynamic_items(ForgetButton)
 
     @property
     def pipeline(self) -> Pipeline:

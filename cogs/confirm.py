@@ -5,10 +5,18 @@ is public, so it names only how many matched: the texts (which may include anoth
 fact that merely resembles the words) are shown by **Show**, as an answer only the asker sees.
 The buttons answer only the person who asked; after a confirmation or a cancel (or the
 timeout) they are removed, so the question never stays open.
+
+The buttons survive a restart of the bot: each one is a `DynamicItem` whose custom id carries
+the action, the asker and the memory ids (base 36, within Discord's 100 characters), so a
+click after a restart still forgets exactly what was offered, and only the asker's own
+personal memories (`Engine.forget_personal` checks). A question older than the timeout
+answers that it expired. An offer too large to encode (many long ids) uses buttons that
+live only in this process, as before.
 """
 from __future__ import annotations
 
 import logging
+import re
 
 import discord
 
@@ -39,46 +47,161 @@ def memory_list(offer: ForgetOffer) -> str:
     return "\n".join(lines)
 
 
-class ConfirmForget(discord.ui.View):
-    def __init__(self, offer: ForgetOffer):
-        super().__init__(timeout=CONFIRM_TIMEOUT)
-        self.offer = offer
-        self.message: discord.Message | None = None
-        if offer.in_private:
-            self.remove_item(self.show)
+CUSTOM_ID_LIMIT = 100                      # Discord's limit for a component's custom id
+FORGET, SHOW, KEEP = "f", "s", "k"
+TEMPLATE = r"muninn:forget:(?P<action>[fsk]):(?P<owner>[0-9a-z]+):(?P<ids>[0-9a-z]+(?:\.[0-9a-z]+)*)"
+EXPIRED = "This question has expired: nothing was forgotten. Ask me again if you still want it."
+
+
+def to_base36(number: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        number, rest = divmod(number, 36)
+        out = digits[rest] + out
+        if number == 0:
+            return out
+
+
+def custom_id(action: str, owner_id: int, memory_ids: list[int]) -> str:
+    return f"muninn:forget:{action}:{to_base36(owner_id)}:" + ".".join(to_base36(i) for i in memory_ids)
+
+
+def fits(offer: ForgetOffer) -> bool:
+    return len(custom_id(FORGET, offer.author_id, [m.id for m in offer.memories])) <= CUSTOM_ID_LIMIT
+
+
+# The questions this process is waiting on, by message id: an answer (from whichever button
+# object Discord's click reached) stops the question's timeout, so it never overwrites the answer.
+_waiting: dict[int, "ConfirmForget"] = {}
+
+
+class ForgetButton(discord.ui.DynamicItem[discord.ui.Button], template=TEMPLATE):
+    """Forget / Show / Keep of one offer, rebuilt from its custom id by discord.py on every click."""
+
+    STYLES = {FORGET: ("Forget", discord.ButtonStyle.danger), SHOW: ("Show", discord.ButtonStyle.primary),
+              KEEP: ("Keep", discord.ButtonStyle.secondary)}
+
+    def __init__(self, action: str, owner_id: int, memory_ids: list[int]):
+        label, style = self.STYLES[action]
+        super().__init__(discord.ui.Button(label=label, style=style,
+                                           custom_id=custom_id(action, owner_id, memory_ids)))
+        self.action, self.owner_id, self.memory_ids = action, owner_id, memory_ids
+
+    @classmethod
+    async def from_custom_id(cls, interaction: discord.Interaction, item: discord.ui.Item,
+                             match: re.Match[str]) -> "ForgetButton":
+        return cls(match["action"], int(match["owner"], 36), [int(i, 36) for i in match["ids"].split(".")])
 
     async def interaction_check(self, interaction: discord.Interaction) -> bool:
-        if interaction.user.id != self.offer.author_id:
+        if interaction.user.id != self.owner_id:
             await interaction.response.send_message("These buttons belong to someone else.", ephemeral=True)
             return False
         return True
 
-    @discord.ui.button(label="Forget", style=discord.ButtonStyle.danger)
-    async def confirm(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
-        self.stop()
-        removed = await self.offer.forget()
+    async def callback(self, interaction: discord.Interaction) -> None:
+        try:
+            await self._answer(interaction)
+        except Exception:
+            log.exception("forget confirmation failed for user %s", interaction.user.id)
+            if not interaction.response.is_done():
+                await interaction.response.send_message("Something went wrong on my side; it has been logged.",
+                                                        ephemeral=True)
+
+    async def _answer(self, interaction: discord.Interaction) -> None:
+        message = interaction.message
+        pipeline = getattr(interaction.client, "pipeline", None)
+        if pipeline is None:  # still starting up
+            await interaction.response.send_message("I am just starting up; try again in a moment.", ephemeral=True)
+            return
+        if self.action == SHOW:
+            memories = await pipeline.engine.get_many(self.memory_ids)
+            mine = [memories[i] for i in self.memory_ids if i in memories
+                    and memories[i].scope == "personal" and memories[i].owner_id == self.owner_id]
+            offer = ForgetOffer(self.owner_id, mine, "You asked me to forget:", _nothing)
+            text = memory_list(offer) if mine else "None of them is left: nothing to forget."
+            await interaction.response.send_message(text, ephemeral=True,
+                                                    allowed_mentions=discord.AllowedMentions.none())
+            return
+        live = _waiting.pop(message.id, None) if message is not None else None
+        if live is not None:
+            live.stop()
+        elif message is not None and (interaction.created_at - message.created_at).total_seconds() > CONFIRM_TIMEOUT:
+            await interaction.response.edit_message(content=EXPIRED, view=None)  # asked before a restart, long ago
+            return
+        if self.action == KEEP:
+            await interaction.response.edit_message(content="Kept: nothing was forgotten.", view=None)
+            return
+        removed = await pipeline.forget_memories(self.owner_id, self.memory_ids)
         await interaction.response.edit_message(
             content=f"Forgotten: {removed} {'memory' if removed == 1 else 'memories'}.", view=None)
 
-    @discord.ui.button(label="Show", style=discord.ButtonStyle.primary)
-    async def show(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
-        await interaction.response.send_message(memory_list(self.offer), ephemeral=True,
-                                                allowed_mentions=discord.AllowedMentions.none())
 
-    @discord.ui.button(label="Keep", style=discord.ButtonStyle.secondary)
-    async def keep(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
-        self.stop()
-        await interaction.response.edit_message(content="Kept: nothing was forgotten.", view=None)
+async def _nothing() -> int:
+    return 0
 
-    async def on_error(self, interaction: discord.Interaction, error: Exception, item: discord.ui.Item) -> None:
-        log.error("forget confirmation failed for user %s", interaction.user.id, exc_info=error)
-        if not interaction.response.is_done():
-            await interaction.response.send_message("Something went wrong on my side; it has been logged.",
-                                                    ephemeral=True)
+
+class ConfirmForget(discord.ui.View):
+    """The question's buttons; removed (the question closed) when nobody answers in time."""
+
+    def __init__(self, offer: ForgetOffer):
+        super().__init__(timeout=CONFIRM_TIMEOUT)
+        self.offer = offer
+        self.message: discord.Message | None = None
+        ids = [m.id for m in offer.memories]
+        actions = [FORGET, KEEP] if offer.in_private else [FORGET, SHOW, KEEP]
+        if fits(offer):
+            for action in actions:
+                self.add_item(ForgetButton(action, offer.author_id, ids))
+        else:
+            for action in actions:
+                self.add_item(_LiveButton(self, action))
+
+    def posted(self, message: discord.Message) -> None:
+        self.message = message
+        _waiting[message.id] = self
+
+    def stop(self) -> None:
+        if self.message is not None:
+            _waiting.pop(self.message.id, None)
+        super().stop()
 
     async def on_timeout(self) -> None:
         if self.message is not None:
+            _waiting.pop(self.message.id, None)
             try:
                 await self.message.edit(content="Nothing was forgotten (no answer).", view=None)
             except discord.HTTPException:
                 pass
+
+
+class _LiveButton(discord.ui.Button):
+    """A button of an offer too large for custom ids: it lives only as long as this process."""
+
+    def __init__(self, question: ConfirmForget, action: str):
+        label, style = ForgetButton.STYLES[action]
+        super().__init__(label=label, style=style)
+        self.question, self.action = question, action
+
+    async def callback(self, interaction: discord.Interaction) -> None:
+        offer = self.question.offer
+        if interaction.user.id != offer.author_id:
+            await interaction.response.send_message("These buttons belong to someone else.", ephemeral=True)
+            return
+        try:
+            if self.action == SHOW:
+                await interaction.response.send_message(memory_list(offer), ephemeral=True,
+                                                        allowed_mentions=discord.AllowedMentions.none())
+                return
+            self.question.stop()
+            if self.action == KEEP:
+                await interaction.response.edit_message(content="Kept: nothing was forgotten.", view=None)
+                return
+            removed = await offer.forget()
+            await interaction.response.edit_message(
+                content=f"Forgotten: {removed} {'memory' if removed == 1 else 'memories'}.", view=None)
+        except Exception:
+            log.exception("forget confirmation failed for user %s", interaction.user.id)
+            if not interaction.response.is_done():
+                await interaction.response.send_message("Something went wrong on my side; it has been logged.",
+                                                        ephemeral=True)

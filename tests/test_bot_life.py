@@ -269,6 +269,56 @@ async def test_forget_in_plain_words_shows_the_matches_and_forgets_on_confirmati
     assert "/memory forget-all" in bot_texts(bot, general)[-1]
 
 
+
+async def test_forget_buttons_still_answer_after_a_restart(place, fake_ollama):
+    from cogs import confirm
+    env, bot, guild, general, alice, bob = place
+    ids = await seed_oslo(bot, guild, general, alice, bob)
+    await alice.send(general, f"{bot.user.mention} forget that I live in Oslo")
+    [offer] = [m for m in general.history() if m.author.id == bot.user.id]
+    restarted = MuninnBot(bot.settings, extractor_factory=lambda engine: Handoff())
+    await env.restart_bot(restarted)                    # a new bot process: the old one's views are gone
+    confirm._waiting.clear()                             # (module state of the old process)
+    try:
+        assert "someone else" in (await bob.click(offer, label="Forget")).response.content
+        shown = await alice.click(offer, label="Show")
+        assert shown.ephemeral and f"`#{ids['oslo']}`" in shown.response.content
+        await alice.click(offer, label="Forget")
+        assert env.backend.get_message(offer.channel.id, offer.id).content == "Forgotten: 1 memory."
+        left = set((await restarted.engine.get_many(list(ids.values()))).keys())
+        assert left == set(ids.values()) - {ids["oslo"]}   # exactly what was offered, nothing of Bob's
+    finally:
+        await restarted.close()
+
+
+async def test_a_forget_question_from_long_before_a_restart_has_expired(place, fake_ollama, monkeypatch):
+    from cogs import confirm
+    env, bot, guild, general, alice, bob = place
+    ids = await seed_oslo(bot, guild, general, alice, bob)
+    await alice.send(general, f"{bot.user.mention} forget that I live in Oslo")
+    [offer] = [m for m in general.history() if m.author.id == bot.user.id]
+    confirm._waiting.clear()                             # nobody in this process waits on it any more
+    monkeypatch.setattr(confirm, "CONFIRM_TIMEOUT", -1)  # ...and it was asked longer ago than the timeout
+    await alice.click(offer, label="Forget")
+    done = env.backend.get_message(offer.channel.id, offer.id)
+    assert done.content == confirm.EXPIRED and not done.components
+    assert len(await bot.engine.get_many(list(ids.values()))) == len(ids)
+
+
+async def test_an_offer_too_large_for_custom_ids_still_asks_and_forgets(place, fake_ollama, monkeypatch):
+    from cogs import confirm
+    env, bot, guild, general, alice, bob = place
+    ids = await seed_oslo(bot, guild, general, alice, bob)
+    monkeypatch.setattr(confirm, "CUSTOM_ID_LIMIT", 20)  # as if the offer held many long ids
+    await alice.send(general, f"{bot.user.mention} forget that I live in Oslo")
+    [offer] = [m for m in general.history() if m.author.id == bot.user.id]
+    assert not any(b.custom_id.startswith("muninn:forget:") for row in offer.components for b in row.children)
+    assert "someone else" in (await bob.click(offer, label="Forget")).response.content
+    assert f"`#{ids['oslo']}`" in (await alice.click(offer, label="Show")).response.content
+    await alice.click(offer, label="Forget")
+    assert env.backend.get_message(offer.channel.id, offer.id).content == "Forgotten: 1 memory."
+    assert ids["oslo"] not in await bot.engine.get_many(list(ids.values()))
+
 async def test_keep_leaves_everything_as_it_was(place, fake_ollama):
     env, bot, guild, general, alice, bob = place
     ids = await seed_oslo(bot, guild, general, alice, bob)
