@@ -29,7 +29,7 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import dates, db, leases, privacy, ranking, retrieval, store, vectors
+from bot.memory import dates, db, leases, privacy, ranking, retrieval, store, transactions, vectors
 from bot.memory.db import write_transaction
 from bot.memory.files import DatabaseBusy
 from bot.memory.retrieval import VectorStatus
@@ -42,7 +42,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 EMBED_BATCH = 32
-WRITE_RETRY_DELAYS_S = (1.0, 4.0, 15.0)   # after the ~20 s each attempt already waits for the lock
+WRITE_RETRY_DELAYS_S = (1.0, 4.0, 15.0)   # between attempts that each wait one busy timeout (5 s) for the lock
+
+
+def _waiting_once(conn: apsw.Connection, job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`job` on the writer, its lock waits limited to one busy timeout (Engine.write retries)."""
+    with transactions.single_lock_wait():
+        return job(conn, *args, **kwargs)
 
 
 async def _given(vector: list[float]) -> tuple[list[float] | None, VectorStatus]:
@@ -189,7 +195,7 @@ class Engine:
         `what` was not written and why, and raise. Nothing a person asked for is dropped silently."""
         for attempt, delay in enumerate((*WRITE_RETRY_DELAYS_S, None), start=1):
             try:
-                return await self._run(job, *args, **kwargs)
+                return await self._run(_waiting_once, job, *args, **kwargs)
             except DatabaseBusy as exc:
                 if delay is None:
                     log.error("could not %s after %d attempts: %s", what, attempt, exc)

@@ -6,7 +6,9 @@ answers BUSY at once instead of waiting: the busy timeout never applies, and two
 processes on one file (the bot and an import, say) fail each other's writes. BEGIN
 IMMEDIATE takes the write lock up front, where the busy timeout does wait; if the other
 writer holds it longer than that, we wait again a few times with backoff, then raise
-DatabaseBusy with a message saying so.
+DatabaseBusy with a message saying so. Inside `Engine.write` there is one wait only
+(`single_lock_wait`): the engine retries off its database thread, so other writes of the
+bot are not held up behind a lock wait, and the retry policy lives at one depth.
 
 Nested use (a store function called inside a larger transaction) becomes a savepoint.
 A failure to roll back (a full disk can cause it) never hides the error that caused it.
@@ -14,6 +16,7 @@ A failure to roll back (a full disk can cause it) never hides the error that cau
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from contextlib import contextmanager
 from typing import Iterator
@@ -26,6 +29,20 @@ log = logging.getLogger(__name__)
 
 LOCK_RETRIES = 3            # further waits of the busy timeout after the first one
 BACKOFF_S = (0.05, 0.2, 0.5)
+
+_here = threading.local()  # per database thread: how many further lock waits BEGIN may make
+
+
+@contextmanager
+def single_lock_wait() -> Iterator[None]:
+    """Within the block, on this thread, a write transaction waits for the lock for one busy
+    timeout and then raises DatabaseBusy: the caller retries later, off this thread."""
+    before = getattr(_here, "retries", None)
+    _here.retries = 0
+    try:
+        yield
+    finally:
+        _here.retries = before
 
 
 @contextmanager
@@ -53,12 +70,14 @@ def write_transaction(conn: apsw.Connection) -> Iterator[None]:
 
 def _begin_immediate(conn: apsw.Connection) -> None:
     started = time.monotonic()
-    for attempt in range(LOCK_RETRIES + 1):
+    retries = getattr(_here, "retries", None)
+    retries = LOCK_RETRIES if retries is None else retries
+    for attempt in range(retries + 1):
         try:
             conn.execute("BEGIN IMMEDIATE")
             return
         except apsw.BusyError as exc:
-            if attempt == LOCK_RETRIES:
+            if attempt == retries:
                 raise DatabaseBusy(
                     f"the database stayed locked by another process for {time.monotonic() - started:.1f} s "
                     "(an import or maintain?): try again when it is done") from exc
