@@ -1,6 +1,7 @@
 """`muninn chat` as a person uses it: local commands that never reach the model, --name,
 forgetting in plain words with a typed confirmation, and, on a real terminal (a pty), a quiet
-start, Ctrl-D that saves what was learned and says so, and Ctrl-C that leaves at once."""
+start, replies that appear as they are written, Ctrl-D that saves what was learned and says
+so, and Ctrl-C that leaves at once."""
 from __future__ import annotations
 
 import asyncio
@@ -78,6 +79,19 @@ async def test_forget_in_plain_words_asks_for_a_typed_yes(fake_ollama, make_sett
         assert set(await engine.write(store.get_many, [oslo, bees])) == {bees}
 
 
+
+async def test_a_streamed_reply_that_breaks_ends_on_its_own_line_and_logs_never_split_words():
+    from bot.cli.chat import Screen, TerminalReplyStream
+    out = io.StringIO()
+    screen = Screen(out, interactive=True)
+    stream = TerminalReplyStream(screen)
+    await stream.update("Once upon")
+    screen.line("WARNING bot.llm: Ollama stopped answering")         # a log line mid-reply
+    await stream.update("Once upon a time")
+    await stream.finish("I cannot think right now.")                # the stream broke: the fallback
+    assert out.getvalue() == ("muninn> Once upon\nWARNING bot.llm: Ollama stopped answering\nmuninn> … a time\n"
+                              "muninn> I cannot think right now.\n")
+
 # -- on a real terminal ----------------------------------------------------------------------
 
 def read_until(fd: int, wanted: str, seen: list[str], timeout: float = 15.0) -> str:
@@ -148,6 +162,27 @@ async def test_on_a_terminal_start_is_quiet_and_ctrl_d_saves_what_was_learned(fa
         [memory] = await engine.write(store.memories_of, LOCAL_USER_ID, ("personal",))
         assert memory.text == "Kari grows tomatoes"
 
+
+
+async def test_on_a_terminal_the_reply_appears_as_it_is_written(fake_ollama, tmp_path):
+    fake_ollama.default_chat_reply = facts_or("Once upon a time there was a raven.")
+    fake_ollama.stream_delay = 0.4                       # a model writing slowly, word by word
+    master, proc = start_chat(tmp_path, fake_ollama.url, "--name", "Kari")
+    seen: list[str] = []
+    try:
+        await asyncio.to_thread(read_until, master, "you> ", seen)
+        os.write(master, b"tell me a story\n")
+        await asyncio.to_thread(read_until, master, "muninn> Once", seen)
+        assert "raven" not in seen[0]                    # the first words before the last one was written
+        await asyncio.to_thread(read_until, master, "there was a raven.\r\n", seen)
+        await asyncio.to_thread(read_until, master, "you> ", seen)
+        assert seen[0].count("Once upon a time") == 1    # written once, not again at the end
+        os.write(master, b"/quit\n")
+        assert await asyncio.to_thread(proc.wait, 15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
 
 async def test_on_a_terminal_ctrl_c_leaves_at_once_even_mid_answer(fake_ollama, tmp_path):
     fake_ollama.chat_replies.append(fake_ollama.TIMEOUT)

@@ -4,7 +4,8 @@ You are one local user in one local room (guild 0, channel 0), so what Muninn le
 here stays here: it is stored as your personal memories of that room. Lines starting with
 a command word are handled locally (`/help` lists them), never sent to the model.
 
-Input is read on a daemon thread, so Ctrl-C ends the program at once (nothing waits for a
+On a terminal the reply appears as Ollama writes it (MUNINN_STREAM_REPLIES), piped output gets
+whole lines. Input is read on a daemon thread, so Ctrl-C ends the program at once (nothing waits for a
 blocked read); Ctrl-D or /quit first saves the facts waiting for extraction, for at most
 MUNINN_SHUTDOWN_SECONDS, and says so. On a terminal, log lines are printed above the prompt
 (WARNING and up, unless -v) and, with --log-file, all of them go to that file.
@@ -72,6 +73,7 @@ class Screen:
         self.out = out
         self.interactive = interactive
         self.prompt_shown = False
+        self.writing = False   # a streamed reply is being written on the last line
 
     def prompt(self) -> None:
         if self.interactive:
@@ -81,7 +83,9 @@ class Screen:
 
     def line(self, text: str) -> None:
         """A line above the prompt (the prompt is drawn again after it)."""
-        if self.prompt_shown:
+        if self.writing:  # a log line in the middle of a streamed reply: the reply goes on below it
+            self.out.write("\n" + text + "\nmuninn> …")
+        elif self.prompt_shown:
             self.out.write("\r\x1b[K" + text + "\n" + PROMPT)
         else:
             self.out.write(text + "\n")
@@ -90,6 +94,44 @@ class Screen:
     def said(self) -> None:
         """The person pressed Enter: the prompt line is theirs now."""
         self.prompt_shown = False
+
+    def write_on(self, text: str) -> None:
+        """More of a streamed reply, on its line."""
+        if not self.writing:
+            self.out.write("muninn> ")
+            self.writing = True
+        self.out.write(text)
+        self.out.flush()
+
+    def end_reply(self) -> None:
+        if self.writing:
+            self.out.write("\n")
+            self.out.flush()
+            self.writing = False
+
+
+class TerminalReplyStream:
+    """A reply printed as Ollama writes it (on a terminal). Printed text cannot be taken back,
+    so when the final reply does not continue what was shown (a stream that broke ends as the
+    fallback answer), the final reply follows on its own line."""
+
+    def __init__(self, screen: Screen):
+        self.screen = screen
+        self.shown = ""
+
+    async def update(self, text: str) -> None:
+        if text.startswith(self.shown):
+            self.screen.write_on(text[len(self.shown):])
+            self.shown = text
+
+    async def finish(self, text: str) -> list[Sent]:
+        if self.shown and text.startswith(self.shown):
+            self.screen.write_on(text[len(self.shown):])
+            self.screen.end_reply()
+        else:
+            self.screen.end_reply()
+            self.screen.line(f"muninn> {text}")
+        return [Sent(None, time.time())]
 
 
 class AbovePrompt(logging.Handler):
@@ -116,6 +158,10 @@ class TerminalOutlet:
     async def send(self, text: str) -> list[Sent]:
         self.screen.line(f"muninn> {text}")
         return [Sent(None, time.time())]
+
+    def stream(self) -> TerminalReplyStream | None:
+        """Replies are streamed on a terminal; piped output gets whole lines (scripts read them)."""
+        return TerminalReplyStream(self.screen) if self.screen.interactive else None
 
     async def confirm_forget(self, offer: ForgetOffer) -> list[Sent]:
         """The text fallback of Discord's buttons: list the matches, then ask yes or no."""
