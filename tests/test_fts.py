@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -131,6 +132,8 @@ async def test_a_query_of_common_words_looks_only_at_the_newest_memories(fts_eng
     hits, params = await fts_engine.read(fts.scoped_hits, "lamps", keys, None)
     assert "rowid > ?" in hits and old < params[-1] < recent  # the window starts after the old one
     assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [recent]
+    past = await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False, as_of=time.time() + 60)
+    assert set(past.ids) == {old, recent}  # as of a moment: no window
     monkeypatch.setattr(fts, "COMMON_WINDOW", 10_000)  # a window that reaches back to it
     found = await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)
     assert set(found.ids) == {old, recent}

@@ -145,8 +145,10 @@ def scoped_hits(conn, text: str, keys: list[str], as_of: float | None) -> tuple[
     common = max(counts) > limit
     window: list = []
     if common:
-        window = [newest_id(conn) - COMMON_WINDOW]
-        match_first = visible_at_least(conn, f"{where} AND id > ?", [*keys, *window], DENSE_VISIBLE) > DENSE_VISIBLE
+        if as_of is None:  # a recall as of a past moment has no "newest memories" to cut at
+            window = [newest_id(conn) - COMMON_WINDOW]
+        dense = f"{where} AND id > ?" if window else where
+        match_first = visible_at_least(conn, dense, [*keys, *window], DENSE_VISIBLE) > DENSE_VISIBLE
         tail = f" ORDER BY memories_fts.rowid DESC LIMIT {COMMON_HITS})"
     else:
         match_first = matches <= visible_at_least(conn, where, keys, matches)
