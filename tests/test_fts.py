@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -113,3 +114,26 @@ async def test_a_viewer_who_sees_much_walks_a_common_word_from_the_fts_side(fts_
     assert len(result.ids) == fts_engine.settings.recall_limit
     bob = await fts_engine.recall("lamps", Viewer(BOB, channel_id=6, guild_id=9), touch=False)
     assert all(m.memory.owner_id == BOB for m in bob.memories)  # his own lamps only, never channel 5's
+
+
+async def test_a_query_of_only_common_words_keeps_the_rarest_of_them(fts_engine):
+    await crowd(fts_engine, "pasta", 900)
+    await crowd(fts_engine, "pizza", 600)  # both common (COMMON_MIN_DOCS 500), of equal length
+    fts.forget_counts(None)
+    assert await fts_engine.write(fts.selective, ["pasta", "pizza", "nowhere"]) == ["pizza", "nowhere"]
+
+
+async def test_a_query_of_common_words_looks_only_at_the_newest_memories(fts_engine, monkeypatch):
+    old = await fts_engine.remember(NewMemory("Alice bought lamps long ago", "personal", owner_id=ALICE))
+    await busy_channel(fts_engine)  # 602 newer memories, most of them with "lamps"
+    recent = await fts_engine.remember(NewMemory("Alice bought lamps again", "personal", owner_id=ALICE))
+    monkeypatch.setattr(fts, "COMMON_WINDOW", 300)
+    keys = ["g", f"p:{ALICE}:dm"]
+    hits, params = await fts_engine.read(fts.scoped_hits, "lamps", keys, None)
+    assert "rowid > ?" in hits and old < params[-1] < recent  # the window starts after the old one
+    assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [recent]
+    past = await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False, as_of=time.time() + 60)
+    assert set(past.ids) == {old, recent}  # as of a moment: no window
+    monkeypatch.setattr(fts, "COMMON_WINDOW", 10_000)  # a window that reaches back to it
+    found = await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)
+    assert set(found.ids) == {old, recent}

@@ -3,6 +3,8 @@ stays in step with every write (own transaction, other connections, rollbacks), 
 bucketed databases are upgraded to per-key partitions."""
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -207,3 +209,91 @@ async def test_a_fact_write_reuses_the_planning_search_only_if_no_vector_changed
                                  base_stability_days=7, vector_info=info, vectors_=[vec])[0]
     sneaked = await engine.write(sneak)
     assert (await write(late, planned)).reinforced == [sneaked]  # the stale search was not reused
+
+
+def test_a_key_loading_elsewhere_is_searched_in_vec0_and_changes_meanwhile_are_caught_up(pair, tmp_path, monkeypatch):
+    """The load runs outside the cache's lock: a search on another connection goes on meanwhile
+    (the loading key from vec0), and what it applied while the loaded rows were read is applied
+    to them before they are published."""
+    from bot.memory import vector_cache
+    cached, plain = pair
+    rng = np.random.default_rng(11)
+    info = fill(plain, rng, 150)
+    cache = vectors.cache_of(cached)
+    other = db.connect(tmp_path / "v.db")
+    vectors.attach_cache(other, cache)
+    q = random_unit(rng)
+    real_load = vector_cache.load_key
+    seen_during: list = []
+
+    def slow_load(conn, info_, key):
+        loaded = real_load(conn, info_, key)  # the rows as they were when the load read them
+        if key == "r:1" and not seen_during:
+            nearest = vectors.knn_vec0(plain, info, q, ["r:1"], 1)[0][0]
+            store.archive(plain, nearest, "test")
+            newest = fill(plain, rng, 1) and db.query_value(plain, "SELECT max(id) FROM memories")
+            with plain:
+                store.set_vector(plain, info, newest, q)
+            seen_during.append(vectors.knn(other, info, q, KEYS, 5))  # syncs the change, r:1 from vec0
+        return loaded
+
+    monkeypatch.setattr(vector_cache, "load_key", slow_load)
+    try:
+        got = vectors.knn(cached, info, q, ["r:1"], 5)
+        assert same(seen_during[0], vectors.knn_vec0(plain, info, q, KEYS, 5))
+        assert same(got, vectors.knn_vec0(plain, info, q, ["r:1"], 5))
+        assert "r:1" in cache.cached_keys()
+        assert same(vectors.knn(cached, info, q, KEYS, 9), vectors.knn_vec0(plain, info, q, KEYS, 9))
+    finally:
+        other.close()
+
+
+def test_a_big_cold_key_is_searched_in_vec0_while_the_loader_loads_it(pair, monkeypatch):
+    """Keys above INLINE_LOAD_MAX vectors go to the background loader; vec0 answers meanwhile,
+    and a small key still loads inline."""
+    from bot.memory import vector_cache
+    cached, plain = pair
+    rng = np.random.default_rng(12)
+    info = fill(plain, rng, 120)
+    cache = vectors.cache_of(cached)
+    jobs: list = []
+    cache.background = jobs.append
+    monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 30)  # r:1 holds ~50: big; the others are small
+    q = random_unit(rng)
+    assert same(vectors.knn(cached, info, q, KEYS, 7), vectors.knn_vec0(plain, info, q, KEYS, 7))
+    assert "r:1" not in cache.cached_keys() and set(cache.cached_keys()) == set(KEYS) - {"r:1"}
+    assert len(jobs) == 1
+    vectors.knn(cached, info, q, KEYS, 7)
+    assert len(jobs) == 1  # loading already: not queued twice
+    jobs[0](plain)
+    assert set(cache.cached_keys()) == set(KEYS)
+    assert same(vectors.knn(cached, info, q, KEYS, 7), vectors.knn_vec0(plain, info, q, KEYS, 7))
+
+
+async def test_the_engine_loads_a_big_cold_key_on_its_loader_thread(tmp_path, make_settings, monkeypatch):
+    import threading
+
+    from bot.memory import vector_cache
+    monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 25)  # r:1 holds ~40, g ~10
+    real_load, loaded_on = vector_cache.load_key, {}
+
+    def load_key(conn, info, key):
+        loaded_on[key] = threading.current_thread().name
+        return real_load(conn, info, key)
+    monkeypatch.setattr(vector_cache, "load_key", load_key)
+    rng = np.random.default_rng(13)
+    conn = db.connect(tmp_path / "muninn.db")
+    fill(conn, rng, 90)
+    conn.close()
+    async with Engine(make_settings(OLLAMA_EMBED_MODEL="m"), warm=False) as engine:
+        q = random_unit(rng)
+        viewer = Viewer(9, channel_id=1, guild_id=1)  # sees g and r:1
+        first = await engine.recall("nothing", viewer, query_vector=q, touch=False)
+        for _ in range(100):
+            if "r:1" in engine.vector_cache.cached_keys():
+                break
+            await asyncio.sleep(0.02)
+        assert "r:1" in engine.vector_cache.cached_keys()
+        again = await engine.recall("nothing", viewer, query_vector=q, touch=False)
+        assert again.ids == first.ids and first.ids
+        assert loaded_on["r:1"].startswith("muninn-vecload") and loaded_on["g"].startswith("muninn-read")

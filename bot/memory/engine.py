@@ -76,6 +76,12 @@ class Engine:
         self._paused: set[int] | None = None  # cache of memory_pauses (this process writes it)
         self._warm_stop = threading.Event()
         self._warming: asyncio.Future | None = None
+        # One thread of its own loads the vector cache (the start-up warm, then big cold keys a
+        # recall met: vector_cache.INLINE_LOAD_MAX), so the readers stay free for recalls.
+        self._loader = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-vecload")
+                        if self._shared_file else None)
+        if self._loader is not None:
+            self.vector_cache.background = self._load_in_background
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -92,8 +98,8 @@ class Engine:
         if info is not None and info.model != self.settings.embed_model:
             log.warning("the vectors were made with %r but OLLAMA_EMBED_MODEL is %r: vector recall is off "
                         "until you run `muninn reindex`", info.model, self.settings.embed_model)
-        elif info is not None and self._readers is not None and self._warm_at_start:
-            self._warming = asyncio.get_running_loop().run_in_executor(self._readers, self._warm_cache, info)
+        elif info is not None and self._loader is not None and self._warm_at_start:
+            self._warming = asyncio.get_running_loop().run_in_executor(self._loader, self._warm_cache, info)
         return self
 
     def _warm_cache(self, info: vectors.IndexInfo) -> int:
@@ -108,6 +114,19 @@ class Engine:
                   time.perf_counter() - started)
         return loaded
 
+    def _load_in_background(self, job: Callable[[apsw.Connection], object]) -> None:
+        """The vector cache's loader: `job(connection)` on the loader thread, later."""
+        assert self._loader is not None
+
+        def call() -> None:
+            if self._warm_stop.is_set():
+                return  # closing
+            try:
+                job(self._reader())
+            except apsw.Error as exc:  # the key stays cold and loads on a later search
+                log.warning("could not load vectors into the cache: %s", exc)
+        self._loader.submit(call)
+
     async def warmed(self) -> int:
         """Wait until the start-up warm of the vector cache is over; how many keys it loaded."""
         return await self._warming if self._warming is not None else 0
@@ -119,6 +138,8 @@ class Engine:
             conn, self._conn = self._conn, None
             await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
         self._executor.shutdown(wait=True)
+        if self._loader is not None:
+            self._loader.shutdown(wait=True, cancel_futures=True)
         if self._readers is not None:
             self._readers.shutdown(wait=True)
             with self._reader_lock:
