@@ -54,11 +54,11 @@ def name_hits(conn: apsw.Connection, question: str, hits: list[Candidate]) -> li
     The texts are read by id: an FTS5 `name AND (words)` query cost 5 ms per recall at 43k
     memories over the whole index and ~50 ms limited to the hits' rowids (FTS5 evaluates the
     whole MATCH for each rowid of an IN list), for the same ranking (bench/README.md)."""
-    if not hits:
+    mentioned = names(question)
+    if not hits or not mentioned:
         return []
-    words = fts.tokens(question)
-    searched = set(fts.selective(conn, words))
-    people = {p for p in names(question) if p not in searched}  # only names the plain query left out
+    searched = set(fts.selective(conn, fts.tokens(question)))
+    people = {p for p in mentioned if p not in searched}  # only names the plain query left out
     if not people:
         return []
     ids = [h.memory_id for h in hits]
