@@ -40,6 +40,7 @@ from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from bot.settings import SETTINGS, load_settings
 
+from . import shared_world
 from .embed_server import MINILM_NAME, EmbedServerProcess
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "eval" / "locomo-dev" / "locomo-dev.json"
@@ -50,6 +51,10 @@ MODES = ("bm25", "fts", "vector", "hybrid")
 ENGINE_MODES = ("fts", "vector", "hybrid")
 DAY = 86400.0
 PROTOCOLS: dict[str, float | None] = {"+1d": 1.0, "+30d": 30.0, "+365d": 365.0, "none": None}
+# The hard protocol (bench/shared_world.py): all conversations in one database with a busy
+# room and other people's memories, asked as +1d. Name -> (view, same speaker names in the room).
+WORLDS: dict[str, tuple[str, bool]] = {"shared-dm": ("dm", False), "shared-room": ("room", False),
+                                       "shared-room-names": ("room", True)}
 AGE_BUCKETS = ((0, 14, "<=14d"), (14, 60, "15-60d"), (60, 10**9, ">60d"))
 GROUPS = ("overall", "single-hop", "multi-hop", "temporal", "open-domain", "adversarial")
 EMBED_CACHE = RESULTS / "embeddings-minilm.npz"
@@ -120,10 +125,13 @@ class Corpus:
         self.records: dict[str, list[dict]] = {}
         self.asks: list[dict] = []
         self.created: dict[str, float] = {}
+        self.conversations: list[dict] = []
         for i, conv in enumerate(data):
             sid = conv["sample_id"]
             records = import_records(conv, i + 1)
             self.records[sid] = records
+            self.conversations.append({"sid": sid, "owner": i + 1, "speakers": (
+                conv["conversation"]["speaker_a"], conv["conversation"]["speaker_b"])})
             self.created.update((r["external_id"], r["created_at"]) for r in records)
             last = max(r["created_at"] for r in records)
             known = {r["external_id"] for r in records}
@@ -155,14 +163,17 @@ def copy_database(template: Path, target: Path) -> None:
 
 
 async def ask_engine(corpus: Corpus, path: Path, env: dict, mode: str, url: str, days_after: float | None,
-                     touch: bool, limit: int) -> list[dict]:
-    """Every question in order through `Engine.recall`; one row per question."""
+                     touch: bool, limit: int, view: str | None = None) -> list[dict]:
+    """Every question in order through `Engine.recall`; one row per question. `view` (the
+    shared world's 'dm' or 'room'): ask there and fail on any memory the asker may not see."""
     rows = []
     async with Engine(mode_settings(dict(env, MUNINN_DB_PATH=str(path)), mode, url)) as engine:
         for q in corpus.asks:
             as_of = as_of_for(q, days_after)
-            result = await engine.recall(q["question"], Viewer(q["owner"], dm=True), limit=limit, as_of=as_of,
-                                         touch=touch)
+            viewer = Viewer(q["owner"], dm=True) if view is None else shared_world.viewer_for(q["owner"], view)
+            result = await engine.recall(q["question"], viewer, limit=limit, as_of=as_of, touch=touch)
+            if view is not None:
+                shared_world.check_scope([r.memory for r in result.memories], viewer, q["question"])
             expected_mode = {"fts": "fts-only", "vector": "hybrid", "hybrid": "hybrid"}[mode]
             if result.mode not in (expected_mode, "vector-only") or (mode != "fts" and result.vector_status != "ok"):
                 raise RuntimeError(f"{mode}: recall ran as {result.mode}/{result.vector_status}")
@@ -274,8 +285,9 @@ async def floor_report(corpus: Corpus, path: Path, url: str, env: dict) -> dict:
 
 async def evaluate(data: list[dict], url: str, env: dict, modes: tuple[str, ...], limit: int,
                    protocols: dict[str, float | None] | None = None, touch: bool = True,
-                   keep_rows: bool = False) -> dict:
-    """results[protocol][mode] = per-group scores, R@10 by evidence age and recalled cosines."""
+                   keep_rows: bool = False, worlds: dict[str, tuple[str, bool]] | None = None) -> dict:
+    """results[protocol][mode] = per-group scores, R@10 by evidence age and recalled cosines;
+    `worlds` adds the shared-world protocols (asked at +1d)."""
     protocols = PROTOCOLS if protocols is None else protocols
     corpus = Corpus(data)
     results: dict = {}
@@ -299,7 +311,40 @@ async def evaluate(data: list[dict], url: str, env: dict, modes: tuple[str, ...]
                 if keep_rows:
                     out["rows"] = rows
                 results[name][mode] = out
+        for name, (view, same_names) in (worlds or {}).items():
+            results[name] = await evaluate_world(corpus, Path(tmp), url, env, modes, limit, view, same_names, touch,
+                                                 keep_rows)
     return results
+
+
+async def evaluate_world(corpus: Corpus, tmp: Path, url: str, env: dict, modes: tuple[str, ...], limit: int,
+                         view: str, same_names: bool, touch: bool, keep_rows: bool) -> dict:
+    """One shared-world protocol (bench/shared_world.py), asked at +1d: scores as `evaluate`,
+    plus the share of the top 10 that came from the room (other people's talk)."""
+    template = tmp / f"world-{'names' if same_names else 'plain'}.db"
+    world = shared_world.world_records(corpus.conversations, corpus.records, same_names=same_names)
+    if not template.exists():
+        await shared_world.import_world(world, template, url, env)
+    created = {r["external_id"]: r["created_at"] for r in world}
+    asks = [q | {"as_of": as_of_for(q, 1.0)} for q in corpus.asks]
+    out: dict = {}
+    for mode in modes:
+        if mode == "bm25":
+            rankings = shared_world.bm25_world(world, asks, view, limit)
+            rows = [score(ranked, q["evidence"]) | {"category": q["category"], "ranked": ranked, "cosines": [],
+                                                    "evidence": sorted(q["evidence"]), "as_of": q["as_of"]}
+                    for ranked, q in zip(rankings, asks, strict=True)]
+        else:
+            path = tmp / f"world-{view}-{same_names}-{mode}.db"
+            copy_database(template, path)
+            rows = await ask_engine(corpus, path, env, mode, url, 1.0, touch, limit, view=view)
+        room = [sum(eid.startswith("room") for eid in r["ranked"][:10]) / max(1, len(r["ranked"][:10]))
+                for r in rows if r["category"] != 5]
+        out[mode] = by_group(rows) | {"age": age_report(rows, created), "cosine": cosine_report(rows),
+                                      "room_share_top10": round(sum(room) / len(room), 4) if room else None}
+        if keep_rows:
+            out[mode]["rows"] = rows
+    return out
 
 
 def print_table(results: dict) -> None:
@@ -322,6 +367,14 @@ def print_table(results: dict) -> None:
             cells = " ".join(f"{name} {age[name]['r10'] if age[name]['r10'] is not None else '-':>6} (n {age[name]['n']:>3})"
                              for _, _, name in AGE_BUCKETS)
             print(f"{p:<6} {mode:<7} {cells}  recent share {age['top10_share_last_14d']}")
+    worlds = [p for p in protocols if p in WORLDS]
+    if worlds and "+1d" in protocols:
+        print("\nShared world against the isolated +1d (R@10 change; share of the top 10 from the room)")
+        for world in worlds:
+            for mode in modes:
+                cells = [(g, results[world][mode].get(g), results["+1d"][mode].get(g)) for g in GROUPS]
+                changes = "  ".join(f"{g} {w['r10'] - i['r10']:+.3f}" for g, w, i in cells if w and i)
+                print(f"{world:<18} {mode:<7} {changes}  room share {results[world][mode]['room_share_top10']}")
     if floors:
         print("\ncosine question-turn: evidence", floors["evidence"], "\n                     other   ", floors["other"])
         print("share at or above a floor (evidence / other turns):",
@@ -338,6 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--conversations", type=int, default=0, help="use only the first N (0 = all)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help=f"any of {', '.join(PROTOCOLS)}")
+    parser.add_argument("--worlds", default=",".join(WORLDS),
+                        help=f"hard protocols (one shared database, asked at +1d): any of {', '.join(WORLDS)}")
     parser.add_argument("--no-touch", action="store_true", help="ask with touch off (rankings never change)")
     parser.add_argument("--set", action="append", default=[], metavar="ENV=VALUE",
                         help="a setting for this run, e.g. --set MUNINN_RRF_K=20 (repeatable)")
@@ -355,15 +410,17 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"unknown setting {name}")
     modes = tuple(m for m in args.modes.split(",") if m)
     protocols = {p: PROTOCOLS[p] for p in args.protocols.split(",") if p}
+    worlds = {w: WORLDS[w] for w in args.worlds.split(",") if w}
     started = time.perf_counter()
     env = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
            "MUNINN_GRAPH_LIMIT": "0"} | overrides
     if args.url:
-        results = asyncio.run(evaluate(data, args.url, env, modes, 10, protocols, not args.no_touch))
+        results = asyncio.run(evaluate(data, args.url, env, modes, 10, protocols, not args.no_touch,
+                                       worlds=worlds))
     else:
         RESULTS.mkdir(parents=True, exist_ok=True)
         with EmbedServerProcess("minilm", cache=str(EMBED_CACHE)) as url:
-            results = asyncio.run(evaluate(data, url, env, modes, 10, protocols, not args.no_touch))
+            results = asyncio.run(evaluate(data, url, env, modes, 10, protocols, not args.no_touch, worlds=worlds))
     print_table(results)
     out = Path(args.out) if args.out else RESULTS / f"{args.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

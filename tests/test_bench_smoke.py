@@ -1,9 +1,12 @@
 """Tiny runs of both benchmarks (no torch, no model): the harnesses work and measure what they say."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from bench import quality, speed
+from bench import quality, shared_world, speed
+from bot.memory import store
 from tests.fakes.ollama import FakeOllama
 
 
@@ -100,3 +103,40 @@ def test_scores_are_the_share_of_evidence_found():
         {"r5": 0.5, "r10": 1.0, "all10": 1.0, "mrr": 1.0})
     assert quality.score(["x", "a"], {"a", "b"})["mrr"] == 0.5
     assert quality.score([], {"a"}) == {"r5": 0.0, "r10": 0.0, "all10": 0.0, "mrr": 0.0}
+
+
+async def test_shared_world_protocol_asks_in_a_busy_room_and_checks_scope(tmp_path):
+    other = json.loads(json.dumps(CONVERSATION).replace("Ann", "Cy").replace("Bo", "Di").replace(
+        "conv-test", "conv-other"))
+    env = {"OLLAMA_EMBED_MODEL": quality.MINILM_NAME, "OLLAMA_COOLDOWN": "0", "MUNINN_GRAPH_LIMIT": "0"}
+    async with FakeOllama(models=[quality.MINILM_NAME], dim=384) as fake:
+        results = await quality.evaluate([CONVERSATION, other], fake.url, env, ("bm25", "fts"), 10, {"+1d": 1.0},
+                                         worlds=quality.WORLDS)
+    assert set(results) >= {"+1d", *quality.WORLDS}
+    for world in quality.WORLDS:
+        assert results[world]["fts"]["overall"]["n"] == 4  # two conversations x two questions
+    assert results["shared-dm"]["fts"]["room_share_top10"] == 0.0  # a DM never shows room memories
+    # in the room, the other conversation's marathon lines compete: "room" ids reach the top 10
+    assert results["shared-room"]["bm25"]["room_share_top10"] > 0
+    assert results["shared-room"]["fts"]["room_share_top10"] > 0
+
+
+def test_shared_world_scope_rule_refuses_what_the_asker_may_not_see():
+    dm, room = shared_world.viewer_for(1, "dm"), shared_world.viewer_for(1, "room")
+
+    def memory(scope: str, owner: int | None, channel: int | None, key: str) -> store.Memory:
+        return store.Memory(id=1, text="x", scope=scope, owner_id=owner, channel_id=channel,
+                            guild_id=shared_world.GUILD_ID, vis_key=key, importance=0.5, stability=1.0,
+                            access_count=0, last_accessed=None, created_at=0.0, updated_at=0.0, archived_at=None,
+                            archive_reason=None)
+
+    own = memory("personal", 1, None, f"p:1:{shared_world.GUILD_ID}")
+    others = memory("personal", 2, None, f"p:2:{shared_world.GUILD_ID}")
+    my_room = memory("room", None, shared_world.room_of(1), f"r:{shared_world.room_of(1)}")
+    their_room = memory("room", None, shared_world.room_of(2), f"r:{shared_world.room_of(2)}")
+    assert shared_world.may_see(own, dm) and shared_world.may_see(own, room)
+    assert shared_world.may_see(my_room, room) and not shared_world.may_see(my_room, dm)
+    assert not shared_world.may_see(others, dm) and not shared_world.may_see(their_room, room)
+    shared_world.check_scope([own, my_room], room, "q")
+    with pytest.raises(shared_world.ScopeLeak):
+        shared_world.check_scope([own, others], dm, "q")

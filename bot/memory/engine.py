@@ -29,7 +29,7 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import dates, db, leases, privacy, ranking, retrieval, store, transactions, vectors
+from bot.memory import dates, db, leases, privacy, ranking, retrieval, store, subqueries, transactions, vectors
 from bot.memory.db import write_transaction
 from bot.memory.files import DatabaseBusy
 from bot.memory.retrieval import VectorStatus
@@ -378,6 +378,8 @@ class Engine:
     def _fts_step(self, conn, query, viewer, candidates, as_of):
         keys = visible_keys(conn, viewer)
         hits = retrieval.fts_candidates(conn, query, keys, candidates, as_of)
+        # names the plain query left out as too common re-rank its hits (bot/memory/subqueries.py)
+        hits = subqueries.fuse_keyword_lists(hits, subqueries.name_hits(conn, query, hits), candidates)
         return keys, hits, vectors.index_info(conn), vectors.reindex_pending(conn)
 
     def _search_step(self, conn, keys, fts_hits, info, vector, limit, now, as_of, date_hints=()):
