@@ -8,6 +8,7 @@ from bot.settings import load_settings
 from tests.fakes.discord_server import FakeDiscord, patch_discord_urls
 from tests.fakes.ollama import FakeOllama
 from tests.helpers import Script
+from tests.postgres_fixtures import postgres_server, postgres_url  # noqa: F401  (fixtures)
 
 
 @pytest.fixture
