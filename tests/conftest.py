@@ -11,11 +11,23 @@ from tests.helpers import Script
 from tests.postgres_fixtures import postgres_server, postgres_url  # noqa: F401  (fixtures)
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request) -> str:
+    """Run the test on both storage backends: a test (or module, through
+    `pytestmark = pytest.mark.usefixtures("backend")`) that asks for it gets engines from
+    `make_settings` / `engine` / `fts_engine` on SQLite, then on a fresh PostgreSQL database.
+    The value is the MUNINN_DATABASE_URL ("" = SQLite)."""
+    return request.getfixturevalue("postgres_url") if request.param == "postgresql" else ""
+
+
 @pytest.fixture
-def make_settings(tmp_path):
-    """Settings from an explicit environment (the real one and .env are ignored)."""
+def make_settings(tmp_path, request):
+    """Settings from an explicit environment (the real one and .env are ignored); on the
+    `backend` under test when the test asks for one."""
+    database_url = request.getfixturevalue("backend") if "backend" in request.fixturenames else ""
+
     def make(ollama_url: str = "", **env):
-        base = {"MUNINN_DB_PATH": str(tmp_path / "muninn.db"), "OLLAMA_URL": ollama_url,
+        base = {"MUNINN_DB_PATH": str(tmp_path / "muninn.db"), "MUNINN_DATABASE_URL": database_url, "OLLAMA_URL": ollama_url,
                 "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "1.0", "OLLAMA_RETRIES": "0",
                 "MUNINN_MAINTENANCE_HOURS": "0"}
         base.update({k: str(v) for k, v in env.items()})

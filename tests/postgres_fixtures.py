@@ -23,6 +23,20 @@ def postgres_disabled() -> bool:
     return os.environ.get("MUNINN_TEST_POSTGRES", "").strip() == "0"
 
 
+DATA_TABLES = ("memories", "memory_vectors", "memory_links", "messages", "channel_settings", "memory_sources",
+               "vector_changes", "memory_pauses", "meta")
+
+
+def empty_database(url: str) -> None:
+    """Back to a just-migrated state, ids restarting at 1 (40 ms; a new database costs 200):
+    for property tests that want a clean database per example."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {', '.join(DATA_TABLES)} RESTART IDENTITY CASCADE".encode())
+        conn.execute("DROP INDEX IF EXISTS memory_vectors_hnsw")
+
+
 @pytest.fixture(scope="session")
 def postgres_server(tmp_path_factory) -> Iterator[EmbeddedPostgres]:
     if postgres_disabled():

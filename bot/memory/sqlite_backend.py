@@ -118,6 +118,10 @@ class SQLiteStorage:
     def forget_sources(self, conn: apsw.Connection, message_ids: Sequence[int]) -> list[int]:
         return store.forget_sources(conn, message_ids)
 
+    def add_link(self, conn: apsw.Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
+                 now: float | None = None) -> bool:
+        return store.add_link(conn, source_id, target_id, kind, weight, now)
+
     # -- reads -------------------------------------------------------------------
     def get(self, conn: apsw.Connection, memory_id: int) -> store.Memory:
         return store.get(conn, memory_id)

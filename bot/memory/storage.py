@@ -58,6 +58,9 @@ class Storage(Protocol):
     def touch_and_load(self, conn: Connection, touched: list[int], ids: list[int], *, growth: float,
                        now: float) -> dict[int, store.Memory]: ...
     def forget_sources(self, conn: Connection, message_ids: Sequence[int]) -> list[int]: ...
+    def add_link(self, conn: Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
+                 now: float | None = None) -> bool:
+        """store.add_link's rule: never between two people's personal memories (False)."""
 
     # -- reads -------------------------------------------------------------------
     def get(self, conn: Connection, memory_id: int) -> store.Memory: ...

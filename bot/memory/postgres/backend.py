@@ -246,6 +246,21 @@ class PostgresStorage:
             self.delete(conn, emptied)
         return emptied
 
+    def add_link(self, conn: PgConnection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
+                 now: float | None = None) -> bool:
+        if kind not in store.LINK_KINDS:
+            raise ValueError(f"unknown link kind {kind!r}")
+        row = conn.pg.execute("SELECT count(*) FROM memories a, memories b WHERE a.id = %s AND b.id = %s AND "
+                              "a.scope = 'personal' AND b.scope = 'personal' AND a.owner_id != b.owner_id",
+                              (source_id, target_id)).fetchone()
+        if row and row[0]:
+            return False
+        conn.pg.execute(
+            "INSERT INTO memory_links (source_id, target_id, kind, weight, created_at) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (source_id, target_id, kind) DO UPDATE SET weight = greatest(memory_links.weight, excluded.weight)",
+            (source_id, target_id, kind, weight, time.time() if now is None else now))
+        return True
+
     # -- reads (the backend-neutral SQL of store.py, through PgConnection) --------------
     def get(self, conn: PgConnection, memory_id: int) -> store.Memory:
         return store.get(conn, memory_id)  # type: ignore[arg-type]
