@@ -43,6 +43,9 @@ class SQLiteStorage:
     def close(self, conn: apsw.Connection) -> None:
         conn.close()
 
+    def where(self) -> str:
+        return str(self.path)
+
     def shares_readers(self) -> bool:
         return str(self.path) != ":memory:"  # ":memory:" is one database per connection
 

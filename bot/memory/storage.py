@@ -33,6 +33,8 @@ class Storage(Protocol):
     def close(self, conn: Connection) -> None: ...
     def prepare(self, conn: Connection) -> None:
         """Once at start, on the writer: schema upgrades beyond the migrations."""
+    def where(self) -> str:
+        """The database, for log lines and `muninn stats` (never a password)."""
     def shares_readers(self) -> bool:
         """Whether read connections see the writer's commits (False: an in-memory SQLite)."""
 
