@@ -21,6 +21,7 @@ from bot.memory.vectors import IndexInfo
 
 class SQLiteStorage:
     name = "sqlite"
+    row_refusals: tuple[type[Exception], ...] = (apsw.ConstraintError, apsw.TooBigError, apsw.RangeError)
 
     def __init__(self, path: Path | str, vector_cache: VectorCache | None) -> None:
         self.path = path

@@ -26,6 +26,7 @@ Connection = Any  # apsw.Connection or the PostgreSQL backend's connection: opaq
 
 class Storage(Protocol):
     name: str
+    row_refusals: tuple[type[Exception], ...]  # the database refused a row (a constraint, a value too big)
 
     # -- connections -------------------------------------------------------------
     def open_writer(self) -> Connection: ...

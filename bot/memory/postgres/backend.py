@@ -60,6 +60,7 @@ def _lock_in_order(conn: PgConnection, ids: Sequence[int]) -> None:
 
 class PostgresStorage:
     name = "postgresql"
+    row_refusals: tuple[type[Exception], ...] = (psycopg.IntegrityError, psycopg.DataError)
 
     def __init__(self, url: str) -> None:
         self.url = url
