@@ -84,6 +84,18 @@ def _urls(name: str, raw: str) -> str:
     return ",".join(dict.fromkeys(_url(name, part) for part in parts))
 
 
+def _database_url(name: str, raw: str) -> str:
+    """Empty (SQLite at MUNINN_DB_PATH) or a postgresql:// URL (the PostgreSQL backend)."""
+    raw = raw.strip()
+    if not raw:
+        return ""
+    parsed = urlparse(raw)
+    if parsed.scheme not in ("postgresql", "postgres") or not (parsed.netloc or parsed.query):
+        raise SettingsError(f"{name} must be a postgresql:// URL such as postgresql://muninn@localhost/muninn "
+                            "(or empty for SQLite at MUNINN_DB_PATH)")
+    return raw
+
+
 def _path(name: str, raw: str) -> Path:
     if not raw.strip():
         raise SettingsError(f"{name} is empty; give a file path such as data/muninn.db")
@@ -136,6 +148,7 @@ def _shard_list(name: str, raw: str) -> tuple[int, ...]:
 SETTINGS: dict[str, Spec] = {
     "discord_token": Spec("DISCORD_TOKEN", "", "Bot token from https://discord.com/developers/applications (Bot > Reset Token).", _str),
     "db_path": Spec("MUNINN_DB_PATH", "data/muninn.db", "SQLite file holding all memories; created on first start.", _path),
+    "database_url": Spec("MUNINN_DATABASE_URL", "", "PostgreSQL instead of SQLite: postgresql://user:password@host/dbname (needs pgvector and `pip install muninn[postgres]`); empty = SQLite at MUNINN_DB_PATH.", _database_url),
     "ollama_url": Spec("OLLAMA_URL", "http://localhost:11434", "Ollama server address, or several separated by commas (each call goes to the least busy healthy one); empty disables embeddings and chat (FTS-only recall).", _urls),
     "chat_model": Spec("OLLAMA_CHAT_MODEL", "llama3.2", "Ollama model that writes replies and extracts facts (ollama pull it first).", _str),
     "embed_model": Spec("OLLAMA_EMBED_MODEL", "nomic-embed-text", "Ollama embedding model; changing it needs `muninn reindex`.", _str),
@@ -185,6 +198,7 @@ SETTINGS: dict[str, Spec] = {
 class Settings:
     discord_token: str
     db_path: Path
+    database_url: str
     ollama_url: str
     chat_model: str
     embed_model: str

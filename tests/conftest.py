@@ -1,6 +1,8 @@
 """Shared fixtures: real engine on a temporary database, a fake Ollama on 127.0.0.1."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from bot.memory.engine import Engine
@@ -8,13 +10,40 @@ from bot.settings import load_settings
 from tests.fakes.discord_server import FakeDiscord, patch_discord_urls
 from tests.fakes.ollama import FakeOllama
 from tests.helpers import Script
+from tests.postgres_fixtures import postgres_server, postgres_test_database, postgres_url  # noqa: F401  (fixtures)
+
+BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_generate_tests(metafunc):
+    """Both storage backends for each test that takes `backend` as an argument, and for each
+    test of a module marked `pytest.mark.usefixtures("backend")` that builds an engine (uses
+    `make_settings`, which `engine` and `fts_engine` do); the module's other tests, pure logic,
+    run once. An explicit `@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)` wins."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    if any("backend" in str(marker.args[0]) for marker in metafunc.definition.iter_markers("parametrize")):
+        return
+    own_arguments = inspect.signature(metafunc.function).parameters
+    if "backend" in own_arguments or "make_settings" in metafunc.fixturenames:
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
 
 
 @pytest.fixture
-def make_settings(tmp_path):
-    """Settings from an explicit environment (the real one and .env are ignored)."""
+def backend(request) -> str:
+    """The storage backend under test, as MUNINN_DATABASE_URL ("" = SQLite): engines from
+    `make_settings` / `engine` / `fts_engine` use it, on a fresh PostgreSQL database each time."""
+    return request.getfixturevalue("postgres_url") if getattr(request, "param", "sqlite") == "postgresql" else ""
+
+
+@pytest.fixture
+def make_settings(tmp_path, request):
+    """Settings from an explicit environment (the real one and .env are ignored); on the
+    `backend` under test when the test asks for one."""
+    database_url = request.getfixturevalue("backend") if "backend" in request.fixturenames else ""
+
     def make(ollama_url: str = "", **env):
-        base = {"MUNINN_DB_PATH": str(tmp_path / "muninn.db"), "OLLAMA_URL": ollama_url,
+        base = {"MUNINN_DB_PATH": str(tmp_path / "muninn.db"), "MUNINN_DATABASE_URL": database_url, "OLLAMA_URL": ollama_url,
                 "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "1.0", "OLLAMA_RETRIES": "0",
                 "MUNINN_MAINTENANCE_HOURS": "0"}
         base.update({k: str(v) for k, v in env.items()})

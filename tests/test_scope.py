@@ -1,6 +1,7 @@
 """The scope rule, property-tested: no path (FTS, KNN, graph links, listings) ever leaks a memory.
 
-The oracle below is written independently of bot/scope.py on purpose.
+The oracle below is written independently of bot/scope.py on purpose. Every test here runs on
+both storage backends (SQLite, PostgreSQL): a leak is the worst bug either could have.
 """
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
-from bot.memory import retrieval, store, vectors
+from bot.memory import store
 from bot.memory.engine import Engine
-from bot.memory.scope import Viewer, visible_keys
+from bot.memory.scope import Viewer
 from bot.memory.store import NewMemory
 from bot.settings import load_settings
 from tests.fakes.ollama import FakeOllamaThread
+from tests.postgres_fixtures import empty_database
+
+pytestmark = pytest.mark.usefixtures("backend")
 
 # Snowflake-sized ids: vec0 stores text metadata longer than 12 characters on another path.
 S = 10 ** 17
@@ -84,12 +88,9 @@ async def build_world(engine: Engine, mems: list[dict], links) -> list[int]:
                              channel_id=channel, guild_id=guild, private=mem["private"]))
     ids = await engine.remember_many(new)
 
-    def link_and_archive(conn):
-        with conn:
-            for a, b, kind in links:
-                if a != b:
-                    store.add_link(conn, ids[a], ids[b], kind)
-    await engine.write(link_and_archive)
+    for a, b, kind in links:
+        if a != b:
+            await engine.write(engine.storage.add_link, ids[a], ids[b], kind)
     for memory_id, mem in zip(ids, mems, strict=True):
         if mem["archived"]:
             await engine.archive(memory_id, "test")
@@ -98,12 +99,12 @@ async def build_world(engine: Engine, mems: list[dict], links) -> list[int]:
 
 @hyp_settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(world=world_strategy, viewers=st.lists(viewer_strategy, min_size=1, max_size=4))
-def test_no_path_leaks_a_memory(ollama_thread, world, viewers):
+def test_no_path_leaks_a_memory(ollama_thread, backend, world, viewers):
     mems, links = world
 
-    async def scenario(db_path: Path):
-        settings = load_settings({"MUNINN_DB_PATH": str(db_path), "OLLAMA_URL": ollama_thread.url,
-                                  "OLLAMA_COOLDOWN": "0", "MUNINN_GRAPH_LIMIT": "50"})
+    async def scenario(db_path: Path, database_url: str):
+        settings = load_settings({"MUNINN_DB_PATH": str(db_path), "MUNINN_DATABASE_URL": database_url,
+                                  "OLLAMA_URL": ollama_thread.url, "OLLAMA_COOLDOWN": "0", "MUNINN_GRAPH_LIMIT": "50"})
         async with Engine(settings) as engine:
             ids = await build_world(engine, mems, links)
             by_id = dict(zip(ids, mems, strict=True))
@@ -115,10 +116,10 @@ def test_no_path_leaks_a_memory(ollama_thread, world, viewers):
                 assert {r.memory.id for r in result.memories if r.candidate.via != "link"} == allowed
                 # KNN alone, with k = what the viewer may see: only a filter inside the KNN returns
                 # all of it (a global top-k filtered afterwards would come back short)
-                keys = await engine.write(visible_keys, viewer)
-                info = await engine.write(vectors.index_info)
+                keys = await engine.read(engine.storage.visible_keys, viewer)
+                info = await engine.read(engine.storage.index_info)
                 query = (await engine.ollama.embed(["apple fact"]))[0]
-                hits = await engine.write(retrieval.vector_candidates, info, query, keys, max(1, len(allowed)))
+                hits = await engine.read(engine.storage.vector_candidates, info, query, keys, max(1, len(allowed)), None)
                 assert {h.memory_id for h in hits} == allowed
                 # listing
                 listed, total = await engine.list_visible(viewer, limit=1000)
@@ -133,7 +134,11 @@ def test_no_path_leaks_a_memory(ollama_thread, world, viewers):
                     assert seen == (memory_id in allowed)
 
     with tempfile.TemporaryDirectory() as tmp:
-        asyncio.run(scenario(Path(tmp) / "m.db"))
+        if not backend:
+            asyncio.run(scenario(Path(tmp) / "m.db", ""))
+            return
+        empty_database(backend)  # the same database, emptied, for each example
+        asyncio.run(scenario(Path(tmp) / "m.db", backend))
 
 
 async def test_personal_memory_learned_in_dm_stays_in_dms(fts_engine):
@@ -164,7 +169,7 @@ async def test_personal_memory_learned_in_a_private_channel_stays_there(fts_engi
     assert (await fts_engine.recall("apple orchard", Viewer(1, dm=True))).ids == [memory_id]
     assert (await fts_engine.recall("apple orchard", Viewer(1, 12, 100))).ids == []
     assert (await fts_engine.recall("apple orchard", Viewer(2, 11, 100))).ids == []
-    stored = await fts_engine.write(store.get, memory_id)
+    stored = await fts_engine.get(memory_id)
     copy = NewMemory(stored.text, stored.scope, owner_id=stored.owner_id, channel_id=stored.channel_id,
                      guild_id=stored.guild_id, private=stored.private)
     assert copy.vis_key == stored.vis_key  # a copy (consolidation) keeps it in its channel
@@ -177,8 +182,8 @@ async def test_a_user_with_few_memories_still_gets_their_nearest_among_many(engi
     await engine.remember_many([NewMemory(f"apple fact {i}", "personal", owner_id=bob) for i in range(40)])
     alice = await engine.remember(NewMemory("pear note", "personal", owner_id=1))
     viewer = Viewer(1, dm=True)
-    keys = await engine.write(visible_keys, viewer)
-    info = await engine.write(vectors.index_info)
+    keys = await engine.read(engine.storage.visible_keys, viewer)
+    info = await engine.read(engine.storage.index_info)
     query = (await engine.ollama.embed(["apple fact"]))[0]
-    hits = await engine.write(retrieval.vector_candidates, info, query, keys, 3)
+    hits = await engine.read(engine.storage.vector_candidates, info, query, keys, 3, None)
     assert [h.memory_id for h in hits] == [alice]

@@ -29,11 +29,11 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import dates, db, leases, privacy, ranking, retrieval, store, subqueries, transactions, vectors
-from bot.memory.db import write_transaction
-from bot.memory.files import DatabaseBusy
+from bot.memory import dates, db, ranking, retrieval, store, subqueries, transactions, vectors
+from bot.memory.files import DatabaseBusy, DatabaseError
 from bot.memory.retrieval import VectorStatus
-from bot.memory.scope import Viewer, visible_keys
+from bot.memory.scope import Viewer
+from bot.memory.storage import Connection, storage_for
 from bot.memory.vector_cache import VectorCache
 from bot.settings import Settings
 from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
@@ -63,15 +63,16 @@ class Engine:
         self.settings = settings
         self.ollama = ollama or OllamaClient.from_settings(settings)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-db")
-        self._conn: apsw.Connection | None = None
+        self._conn: Connection | None = None
         self._throttle = Throttle()
         self.vector_cache = VectorCache(settings.vector_cache_mb << 20)
-        # Readers need a file that other connections can open; ":memory:" is one per connection.
-        self._shared_file = str(settings.db_path) != ":memory:"
+        self.storage = storage_for(settings, self.vector_cache)  # SQLite, or PostgreSQL (storage.py)
+        # Readers need a database that other connections can open; ":memory:" is one per connection.
+        self._shared_file = self.storage.shares_readers()
         self._readers = (ThreadPoolExecutor(max_workers=settings.db_readers, thread_name_prefix="muninn-read")
                          if self._shared_file else None)
         self._reader_local = threading.local()
-        self._reader_conns: list[apsw.Connection] = []
+        self._reader_conns: list[Connection] = []
         self._reader_lock = threading.Lock()
         self._paused: set[int] | None = None  # cache of memory_pauses (this process writes it)
         self._warm_stop = threading.Event()
@@ -87,14 +88,8 @@ class Engine:
 
     async def start(self) -> "Engine":
         """Open the database (running migrations) and warn if the embedding model changed."""
-        await self._run(lambda conn: None)
-        if await self._run(vectors.needs_upgrade):
-            log.info("moving the vectors to one partition per visibility key (once; large databases take minutes)")
-            moved = await self._run(vectors.upgrade_layout)
-            log.info("moved %d vectors to the new layout", moved)
-        info = await self._run(vectors.index_info)
-        if info is not None:  # databases made before the index existed get it now
-            await self._run(lambda conn: vectors.index_partitions(conn))
+        await self._run(self.storage.prepare)
+        info = await self._run(self.storage.index_info)
         if info is not None and info.model != self.settings.embed_model:
             log.warning("the vectors were made with %r but OLLAMA_EMBED_MODEL is %r: vector recall is off "
                         "until you run `muninn reindex`", info.model, self.settings.embed_model)
@@ -106,8 +101,8 @@ class Engine:
         """On a read connection, in the background: load the vector cache (vector_cache.warm)."""
         started = time.perf_counter()
         try:
-            loaded = self.vector_cache.warm(self._reader(), info, self._warm_stop)
-        except apsw.Error as exc:  # a cold key still loads on first use: nothing is lost
+            loaded = self.storage.warm(self._reader(), info, self._warm_stop)
+        except (apsw.Error, DatabaseError) as exc:  # a cold key still loads on first use: nothing is lost
             log.warning("could not warm the vector cache: %s", exc)
             return 0
         log.debug("vector cache warm: %d keys, %.1f MB in %.2f s", loaded, self.vector_cache.nbytes / 1e6,
@@ -136,7 +131,7 @@ class Engine:
         self._warm_stop.set()
         if self._conn is not None:
             conn, self._conn = self._conn, None
-            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.storage.close, conn)
         self._executor.shutdown(wait=True)
         if self._loader is not None:
             self._loader.shutdown(wait=True, cancel_futures=True)
@@ -145,7 +140,7 @@ class Engine:
             with self._reader_lock:
                 readers, self._reader_conns = self._reader_conns, []
             for reader in readers:  # idle now: closing from this thread is safe
-                reader.close()
+                self.storage.close(reader)
 
     async def __aenter__(self) -> "Engine":
         return await self.start()
@@ -153,18 +148,15 @@ class Engine:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    def _connection(self) -> apsw.Connection:
+    def _connection(self) -> Connection:
         if self._conn is None:
-            self._conn = db.connect(self.settings.db_path)
-            vectors.attach_cache(self._conn, self.vector_cache)
+            self._conn = self.storage.open_writer()
         return self._conn
 
-    def _reader(self) -> apsw.Connection:
+    def _reader(self) -> Connection:
         conn = getattr(self._reader_local, "conn", None)
         if conn is None:
-            conn = db.connect(self.settings.db_path, migrate_schema=False)
-            conn.execute("PRAGMA query_only = 1")
-            vectors.attach_cache(conn, self.vector_cache)
+            conn = self.storage.open_reader()
             self._reader_local.conn = conn
             with self._reader_lock:
                 self._reader_conns.append(conn)
@@ -191,12 +183,11 @@ class Engine:
         """For each (memory id, vis_key): its k nearest memories under that key, as (id, cosine),
         computed on a read connection (maintenance's heavy part, off the writer); None when
         there is no usable vector index."""
-        def find(conn: apsw.Connection) -> dict[int, list[tuple[int, float]]] | None:
-            info = vectors.current_index(conn, self.settings.embed_model)
-            if info is None:
+        def find(conn: Connection) -> dict[int, list[tuple[int, float]]] | None:
+            info = self.storage.index_info(conn)
+            if info is None or info.model != self.settings.embed_model:
                 return None
-            return {mid: [(other, vectors.cosine_from_distance(d)) for other, d in found]
-                    for mid, found in vectors.neighbours_many(conn, info, items, k).items()}
+            return self.storage.neighbours_many(conn, info, items, k)
         return await self._read(find)
 
     # -- jobs of the layers that keep their own tables here ---------------------
@@ -241,29 +232,26 @@ class Engine:
         vecs = await self.embed_or_none([m.text for m in memories])
         return await self.write(self._insert, list(memories), vecs, now, what=f"store {len(memories)} memories")
 
-    def _insert(self, conn: apsw.Connection, memories: list[store.NewMemory],
+    def _insert(self, conn: Connection, memories: list[store.NewMemory],
                 vecs: list[list[float]] | None, now: float | None) -> list[int]:
-        with write_transaction(conn):
-            info = vectors.index_for(conn, self.settings.embed_model, len(vecs[0])) if vecs else None
-            ids = store.insert_many(conn, memories, base_stability_days=self.settings.base_stability_days,
-                                    vector_info=info, vectors_=vecs if info else None, now=now)
-        return ids
+        return self.storage.insert(conn, memories, base_stability_days=self.settings.base_stability_days,
+                                   model=self.settings.embed_model, vecs=vecs, now=now)
 
     async def forget(self, memory_ids: Sequence[int], *, scrub: bool = False) -> int:
         """Hard-delete memories; with `scrub`, also rewrite the indexes and the WAL so that no
         trace of their text stays recoverable on disk (slower: for forget-all, not routine)."""
-        removed = await self.write(store.delete, list(memory_ids), what=f"forget {len(memory_ids)} memories")
+        removed = await self.write(self.storage.delete, list(memory_ids), what=f"forget {len(memory_ids)} memories")
         if scrub:
-            await self._run(store.scrub)
+            await self._run(self.storage.scrub)
         return removed
 
     async def archive(self, memory_id: int, reason: str) -> None:
-        await self._run(store.archive, memory_id, reason)
+        await self._run(self.storage.archive, memory_id, reason)
 
     async def restore(self, memory_id: int) -> None:
         """Bring an archived memory back, re-embedding it now if Ollama can (else the backfill will)."""
-        await self._run(store.restore, memory_id)
-        memory = await self._run(store.get, memory_id)
+        await self._run(self.storage.restore, memory_id)
+        memory = await self._run(self.storage.get, memory_id)
         vecs = await self.embed_or_none([memory.text])
         if vecs is not None:
             await self._run(self._store_vectors, [memory_id], vecs)
@@ -273,9 +261,9 @@ class Engine:
         Stops quietly (returning the count so far) when Ollama is unavailable."""
         done = 0
         while True:
-            pending = await self._run(store.unembedded_ids, batch)
+            pending = await self._run(self.storage.unembedded, batch)
             if not pending:
-                await self._run(vectors.mark_reindex_done)
+                await self._run(self.storage.mark_reindex_done)
                 return done
             vecs = await self.embed_or_none([text for _, text in pending])
             if vecs is None:
@@ -287,28 +275,14 @@ class Engine:
             if progress:
                 progress(stored)
 
-    def _store_vectors(self, conn: apsw.Connection, ids: list[int], vecs: list[list[float]]) -> int:
-        with write_transaction(conn):
-            info = vectors.index_for(conn, self.settings.embed_model, len(vecs[0]))
-            if info is None:
-                return 0
-            for memory_id, vector in zip(ids, vecs, strict=True):
-                if len(vector) == info.dim:
-                    store.set_vector(conn, info, memory_id, vector)
-        return len(ids)
+    def _store_vectors(self, conn: Connection, ids: list[int], vecs: list[list[float]]) -> int:
+        return self.storage.store_vectors(conn, self.settings.embed_model, ids, vecs)
 
     async def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop every vector and re-embed all active memories with the configured model."""
         probe = await self.ollama.embed(["muninn reindex probe"])  # fails loudly before anything is dropped
-        total = await self._run(lambda conn: db.query_value(
-            conn, "SELECT count(*) FROM memories WHERE archived_at IS NULL"))
-
-        def reset(conn: apsw.Connection) -> None:
-            with write_transaction(conn):
-                vectors.drop_index(conn)
-                vectors.create_index(conn, self.settings.embed_model, len(probe[0]))
-                vectors.mark_reindex_pending(conn)  # recall says "partial" until every vector is back
-        await self._run(reset)
+        total = await self._run(self.storage.count_active)
+        await self._run(self.storage.reset_index, self.settings.embed_model, len(probe[0]))
         done = 0
 
         def step(n: int) -> None:
@@ -366,7 +340,7 @@ class Engine:
                 cand.touched = cand.memory_id in relevant
             memories = await self._run(self._touch_and_load, relevant, ids, now)
         else:
-            memories = await self._read(store.get_many, ids)
+            memories = await self._read(self.storage.get_many, ids)
         finish["fuse_graph_touch"] += (time.perf_counter() - t0) * 1000
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
                                         memories=[retrieval.Recalled(memories[c.memory_id], c)
@@ -376,40 +350,38 @@ class Engine:
         return result
 
     def _fts_step(self, conn, query, viewer, candidates, as_of):
-        keys = visible_keys(conn, viewer)
-        hits = retrieval.fts_candidates(conn, query, keys, candidates, as_of)
+        keys = self.storage.visible_keys(conn, viewer)
+        hits = self.storage.fts_candidates(conn, query, keys, candidates, as_of)
         # names the plain query left out as too common re-rank its hits (bot/memory/subqueries.py)
         hits = subqueries.fuse_keyword_lists(hits, subqueries.name_hits(conn, query, hits), candidates)
-        return keys, hits, vectors.index_info(conn), vectors.reindex_pending(conn)
+        return keys, hits, self.storage.index_info(conn), self.storage.reindex_pending(conn)
 
     def _search_step(self, conn, keys, fts_hits, info, vector, limit, now, as_of, date_hints=()):
         t0 = time.perf_counter()
-        vector_hits = (retrieval.vector_candidates(conn, info, vector, keys, limit * 3, as_of)
+        vector_hits = (self.storage.vector_candidates(conn, info, vector, keys, limit * 3, as_of)
                        if vector is not None else [])
         t1 = time.perf_counter()
         fused = retrieval.fuse(fts_hits, vector_hits, k=self.settings.rrf_k, limit=len(fts_hits) + len(vector_hits),
                                weight_fts=self.settings.rrf_weight_fts, weight_vector=self.settings.rrf_weight_vec)
-        fused = retrieval.spread_to_neighbours(conn, fused, keys, self.settings.neighbour_share, as_of)
-        fused = ranking.final_order(conn, fused, now, time_weight=self.settings.time_weight, date_hints=date_hints,
+        fused = self.storage.spread_to_neighbours(conn, fused, keys, self.settings.neighbour_share, as_of)
+        fused = self.storage.final_order(conn, fused, now, time_weight=self.settings.time_weight, date_hints=date_hints,
                                     date_boost=self.settings.date_boost, tz=self.settings.timezone)
         if self.settings.rrf_weight_fts > 0:
             fused = ranking.keyword_winner_first(fused, self.settings.keyword_lead)
         fused = fused[:limit]
-        linked = retrieval.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
+        linked = self.storage.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
         chosen = fused + linked
         if vector is not None and chosen:
-            ranking.measure_similarity(conn, vector, chosen, info)
+            self.storage.measure_similarity(conn, vector, chosen, info)
         t2 = time.perf_counter()
         return (chosen, retrieval.mode_of(vector is not None, fts_hits),
                 {"vector": (t1 - t0) * 1000, "fuse_graph_touch": (t2 - t1) * 1000})
 
-    def _touch_and_load(self, conn: apsw.Connection, touched: list[int], ids: list[int],
+    def _touch_and_load(self, conn: Connection, touched: list[int], ids: list[int],
                         now: float) -> dict[int, store.Memory]:
         # never stamp a future recall time: it would pin the memories so they never fade
-        if touched:
-            store.touch(conn, touched, growth=self.settings.stability_growth,
-                        now=min(now, time.time() + FUTURE_SLACK_S))
-        return store.get_many(conn, ids)
+        return self.storage.touch_and_load(conn, touched, ids, growth=self.settings.stability_growth,
+                                           now=min(now, time.time() + FUTURE_SLACK_S))
 
     async def _query_vector(self, query: str) -> tuple[list[float] | None, VectorStatus]:
         if not self.ollama.enabled:
@@ -451,44 +423,44 @@ class Engine:
     # -- inspection (never touches) -----------------------------------------
 
     async def list_visible(self, viewer: Viewer, *, scope: str | None = None, limit: int = 50, offset: int = 0):
-        return await self._run(store.list_visible, viewer, scope=scope, limit=limit, offset=offset)
+        return await self._run(self.storage.list_visible, viewer, scope=scope, limit=limit, offset=offset)
 
     async def get_visible(self, viewer: Viewer, memory_id: int) -> store.Memory:
-        return await self._run(store.get_visible, viewer, memory_id)
+        return await self._run(self.storage.get_visible, viewer, memory_id)
 
     async def get(self, memory_id: int) -> store.Memory:
         """Any memory, whoever's it is: for operators (the command line), never for a viewer."""
-        return await self._run(store.get, memory_id)
+        return await self._run(self.storage.get, memory_id)
 
     async def get_many(self, memory_ids: Sequence[int]) -> dict[int, store.Memory]:
-        return await self._run(store.get_many, list(memory_ids))
+        return await self._run(self.storage.get_many, list(memory_ids))
 
     async def memories_of(self, user_id: int, scopes: Sequence[str] = ("personal", "room")) -> list[store.Memory]:
         """A person's personal memories and the room memories they taught (their data, for
         export and forget-all), archived ones included."""
-        return await self._run(store.memories_of, user_id, tuple(scopes))
+        return await self._run(self.storage.memories_of, user_id, tuple(scopes))
 
     async def existing_external_ids(self, ids: Sequence[str]) -> set[str]:
-        return await self._run(store.existing_external_ids, list(ids))
+        return await self._run(self.storage.existing_external_ids, list(ids))
 
     async def forget_sources(self, message_ids: Sequence[int]) -> list[int]:
         """Messages were deleted: forget what was learned from them alone (see store.forget_sources)."""
-        return await self.write(store.forget_sources, list(message_ids),
+        return await self.write(self.storage.forget_sources, list(message_ids),
                                 what=f"take back what was learned from {len(message_ids)} deleted messages")
 
     async def stats(self) -> dict:
-        return await self._run(store.stats)
+        return await self._run(self.storage.stats)
 
     # -- privacy controls ------------------------------------------------------
 
     async def pause_memory(self, user_id: int) -> bool:
         """Stop storing anything of this person until `resume_memory`; False if already paused."""
-        changed = await self.write(privacy.pause, user_id, what=f"pause the memory of user {user_id}")
+        changed = await self.write(self.storage.pause, user_id, what=f"pause the memory of user {user_id}")
         (await self._paused_users()).add(user_id)
         return changed
 
     async def resume_memory(self, user_id: int) -> bool:
-        changed = await self.write(privacy.resume, user_id, what=f"resume the memory of user {user_id}")
+        changed = await self.write(self.storage.resume, user_id, what=f"resume the memory of user {user_id}")
         (await self._paused_users()).discard(user_id)
         return changed
 
@@ -497,48 +469,48 @@ class Engine:
 
     async def take_pause_notice(self, user_id: int) -> bool:
         """True the first time this is asked during a pause (Muninn then says so, once)."""
-        return await self.write(privacy.take_pause_notice, user_id, what="note the pause notice")
+        return await self.write(self.storage.take_pause_notice, user_id, what="note the pause notice")
 
     async def _paused_users(self) -> set[int]:
         if self._paused is None or self.settings.shard_count:  # other shards' processes pause people too
-            self._paused = await self._read(privacy.paused_users)
+            self._paused = await self._read(self.storage.paused_users)
         return self._paused
 
     async def personal_from_messages(self, owner_id: int, message_ids: Sequence[int]) -> list[store.Memory]:
-        return await self._read(privacy.personal_from_messages, owner_id, list(message_ids))
+        return await self._read(self.storage.personal_from_messages, owner_id, list(message_ids))
 
     async def own_memory(self, owner_id: int, memory_id: int) -> store.Memory:
         """The caller's own memory (personal, or a room memory they taught); MemoryNotFound otherwise."""
-        return await self._read(privacy.own_memory, owner_id, memory_id)
+        return await self._read(self.storage.own_memory, owner_id, memory_id)
 
     async def forget_personal(self, owner_id: int, memory_ids: Sequence[int]) -> int:
         """Delete those of the ids that are the owner's personal memories, leaving no trace."""
-        return await self.write(privacy.forget_personal, owner_id, list(memory_ids),
+        return await self.write(self.storage.forget_personal, owner_id, list(memory_ids),
                                 what=f"forget {len(memory_ids)} memories of user {owner_id}")
 
     async def last_message_of(self, channel_id: int, author_id: int, before: int | None = None) -> int | None:
         """The author's latest message in the channel's history, other than `before`."""
-        return await self._read(privacy.last_message_of, channel_id, author_id, before)
+        return await self._read(self.storage.last_message_of, channel_id, author_id, before)
 
     async def drop_own_message(self, author_id: int, message_id: int) -> bool:
         """"Don't remember this": the author's message leaves the conversation history."""
-        return await self.write(privacy.drop_own_message, author_id, message_id, what="drop a message from the history")
+        return await self.write(self.storage.drop_own_message, author_id, message_id, what="drop a message from the history")
 
     # -- several processes on one database (shards) ------------------------------
 
     async def take_lease(self, name: str, holder: str, seconds: float) -> bool:
         """Take or renew the lease `name` for `seconds`; False while another process holds it."""
-        return await self.write(leases.take, name, holder, seconds, what=f"take the {name} lease")
+        return await self.write(self.storage.take_lease, name, holder, seconds, what=f"take the {name} lease")
 
     async def release_lease(self, name: str, holder: str) -> bool:
-        return await self.write(leases.release, name, holder, what=f"release the {name} lease")
+        return await self.write(self.storage.release_lease, name, holder, what=f"release the {name} lease")
 
     async def lease_holder(self, name: str) -> str | None:
-        return await self._read(leases.holder_of, name)
+        return await self._read(self.storage.lease_holder, name)
 
     async def last_run(self, job: str) -> float | None:
         """When a periodic job last finished (unix seconds), in whichever process ran it."""
-        return await self._read(leases.last_run, job)
+        return await self._read(self.storage.last_run, job)
 
     async def record_run(self, job: str, at: float) -> None:
-        await self.write(leases.record_run, job, at, what=f"record the {job} run")
+        await self.write(self.storage.record_run, job, at, what=f"record the {job} run")

@@ -23,6 +23,7 @@ import apsw
 from bot.memory import fts
 from bot.memory.dates import MONTHS
 from bot.memory.retrieval import Candidate
+from bot.memory.storage import storage_of
 
 # Chosen on LoCoMo dev (bench/README.md, round 4): the name list's weight against the
 # plain keyword list's 1.0, both at RRF k = ENTITY_K.
@@ -57,7 +58,7 @@ def name_hits(conn: apsw.Connection, question: str, hits: list[Candidate]) -> li
     mentioned = names(question)
     if not hits or not mentioned:
         return []
-    searched = set(fts.selective(conn, fts.tokens(question)))
+    searched = set(storage_of(conn).searched_words(conn, fts.tokens(question)))
     people = {p for p in mentioned if p not in searched}  # only names the plain query left out
     if not people:
         return []

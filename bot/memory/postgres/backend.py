@@ -1,0 +1,528 @@
+"""The PostgreSQL backend of the storage interface (bot/memory/storage.py).
+
+Keyword path: the generated `text_search` tsvector (english stems, no accents) with a GIN index over active
+memories; the query is built from our own tokens (fts.tokens: \\w+ runs, no stop words, at
+most 24), each through plainto_tsquery and OR'd, so no user text ever reaches to_tsquery's
+syntax; ranked by ts_rank_cd, scoped in the same statement.
+Vector path: pgvector, L2 distance over L2-normalised vectors (as SQLite's, so
+cosine = 1 - d^2/2), scoped in the statement. Exact scan while the viewer sees at most
+EXACT_MAX vectors (a sort of that many is a few ms and exact); above it, the HNSW index
+with pgvector's iterative scan, which keeps walking until k rows pass the scope filter.
+Writes: one transaction each; ids come from an identity and are never reused; two
+processes writing at once are serialised by row locks and ON CONFLICT; index creation and
+leases take an advisory transaction lock.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any, Sequence
+
+import psycopg
+
+from bot.memory import decay, fts, ranking, retrieval, store, vectors
+from bot.memory.files import DatabaseError
+from bot.memory.postgres.connection import PgConnection, connect, where
+from bot.memory.postgres.migrations import migrate
+from bot.memory.retrieval import Candidate
+from bot.memory.scope import ACTIVE, Viewer, visible_keys
+from bot.memory.vectors import IndexInfo, VectorSizeError
+
+log = logging.getLogger(__name__)
+
+EXACT_MAX = 20_000          # visible vectors up to which the vector search is an exact scan
+INDEX_LOCK = 7_277_402      # advisory lock: creating / dropping the HNSW index
+LEASE_LOCK = 7_277_403      # advisory lock: taking a lease (read-check-write of one meta row)
+
+
+def vector_literal(vector: Sequence[float]) -> str:
+    """pgvector's text form of the L2-normalised vector."""
+    return "[" + ",".join(repr(float(x)) for x in vectors.normalise(vector)) + "]"
+
+
+def _meta(conn: PgConnection, key: str) -> str | None:
+    row = conn.pg.execute("SELECT value FROM meta WHERE key = %s", (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _set_meta(conn: PgConnection, key: str, value: str) -> None:
+    conn.pg.execute("INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (key, value))
+
+
+def _lock_in_order(conn: PgConnection, ids: Sequence[int]) -> None:
+    """Row locks taken in id order: two processes touching or deleting overlapping sets at once
+    then wait for each other instead of deadlocking (one UPDATE ... = ANY locks in scan order)."""
+    conn.pg.execute("SELECT id FROM memories WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (sorted(set(ids)),))
+
+
+class PostgresStorage:
+    name = "postgresql"
+    row_refusals: tuple[type[Exception], ...] = (psycopg.IntegrityError, psycopg.DataError)
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    # -- connections -------------------------------------------------------------
+    def open_writer(self) -> PgConnection:
+        conn = connect(self.url, self)
+        try:
+            migrate(conn.pg)
+        except psycopg.errors.FeatureNotSupported as exc:
+            conn.close()
+            raise DatabaseError(f"PostgreSQL at {where(self.url)} has no pgvector extension: install pgvector "
+                                "(https://github.com/pgvector/pgvector) or use SQLite (unset MUNINN_DATABASE_URL)") from exc
+        except psycopg.errors.UndefinedFile as exc:
+            conn.close()
+            raise DatabaseError(f"PostgreSQL at {where(self.url)} has no pgvector extension: {exc}") from exc
+        except psycopg.errors.InsufficientPrivilege as exc:
+            conn.close()
+            raise DatabaseError(f"PostgreSQL at {where(self.url)}: not allowed to create Muninn's tables "
+                                f"(or the vector extension): {exc}") from exc
+        return conn
+
+    def open_reader(self) -> PgConnection:
+        return connect(self.url, self)
+
+    def close(self, conn: PgConnection) -> None:
+        conn.close()
+
+    def where(self) -> str:
+        return f"postgresql://{where(self.url)}"
+
+    def shares_readers(self) -> bool:
+        return True
+
+    def prepare(self, conn: PgConnection) -> None:
+        return None
+
+    # -- the vector index ----------------------------------------------------------
+    def index_info(self, conn: PgConnection) -> IndexInfo | None:
+        model = _meta(conn, "embed_model")
+        return None if model is None else IndexInfo(model, int(_meta(conn, "embed_dim") or 0))
+
+    def index_for(self, conn: PgConnection, model: str, dim: int) -> IndexInfo | None:
+        info = self.index_info(conn)
+        if info is None:
+            if not vectors.usable_dim(dim):
+                log.warning("%s returned %d-dimensional vectors; Muninn indexes 1 to %d", model, dim, vectors.MAX_DIM)
+                return None
+            with conn.pg.transaction():
+                conn.pg.execute("SELECT pg_advisory_xact_lock(%s)", (INDEX_LOCK,))
+                info = self.index_info(conn)  # another process may have made it meanwhile
+                if info is None:
+                    self._create_index(conn, model, dim)
+                    info = IndexInfo(model, dim)
+        if info.model != model or info.dim != dim:
+            return None
+        return info
+
+    def _create_index(self, conn: PgConnection, model: str, dim: int) -> None:
+        _set_meta(conn, "embed_model", model)
+        _set_meta(conn, "embed_dim", str(int(dim)))
+        if dim <= 2000:  # pgvector's HNSW limit for `vector`; above it every search is exact
+            conn.pg.execute(f"CREATE INDEX IF NOT EXISTS memory_vectors_hnsw ON memory_vectors "
+                            f"USING hnsw ((embedding::vector({int(dim)})) vector_l2_ops)".encode())
+
+    def reset_index(self, conn: PgConnection, model: str, dim: int) -> None:
+        with conn.pg.transaction():
+            conn.pg.execute("SELECT pg_advisory_xact_lock(%s)", (INDEX_LOCK,))
+            conn.pg.execute("DROP INDEX IF EXISTS memory_vectors_hnsw")
+            conn.pg.execute("DELETE FROM memory_vectors")
+            conn.pg.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1")
+            self._create_index(conn, model, dim)
+            _set_meta(conn, vectors.REINDEX_PENDING, "1")
+
+    def reindex_pending(self, conn: PgConnection) -> bool:
+        return _meta(conn, vectors.REINDEX_PENDING) == "1"
+
+    def mark_reindex_done(self, conn: PgConnection) -> None:
+        conn.pg.execute("DELETE FROM meta WHERE key = %s", (vectors.REINDEX_PENDING,))
+
+    def warm(self, conn: PgConnection, info: IndexInfo, stop: threading.Event) -> int:
+        return 0  # the server searches; there is no in-process cache to fill
+
+    def neighbours_many(self, conn: PgConnection, info: IndexInfo, items: Sequence[tuple[int, str]],
+                        k: int) -> dict[int, list[tuple[int, float]]]:
+        out: dict[int, list[tuple[int, float]]] = {}
+        for memory_id, key in items:
+            rows = conn.pg.execute(
+                "SELECT o.memory_id, o.embedding <-> s.embedding AS d FROM memory_vectors s "
+                "JOIN memory_vectors o ON o.vis_key = s.vis_key AND o.memory_id != s.memory_id "
+                "WHERE s.memory_id = %s AND o.vis_key = %s ORDER BY d, o.memory_id LIMIT %s",
+                (memory_id, key, k)).fetchall()
+            out[memory_id] = [(int(other), vectors.cosine_from_distance(float(d))) for other, d in rows]
+        return out
+
+    # -- what the lifecycle's write rules need -------------------------------------------
+    def current_index(self, conn: PgConnection, model: str) -> IndexInfo | None:
+        info = self.index_info(conn)
+        return info if info is not None and info.model == model else None
+
+    def similar_to_memory(self, conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str],
+                          k: int) -> list[tuple[int, float]]:
+        row = conn.pg.execute("SELECT embedding::text FROM memory_vectors WHERE memory_id = %s", (memory_id,)).fetchone()
+        if row is None:
+            return []
+        own = [float(x) for x in str(row[0]).strip("[]").split(",")]
+        return [(mid, d) for mid, d in self.knn(conn, info, own, keys, k + 1) if mid != memory_id][:k]
+
+    def change_mark(self, conn: PgConnection) -> int:
+        row = conn.pg.execute("SELECT coalesce(max(seq), 0) FROM vector_changes").fetchone()
+        return int(row[0]) if row else 0
+
+    def keyword_search(self, conn: PgConnection, words: list[str], keys: list[str], *, all_words: bool,
+                       limit: int) -> list[tuple[int, str]]:
+        if not words or not keys:
+            return []
+        tsquery = (" && " if all_words else " || ").join(["plainto_tsquery('muninn', %s)"] * len(words))
+        order = "m.id" if all_words else "ts_rank_cd(m.text_search, q.query) DESC, m.id DESC"
+        rows = conn.pg.execute(
+            f"WITH q AS (SELECT {tsquery} AS query) SELECT m.id, m.text FROM memories m, q "
+            f"WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) AND m.text_search @@ q.query ORDER BY {order} LIMIT %s"
+            .encode(), [*words, keys, limit]).fetchall()
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    def reinforce(self, conn: PgConnection, memory_id: int, *, importance: float, sources: list[str],
+                  growth: float, now: float) -> None:
+        conn.pg.execute(
+            "UPDATE memories SET stability = least(stability * %s, %s), importance = greatest(importance, %s), "
+            "source_message_ids = %s, last_accessed = greatest(%s, coalesce(last_accessed, 0)), updated_at = %s "
+            "WHERE id = %s",
+            (growth, decay.MAX_STABILITY_DAYS, importance, json.dumps(sources), now, now, memory_id))
+
+    # -- writes ------------------------------------------------------------------
+    def _put_vector(self, conn: PgConnection, info: IndexInfo, memory_id: int, vis_key: str, created_at: float,
+                    vector: Sequence[float]) -> None:
+        if len(vector) != info.dim:
+            raise VectorSizeError(f"embedding has {len(vector)} dimensions, the index has {info.dim}")
+        conn.pg.execute(
+            "INSERT INTO memory_vectors (memory_id, vis_key, created_at, embedding) VALUES (%s, %s, %s, %s::vector) "
+            "ON CONFLICT (memory_id) DO UPDATE SET vis_key = excluded.vis_key, created_at = excluded.created_at, "
+            "embedding = excluded.embedding", (memory_id, vis_key, float(created_at), vector_literal(vector)))
+        conn.pg.execute("UPDATE memories SET embedded = 1 WHERE id = %s", (memory_id,))
+        conn.pg.execute("INSERT INTO vector_changes (memory_id) VALUES (%s)", (memory_id,))
+
+    def insert(self, conn: PgConnection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
+               model: str, vecs: list[list[float]] | None, now: float | None) -> list[int]:
+        now = time.time() if now is None else now
+        info = self.index_for(conn, model, len(vecs[0])) if vecs else None
+        ids: list[int] = []
+        with conn.pg.transaction():
+            for index, memory in enumerate(memories):
+                created = memory.created_at if memory.created_at is not None else now
+                row = conn.pg.execute(
+                    "INSERT INTO memories (text, scope, owner_id, channel_id, guild_id, vis_key, importance, "
+                    "stability, created_at, updated_at, source_message_ids, external_id) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                    (memory.text, memory.scope, memory.owner_id, memory.channel_id, memory.guild_id,
+                     memory.vis_key, memory.importance, decay.initial_stability(memory.importance, base_stability_days),
+                     created, now, json.dumps([str(s) for s in memory.source_message_ids]),
+                     memory.external_id)).fetchone()
+                assert row is not None
+                ids.append(int(row[0]))
+                vector = vecs[index] if vecs and info is not None else None
+                if vector is not None and info is not None:
+                    self._put_vector(conn, info, ids[-1], memory.vis_key, created, vector)
+        return ids
+
+    def store_vectors(self, conn: PgConnection, model: str, ids: list[int], vecs: list[list[float]]) -> int:
+        info = self.index_for(conn, model, len(vecs[0]))
+        if info is None:
+            return 0
+        with conn.pg.transaction():
+            for memory_id, vector in zip(ids, vecs, strict=True):
+                row = conn.pg.execute("SELECT vis_key, created_at FROM memories WHERE id = %s AND " + ACTIVE
+                                      + " FOR UPDATE", (memory_id,)).fetchone()
+                if row is not None and len(vector) == info.dim:  # archived or deleted meanwhile: nothing to index
+                    self._put_vector(conn, info, memory_id, row[0], row[1], vector)
+        return len(ids)
+
+    def delete(self, conn: PgConnection, memory_ids: Sequence[int]) -> int:
+        ids = list(memory_ids)
+        if not ids:
+            return 0
+        with conn.pg.transaction():  # vectors, links and source rows go by ON DELETE CASCADE
+            _lock_in_order(conn, ids)
+            self._log_removed_vectors(conn, ids)
+            return conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
+
+    def _log_removed_vectors(self, conn: PgConnection, ids: list[int]) -> None:
+        conn.pg.execute("INSERT INTO vector_changes (memory_id) SELECT memory_id FROM memory_vectors "
+                        "WHERE memory_id = ANY(%s)", (ids,))
+
+    def scrub(self, conn: PgConnection) -> None:
+        # Deleted rows stay in their pages until VACUUM reclaims them (and in the WAL until
+        # it is recycled): vacuum the tables that hold people's words.
+        for table in ("memories", "memory_vectors", "messages"):
+            conn.pg.execute(f"VACUUM {table}".encode())
+
+    def archive(self, conn: PgConnection, memory_id: int, reason: str, now: float | None = None) -> None:
+        with conn.pg.transaction():
+            conn.pg.execute("UPDATE memories SET archived_at = %s, archive_reason = %s, embedded = 0, updated_at = %s "
+                            "WHERE id = %s AND " + ACTIVE,
+                            (time.time() if now is None else now, reason, time.time(), memory_id))
+            self._log_removed_vectors(conn, [memory_id])
+            conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))
+
+    def restore(self, conn: PgConnection, memory_id: int) -> None:
+        now = time.time()
+        conn.pg.execute("UPDATE memories SET archived_at = NULL, archive_reason = NULL, last_accessed = %s, "
+                        "updated_at = %s WHERE id = %s", (now, now, memory_id))
+
+    def touch_and_load(self, conn: PgConnection, touched: list[int], ids: list[int], *, growth: float,
+                       now: float) -> dict[int, store.Memory]:
+        if touched:
+            with conn.pg.transaction():
+                _lock_in_order(conn, touched)
+                conn.pg.execute(
+                    "UPDATE memories SET access_count = access_count + 1, "
+                    "last_accessed = greatest(%s, coalesce(last_accessed, 0)), stability = least(stability * %s, %s) "
+                    "WHERE id = ANY(%s)", (now, growth, decay.MAX_STABILITY_DAYS, sorted(set(touched))))
+        return store.get_many(conn, ids)  # type: ignore[arg-type]
+
+    def forget_sources(self, conn: PgConnection, message_ids: Sequence[int]) -> list[int]:
+        wanted = [str(m) for m in message_ids]
+        if not wanted:
+            return []
+        with conn.pg.transaction():
+            rows = conn.pg.execute(
+                "SELECT m.id, m.source_message_ids FROM memories m WHERE m.id IN "
+                "(SELECT memory_id FROM memory_sources WHERE message_id = ANY(%s)) ORDER BY m.id FOR UPDATE",
+                (wanted,)).fetchall()
+            emptied: list[int] = []
+            for memory_id, sources in rows:
+                left = [s for s in store._id_list(sources) if str(s) not in wanted]
+                if left:
+                    conn.pg.execute("UPDATE memories SET source_message_ids = %s WHERE id = %s",
+                                    (json.dumps(left), memory_id))
+                else:
+                    emptied.append(int(memory_id))
+            self.delete(conn, emptied)
+        return emptied
+
+    def add_link(self, conn: PgConnection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
+                 now: float | None = None) -> bool:
+        if kind not in store.LINK_KINDS:
+            raise ValueError(f"unknown link kind {kind!r}")
+        row = conn.pg.execute("SELECT count(*) FROM memories a, memories b WHERE a.id = %s AND b.id = %s AND "
+                              "a.scope = 'personal' AND b.scope = 'personal' AND a.owner_id != b.owner_id",
+                              (source_id, target_id)).fetchone()
+        if row and row[0]:
+            return False
+        conn.pg.execute(
+            "INSERT INTO memory_links (source_id, target_id, kind, weight, created_at) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (source_id, target_id, kind) DO UPDATE SET weight = greatest(memory_links.weight, excluded.weight)",
+            (source_id, target_id, kind, weight, time.time() if now is None else now))
+        return True
+
+    # -- reads (the backend-neutral SQL of store.py, through PgConnection) --------------
+    def get(self, conn: PgConnection, memory_id: int) -> store.Memory:
+        return store.get(conn, memory_id)  # type: ignore[arg-type]
+
+    def get_many(self, conn: PgConnection, memory_ids: Sequence[int]) -> dict[int, store.Memory]:
+        return store.get_many(conn, memory_ids)  # type: ignore[arg-type]
+
+    def get_visible(self, conn: PgConnection, viewer: Viewer, memory_id: int) -> store.Memory:
+        return store.get_visible(conn, viewer, memory_id)  # type: ignore[arg-type]
+
+    def list_visible(self, conn: PgConnection, viewer: Viewer, *, scope: str | None, limit: int,
+                     offset: int) -> tuple[list[store.Memory], int]:
+        return store.list_visible(conn, viewer, scope=scope, limit=limit, offset=offset)  # type: ignore[arg-type]
+
+    def memories_of(self, conn: PgConnection, user_id: int, scopes: Sequence[str]) -> list[store.Memory]:
+        return store.memories_of(conn, user_id, scopes)  # type: ignore[arg-type]
+
+    def existing_external_ids(self, conn: PgConnection, ids: Sequence[str]) -> set[str]:
+        found = store.existing_external_ids(conn, ids)  # type: ignore[arg-type]
+        return {x.decode() if isinstance(x, bytes) else x for x in found}
+
+    def unembedded(self, conn: PgConnection, limit: int) -> list[tuple[int, str]]:
+        return store.unembedded_ids(conn, limit)  # type: ignore[arg-type]
+
+    def count_active(self, conn: PgConnection) -> int:
+        row = conn.pg.execute("SELECT count(*) FROM memories WHERE " + ACTIVE).fetchone()
+        return int(row[0]) if row else 0
+
+    def stats(self, conn: PgConnection) -> dict:
+        def value(sql: str) -> int:
+            row = conn.pg.execute(sql.encode()).fetchone()
+            return int(row[0]) if row else 0
+        info = self.index_info(conn)
+        return {
+            "memories": value("SELECT count(*) FROM memories"),
+            "active": value("SELECT count(*) FROM memories WHERE " + ACTIVE),
+            "archived": value("SELECT count(*) FROM memories WHERE archived_at IS NOT NULL"),
+            "embedded": value("SELECT count(*) FROM memories WHERE embedded = 1"),
+            "missing_vectors": value("SELECT count(*) FROM memories WHERE embedded = 0 AND " + ACTIVE),
+            "links": value("SELECT count(*) FROM memory_links"),
+            "by_scope": dict(conn.pg.execute("SELECT scope, count(*) FROM memories WHERE " + ACTIVE
+                                             + " GROUP BY scope").fetchall()),
+            "links_by_kind": dict(conn.pg.execute("SELECT kind, count(*) FROM memory_links GROUP BY kind").fetchall()),
+            "embedding_model": info.model if info else None,
+            "embedding_dim": info.dim if info else None,
+        }
+
+    # -- retrieval ---------------------------------------------------------------------
+    def visible_keys(self, conn: PgConnection, viewer: Viewer) -> list[str]:
+        return visible_keys(conn, viewer)  # type: ignore[arg-type]  # THE scope rule, same SQL
+
+    def searched_words(self, conn: PgConnection, words: list[str]) -> list[str]:
+        return words  # every token is searched here (no common-word pruning on PostgreSQL)
+
+    def fts_candidates(self, conn: PgConnection, query: str, keys: list[str], limit: int,
+                       as_of: float | None) -> list[Candidate]:
+        words = fts.tokens(query)
+        if not words or not keys:
+            return []
+        tsquery = " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
+        since = " AND m.created_at <= %s" if as_of is not None else ""
+        params: list[Any] = [*words, keys, *([as_of] if as_of is not None else []), limit]
+        rows = conn.pg.execute(
+            f"WITH q AS (SELECT {tsquery} AS query) "
+            "SELECT m.id, -ts_rank_cd(m.text_search, q.query) AS score FROM memories m, q "
+            f"WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) AND m.text_search @@ q.query{since} "
+            "ORDER BY score ASC, m.id DESC LIMIT %s".encode(), params).fetchall()
+        # score: negated so that lower is better, as bm25's (ranking.keyword_winner_first compares them)
+        return [Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
+                for rank, row in enumerate(rows, start=1)]
+
+    def vector_candidates(self, conn: PgConnection, info: IndexInfo, vector: list[float], keys: list[str],
+                          limit: int, as_of: float | None) -> list[Candidate]:
+        return [Candidate(memory_id, vector_rank=rank, distance=distance)
+                for rank, (memory_id, distance) in enumerate(self.knn(conn, info, vector, keys, limit, as_of), start=1)]
+
+    def visible_vectors_at_least(self, conn: PgConnection, keys: list[str], cap: int) -> int:
+        row = conn.pg.execute("SELECT count(*) FROM (SELECT 1 FROM memory_vectors WHERE vis_key = ANY(%s) LIMIT %s) v",
+                              (keys, cap + 1)).fetchone()
+        return int(row[0]) if row else 0
+
+    def knn(self, conn: PgConnection, info: IndexInfo, vector: Sequence[float], keys: list[str], k: int,
+            as_of: float | None = None, *, exact_max: int = EXACT_MAX) -> list[tuple[int, float]]:
+        """The k nearest visible vectors: [(memory_id, L2 distance)], nearest first."""
+        if len(vector) != info.dim:
+            raise VectorSizeError(f"query embedding has {len(vector)} dimensions, the index has {info.dim}")
+        if not keys or k <= 0:
+            return []
+        since = " AND created_at <= %s" if as_of is not None else ""
+        extra = [as_of] if as_of is not None else []
+        literal = vector_literal(vector)
+        big = info.dim <= 2000 and self.visible_vectors_at_least(conn, keys, exact_max) > exact_max
+        if not big:
+            rows = conn.pg.execute(
+                f"SELECT memory_id, embedding <-> %s::vector AS d FROM memory_vectors WHERE vis_key = ANY(%s){since} "
+                "ORDER BY d, memory_id LIMIT %s".encode(), [literal, keys, *extra, k]).fetchall()
+        else:
+            dim = int(info.dim)
+            with conn.pg.transaction():
+                conn.pg.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                conn.pg.execute(f"SET LOCAL hnsw.ef_search = {max(40, min(1000, 2 * k))}".encode())
+                rows = conn.pg.execute(
+                    f"SELECT memory_id, (embedding::vector({dim})) <-> %s::vector({dim}) AS d FROM memory_vectors "
+                    f"WHERE vis_key = ANY(%s){since} ORDER BY (embedding::vector({dim})) <-> %s::vector({dim}) "
+                    "LIMIT %s".encode(), [literal, keys, *extra, literal, k]).fetchall()
+            rows.sort(key=lambda r: (r[1], r[0]))  # relaxed order: re-sort the few found
+        return [(int(mid), float(d)) for mid, d in rows]
+
+    def spread_to_neighbours(self, conn: PgConnection, ranked: list[Candidate], keys: list[str], share: float,
+                             as_of: float | None) -> list[Candidate]:
+        return retrieval.spread_to_neighbours(conn, ranked, keys, share, as_of)  # type: ignore[arg-type]
+
+    def final_order(self, conn: PgConnection, candidates: list[Candidate], now: float,
+                    **options: Any) -> list[Candidate]:
+        return ranking.final_order(conn, candidates, now, **options)  # type: ignore[arg-type]
+
+    def graph_neighbours(self, conn: PgConnection, seeds: list[Candidate], keys: list[str], limit: int,
+                         as_of: float | None) -> list[Candidate]:
+        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of)  # type: ignore[arg-type]
+
+    def measure_similarity(self, conn: PgConnection, vector: Sequence[float], chosen: list[Candidate],
+                           info: IndexInfo | None) -> None:
+        unknown = {c.memory_id: c for c in chosen if c.cosine is None}
+        if not unknown or info is None or len(vector) != info.dim:
+            return
+        rows = conn.pg.execute("SELECT memory_id, embedding <-> %s::vector FROM memory_vectors WHERE memory_id = ANY(%s)",
+                               (vector_literal(vector), list(unknown))).fetchall()
+        for memory_id, distance in rows:
+            unknown[int(memory_id)].similarity = vectors.cosine_from_distance(float(distance))
+
+    # -- privacy -------------------------------------------------------------------
+    def pause(self, conn: PgConnection, user_id: int) -> bool:
+        return conn.pg.execute("INSERT INTO memory_pauses (user_id, paused_at) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                               (user_id, time.time())).rowcount > 0
+
+    def resume(self, conn: PgConnection, user_id: int) -> bool:
+        return conn.pg.execute("DELETE FROM memory_pauses WHERE user_id = %s", (user_id,)).rowcount > 0
+
+    def paused_users(self, conn: PgConnection) -> set[int]:
+        return {int(row[0]) for row in conn.pg.execute("SELECT user_id FROM memory_pauses")}
+
+    def take_pause_notice(self, conn: PgConnection, user_id: int) -> bool:
+        return conn.pg.execute("UPDATE memory_pauses SET notified = 1 WHERE user_id = %s AND notified = 0",
+                               (user_id,)).rowcount > 0
+
+    def personal_from_messages(self, conn: PgConnection, owner_id: int,
+                               message_ids: Sequence[int]) -> list[store.Memory]:
+        from bot.memory import privacy
+        return privacy.personal_from_messages(conn, owner_id, message_ids)  # type: ignore[arg-type]
+
+    def own_memory(self, conn: PgConnection, owner_id: int, memory_id: int) -> store.Memory:
+        from bot.memory import privacy
+        return privacy.own_memory(conn, owner_id, memory_id)  # type: ignore[arg-type]
+
+    def forget_personal(self, conn: PgConnection, owner_id: int, memory_ids: Sequence[int]) -> int:
+        ids = [int(row[0]) for row in conn.pg.execute(
+            "SELECT id FROM memories WHERE id = ANY(%s) AND owner_id = %s AND scope = 'personal'",
+            (list(memory_ids), owner_id))]
+        removed = self.delete(conn, ids)
+        if removed:
+            self.scrub(conn)
+        return removed
+
+    def last_message_of(self, conn: PgConnection, channel_id: int, author_id: int,
+                        before: int | None) -> int | None:
+        row = conn.pg.execute(
+            "SELECT id FROM messages WHERE channel_id = %s AND author_id = %s AND role = 'user' AND deleted_at IS NULL "
+            "AND id IS DISTINCT FROM %s::bigint ORDER BY created_at DESC, id DESC LIMIT 1",
+            (channel_id, author_id, before)).fetchone()
+        return int(row[0]) if row else None
+
+    def drop_own_message(self, conn: PgConnection, author_id: int, message_id: int) -> bool:
+        dropped = conn.pg.execute("DELETE FROM messages WHERE id = %s AND author_id = %s",
+                                  (message_id, author_id)).rowcount > 0
+        if dropped:
+            self.scrub(conn)
+        return dropped
+
+    # -- several processes on one database -------------------------------------------
+    def take_lease(self, conn: PgConnection, name: str, holder: str, seconds: float) -> bool:
+        now = time.time()
+        with conn.pg.transaction():
+            conn.pg.execute("SELECT pg_advisory_xact_lock(%s)", (LEASE_LOCK,))
+            raw = _meta(conn, f"lease.{name}")
+            if raw is not None:
+                lease = json.loads(raw)
+                if lease.get("holder") != holder and float(lease.get("expires", 0)) >= now:
+                    return False
+            _set_meta(conn, f"lease.{name}", json.dumps({"holder": holder, "expires": now + seconds}))
+        return True
+
+    def release_lease(self, conn: PgConnection, name: str, holder: str) -> bool:
+        return conn.pg.execute("DELETE FROM meta WHERE key = %s AND (value::jsonb ->> 'holder') = %s",
+                               (f"lease.{name}", holder)).rowcount == 1
+
+    def lease_holder(self, conn: PgConnection, name: str) -> str | None:
+        raw = _meta(conn, f"lease.{name}")
+        if raw is None:
+            return None
+        lease = json.loads(raw)
+        return lease["holder"] if lease["expires"] >= time.time() else None
+
+    def last_run(self, conn: PgConnection, job: str) -> float | None:
+        raw = _meta(conn, f"{job}.last_run")
+        return float(raw) if raw is not None else None
+
+    def record_run(self, conn: PgConnection, job: str, at: float) -> None:
+        _set_meta(conn, f"{job}.last_run", repr(at))

@@ -1,0 +1,274 @@
+"""The SQLite backend of the storage interface (storage.py): a thin delegation to the modules
+that hold SQLite's SQL (store, vectors, fts via retrieval, privacy, leases, scope), which stay
+where they are. One file, WAL, one writer connection plus read connections, all sharing the
+engine's in-process vector cache."""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import apsw
+
+from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, store, vectors
+from bot.memory.db import write_transaction
+from bot.memory.retrieval import Candidate
+from bot.memory.scope import ACTIVE, Viewer, key_filter, visible_keys
+from bot.memory.vector_cache import VectorCache
+from bot.memory.vectors import IndexInfo
+
+
+class SQLiteStorage:
+    name = "sqlite"
+    row_refusals: tuple[type[Exception], ...] = (apsw.ConstraintError, apsw.TooBigError, apsw.RangeError)
+
+    def __init__(self, path: Path | str, vector_cache: VectorCache | None) -> None:
+        self.path = path
+        self.vector_cache = vector_cache
+
+    # -- connections -------------------------------------------------------------
+    def open_writer(self) -> apsw.Connection:
+        conn = db.connect(self.path)
+        if self.vector_cache is not None:
+            vectors.attach_cache(conn, self.vector_cache)
+        return conn
+
+    def open_reader(self) -> apsw.Connection:
+        conn = db.connect(self.path, migrate_schema=False)
+        conn.execute("PRAGMA query_only = 1")
+        if self.vector_cache is not None:
+            vectors.attach_cache(conn, self.vector_cache)
+        return conn
+
+    def close(self, conn: apsw.Connection) -> None:
+        conn.close()
+
+    def where(self) -> str:
+        return str(self.path)
+
+    def shares_readers(self) -> bool:
+        return str(self.path) != ":memory:"  # ":memory:" is one database per connection
+
+    def prepare(self, conn: apsw.Connection) -> None:
+        if vectors.needs_upgrade(conn):
+            import logging
+            log = logging.getLogger("bot.memory.engine")
+            log.info("moving the vectors to one partition per visibility key (once; large databases take minutes)")
+            log.info("moved %d vectors to the new layout", vectors.upgrade_layout(conn))
+        if vectors.index_info(conn) is not None:  # databases made before the index existed get it now
+            vectors.index_partitions(conn)
+
+    # -- the vector index ----------------------------------------------------------
+    def index_info(self, conn: apsw.Connection) -> IndexInfo | None:
+        return vectors.index_info(conn)
+
+    def index_for(self, conn: apsw.Connection, model: str, dim: int) -> IndexInfo | None:
+        return vectors.index_for(conn, model, dim)
+
+    def reset_index(self, conn: apsw.Connection, model: str, dim: int) -> None:
+        with write_transaction(conn):
+            vectors.drop_index(conn)
+            vectors.create_index(conn, model, dim)
+            vectors.mark_reindex_pending(conn)  # recall says "partial" until every vector is back
+
+    def reindex_pending(self, conn: apsw.Connection) -> bool:
+        return vectors.reindex_pending(conn)
+
+    def mark_reindex_done(self, conn: apsw.Connection) -> None:
+        vectors.mark_reindex_done(conn)
+
+    def warm(self, conn: apsw.Connection, info: IndexInfo, stop: threading.Event) -> int:
+        return self.vector_cache.warm(conn, info, stop) if self.vector_cache is not None else 0
+
+    def neighbours_many(self, conn: apsw.Connection, info: IndexInfo, items: Sequence[tuple[int, str]],
+                        k: int) -> dict[int, list[tuple[int, float]]]:
+        return {mid: [(other, vectors.cosine_from_distance(d)) for other, d in found]
+                for mid, found in vectors.neighbours_many(conn, info, items, k).items()}
+
+    # -- what the lifecycle's write rules need -------------------------------------------
+    def current_index(self, conn: apsw.Connection, model: str) -> IndexInfo | None:
+        return vectors.current_index(conn, model)
+
+    def knn(self, conn: apsw.Connection, info: IndexInfo, vector: Sequence[float], keys: list[str],
+            k: int) -> list[tuple[int, float]]:
+        return vectors.knn(conn, info, vector, keys, k)
+
+    def similar_to_memory(self, conn: apsw.Connection, info: IndexInfo, memory_id: int, keys: list[str],
+                          k: int) -> list[tuple[int, float]]:
+        return vectors.similar_to_memory(conn, info, memory_id, keys, k)
+
+    def change_mark(self, conn: apsw.Connection) -> int:
+        return vectors.change_mark(conn)
+
+    def keyword_search(self, conn: apsw.Connection, words: list[str], keys: list[str], *, all_words: bool,
+                       limit: int) -> list[tuple[int, str]]:
+        if not words or not keys:
+            return []
+        where, params = key_filter(keys, "m.vis_key")
+        expression = (" AND " if all_words else " OR ").join(fts.quote(w) for w in words)
+        order = "m.id" if all_words else "bm25(memories_fts)"
+        return [(row[0], row[1]) for row in conn.execute(
+            "SELECT m.id, m.text FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid "
+            f"WHERE memories_fts MATCH ? AND {where} AND m.{ACTIVE} ORDER BY {order} LIMIT ?",
+            (expression, *params, limit))]
+
+    def reinforce(self, conn: apsw.Connection, memory_id: int, *, importance: float, sources: list[str],
+                  growth: float, now: float) -> None:
+        conn.execute(
+            "UPDATE memories SET stability = min(stability * ?, ?), importance = max(importance, ?), "
+            "source_message_ids = ?, last_accessed = max(?, coalesce(last_accessed, 0)), updated_at = ? "
+            "WHERE id = ?",
+            (growth, decay.MAX_STABILITY_DAYS, importance, json.dumps(sources), now, now, memory_id))
+
+    # -- writes ------------------------------------------------------------------
+    def insert(self, conn: apsw.Connection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
+               model: str, vecs: list[list[float]] | None, now: float | None) -> list[int]:
+        with write_transaction(conn):
+            info = vectors.index_for(conn, model, len(vecs[0])) if vecs else None
+            return store.insert_many(conn, memories, base_stability_days=base_stability_days,
+                                     vector_info=info, vectors_=vecs if info else None, now=now)
+
+    def store_vectors(self, conn: apsw.Connection, model: str, ids: list[int], vecs: list[list[float]]) -> int:
+        with write_transaction(conn):
+            info = vectors.index_for(conn, model, len(vecs[0]))
+            if info is None:
+                return 0
+            for memory_id, vector in zip(ids, vecs, strict=True):
+                if len(vector) == info.dim:
+                    store.set_vector(conn, info, memory_id, vector)
+        return len(ids)
+
+    def delete(self, conn: apsw.Connection, memory_ids: Sequence[int]) -> int:
+        return store.delete(conn, memory_ids)
+
+    def scrub(self, conn: apsw.Connection) -> None:
+        store.scrub(conn)
+
+    def archive(self, conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
+        store.archive(conn, memory_id, reason, now)
+
+    def restore(self, conn: apsw.Connection, memory_id: int) -> None:
+        store.restore(conn, memory_id)
+
+    def touch_and_load(self, conn: apsw.Connection, touched: list[int], ids: list[int], *, growth: float,
+                       now: float) -> dict[int, store.Memory]:
+        if touched:
+            store.touch(conn, touched, growth=growth, now=now)
+        return store.get_many(conn, ids)
+
+    def forget_sources(self, conn: apsw.Connection, message_ids: Sequence[int]) -> list[int]:
+        return store.forget_sources(conn, message_ids)
+
+    def add_link(self, conn: apsw.Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
+                 now: float | None = None) -> bool:
+        return store.add_link(conn, source_id, target_id, kind, weight, now)
+
+    # -- reads -------------------------------------------------------------------
+    def get(self, conn: apsw.Connection, memory_id: int) -> store.Memory:
+        return store.get(conn, memory_id)
+
+    def get_many(self, conn: apsw.Connection, memory_ids: Sequence[int]) -> dict[int, store.Memory]:
+        return store.get_many(conn, memory_ids)
+
+    def get_visible(self, conn: apsw.Connection, viewer: Viewer, memory_id: int) -> store.Memory:
+        return store.get_visible(conn, viewer, memory_id)
+
+    def list_visible(self, conn: apsw.Connection, viewer: Viewer, *, scope: str | None, limit: int,
+                     offset: int) -> tuple[list[store.Memory], int]:
+        return store.list_visible(conn, viewer, scope=scope, limit=limit, offset=offset)
+
+    def memories_of(self, conn: apsw.Connection, user_id: int, scopes: Sequence[str]) -> list[store.Memory]:
+        return store.memories_of(conn, user_id, scopes)
+
+    def existing_external_ids(self, conn: apsw.Connection, ids: Sequence[str]) -> set[str]:
+        return store.existing_external_ids(conn, ids)
+
+    def unembedded(self, conn: apsw.Connection, limit: int) -> list[tuple[int, str]]:
+        return store.unembedded_ids(conn, limit)
+
+    def count_active(self, conn: apsw.Connection) -> int:
+        return int(db.query_value(conn, "SELECT count(*) FROM memories WHERE archived_at IS NULL"))
+
+    def stats(self, conn: apsw.Connection) -> dict:
+        return store.stats(conn)
+
+    # -- retrieval's SQL -------------------------------------------------------------
+    def visible_keys(self, conn: apsw.Connection, viewer: Viewer) -> list[str]:
+        return visible_keys(conn, viewer)
+
+    def fts_candidates(self, conn: apsw.Connection, query: str, keys: list[str], limit: int,
+                       as_of: float | None) -> list[Candidate]:
+        return retrieval.fts_candidates(conn, query, keys, limit, as_of)
+
+    def searched_words(self, conn: apsw.Connection, words: list[str]) -> list[str]:
+        return fts.selective(conn, words)
+
+    def vector_candidates(self, conn: apsw.Connection, info: IndexInfo, vector: list[float], keys: list[str],
+                          limit: int, as_of: float | None) -> list[Candidate]:
+        return retrieval.vector_candidates(conn, info, vector, keys, limit, as_of)
+
+    def spread_to_neighbours(self, conn: apsw.Connection, ranked: list[Candidate], keys: list[str], share: float,
+                             as_of: float | None) -> list[Candidate]:
+        return retrieval.spread_to_neighbours(conn, ranked, keys, share, as_of)
+
+    def final_order(self, conn: apsw.Connection, candidates: list[Candidate], now: float,
+                    **options: Any) -> list[Candidate]:
+        return ranking.final_order(conn, candidates, now, **options)
+
+    def graph_neighbours(self, conn: apsw.Connection, seeds: list[Candidate], keys: list[str], limit: int,
+                         as_of: float | None) -> list[Candidate]:
+        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of)
+
+    def measure_similarity(self, conn: apsw.Connection, vector: Sequence[float], chosen: list[Candidate],
+                           info: IndexInfo | None) -> None:
+        ranking.measure_similarity(conn, vector, chosen, info)
+
+    # -- privacy -------------------------------------------------------------------
+    def pause(self, conn: apsw.Connection, user_id: int) -> bool:
+        return privacy.pause(conn, user_id)
+
+    def resume(self, conn: apsw.Connection, user_id: int) -> bool:
+        return privacy.resume(conn, user_id)
+
+    def paused_users(self, conn: apsw.Connection) -> set[int]:
+        return privacy.paused_users(conn)
+
+    def take_pause_notice(self, conn: apsw.Connection, user_id: int) -> bool:
+        return privacy.take_pause_notice(conn, user_id)
+
+    def personal_from_messages(self, conn: apsw.Connection, owner_id: int,
+                               message_ids: Sequence[int]) -> list[store.Memory]:
+        return privacy.personal_from_messages(conn, owner_id, message_ids)
+
+    def own_memory(self, conn: apsw.Connection, owner_id: int, memory_id: int) -> store.Memory:
+        return privacy.own_memory(conn, owner_id, memory_id)
+
+    def forget_personal(self, conn: apsw.Connection, owner_id: int, memory_ids: Sequence[int]) -> int:
+        return privacy.forget_personal(conn, owner_id, memory_ids)
+
+    def last_message_of(self, conn: apsw.Connection, channel_id: int, author_id: int,
+                        before: int | None) -> int | None:
+        return privacy.last_message_of(conn, channel_id, author_id, before)
+
+    def drop_own_message(self, conn: apsw.Connection, author_id: int, message_id: int) -> bool:
+        return privacy.drop_own_message(conn, author_id, message_id)
+
+    # -- several processes on one database -------------------------------------------
+    def take_lease(self, conn: apsw.Connection, name: str, holder: str, seconds: float) -> bool:
+        return leases.take(conn, name, holder, seconds)
+
+    def release_lease(self, conn: apsw.Connection, name: str, holder: str) -> bool:
+        return leases.release(conn, name, holder)
+
+    def lease_holder(self, conn: apsw.Connection, name: str) -> str | None:
+        return leases.holder_of(conn, name)
+
+    def last_run(self, conn: apsw.Connection, job: str) -> float | None:
+        return leases.last_run(conn, job)
+
+    def record_run(self, conn: apsw.Connection, job: str, at: float) -> None:
+        leases.record_run(conn, job, at)
+
+
+SQLITE = SQLiteStorage(":memory:", None)  # the operations on a given connection (storage.storage_of)

@@ -1,0 +1,97 @@
+"""The PostgreSQL schema (bot/memory/postgres/migrations.py) on a real embedded server."""
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from bot.memory import migrations as sqlite_migrations
+from bot.memory.postgres.migrations import MIGRATIONS, migrate, schema_version
+from tests.postgres_fixtures import TEMPLATE
+
+
+def test_numbered_like_sqlite_and_fully_applied(postgres_url):
+    assert len(MIGRATIONS) == len(sqlite_migrations.MIGRATIONS)
+    with psycopg.connect(postgres_url) as conn:
+        assert schema_version(conn) == len(MIGRATIONS)
+        assert migrate(conn) == len(MIGRATIONS)  # idempotent
+        tables = {row[0] for row in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        assert {"meta", "memories", "memory_vectors", "memory_links", "messages", "channel_settings",
+                "memory_sources", "vector_changes", "memory_pauses", "schema_version"} <= tables
+        assert conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+
+
+def _insert(conn: psycopg.Connection, text: str, sources: str = "[]", archived: float | None = None) -> int:
+    row = conn.execute(
+        "INSERT INTO memories (text, scope, owner_id, vis_key, stability, created_at, updated_at,"
+        " source_message_ids, archived_at) VALUES (%s, 'global', 1, 'g', 1, 0, 0, %s, %s) RETURNING id",
+        (text, sources, archived)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_keyword_index_stems_and_covers_only_active_memories(postgres_url):
+    with psycopg.connect(postgres_url) as conn:
+        active = _insert(conn, "Alice's cats are running in the garden")
+        _insert(conn, "the archived cat", archived=5.0)
+        hits = conn.execute(
+            "SELECT id FROM memories WHERE archived_at IS NULL AND text_search @@ plainto_tsquery('muninn', 'cat run')"
+        ).fetchall()
+        assert [h[0] for h in hits] == [active]
+
+
+def test_memory_sources_follow_the_json_list(postgres_url):
+    with psycopg.connect(postgres_url) as conn:
+        mid = _insert(conn, "learned from two messages", sources="[11, 12]")
+        assert sorted(r[0] for r in conn.execute("SELECT message_id FROM memory_sources WHERE memory_id = %s", (mid,))) \
+            == ["11", "12"]
+        conn.execute("UPDATE memories SET source_message_ids = '[13]' WHERE id = %s", (mid,))
+        assert [r[0] for r in conn.execute("SELECT message_id FROM memory_sources WHERE memory_id = %s", (mid,))] == ["13"]
+        conn.execute("DELETE FROM memories WHERE id = %s", (mid,))
+        assert conn.execute("SELECT count(*) FROM memory_sources").fetchone() == (0,)
+
+
+def test_ids_are_never_reused(postgres_url):
+    with psycopg.connect(postgres_url) as conn:
+        first = _insert(conn, "one")
+        conn.execute("DELETE FROM memories WHERE id = %s", (first,))
+        assert _insert(conn, "two") > first
+
+
+def test_two_processes_migrating_at_once_both_succeed(postgres_server):
+    url = postgres_server.create_database("muninn_concurrent_migrate")
+    try:
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with psycopg.connect(url) as conn:
+                    migrate(conn)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        with psycopg.connect(url) as conn:
+            assert schema_version(conn) == len(MIGRATIONS)
+            assert conn.execute("SELECT count(*) FROM schema_version").fetchone() == (1,)
+    finally:
+        postgres_server.drop_database("muninn_concurrent_migrate")
+
+
+def test_a_newer_database_is_refused(postgres_server):
+    url = postgres_server.create_database("muninn_newer", template=TEMPLATE)
+    try:
+        with psycopg.connect(url) as conn:
+            conn.execute("UPDATE schema_version SET version = 99")
+            conn.commit()
+            with pytest.raises(RuntimeError, match="newer than this Muninn"):
+                migrate(conn)
+    finally:
+        postgres_server.drop_database("muninn_newer")
