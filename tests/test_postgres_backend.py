@@ -166,3 +166,20 @@ def test_a_database_url_that_is_not_postgresql_is_refused_at_load(url):
     from bot.settings import SettingsError, load_settings
     with pytest.raises(SettingsError, match="MUNINN_DATABASE_URL must be a postgresql:// URL"):
         load_settings({"MUNINN_DATABASE_URL": url}, dotenv=False)
+
+
+async def test_two_processes_storing_the_same_fact_at_once_store_it_once(fake_ollama, make_settings, postgres_url):
+    """Shards on one PostgreSQL: a fact heard by two bot processes at the same moment (the same
+    person telling both, an import beside the bot) is stored once and reinforced once, as on
+    SQLite, where the file's one write lock gives it for free."""
+    from bot.lifecycle.fact_store import store_facts
+    from bot.lifecycle.facts import Fact
+    from tests.helpers import CHANNEL, GUILD, exchange, memories_of
+    settings = make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url)
+    async with Engine(settings) as one, Engine(settings) as two:
+        for round_ in range(12):
+            fact = Fact(f"Alice keeps {round_} hives of bees.", "Alice", "personal", 0.5, 7, CHANNEL, GUILD, (round_,))
+            stored = await asyncio.gather(store_facts(one, [fact], exchange(".")), store_facts(two, [fact], exchange(".")))
+            assert stored[0] == stored[1], round_                       # both name the same memory
+        kept = await memories_of(one)
+        assert len(kept) == 12 and all(m.last_accessed is not None for m in kept)  # inserted once, then reinforced

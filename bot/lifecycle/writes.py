@@ -357,6 +357,7 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
     out = WriteOutcome()
     storage = storage_of(conn)
     with write_transaction(conn):
+        storage.lock_keys(conn, [m.vis_key for m in memories])  # other processes' facts: stored before, or after
         info = storage.index_for(conn, settings.embed_model, len(vecs[0])) if vecs else None
         for index, memory in enumerate(memories):
             vector = vecs[index] if vecs and info is not None else None

@@ -101,6 +101,9 @@ class SQLiteStorage:
     def change_mark(self, conn: apsw.Connection) -> int:
         return vectors.change_mark(conn)
 
+    def lock_keys(self, conn: apsw.Connection, keys: Sequence[str]) -> None:
+        """Nothing to do: a write transaction begins IMMEDIATE, holding the file's one write lock."""
+
     def keyword_search(self, conn: apsw.Connection, words: list[str], keys: list[str], *, all_words: bool,
                        limit: int) -> list[tuple[int, str]]:
         if not words or not keys:

@@ -60,6 +60,9 @@ class Storage(Protocol):
                           k: int) -> list[tuple[int, float]]: ...
     def change_mark(self, conn: Connection) -> int:
         """Equal marks: no vector was stored or removed in between."""
+    def lock_keys(self, conn: Connection, keys: Sequence[str]) -> None:
+        """Inside a write transaction: until it ends, no other process stores facts under these
+        visibility keys, so a duplicate check and the insert after it see each other's facts."""
     def keyword_search(self, conn: Connection, words: list[str], keys: list[str], *, all_words: bool,
                        limit: int) -> list[tuple[int, str]]:
         """Active memories under `keys` holding every word (oldest first) or any word (most

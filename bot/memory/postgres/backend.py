@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 EXACT_MAX = 20_000          # visible vectors up to which the vector search is an exact scan
 INDEX_LOCK = 7_277_402      # advisory lock: creating / dropping the HNSW index
 LEASE_LOCK = 7_277_403      # advisory lock: taking a lease (read-check-write of one meta row)
+FACT_KEY_LOCK = 7_277_404   # advisory locks (this, hash of a vis_key): storing facts under that key
 
 
 def vector_literal(vector: Sequence[float]) -> str:
@@ -172,6 +173,13 @@ class PostgresStorage:
     def change_mark(self, conn: PgConnection) -> int:
         row = conn.pg.execute("SELECT coalesce(max(seq), 0) FROM vector_changes").fetchone()
         return int(row[0]) if row else 0
+
+    def lock_keys(self, conn: PgConnection, keys: Sequence[str]) -> None:
+        """Transaction-scoped advisory locks per visibility key, taken in sorted order (no
+        deadlock between two writers): PostgreSQL runs writers side by side, so without them two
+        processes storing the same fact would both find no duplicate and both insert it."""
+        for key in sorted(set(keys)):
+            conn.pg.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (FACT_KEY_LOCK, key))
 
     def keyword_search(self, conn: PgConnection, words: list[str], keys: list[str], *, all_words: bool,
                        limit: int) -> list[tuple[int, str]]:
