@@ -183,3 +183,22 @@ async def test_two_processes_storing_the_same_fact_at_once_store_it_once(fake_ol
             assert stored[0] == stored[1], round_                       # both name the same memory
         kept = await memories_of(one)
         assert len(kept) == 12 and all(m.last_accessed is not None for m in kept)  # inserted once, then reinforced
+
+
+async def test_after_the_server_drops_every_connection_the_engine_reconnects(pg_engine, postgres_url, caplog):
+    """A PostgreSQL restart or failover closes the bot's connections: the next read and the next
+    write open new ones (one warning each) instead of failing until the bot is restarted."""
+    kept = await pg_engine.remember(NewMemory("Alice keeps bees", "global"))
+    await pg_engine.recall("bees", Viewer(1, dm=True))           # the readers are open now too
+
+    def drop_everyone() -> int:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            rows = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                 "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall()
+        return len(rows)
+    assert await asyncio.to_thread(drop_everyone) >= 2
+    with caplog.at_level("WARNING", logger="bot.memory.engine"):
+        assert (await pg_engine.recall("bees", Viewer(1, dm=True))).ids == [kept]
+        added = await pg_engine.remember(NewMemory("Alice keeps goats", "global"))
+    assert (await pg_engine.get(added)).text == "Alice keeps goats"
+    assert any("connection was lost" in r.getMessage() for r in caplog.records)

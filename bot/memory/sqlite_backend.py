@@ -44,6 +44,9 @@ class SQLiteStorage:
     def close(self, conn: apsw.Connection) -> None:
         conn.close()
 
+    def lost(self, conn: apsw.Connection, error: BaseException) -> bool:
+        return False  # a file does not go away under an open connection
+
     def where(self) -> str:
         return str(self.path)
 

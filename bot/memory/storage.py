@@ -32,6 +32,9 @@ class Storage(Protocol):
     def open_writer(self) -> Connection: ...
     def open_reader(self) -> Connection: ...
     def close(self, conn: Connection) -> None: ...
+    def lost(self, conn: Connection, error: BaseException) -> bool:
+        """True when `error` means the connection itself is gone (a server restart, a failover,
+        a dropped network): the engine then opens a new one and runs the job again."""
     def prepare(self, conn: Connection) -> None:
         """Once at start, on the writer: schema upgrades beyond the migrations."""
     def where(self) -> str:

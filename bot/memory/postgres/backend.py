@@ -88,7 +88,17 @@ class PostgresStorage:
         return connect(self.url, self)
 
     def close(self, conn: PgConnection) -> None:
-        conn.close()
+        try:
+            conn.close()
+        except psycopg.Error:  # already broken
+            pass
+
+    def lost(self, conn: PgConnection, error: BaseException) -> bool:
+        """The server closed the connection (restart, failover, idle timeout, network): a job
+        on it ran in one transaction that the server rolled back, so running it again on a new
+        connection is safe. (A COMMIT whose answer was lost is the one ambiguous case; the
+        writes are idempotent where it matters: facts are de-duplicated, forgets repeatable.)"""
+        return isinstance(error, psycopg.OperationalError) and bool(conn.pg.closed or conn.pg.broken)
 
     def where(self) -> str:
         return f"postgresql://{where(self.url)}"
