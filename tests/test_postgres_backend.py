@@ -202,3 +202,28 @@ async def test_after_the_server_drops_every_connection_the_engine_reconnects(pg_
         added = await pg_engine.remember(NewMemory("Alice keeps goats", "global"))
     assert (await pg_engine.get(added)).text == "Alice keeps goats"
     assert any("connection was lost" in r.getMessage() for r in caplog.records)
+
+
+async def test_doctor_checks_the_postgresql_database(pg_engine, make_settings, postgres_url):
+    from bot.cli.doctor import database_checks
+    await pg_engine.remember(NewMemory("Alice keeps bees", "global"))
+    settings = make_settings("", MUNINN_DATABASE_URL=postgres_url)
+    found = {c.name: c for c in await asyncio.to_thread(database_checks, settings)}
+    assert found["database"].ok and "PostgreSQL 18" in found["database"].detail and "schema 6/6" in found["database"].detail
+    assert found["pgvector"].ok and found["stored values"].ok and found["vector index"].ok
+    assert "permissions" not in found                                   # no files: the server's roles
+    down = make_settings("", MUNINN_DATABASE_URL=f"postgresql://muninn:secret@127.0.0.1:{free_port()}/muninn")
+    [check] = await asyncio.to_thread(database_checks, down)
+    assert not check.ok and "cannot connect to PostgreSQL" in check.detail and "secret" not in check.detail
+    assert "MUNINN_DATABASE_URL" in check.fix
+
+
+async def test_doctor_finds_nonsense_times_on_postgresql(pg_engine, make_settings, postgres_url):
+    from bot.cli.doctor import database_checks
+    pinned = await pg_engine.remember(NewMemory("Alice keeps bees", "global"))
+    with psycopg.connect(postgres_url, autocommit=True) as admin:   # e.g. copied from an old file
+        admin.execute("UPDATE memories SET last_accessed = 4102444800 WHERE id = %s", (pinned,))
+    found = {c.name: c for c in await asyncio.to_thread(database_checks,
+                                                        make_settings("", MUNINN_DATABASE_URL=postgres_url))}
+    assert not found["stored values"].ok and f"last_accessed in the future or negative: #{pinned}" in found[
+        "stored values"].detail
