@@ -11,6 +11,7 @@ import os
 import pty
 import select
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -119,10 +120,22 @@ def read_until(fd: int, wanted: str, seen: list[str], timeout: float = 15.0) -> 
     return got
 
 
-def start_chat(tmp_path: Path, ollama_url: str, *args: str) -> tuple[int, "subprocess.Popen"]:  # noqa: F821
-    import subprocess
+def drain(fd: int, seen: list[str]) -> str:
+    """Everything the program printed, including what is still unread on the pty."""
+    while select.select([fd], [], [], 1.0)[0]:
+        try:
+            chunk = os.read(fd, 65536).decode(errors="replace")
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen[0] += chunk
+    return seen[0]
+
+
+def start_chat(tmp_path: Path, ollama_url: str, *args: str) -> tuple[int, "subprocess.Popen"]:
     master, slave = pty.openpty()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MUNINN_DB_PATH": str(tmp_path / "chat.db"),
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", "MUNINN_DB_PATH": str(tmp_path / "chat.db"),
            "OLLAMA_URL": ollama_url, "MUNINN_SHUTDOWN_SECONDS": "5", "OLLAMA_RETRIES": "0", "TERM": "dumb"}
     proc = subprocess.Popen([sys.executable, "-m", "cogs", "chat", *args], stdin=slave, stdout=slave,
                             stderr=slave, env=env, cwd=tmp_path, close_fds=True)
@@ -198,7 +211,12 @@ async def test_on_a_terminal_ctrl_c_leaves_at_once_even_mid_answer(fake_ollama, 
             await asyncio.sleep(0.05)
         pressed = time.monotonic()
         proc.send_signal(signal.SIGINT)                  # what Ctrl-C sends
-        code = await asyncio.to_thread(proc.wait, 10)
+        try:
+            code = await asyncio.to_thread(proc.wait, 10)
+        except subprocess.TimeoutExpired:                # seen once in CI under load: say where it hung
+            proc.send_signal(signal.SIGABRT)             # faulthandler prints every thread's stack
+            await asyncio.to_thread(proc.wait, 10)
+            raise AssertionError("no exit 10 s after Ctrl-C:\n" + drain(master, seen)) from None
         took = time.monotonic() - pressed
     finally:
         if proc.poll() is None:

@@ -76,8 +76,8 @@ def postgres_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
         checks.append(Check("database", True, f"{storage.where()}: PostgreSQL {server[0] if server else '?'}, "
                                               f"schema {pg_schema_version(conn.pg)}/{len(PG_MIGRATIONS)}"))
         info = storage.index_info(conn)
-        missing = db.query_value(conn, "SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL")
-        checks.append(vector_check(settings, info, int(missing or 0)))
+        row = conn.execute("SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL").fetchone()
+        checks.append(vector_check(settings, info, int(row[0]) if row else 0))
         holder = storage.lease_holder(conn, "maintenance")
         if holder is not None:
             checks.append(Check("maintenance", True, f"periodic maintenance is run by {holder}"))
