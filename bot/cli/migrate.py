@@ -338,17 +338,20 @@ def _digest(rows: Iterator[tuple]) -> tuple[int, str]:
 # -- the copy --------------------------------------------------------------------------
 
 def copy_database(source_path: Path, url: str, *, batch: int = BATCH, stop_after_batches: int | None = None,
-                  on_progress: Callable[[int, int], None] | None = None) -> Report:
+                  on_progress: Callable[[int, int], None] | None = None,
+                  on_step: Callable[[str], None] | None = None) -> Report:
     """Copy the SQLite file at `source_path` into the PostgreSQL database at `url`, resuming
     a copy of the same source that was cut short, and verify it. `on_progress(done, total)`
-    sees rows; `stop_after_batches` raises Interrupted after that many committed batches."""
+    sees rows, `on_step(what)` the slow steps after the copy; `stop_after_batches` raises
+    Interrupted after that many committed batches."""
     started = time.monotonic()
     report = Report()
     source = open_source(source_path)
     try:
         conn = open_target(url)
         try:
-            _copy(source, conn.pg, str(source_path.resolve()), report, batch, stop_after_batches, on_progress)
+            _copy(source, conn.pg, str(source_path.resolve()), report, batch, stop_after_batches, on_progress,
+                  on_step or (lambda what: None))
         finally:
             conn.close()
     finally:
@@ -358,7 +361,8 @@ def copy_database(source_path: Path, url: str, *, batch: int = BATCH, stop_after
 
 
 def _copy(source: apsw.Connection, pg: Any, source_id: str, report: Report, batch: int,
-          stop_after_batches: int | None, on_progress: Callable[[int, int], None] | None) -> None:
+          stop_after_batches: int | None, on_progress: Callable[[int, int], None] | None,
+          on_step: Callable[[str], None]) -> None:
     import psycopg
 
     info = vectors.index_info(source) if vectors.table_exists(source) else None
@@ -420,11 +424,13 @@ def _copy(source: apsw.Connection, pg: Any, source_id: str, report: Report, batc
         # the backend's own index_for records the model and makes the index.
         from bot.memory.postgres.backend import PostgresStorage
         from bot.memory.postgres.connection import PgConnection
+        on_step(f"building the vector index ({info.dim} dimensions; minutes for a large database)")
         pg.execute("SET maintenance_work_mem = '512MB'")
         try:
             PostgresStorage("").index_for(PgConnection(pg), info.model, info.dim)
         except psycopg.Error as exc:
             raise MigrationError(f"building the vector index failed: {exc}") from exc
+    on_step("verifying: row counts and key checksums per table")
     verify(source, pg, report, info)
     if report.ok:
         _set_target_meta(pg, DONE_KEY, repr(time.time()))
@@ -484,8 +490,12 @@ async def cmd_migrate(args: Any, settings: Any) -> int:
     def progress(done: int, total: int) -> None:
         bar.total = total
         bar.update(done)
+
+    def step(what: str) -> None:
+        bar.finish()
+        print(what, file=sys.stderr, flush=True)
     try:
-        report = copy_database(source, args.to, batch=args.batch, on_progress=progress)
+        report = copy_database(source, args.to, batch=args.batch, on_progress=progress, on_step=step)
     except MigrationError as exc:
         print(f"muninn migrate: {exc}", file=sys.stderr)
         return 1
@@ -494,7 +504,6 @@ async def cmd_migrate(args: Any, settings: Any) -> int:
         print("muninn migrate: interrupted; the batches copied so far are kept: run the same command to continue",
               file=sys.stderr)
         return 130
-    bar.finish()
     if report.repaired_texts:
         print(f"{report.repaired_texts} texts had invalid UTF-8 or NUL characters: replaced with U+FFFD",
               file=sys.stderr)
