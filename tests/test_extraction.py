@@ -33,6 +33,8 @@ from tests.helpers import (
     per_author,
 )
 
+pytestmark = pytest.mark.usefixtures("backend")  # extraction and fact storage on both storage backends
+
 # -- parsing (pure) ---------------------------------------------------------------
 
 @pytest.mark.parametrize("raw, expected", [
@@ -365,6 +367,7 @@ async def test_facts_of_an_exchange_are_stored_linked_and_sourced(engine, fake_o
     assert (await engine.recall("Oslo", Viewer(BOB, CHANNEL, GUILD))).ids == []
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # apsw hooks observe the transactions
 async def test_one_exchange_is_one_transaction(engine, fake_ollama):
     def install_tripwire(conn):
         conn.execute("CREATE TRIGGER tripwire BEFORE INSERT ON memories WHEN new.text LIKE '%explodes%' "
@@ -426,6 +429,7 @@ async def test_extractor_failures_never_propagate(engine, fake_ollama, script):
     assert extractor.processed == 2
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # apsw hooks observe the transactions
 async def test_extractor_survives_a_failing_store(engine, fake_ollama, script, caplog):
     await engine.write(lambda c: c.execute(
         "CREATE TRIGGER tripwire BEFORE INSERT ON memories BEGIN SELECT RAISE(ABORT, 'disk on fire'); END"))
@@ -472,6 +476,7 @@ async def test_drain_waits_for_the_worker_which_then_ends(engine, fake_ollama, s
     await extractor.close()
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # apsw hooks observe the transactions
 async def test_each_authors_facts_are_one_transaction(engine, fake_ollama, script):
     script.always["extract"] = per_author(
         Alice=facts_reply(fact("Alice lives in Oslo."), fact("This channel plays chess on Fridays.", about="room",

@@ -24,6 +24,8 @@ from tests.helpers import (
     one,
 )
 
+pytestmark = pytest.mark.usefixtures("backend")  # the write-time rules on both storage backends
+
 
 def personal(text: str, owner: int = ALICE, guild: int | None = GUILD, importance: float = 0.5,
              source: int = 1, name: str = "Alice") -> Fact:

@@ -36,7 +36,7 @@ def test_keyword_index_stems_and_covers_only_active_memories(postgres_url):
         active = _insert(conn, "Alice's cats are running in the garden")
         _insert(conn, "the archived cat", archived=5.0)
         hits = conn.execute(
-            "SELECT id FROM memories WHERE archived_at IS NULL AND text_search @@ plainto_tsquery('english', 'cat run')"
+            "SELECT id FROM memories WHERE archived_at IS NULL AND text_search @@ plainto_tsquery('muninn', 'cat run')"
         ).fetchall()
         assert [h[0] for h in hits] == [active]
 

@@ -1,15 +1,18 @@
-"""Hybrid retrieval and every row of the seed's fallback table, through the real client and a fake Ollama."""
+"""Hybrid retrieval and every row of the seed's fallback table, through the real client and a fake Ollama,
+on both storage backends."""
 from __future__ import annotations
 
 import time
 
 import pytest
 
-from bot.memory import retrieval, store
+from bot.memory import retrieval
 from bot.memory.engine import Engine
 from bot.memory.retrieval import Candidate, fuse, spread_to_neighbours
-from bot.memory.scope import Viewer, visible_keys
+from bot.memory.scope import Viewer
 from bot.memory.store import NewMemory
+
+pytestmark = pytest.mark.usefixtures("backend")
 
 ROOM = dict(channel_id=10, guild_id=100)
 ALICE = Viewer(user_id=1, channel_id=10, guild_id=100)
@@ -89,11 +92,11 @@ async def test_no_ollama_url_is_fts_only_and_never_calls_out(fts_engine):
 async def test_memory_stored_while_ollama_down_is_backfilled(engine, fake_ollama):
     await fake_ollama.go_down()
     memory_id = await engine.remember(NewMemory("the GPU server has 4x RTX 3090", "room", owner_id=1, **ROOM))
-    assert (await engine.write(store.get, memory_id)).embedded is False
+    assert (await engine.get(memory_id)).embedded is False
     assert (await engine.recall("GPU", ALICE)).ids == [memory_id]  # still found by keywords
     await fake_ollama.come_up()
     assert await engine.backfill() == 1
-    assert (await engine.write(store.get, memory_id)).embedded is True
+    assert (await engine.get(memory_id)).embedded is True
     result = await engine.recall("GPU", ALICE)
     assert result.mode == "hybrid" and result.memories[0].candidate.via == "both"
 
@@ -128,19 +131,18 @@ def test_rrf_scores_follow_the_seed_formula():
 
 
 async def test_candidates_are_limit_times_three(engine, fake_ollama, monkeypatch):
-    from bot.memory import retrieval
     await engine.remember_many([NewMemory(f"note {i} about the deployment pipeline", "room", owner_id=1, **ROOM)
                                 for i in range(40)])
     asked = {}
 
     def spy(name):
-        real = getattr(retrieval, name)
+        real = getattr(engine.storage, name)
 
         def wrapped(*args):
             hits = real(*args)
             asked[name] = (args[3] if name == "fts_candidates" else args[4], len(hits))
             return hits
-        monkeypatch.setattr(retrieval, name, wrapped)
+        monkeypatch.setattr(engine.storage, name, wrapped)
     spy("fts_candidates")
     spy("vector_candidates")
     result = await engine.recall("deployment pipeline", ALICE, limit=5)
@@ -156,13 +158,10 @@ async def test_graph_adds_up_to_three_linked_active_visible_memories(fts_engine)
     archived = await engine.remember(NewMemory("old deploy notes", "room", owner_id=1, **ROOM))
     secret = await engine.remember(NewMemory("Bob's salary", "personal", owner_id=2, guild_id=100, channel_id=10))
 
-    def link_all(conn):
-        with conn:
-            for other in linked:
-                store.add_link(conn, lang, other, "co_extracted")
-            store.add_link(conn, archived, lang, "semantic", weight=0.99)
-            store.add_link(conn, lang, secret, "semantic", weight=0.99)
-    await engine.write(link_all)
+    for other in linked:
+        await engine.write(engine.storage.add_link, lang, other, "co_extracted")
+    await engine.write(engine.storage.add_link, archived, lang, "semantic", weight=0.99)
+    await engine.write(engine.storage.add_link, lang, secret, "semantic", weight=0.99)
     await engine.archive(archived, "test")
     result = await engine.recall("which language uses Rust", ALICE, limit=1)
     assert result.ids[0] == lang
@@ -176,18 +175,18 @@ async def test_graph_adds_up_to_three_linked_active_visible_memories(fts_engine)
 async def test_superseded_links_are_not_walked(fts_engine):
     new = await fts_engine.remember(NewMemory("Ana lives in Oslo", "room", owner_id=1, **ROOM))
     old = await fts_engine.remember(NewMemory("the office plant is a cactus", "room", owner_id=1, **ROOM))
-    await fts_engine.write(lambda conn: store.add_link(conn, old, new, "superseded_by"))
+    await fts_engine.write(fts_engine.storage.add_link, old, new, "superseded_by")
     assert (await fts_engine.recall("Oslo", ALICE)).ids == [new]
 
 
 async def test_touch_counts_recalls_and_no_touch_does_not(fts_engine):
     memory_id = await fts_engine.remember(NewMemory("the GPU server has 4x RTX 3090", "room", owner_id=1, **ROOM))
-    before = await fts_engine.write(store.get, memory_id)
+    before = await fts_engine.get(memory_id)
     await fts_engine.recall("GPU", ALICE, touch=False)
-    assert (await fts_engine.write(store.get, memory_id)).access_count == 0
+    assert (await fts_engine.get(memory_id)).access_count == 0
     moment = time.time() + 3600
     await fts_engine.recall("GPU", ALICE, as_of=moment)
-    after = await fts_engine.write(store.get, memory_id)
+    after = await fts_engine.get(memory_id)
     assert after.access_count == 1 and after.last_accessed == pytest.approx(moment)
     assert after.stability == pytest.approx(before.stability * fts_engine.settings.stability_growth)
 
@@ -195,10 +194,10 @@ async def test_touch_counts_recalls_and_no_touch_does_not(fts_engine):
 async def test_graph_additions_are_touched_too(fts_engine):
     a = await fts_engine.remember(NewMemory("Project X is written in Rust", "room", owner_id=1, **ROOM))
     b = await fts_engine.remember(NewMemory("it deploys to ARM64 boards", "room", owner_id=1, **ROOM))
-    await fts_engine.write(lambda conn: store.add_link(conn, a, b, "co_extracted"))
+    await fts_engine.write(fts_engine.storage.add_link, a, b, "co_extracted")
     result = await fts_engine.recall("Rust", ALICE)
     assert result.ids == [a, b]
-    assert (await fts_engine.write(store.get, b)).access_count == 1
+    assert (await fts_engine.get(b)).access_count == 1
 
 
 async def test_strong_important_memories_rank_first_for_equal_relevance(fts_engine):
@@ -266,7 +265,7 @@ async def test_neighbours_lend_score_within_key_and_time_window(fts_engine):
     late = await fts_engine.remember(NewMemory("Zed: hours later", "room", owner_id=1, created_at=t0 + 7200, **ROOM))
     fused = {a: 1.0, b: 0.1, mine: 0.9, c: 0.3, late: 0.4}
     ranked = [Candidate(mid, fts_rank=r, fts_score=-1.0, fused=f) for r, (mid, f) in enumerate(fused.items(), start=1)]
-    keys = await fts_engine.write(visible_keys, ALICE)
+    keys = await fts_engine.read(fts_engine.storage.visible_keys, ALICE)
     out = await fts_engine.write(spread_to_neighbours, ranked, keys, 0.5, reach=1)
     got = {cand.memory_id: cand for cand in out}
     assert got[b].fused == pytest.approx(0.1 + 0.5 * 1.0) and got[b].neighbour_of == a  # the larger loan
@@ -288,7 +287,7 @@ async def test_the_loan_reaches_two_places_each_side_and_falls_off(fts_engine):
     def ranked() -> list[Candidate]:  # fresh each time: the spread adds to the candidates it is given
         return [Candidate(mid, fts_rank=r, fts_score=-1.0, fused=1.0 if mid == hit else 0.01)
                 for r, mid in enumerate(ids, start=1)]
-    keys = await fts_engine.write(visible_keys, ALICE)
+    keys = await fts_engine.read(fts_engine.storage.visible_keys, ALICE)
     got = {c.memory_id: c for c in await fts_engine.write(spread_to_neighbours, ranked(), keys, 0.5)}
     loan = {mid: round(got[mid].fused - 0.01, 6) for mid in ids if mid != hit}
     falloff = retrieval.NEIGHBOUR_FALLOFF

@@ -105,6 +105,7 @@ async def test_text_update_keeps_fts_in_sync(fts_engine):
     await fts_engine.write(fts_integrity_check)
 
 
+@pytest.mark.usefixtures("backend")  # both storage backends
 async def test_ids_are_never_reused(fts_engine):
     first = await fts_engine.remember(NewMemory("first", "global"))
     await fts_engine.forget([first])
@@ -151,10 +152,11 @@ def test_bad_memory_fields_are_refused_clearly(kwargs, problem):
         NewMemory("a fact", **kwargs)
 
 
+@pytest.mark.usefixtures("backend")  # both storage backends
 async def test_odd_text_is_stored_verbatim(engine):
     text = "Ünïcödé 東京 🎉 <@123> @everyone \u202e rtl \"quotes\" 'single' NEAR(a b) x" + "y" * 3900
     memory_id = await engine.remember(NewMemory(text, "personal", owner_id=1))
-    assert (await engine.write(store.get, memory_id)).text == text.strip()
+    assert (await engine.get(memory_id)).text == text.strip()
 
 
 async def test_vectors_are_partitioned_by_visibility_key(engine):
@@ -165,11 +167,12 @@ async def test_vectors_are_partitioned_by_visibility_key(engine):
     assert info.model == "nomic-embed-text" and info.dim == 768
 
 
+@pytest.mark.usefixtures("backend")  # both storage backends
 async def test_listing_never_touches(fts_engine):
     memory_id = await fts_engine.remember(NewMemory("a fact", "personal", owner_id=1))
     await fts_engine.list_visible(Viewer(1, dm=True))
     await fts_engine.get_visible(Viewer(1, dm=True), memory_id)
-    memory = await fts_engine.write(store.get, memory_id)
+    memory = await fts_engine.get(memory_id)
     assert (memory.access_count, memory.last_accessed) == (0, None)
 
 

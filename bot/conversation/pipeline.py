@@ -53,6 +53,7 @@ from bot.memory import store
 from bot.memory.db import write_transaction
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
+from bot.memory.storage import storage_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -427,7 +428,7 @@ class Pipeline:
     async def _drop_forgotten(self, message_ids: list[int]) -> None:
         def drop(conn) -> None:
             history.remove(conn, message_ids)
-            store.scrub(conn)
+            storage_of(conn).scrub(conn)
         await self._db_or(None, "drop the messages of a forgotten person", self.engine.write(drop))
 
     async def _think(self, built: prompt.Prompt) -> tuple[str, bool]:
@@ -515,11 +516,12 @@ def _record_and_prune(conn, row: dict, keep: int | None) -> int:
 
 
 def _forget_person(conn, user_id: int) -> Forgotten:
+    storage = storage_of(conn)
     with write_transaction(conn):
-        memories = store.memories_of(conn, user_id)
-        store.delete(conn, [memory.id for memory in memories])
+        memories = storage.memories_of(conn, user_id, ("personal", "room"))
+        storage.delete(conn, [memory.id for memory in memories])
         messages = history.forget_author(conn, user_id)
-    store.scrub(conn)  # after the commit: the checkpoint cannot run inside a transaction
+    storage.scrub(conn)  # after the commit: the checkpoint (SQLite) or VACUUM (PostgreSQL) cannot run inside one
     personal = sum(memory.scope == "personal" for memory in memories)
     return Forgotten(personal=personal, taught=len(memories) - personal, messages=messages)
 

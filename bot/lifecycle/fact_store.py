@@ -13,8 +13,8 @@ from bot.lifecycle import writes
 from bot.lifecycle.facts import Fact
 from bot.llm.answers import ask_json
 from bot.llm.ollama import OllamaClient
-from bot.memory import vectors
 from bot.memory.engine import Engine
+from bot.memory.storage import storage_of
 from bot.memory.store import NewMemory
 from bot.settings import Settings
 
@@ -85,8 +85,9 @@ def _plan_updates(conn: apsw.Connection, model: str, memories: list[NewMemory],
     """For each fact that is not a plain duplicate: the older memories the LLM should judge;
     and each fact's search of its own key with the change mark it was made at (the write
     reuses it if no vector changed meanwhile). Read-only: the index is created by the write."""
-    mark = vectors.change_mark(conn)
-    info = vectors.current_index(conn, model) if vecs else None
+    storage = storage_of(conn)
+    mark = storage.change_mark(conn)
+    info = storage.current_index(conn, model) if vecs else None
     out: list[list[tuple[int, str]]] = []
     searched: list[list[tuple[int, float]] | None] = []
     for index, memory in enumerate(memories):

@@ -31,9 +31,10 @@ from typing import Any, Sequence
 
 import apsw
 
-from bot.memory import decay, fts, store, vectors
+from bot.memory import fts, store, vectors
 from bot.memory.db import query_value, write_transaction
-from bot.memory.scope import ACTIVE, key_filter, personal_keys
+from bot.memory.scope import ACTIVE, personal_keys
+from bot.memory.storage import storage_of
 from bot.settings import Settings
 
 NEAR_JACCARD = 0.7        # two sentences with this share of content words say the same thing
@@ -205,12 +206,9 @@ def same_text_match(conn: apsw.Connection, vis_key: str, text: str) -> int | Non
     """An active memory under `vis_key` whose normalised text equals `text`'s."""
     wanted = normalise(text)
     words = fts.tokens(text)
+    rows: Any
     if words:
-        expression = " AND ".join(fts.quote(w) for w in words)
-        rows = conn.execute(
-            "SELECT m.id, m.text FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid "
-            "WHERE memories_fts MATCH ? AND m.vis_key = ? AND m." + ACTIVE + " ORDER BY m.id LIMIT 50",
-            (expression, vis_key))
+        rows = storage_of(conn).keyword_search(conn, words, [vis_key], all_words=True, limit=50)
     else:  # only stop words: compare directly (rare, short texts)
         rows = conn.execute("SELECT id, text FROM memories WHERE vis_key = ? AND " + ACTIVE +
                             " ORDER BY id LIMIT 500", (vis_key,))
@@ -225,7 +223,7 @@ def nearest(conn: apsw.Connection, info: vectors.IndexInfo | None, vector: Seque
     """[(memory id, cosine)] of the k nearest active memories under `keys`, best first."""
     if info is None or vector is None or not keys or len(vector) != info.dim:
         return []
-    return [(mid, vectors.cosine_from_distance(d)) for mid, d in vectors.knn(conn, info, vector, keys, k)]
+    return [(mid, vectors.cosine_from_distance(d)) for mid, d in storage_of(conn).knn(conn, info, vector, keys, k)]
 
 
 def texts_of(conn: apsw.Connection, ids: Sequence[int]) -> dict[int, str]:
@@ -269,12 +267,8 @@ def update_candidates(conn: apsw.Connection, info: vectors.IndexInfo | None, mem
         words = [w for w in fts.tokens(memory.text) if w not in name_words]
         if not words:
             return []
-        where, params = key_filter(keys, "m.vis_key")
-        expression = " OR ".join(fts.quote(w) for w in words)
-        ids = [row[0] for row in conn.execute(
-            "SELECT m.id FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid "
-            f"WHERE memories_fts MATCH ? AND {where} AND m.{ACTIVE} ORDER BY bm25(memories_fts) LIMIT ?",
-            (expression, *params, limit + len(exclude)))]
+        ids = [memory_id for memory_id, _ in storage_of(conn).keyword_search(
+            conn, words, keys, all_words=False, limit=limit + len(exclude))]
     texts = texts_of(conn, ids)
     return [(mid, texts[mid]) for mid in ids if mid not in exclude and mid in texts][:limit]
 
@@ -286,11 +280,7 @@ def reinforce(conn: apsw.Connection, memory_id: int, *, importance: float, sourc
         raw = query_value(conn, "SELECT source_message_ids FROM memories WHERE id = ?", (memory_id,), "[]")
         sources = [str(s) for s in json.loads(raw or "[]")]
         sources += [str(s) for s in source_ids if str(s) not in sources]
-        conn.execute(
-            "UPDATE memories SET stability = min(stability * ?, ?), importance = max(importance, ?), "
-            "source_message_ids = ?, last_accessed = max(?, coalesce(last_accessed, 0)), updated_at = ? "
-            "WHERE id = ?",
-            (growth, decay.MAX_STABILITY_DAYS, importance, json.dumps(sources), now, now, memory_id))
+        storage_of(conn).reinforce(conn, memory_id, importance=importance, sources=sources, growth=growth, now=now)
 
 
 def supersede(conn: apsw.Connection, old_id: int, new_id: int, *, now: float) -> bool:
@@ -305,8 +295,8 @@ def supersede(conn: apsw.Connection, old_id: int, new_id: int, *, now: float) ->
             return False
         if not same_subject(old, new):
             return False
-        store.archive(conn, old_id, f"superseded by #{new_id}", now=now)
-        store.add_link(conn, old_id, new_id, "superseded_by", now=now)
+        storage_of(conn).archive(conn, old_id, f"superseded by #{new_id}", now=now)
+        storage_of(conn).add_link(conn, old_id, new_id, "superseded_by", now=now)
     return True
 
 
@@ -321,7 +311,7 @@ def link_similar(conn: apsw.Connection, info: vectors.IndexInfo | None, memory_i
         return 0
     if neighbours is None:
         neighbours = [(other, vectors.cosine_from_distance(distance))
-                      for other, distance in vectors.similar_to_memory(conn, info, memory_id, [vis_key], k)]
+                      for other, distance in storage_of(conn).similar_to_memory(conn, info, memory_id, [vis_key], k)]
     added = 0
     with write_transaction(conn):
         for other, cosine in neighbours[:k]:
@@ -339,7 +329,7 @@ def add_semantic_link(conn: apsw.Connection, memory_id: int, other: int, cosine:
     if exists or query_value(conn, f"SELECT count(*) FROM memories WHERE id IN (?, ?) AND {ACTIVE}",
                              (source, target)) != 2:
         return 0
-    store.add_link(conn, source, target, "semantic", weight=round(cosine, 4), now=now)
+    storage_of(conn).add_link(conn, source, target, "semantic", weight=round(cosine, 4), now=now)
     return 1
 
 
@@ -365,14 +355,15 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
     [its vis_key], FACT_NEIGHBOURS)` made by the planning step at `vectors.change_mark`
     `searched_mark`; reused when no vector was stored or removed since."""
     out = WriteOutcome()
+    storage = storage_of(conn)
     with write_transaction(conn):
-        info = vectors.index_for(conn, settings.embed_model, len(vecs[0])) if vecs else None
+        info = storage.index_for(conn, settings.embed_model, len(vecs[0])) if vecs else None
         for index, memory in enumerate(memories):
             vector = vecs[index] if vecs and info is not None else None
             decision = (decisions[index] if index < len(decisions) else None) or UpdateDecision()
             # One search serves the duplicate check and the semantic links (same key, same vector).
             earlier = searched[index] if index < len(searched) else None
-            if earlier is not None and vector is not None and searched_mark == vectors.change_mark(conn):
+            if earlier is not None and vector is not None and searched_mark == storage.change_mark(conn):
                 near = earlier
             else:
                 near = nearest(conn, info, vector, [memory.vis_key], FACT_NEIGHBOURS)
@@ -384,9 +375,9 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                           growth=settings.stability_growth, now=now)
                 out.reinforced.append(target)
             else:
-                target = store.insert_many(conn, [memory], base_stability_days=settings.base_stability_days,
-                                           vector_info=info, vectors_=[vector] if vector is not None else None,
-                                           now=now)[0]
+                target = storage.insert(conn, [memory], base_stability_days=settings.base_stability_days,
+                                        model=settings.embed_model,
+                                        vecs=[list(vector)] if vector is not None else None, now=now)[0]
                 out.inserted.append(target)
                 link_similar(conn, info, target, memory.vis_key, threshold=settings.link_cosine, now=now,
                              neighbours=near)
@@ -394,7 +385,10 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                 if old != target and supersede(conn, old, target, now=now):
                     out.superseded.append((old, target))
             out.ids.append(target)
-        store.link_pairwise(conn, out.ids, "co_extracted", now=now)
+        unique = list(dict.fromkeys(out.ids))  # pairwise, as store.link_pairwise
+        for i, a in enumerate(unique):
+            for b in unique[i + 1:]:
+                storage.add_link(conn, a, b, "co_extracted", now=now)
     return out
 
 

@@ -4,16 +4,17 @@ where they are. One file, WAL, one writer connection plus read connections, all 
 engine's in-process vector cache."""
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any, Sequence
 
 import apsw
 
-from bot.memory import db, leases, privacy, ranking, retrieval, store, vectors
+from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, store, vectors
 from bot.memory.db import write_transaction
 from bot.memory.retrieval import Candidate
-from bot.memory.scope import Viewer, visible_keys
+from bot.memory.scope import ACTIVE, Viewer, key_filter, visible_keys
 from bot.memory.vector_cache import VectorCache
 from bot.memory.vectors import IndexInfo
 
@@ -21,20 +22,22 @@ from bot.memory.vectors import IndexInfo
 class SQLiteStorage:
     name = "sqlite"
 
-    def __init__(self, path: Path | str, vector_cache: VectorCache) -> None:
+    def __init__(self, path: Path | str, vector_cache: VectorCache | None) -> None:
         self.path = path
         self.vector_cache = vector_cache
 
     # -- connections -------------------------------------------------------------
     def open_writer(self) -> apsw.Connection:
         conn = db.connect(self.path)
-        vectors.attach_cache(conn, self.vector_cache)
+        if self.vector_cache is not None:
+            vectors.attach_cache(conn, self.vector_cache)
         return conn
 
     def open_reader(self) -> apsw.Connection:
         conn = db.connect(self.path, migrate_schema=False)
         conn.execute("PRAGMA query_only = 1")
-        vectors.attach_cache(conn, self.vector_cache)
+        if self.vector_cache is not None:
+            vectors.attach_cache(conn, self.vector_cache)
         return conn
 
     def close(self, conn: apsw.Connection) -> None:
@@ -72,12 +75,47 @@ class SQLiteStorage:
         vectors.mark_reindex_done(conn)
 
     def warm(self, conn: apsw.Connection, info: IndexInfo, stop: threading.Event) -> int:
-        return self.vector_cache.warm(conn, info, stop)
+        return self.vector_cache.warm(conn, info, stop) if self.vector_cache is not None else 0
 
     def neighbours_many(self, conn: apsw.Connection, info: IndexInfo, items: Sequence[tuple[int, str]],
                         k: int) -> dict[int, list[tuple[int, float]]]:
         return {mid: [(other, vectors.cosine_from_distance(d)) for other, d in found]
                 for mid, found in vectors.neighbours_many(conn, info, items, k).items()}
+
+    # -- what the lifecycle's write rules need -------------------------------------------
+    def current_index(self, conn: apsw.Connection, model: str) -> IndexInfo | None:
+        return vectors.current_index(conn, model)
+
+    def knn(self, conn: apsw.Connection, info: IndexInfo, vector: Sequence[float], keys: list[str],
+            k: int) -> list[tuple[int, float]]:
+        return vectors.knn(conn, info, vector, keys, k)
+
+    def similar_to_memory(self, conn: apsw.Connection, info: IndexInfo, memory_id: int, keys: list[str],
+                          k: int) -> list[tuple[int, float]]:
+        return vectors.similar_to_memory(conn, info, memory_id, keys, k)
+
+    def change_mark(self, conn: apsw.Connection) -> int:
+        return vectors.change_mark(conn)
+
+    def keyword_search(self, conn: apsw.Connection, words: list[str], keys: list[str], *, all_words: bool,
+                       limit: int) -> list[tuple[int, str]]:
+        if not words or not keys:
+            return []
+        where, params = key_filter(keys, "m.vis_key")
+        expression = (" AND " if all_words else " OR ").join(fts.quote(w) for w in words)
+        order = "m.id" if all_words else "bm25(memories_fts)"
+        return [(row[0], row[1]) for row in conn.execute(
+            "SELECT m.id, m.text FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid "
+            f"WHERE memories_fts MATCH ? AND {where} AND m.{ACTIVE} ORDER BY {order} LIMIT ?",
+            (expression, *params, limit))]
+
+    def reinforce(self, conn: apsw.Connection, memory_id: int, *, importance: float, sources: list[str],
+                  growth: float, now: float) -> None:
+        conn.execute(
+            "UPDATE memories SET stability = min(stability * ?, ?), importance = max(importance, ?), "
+            "source_message_ids = ?, last_accessed = max(?, coalesce(last_accessed, 0)), updated_at = ? "
+            "WHERE id = ?",
+            (growth, decay.MAX_STABILITY_DAYS, importance, json.dumps(sources), now, now, memory_id))
 
     # -- writes ------------------------------------------------------------------
     def insert(self, conn: apsw.Connection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
@@ -103,8 +141,8 @@ class SQLiteStorage:
     def scrub(self, conn: apsw.Connection) -> None:
         store.scrub(conn)
 
-    def archive(self, conn: apsw.Connection, memory_id: int, reason: str) -> None:
-        store.archive(conn, memory_id, reason)
+    def archive(self, conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
+        store.archive(conn, memory_id, reason, now)
 
     def restore(self, conn: apsw.Connection, memory_id: int) -> None:
         store.restore(conn, memory_id)
@@ -224,3 +262,6 @@ class SQLiteStorage:
 
     def record_run(self, conn: apsw.Connection, job: str, at: float) -> None:
         leases.record_run(conn, job, at)
+
+
+SQLITE = SQLiteStorage(":memory:", None)  # the operations on a given connection (storage.storage_of)

@@ -47,13 +47,30 @@ class Storage(Protocol):
                         k: int) -> dict[int, list[tuple[int, float]]]:
         """For each (id, vis_key): its k nearest under that key, as (id, cosine)."""
 
+    # -- what the lifecycle's write rules need (bot/lifecycle/writes.py, fact_store.py) ----
+    def current_index(self, conn: Connection, model: str) -> IndexInfo | None:
+        """The vector index if it was made with `model` (else None: a reindex is pending)."""
+    def knn(self, conn: Connection, info: IndexInfo, vector: Sequence[float], keys: list[str],
+            k: int) -> list[tuple[int, float]]:
+        """The k nearest active memories under `keys`: [(id, L2 distance)], nearest first."""
+    def similar_to_memory(self, conn: Connection, info: IndexInfo, memory_id: int, keys: list[str],
+                          k: int) -> list[tuple[int, float]]: ...
+    def change_mark(self, conn: Connection) -> int:
+        """Equal marks: no vector was stored or removed in between."""
+    def keyword_search(self, conn: Connection, words: list[str], keys: list[str], *, all_words: bool,
+                       limit: int) -> list[tuple[int, str]]:
+        """Active memories under `keys` holding every word (oldest first) or any word (most
+        relevant first): [(id, text)]. `words` are fts.tokens, never raw user text."""
+    def reinforce(self, conn: Connection, memory_id: int, *, importance: float, sources: list[str],
+                  growth: float, now: float) -> None: ...
+
     # -- writes ------------------------------------------------------------------
     def insert(self, conn: Connection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
                model: str, vecs: list[list[float]] | None, now: float | None) -> list[int]: ...
     def store_vectors(self, conn: Connection, model: str, ids: list[int], vecs: list[list[float]]) -> int: ...
     def delete(self, conn: Connection, memory_ids: Sequence[int]) -> int: ...
     def scrub(self, conn: Connection) -> None: ...
-    def archive(self, conn: Connection, memory_id: int, reason: str) -> None: ...
+    def archive(self, conn: Connection, memory_id: int, reason: str, now: float | None = None) -> None: ...
     def restore(self, conn: Connection, memory_id: int) -> None: ...
     def touch_and_load(self, conn: Connection, touched: list[int], ids: list[int], *, growth: float,
                        now: float) -> dict[int, store.Memory]: ...
@@ -105,6 +122,16 @@ class Storage(Protocol):
     def lease_holder(self, conn: Connection, name: str) -> str | None: ...
     def last_run(self, conn: Connection, job: str) -> float | None: ...
     def record_run(self, conn: Connection, job: str, at: float) -> None: ...
+
+
+def storage_of(conn: Connection) -> Storage:
+    """The backend a connection belongs to, for the modules that run their SQL through
+    Engine.read / Engine.write jobs (they get only the connection)."""
+    found = getattr(conn, "storage", None)  # a PostgreSQL connection knows its backend
+    if found is not None:
+        return found
+    from bot.memory.sqlite_backend import SQLITE
+    return SQLITE
 
 
 def storage_for(settings: Settings, vector_cache: Any) -> Storage:

@@ -31,6 +31,11 @@ BACKOFF_S = (0.05, 0.2, 0.5)
 @contextmanager
 def write_transaction(conn: apsw.Connection) -> Iterator[None]:
     """Run the block as one write transaction holding the write lock from the start."""
+    pg_transaction = getattr(conn, "transaction", None)
+    if pg_transaction is not None:  # PostgreSQL (postgres/connection.py): row locks, nesting = savepoints
+        with pg_transaction():
+            yield
+        return
     if conn.in_transaction:
         with conn:  # a savepoint inside the caller's transaction
             yield

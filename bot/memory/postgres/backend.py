@@ -1,6 +1,6 @@
 """The PostgreSQL backend of the storage interface (bot/memory/storage.py).
 
-Keyword path: the generated `text_search` tsvector (english) with a GIN index over active
+Keyword path: the generated `text_search` tsvector (english stems, no accents) with a GIN index over active
 memories; the query is built from our own tokens (fts.tokens: \\w+ runs, no stop words, at
 most 24), each through plainto_tsquery and OR'd, so no user text ever reaches to_tsquery's
 syntax; ranked by ts_rank_cd, scoped in the same statement.
@@ -60,7 +60,7 @@ class PostgresStorage:
 
     # -- connections -------------------------------------------------------------
     def open_writer(self) -> PgConnection:
-        conn = connect(self.url)
+        conn = connect(self.url, self)
         try:
             migrate(conn.pg)
         except psycopg.errors.FeatureNotSupported as exc:
@@ -77,7 +77,7 @@ class PostgresStorage:
         return conn
 
     def open_reader(self) -> PgConnection:
-        return connect(self.url)
+        return connect(self.url, self)
 
     def close(self, conn: PgConnection) -> None:
         conn.close()
@@ -146,6 +146,43 @@ class PostgresStorage:
             out[memory_id] = [(int(other), vectors.cosine_from_distance(float(d))) for other, d in rows]
         return out
 
+    # -- what the lifecycle's write rules need -------------------------------------------
+    def current_index(self, conn: PgConnection, model: str) -> IndexInfo | None:
+        info = self.index_info(conn)
+        return info if info is not None and info.model == model else None
+
+    def similar_to_memory(self, conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str],
+                          k: int) -> list[tuple[int, float]]:
+        row = conn.pg.execute("SELECT embedding::text FROM memory_vectors WHERE memory_id = %s", (memory_id,)).fetchone()
+        if row is None:
+            return []
+        own = [float(x) for x in str(row[0]).strip("[]").split(",")]
+        return [(mid, d) for mid, d in self.knn(conn, info, own, keys, k + 1) if mid != memory_id][:k]
+
+    def change_mark(self, conn: PgConnection) -> int:
+        row = conn.pg.execute("SELECT coalesce(max(seq), 0) FROM vector_changes").fetchone()
+        return int(row[0]) if row else 0
+
+    def keyword_search(self, conn: PgConnection, words: list[str], keys: list[str], *, all_words: bool,
+                       limit: int) -> list[tuple[int, str]]:
+        if not words or not keys:
+            return []
+        tsquery = (" && " if all_words else " || ").join(["plainto_tsquery('muninn', %s)"] * len(words))
+        order = "m.id" if all_words else "ts_rank_cd(m.text_search, q.query) DESC, m.id DESC"
+        rows = conn.pg.execute(
+            f"WITH q AS (SELECT {tsquery} AS query) SELECT m.id, m.text FROM memories m, q "
+            f"WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) AND m.text_search @@ q.query ORDER BY {order} LIMIT %s"
+            .encode(), [*words, keys, limit]).fetchall()
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    def reinforce(self, conn: PgConnection, memory_id: int, *, importance: float, sources: list[str],
+                  growth: float, now: float) -> None:
+        conn.pg.execute(
+            "UPDATE memories SET stability = least(stability * %s, %s), importance = greatest(importance, %s), "
+            "source_message_ids = %s, last_accessed = greatest(%s, coalesce(last_accessed, 0)), updated_at = %s "
+            "WHERE id = %s",
+            (growth, decay.MAX_STABILITY_DAYS, importance, json.dumps(sources), now, now, memory_id))
+
     # -- writes ------------------------------------------------------------------
     def _put_vector(self, conn: PgConnection, info: IndexInfo, memory_id: int, vis_key: str, created_at: float,
                     vector: Sequence[float]) -> None:
@@ -156,6 +193,7 @@ class PostgresStorage:
             "ON CONFLICT (memory_id) DO UPDATE SET vis_key = excluded.vis_key, created_at = excluded.created_at, "
             "embedding = excluded.embedding", (memory_id, vis_key, float(created_at), vector_literal(vector)))
         conn.pg.execute("UPDATE memories SET embedded = 1 WHERE id = %s", (memory_id,))
+        conn.pg.execute("INSERT INTO vector_changes (memory_id) VALUES (%s)", (memory_id,))
 
     def insert(self, conn: PgConnection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
                model: str, vecs: list[list[float]] | None, now: float | None) -> list[int]:
@@ -197,7 +235,12 @@ class PostgresStorage:
         if not ids:
             return 0
         with conn.pg.transaction():  # vectors, links and source rows go by ON DELETE CASCADE
+            self._log_removed_vectors(conn, ids)
             return conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
+
+    def _log_removed_vectors(self, conn: PgConnection, ids: list[int]) -> None:
+        conn.pg.execute("INSERT INTO vector_changes (memory_id) SELECT memory_id FROM memory_vectors "
+                        "WHERE memory_id = ANY(%s)", (ids,))
 
     def scrub(self, conn: PgConnection) -> None:
         # Deleted rows stay in their pages until VACUUM reclaims them (and in the WAL until
@@ -205,11 +248,12 @@ class PostgresStorage:
         for table in ("memories", "memory_vectors", "messages"):
             conn.pg.execute(f"VACUUM {table}".encode())
 
-    def archive(self, conn: PgConnection, memory_id: int, reason: str) -> None:
-        now = time.time()
+    def archive(self, conn: PgConnection, memory_id: int, reason: str, now: float | None = None) -> None:
         with conn.pg.transaction():
             conn.pg.execute("UPDATE memories SET archived_at = %s, archive_reason = %s, embedded = 0, updated_at = %s "
-                            "WHERE id = %s AND " + ACTIVE, (now, reason, now, memory_id))
+                            "WHERE id = %s AND " + ACTIVE,
+                            (time.time() if now is None else now, reason, time.time(), memory_id))
+            self._log_removed_vectors(conn, [memory_id])
             conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))
 
     def restore(self, conn: PgConnection, memory_id: int) -> None:
@@ -317,7 +361,7 @@ class PostgresStorage:
         words = fts.tokens(query)
         if not words or not keys:
             return []
-        tsquery = " || ".join(["plainto_tsquery('english', %s)"] * len(words))
+        tsquery = " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
         since = " AND m.created_at <= %s" if as_of is not None else ""
         params: list[Any] = [*words, keys, *([as_of] if as_of is not None else []), limit]
         rows = conn.pg.execute(

@@ -1,13 +1,15 @@
 """Opening PostgreSQL connections, and running the project's portable SQL on them.
 
 `PgConnection` wraps one psycopg (sync, autocommit) connection. Its `execute(sql, params)`
-takes the same statements as apsw: `?` and `:name` placeholders, and `CAST(x AS BLOB)`
+takes the same statements as apsw: `?` and `:name` placeholders, `CAST(x AS BLOB)`
 (store.COLUMNS reads free text as bytes, to survive bad UTF-8 in a SQLite file) becomes
-`convert_to(x, 'UTF8')`. That lets the backend-neutral reads (store's listings and the
-scope-filtered gets, scope.personal_keys, retrieval's neighbour walk and graph step,
-ranking's decay rows) run unchanged on both backends: one code path, one scope rule.
-Everything dialect-specific (writes, FTS, vectors, leases) is explicit SQL in backend.py
-with psycopg's own `%s` placeholders, run through `.pg`.
+`convert_to(x, 'UTF8')` and `LIMIT -1` (no limit) `LIMIT ALL`; `changes()` and
+`transaction()` stand in for apsw's (transactions.write_transaction uses the latter).
+So the backend-neutral SQL (store's listings and scope-filtered gets, scope.personal_keys,
+retrieval's neighbour walk and graph step, ranking's decay rows, the conversation history
+and channel settings) runs unchanged on both backends: one code path, one scope rule.
+Everything dialect-specific (writes of memories, FTS, vectors, leases) is explicit SQL in
+backend.py with psycopg's own `%s` placeholders, run through `.pg`.
 """
 from __future__ import annotations
 
@@ -19,13 +21,14 @@ import psycopg
 
 from bot.memory.files import DatabaseError
 
+_NO_LIMIT = re.compile(r"\bLIMIT -1\b", re.IGNORECASE)
 _BLOB = re.compile(r"CAST\((\w+(?:\.\w+)?) AS BLOB\)", re.IGNORECASE)
 _TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|:[A-Za-z_]\w*|%|::")
 
 
 def translate(sql: str) -> str:
     """apsw-style SQL -> psycopg's: placeholders outside quoted text, literal % doubled."""
-    sql = _BLOB.sub(r"convert_to(\1, 'UTF8')", sql)
+    sql = _NO_LIMIT.sub("LIMIT ALL", _BLOB.sub(r"convert_to(\1, 'UTF8')", sql))
 
     def replace(match: re.Match[str]) -> str:
         token = match.group(0)
@@ -42,12 +45,24 @@ def translate(sql: str) -> str:
 class PgConnection:
     """One psycopg connection used by one thread at a time (the engine's writer or a reader)."""
 
-    def __init__(self, pg: psycopg.Connection) -> None:
+    def __init__(self, pg: psycopg.Connection, storage: Any = None) -> None:
         self.pg = pg
+        self.storage = storage  # the backend it belongs to (storage.storage_of)
         self.filename = ""  # fts.doc_count keys its cache by this (SQLite only)
+        self._changes = 0
 
     def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor:
-        return self.pg.execute(translate(sql).encode(), params or None)
+        cursor = self.pg.execute(translate(sql).encode(), params or None)
+        self._changes = max(cursor.rowcount, 0)
+        return cursor
+
+    def changes(self) -> int:
+        """Rows changed by the last statement run through `execute` (apsw's `changes()`)."""
+        return self._changes
+
+    def transaction(self) -> Any:
+        """One transaction (a savepoint inside another); commits at the end of the block."""
+        return self.pg.transaction()
 
     def close(self) -> None:
         self.pg.close()
@@ -60,7 +75,7 @@ def where(url: str) -> str:
     return f"{host}{':' + str(parsed.port) if parsed.port else ''}{parsed.path or ''}"
 
 
-def connect(url: str) -> PgConnection:
+def connect(url: str, storage: Any = None) -> PgConnection:
     """An autocommit connection (each write opens its own transaction); a bad URL, a server
     that is down or refuses us becomes one line of DatabaseError."""
     try:
@@ -70,4 +85,4 @@ def connect(url: str) -> PgConnection:
         raise DatabaseError(f"cannot connect to PostgreSQL at {where(url)}: {reason}") from exc
     except Exception as exc:  # psycopg raises ProgrammingError/ValueError for malformed URLs
         raise DatabaseError(f"MUNINN_DATABASE_URL is not a usable PostgreSQL URL: {exc}") from exc
-    return PgConnection(pg)
+    return PgConnection(pg, storage)

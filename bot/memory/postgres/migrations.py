@@ -3,8 +3,9 @@ here is the equivalent of migration N there, so a database of either kind at ver
 holds the same data. One transaction per migration; `schema_version` holds the last one.
 
 Differences from SQLite, on purpose:
-  - the keyword index is a generated `tsvector` column (english: stemming like FTS5's porter)
-    with a GIN index over active memories only, instead of an external-content FTS5 table;
+  - the keyword index is a generated `tsvector` column (configuration `muninn`: english
+    stemming like FTS5's porter, accents removed by `unaccent` like remove_diacritics) with
+    a GIN index over active memories only, instead of an external-content FTS5 table;
   - vectors live in `memory_vectors` (pgvector, dimension-free column) from migration 1 on:
     SQLite creates its vec0 table at the first embedding because vec0 needs the dimension.
     The HNSW index, which does need it, is made by the backend when the model is known;
@@ -27,6 +28,10 @@ MIGRATIONS: list[str] = [
     # 1: memories with their keyword index (active memories only), vectors, links, meta.
     """
     CREATE EXTENSION IF NOT EXISTS vector;
+    CREATE EXTENSION IF NOT EXISTS unaccent;
+    -- english stemming without diacritics: "cafe" finds "café", as FTS5's remove_diacritics does
+    CREATE TEXT SEARCH CONFIGURATION muninn (COPY = english);
+    ALTER TEXT SEARCH CONFIGURATION muninn ALTER MAPPING FOR hword, hword_part, word WITH unaccent, english_stem;
     CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 
     CREATE TABLE memories (
@@ -48,7 +53,7 @@ MIGRATIONS: list[str] = [
         source_message_ids TEXT NOT NULL DEFAULT '[]',
         external_id TEXT UNIQUE,
         embedded INTEGER NOT NULL DEFAULT 0,
-        text_search TSVECTOR GENERATED ALWAYS AS (to_tsvector('english'::regconfig, text)) STORED,
+        text_search TSVECTOR GENERATED ALWAYS AS (to_tsvector('muninn'::regconfig, text)) STORED,
         CHECK (scope != 'personal' OR owner_id IS NOT NULL),
         CHECK (scope != 'room' OR channel_id IS NOT NULL)
     );

@@ -1,0 +1,168 @@
+"""The PostgreSQL backend's own guarantees, on a real embedded server: what test_store.py checks
+on SQLite's files (deletes leave nothing, failed batches write nothing, links respect people),
+the two vector search plans agreeing, two engines writing at once, leases, and clear errors."""
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from bot.memory.engine import Engine
+from bot.memory.files import DatabaseError
+from bot.memory.postgres.backend import PostgresStorage
+from bot.memory.postgres.connection import translate
+from bot.memory.scope import Viewer
+from bot.memory.store import NewMemory
+from tests.postgres_server import free_port
+
+
+@pytest.fixture
+async def pg_engine(fake_ollama, make_settings, postgres_url):
+    async with Engine(make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url)) as engine:
+        yield engine
+
+
+def counts(url: str, memory_id: int) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        def one(sql: str) -> int:
+            row = conn.execute(sql.encode(), (memory_id,)).fetchone()
+            return int(row[0]) if row else 0
+        return {"memories": one("SELECT count(*) FROM memories WHERE id = %s"),
+                "keyword": one("SELECT count(*) FROM memories WHERE id = %s AND archived_at IS NULL "
+                               "AND text_search @@ plainto_tsquery('muninn', 'zebra')"),
+                "vectors": one("SELECT count(*) FROM memory_vectors WHERE memory_id = %s"),
+                "links": one("SELECT count(*) FROM memory_links WHERE %s IN (source_id, target_id)"),
+                "sources": one("SELECT count(*) FROM memory_sources WHERE memory_id = %s")}
+
+
+def test_translate_keeps_quoted_text_and_casts():
+    assert translate("SELECT ? , :owner, '?:x', \"a?\" FROM t WHERE a LIKE '%' AND b = ?") == \
+        "SELECT %s , %(owner)s, '?:x', \"a?\" FROM t WHERE a LIKE '%' AND b = %s"
+    assert translate("SELECT CAST(text AS BLOB), x::int, 5 % 2") == \
+        "SELECT convert_to(text, 'UTF8'), x::int, 5 %% 2"
+
+
+async def test_delete_removes_row_keyword_entry_vector_links_and_sources(pg_engine, postgres_url):
+    a = await pg_engine.remember(NewMemory("the zebra lives in the zoo", "personal", owner_id=1,
+                                           source_message_ids=[77]))
+    b = await pg_engine.remember(NewMemory("zoo opening hours", "personal", owner_id=1))
+    assert await pg_engine.write(pg_engine.storage.add_link, a, b, "co_extracted")
+    assert counts(postgres_url, a) == {"memories": 1, "keyword": 1, "vectors": 1, "links": 1, "sources": 1}
+    assert await pg_engine.forget([a], scrub=True) == 1
+    assert counts(postgres_url, a) == {"memories": 0, "keyword": 0, "vectors": 0, "links": 0, "sources": 0}
+
+
+async def test_archive_leaves_both_indexes_and_restore_brings_it_back(pg_engine, postgres_url):
+    a = await pg_engine.remember(NewMemory("the zebra lives in the zoo", "global"))
+    await pg_engine.archive(a, "test")
+    assert counts(postgres_url, a) | {"memories": 1} == {"memories": 1, "keyword": 0, "vectors": 0, "links": 0,
+                                                         "sources": 0}
+    assert (await pg_engine.recall("zebra", Viewer(1, dm=True))).ids == []
+    await pg_engine.restore(a)
+    assert counts(postgres_url, a)["vectors"] == 1
+    assert (await pg_engine.recall("zebra", Viewer(1, dm=True))).ids == [a]
+
+
+async def test_a_failed_batch_writes_nothing(pg_engine):
+    good = NewMemory("first fact", "personal", owner_id=1, external_id="dup")
+    twin = NewMemory("second fact", "personal", owner_id=1, external_id="dup")
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        await pg_engine.remember_many([good, twin])
+    stats = await pg_engine.stats()
+    assert stats["memories"] == 0 and stats["embedded"] == 0
+    assert await pg_engine.existing_external_ids(["dup"]) == set()
+
+
+async def test_links_never_join_two_peoples_personal_memories(pg_engine):
+    mine = await pg_engine.remember(NewMemory("my fact", "personal", owner_id=1))
+    bobs = await pg_engine.remember(NewMemory("Bob's fact", "personal", owner_id=2))
+    room = await pg_engine.remember(NewMemory("a room fact", "room", channel_id=5, guild_id=9))
+    assert await pg_engine.write(pg_engine.storage.add_link, mine, bobs, "semantic") is False
+    assert await pg_engine.write(pg_engine.storage.add_link, bobs, room, "semantic", 0.5) is True
+    assert await pg_engine.write(pg_engine.storage.add_link, bobs, room, "semantic", 0.9) is True  # keeps the larger
+    assert (await pg_engine.stats())["links_by_kind"] == {"semantic": 1}
+
+
+async def test_exact_and_hnsw_plans_agree_inside_the_scope(pg_engine):
+    """Many memories of others, a few of the viewer's: the HNSW plan (iterative scan with the
+    scope filter) finds the same nearest visible memories as the exact scan."""
+    await pg_engine.remember_many([NewMemory(f"apple fact {i}", "personal", owner_id=2) for i in range(150)])
+    mine = await pg_engine.remember_many([NewMemory(f"pear note {i}", "personal", owner_id=1) for i in range(5)])
+    storage = pg_engine.storage
+    assert isinstance(storage, PostgresStorage)
+    keys = await pg_engine.read(storage.visible_keys, Viewer(1, dm=True))
+    info = await pg_engine.read(storage.index_info)
+    query = (await pg_engine.ollama.embed(["apple fact"]))[0]
+    exact = await pg_engine.read(lambda conn: storage.knn(conn, info, query, keys, 3))
+    hnsw = await pg_engine.read(lambda conn: storage.knn(conn, info, query, keys, 3, exact_max=0))
+    assert [m for m, _ in hnsw] == [m for m, _ in exact] and {m for m, _ in exact} <= set(mine)
+    everyone = ["g", "p:1:dm", "p:2:dm"]
+    exact = await pg_engine.read(lambda conn: storage.knn(conn, info, query, everyone, 10))
+    hnsw = await pg_engine.read(lambda conn: storage.knn(conn, info, query, everyone, 10, exact_max=0))
+    assert len({m for m, _ in hnsw} & {m for m, _ in exact}) >= 9  # approximate, but close
+
+
+async def test_two_engines_writing_at_once_lose_and_duplicate_nothing(fake_ollama, make_settings, postgres_url):
+    """Two engines = two processes' connections: both store, touch and forget at once."""
+    settings = make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url)
+    async with Engine(settings) as one, Engine(settings) as two:
+        async def writer(engine: Engine, who: int) -> list[int]:
+            ids: list[int] = []
+            for batch in range(8):
+                ids += await engine.remember_many(
+                    [NewMemory(f"fact {who}-{batch}-{i} about shared zebras", "global") for i in range(5)])
+                await engine.recall("shared zebras", Viewer(who, dm=True))  # touches, concurrently
+            return ids
+        first, second = await asyncio.gather(writer(one, 1), writer(two, 2))
+        assert len(set(first) | set(second)) == 80 == len(first) + len(second)
+        stats = await one.stats()
+        assert stats["memories"] == 80 and stats["embedded"] == 80
+        gone = await asyncio.gather(one.forget(first[:20]), two.forget(first[10:30]))
+        assert sum(gone) == 30 and (await two.stats())["memories"] == 50
+
+
+async def test_the_lease_has_one_holder_across_engines(fake_ollama, make_settings, postgres_url):
+    settings = make_settings("", MUNINN_DATABASE_URL=postgres_url)
+    async with Engine(settings) as one, Engine(settings) as two:
+        taken = await asyncio.gather(*(engine.take_lease("maintenance", name, 60)
+                                       for engine, name in ((one, "a"), (two, "b"), (one, "a2"), (two, "b2"))))
+        assert sum(taken) == 1
+        holder = await one.lease_holder("maintenance")
+        assert holder in ("a", "b", "a2", "b2")
+        assert await two.release_lease("maintenance", holder)
+        assert await two.take_lease("maintenance", "c", 60)
+        await one.record_run("maintenance", 123.5)
+        assert await two.last_run("maintenance") == 123.5
+
+
+async def test_pauses_and_history_lookups(pg_engine):
+    assert await pg_engine.pause_memory(7) and not await pg_engine.pause_memory(7)
+    assert await pg_engine.take_pause_notice(7) and not await pg_engine.take_pause_notice(7)
+    assert await pg_engine.memory_paused(7)
+    assert await pg_engine.resume_memory(7) and not await pg_engine.memory_paused(7)
+    assert await pg_engine.last_message_of(1, 7) is None
+
+
+async def test_a_server_that_is_down_is_one_clear_line(make_settings):
+    settings = make_settings("", MUNINN_DATABASE_URL=f"postgresql://muninn:secret@127.0.0.1:{free_port()}/muninn")
+    with pytest.raises(DatabaseError) as caught:
+        async with Engine(settings):
+            pass
+    message = str(caught.value)
+    assert message.startswith("cannot connect to PostgreSQL at 127.0.0.1:") and "\n" not in message
+    assert "secret" not in message
+
+
+async def test_a_missing_database_is_one_clear_line(make_settings, postgres_server):
+    settings = make_settings("", MUNINN_DATABASE_URL=postgres_server.url("no_such_database"))
+    with pytest.raises(DatabaseError, match="no_such_database.*does not exist"):
+        async with Engine(settings):
+            pass
+
+
+@pytest.mark.parametrize("url", ["mysql://x@h/db", "postgresql:///", "localhost/muninn"])
+def test_a_database_url_that_is_not_postgresql_is_refused_at_load(url):
+    from bot.settings import SettingsError, load_settings
+    with pytest.raises(SettingsError, match="MUNINN_DATABASE_URL must be a postgresql:// URL"):
+        load_settings({"MUNINN_DATABASE_URL": url}, dotenv=False)
