@@ -6,8 +6,9 @@ server of --database-url, kept too) with `muninn migrate`'s copy; then, in one r
   - recall without the embedding call (query vector given) per viewer class, on the same
     viewers and queries, through the product's `Engine.recall` on each backend;
   - facts stored per second by 1 and by 4 writer PROCESSES, each with its own engine
-    (`Engine.remember`: the memory, its vector through the bench's hash embed server, the
-    keyword and vector indexes, one transaction), on a scratch copy of each world.
+    (`fact_store.store_facts`, as the bot stores an extracted fact: the embedding through the
+    bench's hash embed server, the duplicate/update check, the write with its links), on a
+    scratch copy of each world.
 Prints a table; ratios measured in one run, no absolute asserts.
 """
 from __future__ import annotations
@@ -90,16 +91,22 @@ async def measure_recall(settings: Any, shape: SkewShape, per_class: int, warm: 
 
 
 def _writer(settings_env: dict, count: int, seed: int, start_at: float, results: Any) -> None:
-    """One writer process: its own engine, `count` facts one at a time, from `start_at` on."""
+    """One writer process: its own engine, `count` extracted facts stored one at a time the way
+    the bot stores them (`fact_store.store_facts`: embed, duplicate/update check, write, links),
+    from `start_at` on."""
+    from bot.lifecycle import fact_store
+    from bot.lifecycle.facts import Fact
+
     async def run() -> tuple[float, float]:
         world = SkewWorld(SkewShape(1000), seed=seed)
-        facts = [store.NewMemory(world.sentence(), "personal", owner_id=1000 + seed, guild_id=1) for _ in range(count)]
+        facts = [Fact(world.sentence(), "someone", "personal", 0.5, owner_id=1000 + seed, channel_id=100_001 + seed,
+                      guild_id=1) for _ in range(count)]
         async with Engine(load_settings(settings_env), warm=False) as engine:
             await engine.remember(store.NewMemory("warm-up", "global", owner_id=1))
             await asyncio.sleep(max(0.0, start_at - time.time()))
             started = time.time()
             for fact in facts:
-                await engine.remember(fact)
+                await fact_store.store_facts(engine, [fact])
             return started, time.time()
     results.put(asyncio.run(run()))
 
@@ -186,7 +193,7 @@ def print_pg(rows: list[dict]) -> None:
                   f"**{p['total']['median']:.2f} / {p['total']['p95']:.2f}** | {p['fts']['median']:.2f} / "
                   f"{p['fts']['p95']:.2f} | {p['vector']['median']:.2f} / {p['vector']['p95']:.2f} |")
     if any("writes" in r for r in rows):
-        print("\nfacts stored per second (Engine.remember, embedding by the hash server), 1 and 4 writer processes")
+        print("\nfacts stored per second (fact_store.store_facts, embedding by the hash server), 1 and 4 writer processes")
         print("| size | backend | 1 process | 4 processes | 4 / 1 |")
         print("|---|---|---|---|---|")
         for r in rows:
