@@ -145,3 +145,19 @@ def test_refusals_are_one_line(source, postgres_url, postgres_server, capsys):
         postgres_server.drop_database("muninn_migrate_newer")
     code, out, err = run_cli(capsys, "migrate", "--db", str(Path(db).with_name("none.db")), "--to", postgres_url)
     assert code == 1 and "no SQLite database" in err
+
+
+async def test_text_postgresql_cannot_hold_is_repaired_and_counted(source, postgres_url):
+    """SQLite keeps any bytes in a TEXT column (a bad byte from an old import, a NUL);
+    PostgreSQL refuses both: they arrive as U+FFFD, counted, and the rest is unchanged."""
+    settings, facts = source
+    import apsw
+    conn = apsw.Connection(str(settings.db_path))
+    conn.execute("UPDATE messages SET content = CAST(? AS TEXT) WHERE id = 7001", (b"caf\xe9 au lait",))
+    conn.execute("UPDATE messages SET author_name = ? WHERE id = 7002", ("al\x00ice",))
+    conn.close()
+    report = copy_database(settings.db_path, postgres_url)
+    assert report.ok and report.repaired_texts == 2
+    assert rows(postgres_url, "SELECT content FROM messages WHERE id = 7001") == [("caf\ufffd au lait",)]
+    assert rows(postgres_url, "SELECT author_name FROM messages WHERE id = 7002") == [("al\ufffdice",)]
+    assert rows(postgres_url, "SELECT content FROM messages WHERE id = 7003") == [("message 3",)]
