@@ -108,7 +108,7 @@ class MuninnBot(commands.Bot):
         self.engine = Engine(self.settings)
         await self.engine.start()
         counts = await self.engine.stats()
-        log.info("database %s: %d memories (%d awaiting embeddings)", self.settings.db_path, counts["active"],
+        log.info("database %s: %d memories (%d awaiting embeddings)", self.engine.storage.where(), counts["active"],
                  counts["missing_vectors"])
         if self.settings.extraction:
             factory = self.extractor_factory

@@ -1,6 +1,8 @@
 """Shared fixtures: real engine on a temporary database, a fake Ollama on 127.0.0.1."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from bot.memory.engine import Engine
@@ -8,16 +10,30 @@ from bot.settings import load_settings
 from tests.fakes.discord_server import FakeDiscord, patch_discord_urls
 from tests.fakes.ollama import FakeOllama
 from tests.helpers import Script
-from tests.postgres_fixtures import postgres_server, postgres_url  # noqa: F401  (fixtures)
+from tests.postgres_fixtures import postgres_server, postgres_test_database, postgres_url  # noqa: F401  (fixtures)
+
+BACKENDS = ("sqlite", "postgresql")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+def pytest_generate_tests(metafunc):
+    """Both storage backends for each test that takes `backend` as an argument, and for each
+    test of a module marked `pytest.mark.usefixtures("backend")` that builds an engine (uses
+    `make_settings`, which `engine` and `fts_engine` do); the module's other tests, pure logic,
+    run once. An explicit `@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)` wins."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    if any("backend" in str(marker.args[0]) for marker in metafunc.definition.iter_markers("parametrize")):
+        return
+    own_arguments = inspect.signature(metafunc.function).parameters
+    if "backend" in own_arguments or "make_settings" in metafunc.fixturenames:
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
+@pytest.fixture
 def backend(request) -> str:
-    """Run the test on both storage backends: a test (or module, through
-    `pytestmark = pytest.mark.usefixtures("backend")`) that asks for it gets engines from
-    `make_settings` / `engine` / `fts_engine` on SQLite, then on a fresh PostgreSQL database.
-    The value is the MUNINN_DATABASE_URL ("" = SQLite)."""
-    return request.getfixturevalue("postgres_url") if request.param == "postgresql" else ""
+    """The storage backend under test, as MUNINN_DATABASE_URL ("" = SQLite): engines from
+    `make_settings` / `engine` / `fts_engine` use it, on a fresh PostgreSQL database each time."""
+    return request.getfixturevalue("postgres_url") if getattr(request, "param", "sqlite") == "postgresql" else ""
 
 
 @pytest.fixture

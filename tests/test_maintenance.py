@@ -26,6 +26,8 @@ from tests.helpers import (
     one,
 )
 
+pytestmark = pytest.mark.usefixtures("backend")  # maintenance on both storage backends
+
 DAY = 86400.0
 
 
@@ -43,7 +45,8 @@ async def test_faded_unimportant_memories_are_archived_not_deleted(engine):
     important = await engine.remember(alice("Alice is allergic to peanuts.", importance=0.9, days_ago=400))
     fresh = await engine.remember(alice("Alice is reading Dune.", importance=0.1, days_ago=1))
     recalled = await engine.remember(alice("Alice owns a red kayak.", importance=0.1, days_ago=60))
-    await engine.write(store.touch, [recalled], growth=1.5)                     # a recall resets the clock
+    # a recall resets the clock
+    await engine.write(engine.storage.touch_and_load, [recalled], [recalled], growth=1.5, now=time.time())
 
     report = await maintenance.run_maintenance(engine)
     assert report.archived == [faded]
@@ -65,6 +68,7 @@ async def test_faded_unimportant_memories_are_archived_not_deleted(engine):
     assert (await maintenance.run_maintenance(engine)).archived == []         # a restore is not undone
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # a SQLite file opened directly
 def test_faded_ids_matches_the_retention_formula(tmp_path):
     conn = db.connect(tmp_path / "m.db")
     now = time.time()
@@ -216,6 +220,7 @@ async def test_periodic_task_runs_until_cancelled(engine):
 
 # -- the command line ----------------------------------------------------------
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # a SQLite file opened directly
 def test_cli_maintain_is_idempotent_and_lists_and_restores(tmp_path, monkeypatch, capsys):
     path = tmp_path / "main.db"
     conn = db.connect(path)
@@ -248,7 +253,7 @@ async def test_maintenance_trims_the_channel_history(make_settings):
     from bot.conversation import history
     async with Engine(make_settings("", MUNINN_HISTORY_KEEP="100")) as engine:
         def fill(conn):
-            with conn:
+            with db.write_transaction(conn):
                 for i in range(130):
                     conn.execute("INSERT INTO messages (id, channel_id, author_id, author_name, role, content, "
                                  "created_at) VALUES (?, 5, 1, 'Ana', 'user', ?, ?)", (i + 1, f"message {i}", 1000.0 + i))

@@ -416,6 +416,9 @@ async def test_a_lone_surrogate_is_stored_and_answered_not_dropped(engine, fake_
     assert sink.exchanges[0].user_message == "I live in ? Oslo"
     other = said("\udc80 hi", author=BOB, name="Bob")
     assert await pipeline.record(other) is not None
+    nul = said("a NUL\x00 in the middle", author=BOB, name="Bob")
+    assert await pipeline.record(nul) is not None
+    assert (await engine.write(history.get, nul.message_id)).content == "a NUL in the middle"
     assert await pipeline.edited(other.message_id, "edited \ud83d")
     assert (await engine.write(history.get, other.message_id)).content == "edited ?"
 

@@ -8,6 +8,7 @@ import pytest
 
 from bot.memory import migrations as sqlite_migrations
 from bot.memory.postgres.migrations import MIGRATIONS, migrate, schema_version
+from tests.postgres_fixtures import TEMPLATE
 
 
 def test_numbered_like_sqlite_and_fully_applied(postgres_url):
@@ -84,9 +85,13 @@ def test_two_processes_migrating_at_once_both_succeed(postgres_server):
         postgres_server.drop_database("muninn_concurrent_migrate")
 
 
-def test_a_newer_database_is_refused(postgres_url):
-    with psycopg.connect(postgres_url) as conn:
-        conn.execute("UPDATE schema_version SET version = 99")
-        conn.commit()
-        with pytest.raises(RuntimeError, match="newer than this Muninn"):
-            migrate(conn)
+def test_a_newer_database_is_refused(postgres_server):
+    url = postgres_server.create_database("muninn_newer", template=TEMPLATE)
+    try:
+        with psycopg.connect(url) as conn:
+            conn.execute("UPDATE schema_version SET version = 99")
+            conn.commit()
+            with pytest.raises(RuntimeError, match="newer than this Muninn"):
+                migrate(conn)
+    finally:
+        postgres_server.drop_database("muninn_newer")

@@ -13,8 +13,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-import apsw
-
 from bot import validate
 from bot.memory.engine import Engine
 from bot.memory.store import NewMemory
@@ -119,11 +117,12 @@ async def import_lines(engine: Engine, lines: Iterable[bytes | str], *, batch: i
 async def _store(engine: Engine, fresh: list[tuple[int, NewMemory]], report: ImportReport) -> None:
     """Store a batch in one transaction; if the database refuses a row of it (a constraint),
     store the lines one by one so that only the offending one is lost, and reported."""
+    refusals: tuple[type[Exception], ...] = (*engine.storage.row_refusals, ValueError, OverflowError)
     try:
         await engine.remember_many([m for _, m in fresh])
         report.imported += len(fresh)
         return
-    except (apsw.ConstraintError, apsw.TooBigError, apsw.RangeError, ValueError, OverflowError) as exc:
+    except refusals as exc:
         if len(fresh) == 1:
             report.errors.append((fresh[0][0], f"the database refused it: {exc}"))
             return

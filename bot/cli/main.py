@@ -176,7 +176,7 @@ async def cmd_import(args, settings: Settings) -> int:
 async def cmd_stats(args, settings: Settings) -> int:
     async with Engine(settings, warm=False) as engine:
         data = await engine.stats()
-    data["database"] = str(settings.db_path)
+        data["database"] = engine.storage.where()
     human = "\n".join(f"{key}: {value}" for key, value in data.items())
     emit(args, data, human)
     return 0

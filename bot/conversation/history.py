@@ -36,9 +36,10 @@ COLUMNS = "id, channel_id, guild_id, author_id, author_name, role, content, crea
 
 
 def storable(text: str) -> str:
-    """Text SQLite can store: a lone surrogate (which Discord's JSON can carry) becomes '?'
-    instead of failing the write with UnicodeEncodeError."""
-    return text.encode("utf-8", "replace").decode("utf-8")
+    """Text both backends can store: a lone surrogate (which Discord's JSON can carry) becomes '?'
+    instead of failing the write with UnicodeEncodeError, and NUL (PostgreSQL's text refuses
+    it) goes, as it does from memories (store.clean_text)."""
+    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "")
 
 
 def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, author_id: int, author_name: str,

@@ -46,6 +46,7 @@ from bot.memory import decay, leases, store, vectors
 from bot.memory.db import get_meta, query_value, set_meta, write_transaction
 from bot.memory.engine import Engine
 from bot.memory.scope import ACTIVE
+from bot.memory.storage import storage_of
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def archive_faded(conn: apsw.Connection, ids: Sequence[int], *, now: float) -> l
             memory = store.get_many(conn, [memory_id]).get(memory_id)
             if memory is None or memory.archived_at is not None:
                 continue  # forgotten or archived by another process since it was found
-            store.archive(conn, memory_id, f"decayed (retention {memory.retention(now):.3f})", now=now)
+            storage_of(conn).archive(conn, memory_id, f"decayed (retention {memory.retention(now):.3f})", now=now)
             done.append(memory_id)
     return done
 
@@ -340,14 +341,13 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
         first = min(members, key=lambda m: (m.created_at, m.id))
         if merged_text is not None and writes.normalise(merged_text) not in {writes.normalise(m.text)
                                                                                   for m in members}:
-            info = vectors.index_for(conn, model, len(vector)) if vector is not None else None
-            survivor_id = store.insert_many(
+            survivor_id = storage_of(conn).insert(  # the vector goes in only if it fits `model`'s index
                 conn, [store.NewMemory(text=merged_text, scope=first.scope, owner_id=first.owner_id,
                                        channel_id=first.channel_id, guild_id=first.guild_id, importance=importance,
                                        created_at=first.created_at, source_message_ids=sources,
                                        private=first.private)],
-                base_stability_days=base_stability_days, vector_info=info,
-                vectors_=[vector] if info is not None else None, now=now)[0]
+                base_stability_days=base_stability_days, model=model,
+                vecs=[list(vector)] if vector is not None else None, now=now)[0]
             merged_by, originals = "llm", [m.id for m in members]
         else:
             if merged_text is not None:  # the LLM returned one of the originals verbatim: keep that one
@@ -360,8 +360,8 @@ def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merge
                      "updated_at = ? WHERE id = ?",
                      (importance, stability, last_seen, json.dumps(sources), now, survivor_id))
         for original in originals:
-            store.archive(conn, original, f"consolidated into #{survivor_id}", now=now)
-            store.add_link(conn, survivor_id, original, "consolidated", now=now)
+            storage_of(conn).archive(conn, original, f"consolidated into #{survivor_id}", now=now)
+            storage_of(conn).add_link(conn, survivor_id, original, "consolidated", now=now)
         text = store.get(conn, survivor_id).text
     return Consolidation(survivor_id, originals, merged_by, text)
 

@@ -21,6 +21,7 @@ from bot.memory.vectors import IndexInfo
 
 class SQLiteStorage:
     name = "sqlite"
+    row_refusals: tuple[type[Exception], ...] = (apsw.ConstraintError, apsw.TooBigError, apsw.RangeError)
 
     def __init__(self, path: Path | str, vector_cache: VectorCache | None) -> None:
         self.path = path
@@ -42,6 +43,9 @@ class SQLiteStorage:
 
     def close(self, conn: apsw.Connection) -> None:
         conn.close()
+
+    def where(self) -> str:
+        return str(self.path)
 
     def shares_readers(self) -> bool:
         return str(self.path) != ":memory:"  # ":memory:" is one database per connection

@@ -26,6 +26,7 @@ Connection = Any  # apsw.Connection or the PostgreSQL backend's connection: opaq
 
 class Storage(Protocol):
     name: str
+    row_refusals: tuple[type[Exception], ...]  # the database refused a row (a constraint, a value too big)
 
     # -- connections -------------------------------------------------------------
     def open_writer(self) -> Connection: ...
@@ -33,6 +34,8 @@ class Storage(Protocol):
     def close(self, conn: Connection) -> None: ...
     def prepare(self, conn: Connection) -> None:
         """Once at start, on the writer: schema upgrades beyond the migrations."""
+    def where(self) -> str:
+        """The database, for log lines and `muninn stats` (never a password)."""
     def shares_readers(self) -> bool:
         """Whether read connections see the writer's commits (False: an in-memory SQLite)."""
 

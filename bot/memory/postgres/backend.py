@@ -52,8 +52,15 @@ def _set_meta(conn: PgConnection, key: str, value: str) -> None:
                     (key, value))
 
 
+def _lock_in_order(conn: PgConnection, ids: Sequence[int]) -> None:
+    """Row locks taken in id order: two processes touching or deleting overlapping sets at once
+    then wait for each other instead of deadlocking (one UPDATE ... = ANY locks in scan order)."""
+    conn.pg.execute("SELECT id FROM memories WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (sorted(set(ids)),))
+
+
 class PostgresStorage:
     name = "postgresql"
+    row_refusals: tuple[type[Exception], ...] = (psycopg.IntegrityError, psycopg.DataError)
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -81,6 +88,9 @@ class PostgresStorage:
 
     def close(self, conn: PgConnection) -> None:
         conn.close()
+
+    def where(self) -> str:
+        return f"postgresql://{where(self.url)}"
 
     def shares_readers(self) -> bool:
         return True
@@ -235,6 +245,7 @@ class PostgresStorage:
         if not ids:
             return 0
         with conn.pg.transaction():  # vectors, links and source rows go by ON DELETE CASCADE
+            _lock_in_order(conn, ids)
             self._log_removed_vectors(conn, ids)
             return conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
 
@@ -264,10 +275,12 @@ class PostgresStorage:
     def touch_and_load(self, conn: PgConnection, touched: list[int], ids: list[int], *, growth: float,
                        now: float) -> dict[int, store.Memory]:
         if touched:
-            conn.pg.execute(
-                "UPDATE memories SET access_count = access_count + 1, "
-                "last_accessed = greatest(%s, coalesce(last_accessed, 0)), stability = least(stability * %s, %s) "
-                "WHERE id = ANY(%s)", (now, growth, decay.MAX_STABILITY_DAYS, sorted(set(touched))))
+            with conn.pg.transaction():
+                _lock_in_order(conn, touched)
+                conn.pg.execute(
+                    "UPDATE memories SET access_count = access_count + 1, "
+                    "last_accessed = greatest(%s, coalesce(last_accessed, 0)), stability = least(stability * %s, %s) "
+                    "WHERE id = ANY(%s)", (now, growth, decay.MAX_STABILITY_DAYS, sorted(set(touched))))
         return store.get_many(conn, ids)  # type: ignore[arg-type]
 
     def forget_sources(self, conn: PgConnection, message_ids: Sequence[int]) -> list[int]:
