@@ -161,3 +161,20 @@ async def test_text_postgresql_cannot_hold_is_repaired_and_counted(source, postg
     assert rows(postgres_url, "SELECT content FROM messages WHERE id = 7001") == [("caf\ufffd au lait",)]
     assert rows(postgres_url, "SELECT author_name FROM messages WHERE id = 7002") == [("al\ufffdice",)]
     assert rows(postgres_url, "SELECT content FROM messages WHERE id = 7003") == [("message 3",)]
+
+
+async def test_a_lost_connection_is_one_line_and_the_rerun_finishes(source, postgres_url):
+    settings, facts = source
+    from bot.cli.migrate import MigrationError
+
+    def cut(done: int, total: int) -> None:
+        if done >= 8:  # after two committed batches the server drops the migrating connection
+            with psycopg.connect(postgres_url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = current_database() AND pid != pg_backend_pid()")
+    with pytest.raises(MigrationError, match="run the same command again to continue") as caught:
+        copy_database(settings.db_path, postgres_url, batch=4, on_progress=cut)
+    assert "\n" not in str(caught.value)
+    assert rows(postgres_url, "SELECT count(*) FROM memories") == [(8,)]
+    report = copy_database(settings.db_path, postgres_url, batch=4)
+    assert report.ok and report.resumed and report.counts["memories"] == (len(facts["ids"]),) * 2

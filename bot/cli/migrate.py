@@ -344,6 +344,8 @@ def copy_database(source_path: Path, url: str, *, batch: int = BATCH, stop_after
     a copy of the same source that was cut short, and verify it. `on_progress(done, total)`
     sees rows, `on_step(what)` the slow steps after the copy; `stop_after_batches` raises
     Interrupted after that many committed batches."""
+    import psycopg
+
     started = time.monotonic()
     report = Report()
     source = open_source(source_path)
@@ -352,6 +354,12 @@ def copy_database(source_path: Path, url: str, *, batch: int = BATCH, stop_after
         try:
             _copy(source, conn.pg, str(source_path.resolve()), report, batch, stop_after_batches, on_progress,
                   on_step or (lambda what: None))
+        except psycopg.Error as exc:  # a lost connection, a full disk on the server, ...
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise MigrationError(f"PostgreSQL: {reason}; the batches committed so far are kept: "
+                                 "run the same command again to continue") from exc
+        except apsw.Error as exc:
+            raise MigrationError(f"reading {str(source_path)!r}: {explain(exc) or exc}") from exc
         finally:
             conn.close()
     finally:
