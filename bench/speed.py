@@ -823,11 +823,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="skip the write and loop-lag measurements (they add memories to the database)")
     parser.add_argument("--label", default="speed", help="names the JSON and the kept worlds")
     parser.add_argument("--out", default=None, help="JSON file (default bench/results/<label>.json)")
+    parser.add_argument("--database-url", default="", metavar="postgresql://...",
+                        help="SQLite and PostgreSQL side by side (bench/pg_speed.py): recall per class, writer processes")
+    parser.add_argument("--writes-per-process", type=int, default=150, help="with --database-url: facts per writer")
     args = parser.parse_args(argv)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    rows = asyncio.run(run(args))
-    print("\n== summary")
-    (print_table if args.shape == "uniform" else print_skew)(rows)
+    if args.database_url:
+        from .pg_speed import print_pg, run_pg
+        rows = asyncio.run(run_pg(args))
+        print("\n== summary")
+        print_pg(rows)
+    else:
+        rows = asyncio.run(run(args))
+        print("\n== summary")
+        (print_table if args.shape == "uniform" else print_skew)(rows)
     out = Path(args.out) if args.out else RESULTS / f"{args.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))

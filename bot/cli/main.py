@@ -399,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restore", type=snowflake, metavar="ID", help="bring an archived memory back")
     p.set_defaults(handler=cmd_maintain)
 
+    from bot.cli.migrate import add_parser as add_migrate_parser
+    add_migrate_parser(sub, common)
     return parser
 
 

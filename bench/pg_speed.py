@@ -1,0 +1,205 @@
+"""SQLite and PostgreSQL side by side (`python -m bench.speed --database-url postgresql://...`).
+
+Per size: the realistic world of bench/speed.py (built once as SQLite, kept in
+bench/results/), copied into its own PostgreSQL database (`<db>_bench_<size>` on the
+server of --database-url, kept too) with `muninn migrate`'s copy; then, in one run:
+  - recall without the embedding call (query vector given) per viewer class, on the same
+    viewers and queries, through the product's `Engine.recall` on each backend;
+  - facts stored per second by 1 and by 4 writer PROCESSES, each with its own engine
+    (`fact_store.store_facts`, as the bot stores an extracted fact: the embedding through the
+    bench's hash embed server, the duplicate/update check, the write with its links), on a
+    scratch copy of each world.
+Prints a table; ratios measured in one run, no absolute asserts.
+"""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+from bot.cli.migrate import DONE_KEY, copy_database
+from bot.memory import store
+from bot.memory.engine import Engine
+from bot.settings import load_settings
+
+from .embed_server import EmbedServerProcess
+from .speed import EMBED_MODEL, VIEWER_CLASSES, SkewShape, SkewWorld, build, summary, world_path
+
+WRITERS = (1, 4)
+
+
+def database_url(server_url: str, name: str) -> str:
+    parsed = urlparse(server_url)
+    return urlunparse(parsed._replace(path=f"/{name}"))
+
+
+def create_database(server_url: str, name: str, template: str | None = None) -> str:
+    """A new database on the server of `server_url` (dropped first when it exists)."""
+    import psycopg
+    from psycopg import sql
+
+    try:
+        conn = psycopg.connect(server_url, autocommit=True)
+    except psycopg.OperationalError:  # the URL's own database may not exist: the server's maintenance one
+        conn = psycopg.connect(database_url(server_url, "postgres"), autocommit=True)
+    with conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            query = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template))
+        conn.execute(query)
+    return database_url(server_url, name)
+
+
+def copied(url: str) -> bool:
+    import psycopg
+    try:
+        with psycopg.connect(url) as conn:
+            return conn.execute("SELECT count(*) FROM meta WHERE key = %s", (DONE_KEY,)).fetchone()[0] == 1
+    except psycopg.Error:
+        return False
+
+
+def settings_for(path: Path, database_url: str = "", ollama_url: str = "") -> Any:
+    return load_settings({"MUNINN_DB_PATH": str(path), "MUNINN_DATABASE_URL": database_url, "OLLAMA_URL": ollama_url,
+                          "OLLAMA_EMBED_MODEL": EMBED_MODEL, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30",
+                          "MUNINN_MAINTENANCE_HOURS": "0"})
+
+
+async def measure_recall(settings: Any, shape: SkewShape, per_class: int, warm: int = 10) -> dict:
+    """Per viewer class: Engine.recall with the query vector given; the same viewers and queries
+    for every backend (a fixed seed)."""
+    world = SkewWorld(shape, seed=99)
+    out: dict = {}
+    async with Engine(settings) as engine:
+        await engine.warmed()
+        for kind in VIEWER_CLASSES:
+            steps: dict[str, list[float]] = {s: [] for s in ("fts", "vector", "total")}
+            for i in range(per_class + warm):
+                viewer = world.viewer_of(kind)
+                text, qvec = world.query()
+                result = await engine.recall(text, viewer, query_vector=qvec.tolist(), touch=False)
+                if i >= warm:
+                    for step in steps:
+                        steps[step].append(result.timings_ms[step])
+            out[kind] = {name: summary(values) for name, values in steps.items()}
+    return out
+
+
+def _writer(settings_env: dict, count: int, seed: int, start_at: float, results: Any) -> None:
+    """One writer process: its own engine, `count` extracted facts stored one at a time the way
+    the bot stores them (`fact_store.store_facts`: embed, duplicate/update check, write, links),
+    from `start_at` on."""
+    from bot.lifecycle import fact_store
+    from bot.lifecycle.facts import Fact
+
+    async def run() -> tuple[float, float]:
+        world = SkewWorld(SkewShape(1000), seed=seed)
+        facts = [Fact(world.sentence(), "someone", "personal", 0.5, owner_id=1000 + seed, channel_id=100_001 + seed,
+                      guild_id=1) for _ in range(count)]
+        async with Engine(load_settings(settings_env), warm=False) as engine:
+            await engine.remember(store.NewMemory("warm-up", "global", owner_id=1))
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            started = time.time()
+            for fact in facts:
+                await fact_store.store_facts(engine, [fact])
+            return started, time.time()
+    results.put(asyncio.run(run()))
+
+
+def measure_writers(settings_env: dict, writers: int, per_writer: int, lead_s: float = 4.0) -> dict:
+    """Facts stored per second by `writers` processes at once (total facts / wall time)."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    start_at = time.time() + lead_s + writers  # every process has opened its engine by then
+    procs = [ctx.Process(target=_writer, args=(settings_env, per_writer, 10 + n, start_at, results))
+             for n in range(writers)]
+    for proc in procs:
+        proc.start()
+    spans = [results.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join()
+    wall = max(end for _, end in spans) - min(start for start, _ in spans)
+    return {"writers": writers, "facts": writers * per_writer, "wall_s": round(wall, 2),
+            "facts_per_s": round(writers * per_writer / wall, 1)}
+
+
+async def run_pg(args: Any) -> list[dict]:
+    rows = []
+    for size in [int(s) for s in args.sizes.split(",")]:
+        shape = SkewShape(size)
+        path = world_path(args, size)
+        row: dict = {"size": size}
+        if not path.exists() or args.rebuild:
+            for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                p.unlink(missing_ok=True)
+            row["build"] = await build(path, shape)
+            print(f"built {path} in {row['build']['build_s']} s", flush=True)
+        name = f"{urlparse(args.database_url).path.lstrip('/') or 'muninn'}_bench_{size}"
+        url = database_url(args.database_url, name)
+        if args.rebuild or not copied(url):
+            create_database(args.database_url, name)
+            report = copy_database(path, url, batch=5000)
+            row["migrate_s"] = round(report.seconds, 1)
+            print(f"  copied into {name} in {report.seconds:.1f} s: {report.line()}", flush=True)
+        backends = {"sqlite": settings_for(path), "postgresql": settings_for(path, url)}
+        row["recall"] = {}
+        for backend, settings in backends.items():
+            row["recall"][backend] = await measure_recall(settings, shape, args.viewers)
+            print(f"  {backend:>10} recall p95 ms: " + ", ".join(
+                f"{kind} {row['recall'][backend][kind]['total']['p95']:.1f}" for kind in VIEWER_CLASSES), flush=True)
+        if args.writes:
+            row["writes"] = measure_backend_writes(args, path, url, name, size)
+        rows.append(row)
+    return rows
+
+
+def measure_backend_writes(args: Any, path: Path, url: str, name: str, size: int) -> dict:
+    scratch = Path(args.workdir) / f"scratch-writes-{size}.db"
+    out: dict = {}
+    with EmbedServerProcess("hash", dim=768) as embed_url:
+        for backend in ("sqlite", "postgresql"):
+            out[backend] = {}
+            for writers in WRITERS:
+                for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
+                    p.unlink(missing_ok=True)
+                shutil.copy(path, scratch)
+                target = create_database(args.database_url, f"{name}_scratch", template=name) \
+                    if backend == "postgresql" else ""
+                env = {"MUNINN_DB_PATH": str(scratch), "MUNINN_DATABASE_URL": target, "OLLAMA_URL": embed_url,
+                       "OLLAMA_EMBED_MODEL": EMBED_MODEL, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30",
+                       "MUNINN_MAINTENANCE_HOURS": "0"}
+                result = measure_writers(env, writers, args.writes_per_process)
+                out[backend][f"x{writers}"] = result
+                print(f"  {backend:>10} {writers} writer process(es): {result['facts_per_s']} facts/s", flush=True)
+            out[backend]["scaling"] = round(out[backend]["x4"]["facts_per_s"] / out[backend]["x1"]["facts_per_s"], 2)
+    for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
+        p.unlink(missing_ok=True)
+    return out
+
+
+def print_pg(rows: list[dict]) -> None:
+    print("\nrecall without the embedding call, ms (median / p95), same viewers and queries on both backends")
+    print("| size | class | SQLite total | PostgreSQL total | PostgreSQL fts | PostgreSQL vector |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        for kind in VIEWER_CLASSES:
+            s, p = r["recall"]["sqlite"][kind], r["recall"]["postgresql"][kind]
+            print(f"| {r['size']:,} | {kind} | {s['total']['median']:.2f} / {s['total']['p95']:.2f} | "
+                  f"**{p['total']['median']:.2f} / {p['total']['p95']:.2f}** | {p['fts']['median']:.2f} / "
+                  f"{p['fts']['p95']:.2f} | {p['vector']['median']:.2f} / {p['vector']['p95']:.2f} |")
+    if any("writes" in r for r in rows):
+        print("\nfacts stored per second (fact_store.store_facts, embedding by the hash server), 1 and 4 writer processes")
+        print("| size | backend | 1 process | 4 processes | 4 / 1 |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            for backend, w in r.get("writes", {}).items():
+                print(f"| {r['size']:,} | {backend} | {w['x1']['facts_per_s']} | {w['x4']['facts_per_s']} | "
+                      f"**{w['scaling']}x** |")
+    for r in rows:
+        if "migrate_s" in r:
+            print(f"size {r['size']:,}: `muninn migrate` copy {r['migrate_s']} s")
