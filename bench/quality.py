@@ -145,11 +145,16 @@ def as_of_for(ask: dict, days_after: float | None) -> float | None:
 
 
 async def import_all(corpus: Corpus, path: Path, url: str, env: dict) -> None:
-    async with Engine(load_settings(dict(env, MUNINN_DB_PATH=str(path), OLLAMA_URL=url))) as engine:
-        for sid, records in corpus.records.items():
+    await import_groups(corpus.records, path, url, env)
+
+
+async def import_groups(groups: dict[str, list[dict]], path: Path, url: str, env: dict, *, warm: bool = True) -> None:
+    """Import each group of records through the product's importer; every record must land, with its vector."""
+    async with Engine(load_settings(dict(env, MUNINN_DB_PATH=str(path), OLLAMA_URL=url)), warm=warm) as engine:
+        for name, records in groups.items():
             report = await importer.import_lines(engine, [json.dumps(r) for r in records])
             if report.errors or report.imported != len(records):
-                raise RuntimeError(f"import of {sid} failed: {report}")
+                raise RuntimeError(f"import of {name} failed: {report}")
         missing = (await engine.stats())["missing_vectors"]
         if missing:
             raise RuntimeError(f"{missing} memories have no vector: is the embed server answering?")
@@ -324,7 +329,7 @@ async def evaluate_world(corpus: Corpus, tmp: Path, url: str, env: dict, modes: 
     template = tmp / f"world-{'names' if same_names else 'plain'}.db"
     world = shared_world.world_records(corpus.conversations, corpus.records, same_names=same_names)
     if not template.exists():
-        await shared_world.import_world(world, template, url, env)
+        await import_groups({"the shared world": world}, template, url, env, warm=False)
     created = {r["external_id"]: r["created_at"] for r in world}
     asks = [q | {"as_of": as_of_for(q, 1.0)} for q in corpus.asks]
     out: dict = {}

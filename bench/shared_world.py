@@ -23,18 +23,13 @@ here independently of bot/memory/scope.py: a memory the asker may not see fails 
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import apsw
 
-from bot.cli import importer
 from bot.memory import fts, store
-from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
-from bot.settings import load_settings
 
 GUILD_ID = 7_000
 ROOM_BASE = 8_000
@@ -83,16 +78,6 @@ def world_records(conversations: list[dict], records: dict[str, list[dict]], *,
                             "external_id": f"room{host['owner']}:{r['external_id']}"})
     out.sort(key=lambda r: (r["created_at"], r["external_id"]))
     return out
-
-
-async def import_world(rows: list[dict], path: Path, url: str, env: dict) -> None:
-    async with Engine(load_settings(dict(env, MUNINN_DB_PATH=str(path), OLLAMA_URL=url)), warm=False) as engine:
-        report = await importer.import_lines(engine, [json.dumps(r) for r in rows])
-        if report.errors or report.imported != len(rows):
-            raise RuntimeError(f"import of the shared world failed: {report}")
-        missing = (await engine.stats())["missing_vectors"]
-        if missing:
-            raise RuntimeError(f"{missing} memories have no vector: is the embed server answering?")
 
 
 class ScopeLeak(AssertionError):

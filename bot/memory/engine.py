@@ -165,24 +165,34 @@ class Engine:
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(conn, *args, **kwargs)` on the database thread."""
         def call() -> T:
-            conn = self._connection()
-            try:
-                return fn(conn, *args, **kwargs)
-            except Exception as exc:
-                if not self.storage.lost(conn, exc):
-                    raise
-                self._conn = None
-                self._reconnecting(conn, exc)
-            return fn(self._connection(), *args, **kwargs)
+            return self._on_live_connection(self._connection, self._drop_writer, fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
-    def _reconnecting(self, conn: Connection, exc: BaseException) -> None:
-        """A server connection died under a job: close it; the caller opens a new one and runs
-        the job once more (if the server is still down, that raises one clear line)."""
-        log.warning("the database connection was lost (%s); reconnecting to %s",
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-                    self.storage.where())
-        self.storage.close(conn)
+    def _on_live_connection(self, opened: Callable[[], Connection], drop: Callable[[Connection], None],
+                            fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn` on this thread's connection. When a server connection died under it (a restart,
+        a failover), the job runs once more on a new one: the server rolled its transaction
+        back (if the server is still down, opening raises one clear line)."""
+        conn = opened()
+        try:
+            return fn(conn, *args, **kwargs)
+        except Exception as exc:
+            if not self.storage.lost(conn, exc):
+                raise
+            log.warning("the database connection was lost (%s); reconnecting to %s",
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                        self.storage.where())
+            drop(conn)
+            self.storage.close(conn)
+        return fn(opened(), *args, **kwargs)
+
+    def _drop_writer(self, conn: Connection) -> None:
+        self._conn = None
+
+    def _drop_reader(self, conn: Connection) -> None:
+        self._reader_local.conn = None
+        with self._reader_lock:
+            self._reader_conns.remove(conn)
 
     async def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run the read-only `fn(conn, *args, **kwargs)` on one of the read connections (it sees
@@ -191,17 +201,7 @@ class Engine:
             return await self._run(fn, *args, **kwargs)
 
         def call() -> T:
-            conn = self._reader()
-            try:
-                return fn(conn, *args, **kwargs)
-            except Exception as exc:
-                if not self.storage.lost(conn, exc):
-                    raise
-                self._reader_local.conn = None
-                with self._reader_lock:
-                    self._reader_conns.remove(conn)
-                self._reconnecting(conn, exc)
-            return fn(self._reader(), *args, **kwargs)
+            return self._on_live_connection(self._reader, self._drop_reader, fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._readers, call)
 
     async def nearest_neighbours(self, items: Sequence[tuple[int, str]],
