@@ -137,8 +137,11 @@ def start_chat(tmp_path: Path, ollama_url: str, *args: str) -> tuple[int, "subpr
     master, slave = pty.openpty()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", "MUNINN_DB_PATH": str(tmp_path / "chat.db"),
            "OLLAMA_URL": ollama_url, "MUNINN_SHUTDOWN_SECONDS": "5", "OLLAMA_RETRIES": "0", "TERM": "dumb"}
+    # Ctrl-C must reach it as on a terminal: a shell's background job (CI scripts started with
+    # `&`) ignores SIGINT, the child would inherit that, and Python keeps an ignored SIGINT ignored.
     proc = subprocess.Popen([sys.executable, "-m", "cogs", "chat", *args], stdin=slave, stdout=slave,
-                            stderr=slave, env=env, cwd=tmp_path, close_fds=True)
+                            stderr=slave, env=env, cwd=tmp_path, close_fds=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(slave)
     return master, proc
 
