@@ -22,8 +22,9 @@ from typing import Any, Sequence
 
 import psycopg
 
-from bot.memory import decay, fts, ranking, retrieval, store, vectors
+from bot.memory import decay, ranking, retrieval, store, vectors
 from bot.memory.files import DatabaseError
+from bot.memory.postgres import keywords
 from bot.memory.postgres.connection import PgConnection, connect, where
 from bot.memory.postgres.migrations import migrate
 from bot.memory.retrieval import Candidate
@@ -388,24 +389,11 @@ class PostgresStorage:
         return visible_keys(conn, viewer)  # type: ignore[arg-type]  # THE scope rule, same SQL
 
     def searched_words(self, conn: PgConnection, words: list[str]) -> list[str]:
-        return words  # every token is searched here (no common-word pruning on PostgreSQL)
+        return keywords.searched_words(conn, words)  # SQLite's common-word rule, counts from GIN
 
     def fts_candidates(self, conn: PgConnection, query: str, keys: list[str], limit: int,
                        as_of: float | None) -> list[Candidate]:
-        words = fts.tokens(query)
-        if not words or not keys:
-            return []
-        tsquery = " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
-        since = " AND m.created_at <= %s" if as_of is not None else ""
-        params: list[Any] = [*words, keys, *([as_of] if as_of is not None else []), limit]
-        rows = conn.pg.execute(
-            f"WITH q AS (SELECT {tsquery} AS query) "
-            "SELECT m.id, -ts_rank_cd(m.text_search, q.query) AS score FROM memories m, q "
-            f"WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) AND m.text_search @@ q.query{since} "
-            "ORDER BY score ASC, m.id DESC LIMIT %s".encode(), params).fetchall()
-        # score: negated so that lower is better, as bm25's (ranking.keyword_winner_first compares them)
-        return [Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
-                for rank, row in enumerate(rows, start=1)]
+        return keywords.fts_candidates(conn, query, keys, limit, as_of)
 
     def vector_candidates(self, conn: PgConnection, info: IndexInfo, vector: list[float], keys: list[str],
                           limit: int, as_of: float | None) -> list[Candidate]:
