@@ -266,7 +266,9 @@ class PostgresStorage:
         with conn.pg.transaction():  # vectors, links and source rows go by ON DELETE CASCADE
             _lock_in_order(conn, ids)
             self._log_removed_vectors(conn, ids)
-            return conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
+            removed = conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
+        keywords.forget_counts()  # a word counted as common may not be any more
+        return removed
 
     def _log_removed_vectors(self, conn: PgConnection, ids: list[int]) -> None:
         conn.pg.execute("INSERT INTO vector_changes (memory_id) SELECT memory_id FROM memory_vectors "
@@ -285,6 +287,7 @@ class PostgresStorage:
                             (time.time() if now is None else now, reason, time.time(), memory_id))
             self._log_removed_vectors(conn, [memory_id])
             conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))
+        keywords.forget_counts()
 
     def restore(self, conn: PgConnection, memory_id: int) -> None:
         now = time.time()
