@@ -3,7 +3,8 @@
 Keyword path: the generated `text_search` tsvector (english stems, no accents) with a GIN index over active
 memories; the query is built from our own tokens (fts.tokens: \\w+ runs, no stop words, at
 most 24), each through plainto_tsquery and OR'd, so no user text ever reaches to_tsquery's
-syntax; ranked by ts_rank_cd, scoped in the same statement.
+syntax; ranked by ts_rank_cd, scoped in the same statement; common words are handled as on
+SQLite (left out, or only the newest matches ranked: keywords.py).
 Vector path: pgvector, L2 distance over L2-normalised vectors (as SQLite's, so
 cosine = 1 - d^2/2), scoped in the statement. Exact scan while the viewer sees at most
 EXACT_MAX vectors (a sort of that many is a few ms and exact); above it, the HNSW index
