@@ -12,6 +12,7 @@ from bot.memory.engine import Engine
 from bot.memory.files import DatabaseError
 from bot.memory.postgres.backend import PostgresStorage
 from bot.memory.postgres.connection import translate
+from bot.memory.postgres.migrations import MIGRATIONS
 from bot.memory.scope import Viewer
 from bot.memory.store import NewMemory
 from tests.postgres_server import free_port
@@ -209,7 +210,8 @@ async def test_doctor_checks_the_postgresql_database(pg_engine, make_settings, p
     await pg_engine.remember(NewMemory("Alice keeps bees", "global"))
     settings = make_settings("", MUNINN_DATABASE_URL=postgres_url)
     found = {c.name: c for c in await asyncio.to_thread(database_checks, settings)}
-    assert found["database"].ok and "PostgreSQL 18" in found["database"].detail and "schema 6/6" in found["database"].detail
+    schema = f"schema {len(MIGRATIONS)}/{len(MIGRATIONS)}"
+    assert found["database"].ok and "PostgreSQL 18" in found["database"].detail and schema in found["database"].detail
     assert found["pgvector"].ok and found["stored values"].ok and found["vector index"].ok
     assert "permissions" not in found                                   # no files: the server's roles
     down = make_settings("", MUNINN_DATABASE_URL=f"postgresql://muninn:secret@127.0.0.1:{free_port()}/muninn")

@@ -438,6 +438,12 @@ def _copy(source: apsw.Connection, pg: Any, source_id: str, report: Report, batc
             PostgresStorage("").index_for(PgConnection(pg), info.model, info.dim)
         except psycopg.Error as exc:
             raise MigrationError(f"building the vector index failed: {exc}") from exc
+    # Fresh statistics and visibility map now, not when autovacuum gets round to it: without
+    # them the planner guesses each visibility key's row count, and counting a viewer's
+    # vectors (the exact-or-HNSW choice) reads heap pages instead of the index alone.
+    on_step("vacuuming and analysing the copied tables")
+    pg.execute("VACUUM (ANALYZE) memories")
+    pg.execute("VACUUM (ANALYZE) memory_vectors")
     on_step("verifying: row counts and key checksums per table")
     verify(source, pg, report, info)
     if report.ok:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any, Callable
 
 MAX_TOKENS = 24
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -81,15 +82,16 @@ COMMON_EXACT = 20_000
 COMMON_WINDOW = 20_000
 
 
-def selective(conn, words: list[str]) -> list[str]:
+def selective(conn, words: list[str], count: Callable[[Any, str, int], int] | None = None) -> list[str]:
     """`words` without those too common to be worth searching: the rarest first; a word in more
     than COMMON_MIN_DOCS memories only while the matches so far stay within MATCH_BUDGET (the
     KEEP_RAREST rarest always stay); never a word in more than COMMON_SHARE of all memories
-    while a rarer one is there."""
+    while a rarer one is there. `count` counts a word's memories (default: FTS5's doc_count)."""
     if len(words) <= 1:
         return words
+    doc_count_of = count or doc_count
     limit = common_limit(conn)
-    frequency = {w: doc_count(conn, w, limit) for w in words}
+    frequency = {w: doc_count_of(conn, w, limit) for w in words}
     kept: set[str] = set()
     matches = 0
     for rank, word in enumerate(sorted((w for w in words if 0 < frequency[w] <= limit), key=lambda w: frequency[w])):
@@ -100,7 +102,8 @@ def selective(conn, words: list[str]) -> list[str]:
     if not kept:
         # Only common words occur: keep the rarest, so the query still finds something (counted
         # exactly up to COMMON_EXACT, once per word and cached; past that, the longest).
-        common = sorted((w for w in words if frequency[w] > 0), key=lambda w: (doc_count(conn, w, COMMON_EXACT), -len(w)))
+        common = sorted((w for w in words if frequency[w] > 0),
+                        key=lambda w: (doc_count_of(conn, w, COMMON_EXACT), -len(w)))
         kept = set(common[:1])
     return [w for w in words if w in kept or frequency[w] == 0]
 

@@ -147,6 +147,11 @@ MIGRATIONS: list[str] = [
         notified INTEGER NOT NULL DEFAULT 0 CHECK (notified IN (0, 1))
     );
     """,
+    # 7: nothing for SQLite. PostgreSQL's migration 7 keeps vectors in their table row;
+    # the numbers stay aligned so a version means the same data on both backends.
+    """
+    -- (no statement)
+    """,
 ]
 
 

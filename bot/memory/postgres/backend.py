@@ -3,7 +3,8 @@
 Keyword path: the generated `text_search` tsvector (english stems, no accents) with a GIN index over active
 memories; the query is built from our own tokens (fts.tokens: \\w+ runs, no stop words, at
 most 24), each through plainto_tsquery and OR'd, so no user text ever reaches to_tsquery's
-syntax; ranked by ts_rank_cd, scoped in the same statement.
+syntax; ranked by ts_rank_cd, scoped in the same statement; common words are handled as on
+SQLite (left out, or only the newest matches ranked: keywords.py).
 Vector path: pgvector, L2 distance over L2-normalised vectors (as SQLite's, so
 cosine = 1 - d^2/2), scoped in the statement. Exact scan while the viewer sees at most
 EXACT_MAX vectors (a sort of that many is a few ms and exact); above it, the HNSW index
@@ -22,8 +23,9 @@ from typing import Any, Sequence
 
 import psycopg
 
-from bot.memory import decay, fts, ranking, retrieval, store, vectors
+from bot.memory import decay, ranking, retrieval, store, vectors
 from bot.memory.files import DatabaseError
+from bot.memory.postgres import keywords
 from bot.memory.postgres.connection import PgConnection, connect, where
 from bot.memory.postgres.migrations import migrate
 from bot.memory.retrieval import Candidate
@@ -265,7 +267,9 @@ class PostgresStorage:
         with conn.pg.transaction():  # vectors, links and source rows go by ON DELETE CASCADE
             _lock_in_order(conn, ids)
             self._log_removed_vectors(conn, ids)
-            return conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
+            removed = conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
+        keywords.forget_counts()  # a word counted as common may not be any more
+        return removed
 
     def _log_removed_vectors(self, conn: PgConnection, ids: list[int]) -> None:
         conn.pg.execute("INSERT INTO vector_changes (memory_id) SELECT memory_id FROM memory_vectors "
@@ -284,6 +288,7 @@ class PostgresStorage:
                             (time.time() if now is None else now, reason, time.time(), memory_id))
             self._log_removed_vectors(conn, [memory_id])
             conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))
+        keywords.forget_counts()
 
     def restore(self, conn: PgConnection, memory_id: int) -> None:
         now = time.time()
@@ -388,24 +393,11 @@ class PostgresStorage:
         return visible_keys(conn, viewer)  # type: ignore[arg-type]  # THE scope rule, same SQL
 
     def searched_words(self, conn: PgConnection, words: list[str]) -> list[str]:
-        return words  # every token is searched here (no common-word pruning on PostgreSQL)
+        return keywords.searched_words(conn, words)  # SQLite's common-word rule, counts from GIN
 
     def fts_candidates(self, conn: PgConnection, query: str, keys: list[str], limit: int,
                        as_of: float | None) -> list[Candidate]:
-        words = fts.tokens(query)
-        if not words or not keys:
-            return []
-        tsquery = " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
-        since = " AND m.created_at <= %s" if as_of is not None else ""
-        params: list[Any] = [*words, keys, *([as_of] if as_of is not None else []), limit]
-        rows = conn.pg.execute(
-            f"WITH q AS (SELECT {tsquery} AS query) "
-            "SELECT m.id, -ts_rank_cd(m.text_search, q.query) AS score FROM memories m, q "
-            f"WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) AND m.text_search @@ q.query{since} "
-            "ORDER BY score ASC, m.id DESC LIMIT %s".encode(), params).fetchall()
-        # score: negated so that lower is better, as bm25's (ranking.keyword_winner_first compares them)
-        return [Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
-                for rank, row in enumerate(rows, start=1)]
+        return keywords.fts_candidates(conn, query, keys, limit, as_of)
 
     def vector_candidates(self, conn: PgConnection, info: IndexInfo, vector: list[float], keys: list[str],
                           limit: int, as_of: float | None) -> list[Candidate]:

@@ -156,6 +156,18 @@ MIGRATIONS: list[str] = [
         notified INTEGER NOT NULL DEFAULT 0 CHECK (notified IN (0, 1))
     );
     """,
+    # 7: vectors kept in their table row (STORAGE MAIN) instead of TOAST: a 768-dimensional
+    # vector (3 kB) was moved out of line, so every exact-scan candidate cost 2-3 extra page
+    # reads; inline the scan reads a third of the pages and the vector step takes ~40 % less
+    # time (issue 13). MAIN still moves a vector out of line when it cannot fit a page. The
+    # rewrite moves the stored vectors in (minutes for 100k vectors: the HNSW index takes the
+    # new row versions too); ANALYZE gives the planner the visibility keys' counts.
+    """
+    ALTER TABLE memory_vectors ALTER COLUMN embedding SET STORAGE MAIN;
+    UPDATE memory_vectors SET embedding = embedding::real[]::vector;
+    ANALYZE memories;
+    ANALYZE memory_vectors;
+    """,
 ]
 
 

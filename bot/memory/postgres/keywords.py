@@ -1,0 +1,74 @@
+"""PostgreSQL's keyword step, with SQLite's rules for common words (bot/memory/fts.py).
+
+Which words are searched: fts.selective's rule (a word in too many memories is left out
+while rarer ones are there), on counts taken here from the GIN index, capped with LIMIT and
+cached per database for a while. How much is ranked: when a searched word is common (over
+fts.common_limit), only the newest fts.COMMON_HITS visible matches among the newest
+fts.COMMON_WINDOW memories are ranked, as on SQLite; `ts_rank_cd` over every visible match
+of a word in 30 % of all memories was the keyword step's cost in a busy channel (issue 13).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bot.memory import fts
+from bot.memory.postgres.connection import PgConnection
+from bot.memory.retrieval import Candidate
+
+# Per database URL: word -> (count up to its limit, that limit, when counted); as fts._counts.
+_counts: dict[str, dict[str, tuple[int, int, float]]] = {}
+
+
+def doc_count(conn: PgConnection, word: str, limit: int) -> int:
+    """How many active memories contain `word`, exactly up to `limit`; above it, some number > limit."""
+    cache = _counts.setdefault(str(getattr(conn.storage, "url", "") or id(conn)), {})
+    now = time.monotonic()
+    hit = cache.get(word)
+    if hit is not None and now - hit[2] < fts.COUNT_TTL_S and (hit[0] <= hit[1] or hit[1] >= limit):
+        return hit[0]
+    if len(cache) >= fts.COUNT_CACHE_MAX:
+        cache.clear()
+    row = conn.pg.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM memories WHERE archived_at IS NULL "
+        "AND text_search @@ plainto_tsquery('muninn', %s) LIMIT %s) c", (word, limit + 1)).fetchone()
+    count = int(row[0]) if row else 0
+    cache[word] = (count, limit, now)
+    return count
+
+
+def forget_counts() -> None:
+    _counts.clear()
+
+
+def searched_words(conn: PgConnection, words: list[str]) -> list[str]:
+    return fts.selective(conn, words, count=doc_count)
+
+
+def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
+                   as_of: float | None) -> list[Candidate]:
+    words = searched_words(conn, fts.tokens(query))
+    if not words or not keys:
+        return []
+    common_limit = fts.common_limit(conn)
+    common = max(doc_count(conn, w, common_limit) for w in words) > common_limit
+    tsquery = " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
+    since = " AND m.created_at <= %s" if as_of is not None else ""
+    params: list[Any] = [*words, keys, *([as_of] if as_of is not None else [])]
+    bound = ""
+    if common:
+        if as_of is None:  # a recall as of a past moment has no "newest memories" to cut at
+            bound = " AND m.id > %s"
+            params.append(fts.newest_id(conn) - fts.COMMON_WINDOW)
+        bound += " ORDER BY m.id DESC LIMIT %s"
+        params.append(fts.COMMON_HITS)
+    params.append(limit)
+    rows = conn.pg.execute(
+        f"WITH q AS (SELECT {tsquery} AS query), "
+        "hits AS (SELECT m.id, m.text_search FROM memories m, q "
+        f"WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) AND m.text_search @@ q.query{since}{bound}) "
+        "SELECT h.id, -ts_rank_cd(h.text_search, q.query) AS score FROM hits h, q "
+        "ORDER BY score ASC, h.id DESC LIMIT %s".encode(), params).fetchall()
+    # score: negated so that lower is better, as bm25's (ranking.keyword_winner_first compares them)
+    return [Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
+            for rank, row in enumerate(rows, start=1)]

@@ -1,0 +1,49 @@
+"""PostgreSQL's keyword step follows SQLite's common-word rules (bot/memory/postgres/keywords.py)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from bot.memory import fts
+from bot.memory.engine import Engine
+from bot.memory.postgres import keywords
+from bot.memory.scope import Viewer
+from bot.memory.store import NewMemory
+
+ALICE, BOB = 1, 2
+
+
+@pytest.fixture
+async def pg_fts_engine(make_settings, postgres_url):
+    async with Engine(make_settings("", MUNINN_DATABASE_URL=postgres_url)) as engine:
+        yield engine
+
+
+async def crowd(engine: Engine, text: str, count: int) -> list[int]:
+    return await engine.remember_many([NewMemory(f"{text} number {i}", "personal", owner_id=BOB)
+                                       for i in range(count)])
+
+
+async def test_a_common_word_is_left_out_while_rarer_ones_are_there_and_returns_after_a_forget(pg_fts_engine):
+    crowd_ids = await crowd(pg_fts_engine, "Bob ate pizza", 600)  # over COMMON_MIN_DOCS (500)
+    mine = await pg_fts_engine.remember(NewMemory("Alice loves pizza with salad at lunch", "personal", owner_id=ALICE))
+    words = ["pizza", "lunch", "salad"]
+    assert await pg_fts_engine.read(keywords.searched_words, words) == ["lunch", "salad"]
+    assert (await pg_fts_engine.recall("pizza lunch salad", Viewer(ALICE, dm=True), touch=False)).ids == [mine]
+    await pg_fts_engine.forget(crowd_ids)
+    assert await pg_fts_engine.read(keywords.searched_words, words) == words  # no longer common
+    only_common = await pg_fts_engine.recall("pizza", Viewer(ALICE, dm=True), touch=False)
+    assert only_common.ids == [mine]
+
+
+async def test_a_query_of_common_words_ranks_only_the_newest_memories(pg_fts_engine, monkeypatch):
+    old = await pg_fts_engine.remember(NewMemory("Alice bought lamps long ago", "personal", owner_id=ALICE))
+    await crowd(pg_fts_engine, "Bob bought lamps", 600)
+    recent = await pg_fts_engine.remember(NewMemory("Alice bought lamps again", "personal", owner_id=ALICE))
+    monkeypatch.setattr(fts, "COMMON_WINDOW", 300)
+    assert (await pg_fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [recent]
+    past = await pg_fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False, as_of=time.time() + 60)
+    assert set(past.ids) == {old, recent}  # as of a moment: no window
+    monkeypatch.setattr(fts, "COMMON_WINDOW", 10_000)  # a window that reaches back to it
+    assert set((await pg_fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids) == {old, recent}
