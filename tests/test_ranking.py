@@ -12,11 +12,14 @@ from bot.memory import ranking, store
 from bot.memory.dates import DateHint, hints
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
+from bot.memory.storage import storage_of
 from bot.memory.store import NewMemory
 
 DAY = 86400.0
 NOW = datetime(2025, 9, 1, tzinfo=UTC).timestamp()
 ME = Viewer(user_id=7, dm=True)
+
+pytestmark = pytest.mark.usefixtures("backend")  # the ranking rules on both storage backends
 
 
 def mine(text: str, *, days_ago: float, importance: float = 0.5) -> NewMemory:
@@ -27,7 +30,8 @@ async def relevant_old_and_irrelevant_recent(engine: Engine) -> tuple[int, int]:
     old = await engine.remember(mine("Pixel the greyhound loves running on the beach", days_ago=200, importance=0.2))
     recent = await engine.remember(mine("bought a Pixel phone case today", days_ago=1, importance=1.0))
     for _ in range(3):  # the recent one was recalled (touched) again and again
-        await engine.write(store.touch, [recent], growth=engine.settings.stability_growth, now=NOW - 3600)
+        await engine.write(lambda conn: storage_of(conn).touch_and_load(
+            conn, [recent], [recent], growth=engine.settings.stability_growth, now=NOW - 3600))
     return old, recent
 
 
