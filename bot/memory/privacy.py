@@ -1,7 +1,8 @@
 """What people control about their own memories beyond /memory forget: pausing Muninn's memory
 of them, finding the personal memories a message or a phrase produced, and forgetting those.
 
-Plain synchronous functions on one apsw connection; the engine runs them on its database thread.
+Plain synchronous functions on one connection (SQLite, or PostgreSQL through PgConnection's
+portable SQL); deleting and scrubbing go through the connection's storage backend.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import apsw
 from bot.memory import store
 from bot.memory.db import query_one, write_transaction
 from bot.memory.scope import ACTIVE
+from bot.memory.storage import storage_of
 
 
 def pause(conn: apsw.Connection, user_id: int, now: float | None = None) -> bool:
@@ -72,9 +74,10 @@ def forget_personal(conn: apsw.Connection, owner_id: int, memory_ids: Sequence[i
     ids = [row[0] for row in conn.execute(
         f"SELECT id FROM memories WHERE id IN ({marks}) AND owner_id = ? AND scope = 'personal'",
         (*memory_ids, owner_id))]
-    removed = store.delete(conn, ids)
+    storage = storage_of(conn)
+    removed = storage.delete(conn, ids)
     if removed:
-        store.scrub(conn)
+        storage.scrub(conn)
     return removed
 
 
@@ -92,5 +95,5 @@ def drop_own_message(conn: apsw.Connection, author_id: int, message_id: int) -> 
         conn.execute("DELETE FROM messages WHERE id = ? AND author_id = ?", (message_id, author_id))
         dropped = conn.changes() > 0
     if dropped:
-        store.scrub(conn)
+        storage_of(conn).scrub(conn)
     return dropped

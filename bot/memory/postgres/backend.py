@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import psycopg
 
-from bot.memory import decay, ranking, retrieval, store, vectors
+from bot.memory import decay, privacy, ranking, retrieval, store, vectors
 from bot.memory.files import DatabaseError
 from bot.memory.postgres import keywords
 from bot.memory.postgres.connection import PgConnection, connect, where
@@ -464,32 +464,23 @@ class PostgresStorage:
                                (user_id, time.time())).rowcount > 0
 
     def resume(self, conn: PgConnection, user_id: int) -> bool:
-        return conn.pg.execute("DELETE FROM memory_pauses WHERE user_id = %s", (user_id,)).rowcount > 0
+        return privacy.resume(conn, user_id)  # type: ignore[arg-type]  # portable SQL: privacy.py
 
     def paused_users(self, conn: PgConnection) -> set[int]:
-        return {int(row[0]) for row in conn.pg.execute("SELECT user_id FROM memory_pauses")}
+        return privacy.paused_users(conn)  # type: ignore[arg-type]
 
     def take_pause_notice(self, conn: PgConnection, user_id: int) -> bool:
-        return conn.pg.execute("UPDATE memory_pauses SET notified = 1 WHERE user_id = %s AND notified = 0",
-                               (user_id,)).rowcount > 0
+        return privacy.take_pause_notice(conn, user_id)  # type: ignore[arg-type]
 
     def personal_from_messages(self, conn: PgConnection, owner_id: int,
                                message_ids: Sequence[int]) -> list[store.Memory]:
-        from bot.memory import privacy
         return privacy.personal_from_messages(conn, owner_id, message_ids)  # type: ignore[arg-type]
 
     def own_memory(self, conn: PgConnection, owner_id: int, memory_id: int) -> store.Memory:
-        from bot.memory import privacy
         return privacy.own_memory(conn, owner_id, memory_id)  # type: ignore[arg-type]
 
     def forget_personal(self, conn: PgConnection, owner_id: int, memory_ids: Sequence[int]) -> int:
-        ids = [int(row[0]) for row in conn.pg.execute(
-            "SELECT id FROM memories WHERE id = ANY(%s) AND owner_id = %s AND scope = 'personal'",
-            (list(memory_ids), owner_id))]
-        removed = self.delete(conn, ids)
-        if removed:
-            self.scrub(conn)
-        return removed
+        return privacy.forget_personal(conn, owner_id, memory_ids)  # type: ignore[arg-type]
 
     def last_message_of(self, conn: PgConnection, channel_id: int, author_id: int,
                         before: int | None) -> int | None:
@@ -500,11 +491,7 @@ class PostgresStorage:
         return int(row[0]) if row else None
 
     def drop_own_message(self, conn: PgConnection, author_id: int, message_id: int) -> bool:
-        dropped = conn.pg.execute("DELETE FROM messages WHERE id = %s AND author_id = %s",
-                                  (message_id, author_id)).rowcount > 0
-        if dropped:
-            self.scrub(conn)
-        return dropped
+        return privacy.drop_own_message(conn, author_id, message_id)  # type: ignore[arg-type]
 
     # -- several processes on one database -------------------------------------------
     def take_lease(self, conn: PgConnection, name: str, holder: str, seconds: float) -> bool:
