@@ -28,7 +28,7 @@ def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
     """With `fix`, also repair what can be repaired safely: clamp nonsense stored values and make
     the database files private."""
     if settings.database_url:
-        return postgres_checks(settings, fix=fix)
+        return postgres_checks(settings)
     checks: list[Check] = []
     try:
         conn = db.connect(settings.db_path)
@@ -54,7 +54,7 @@ def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
     return checks
 
 
-def postgres_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
+def postgres_checks(settings: Settings) -> list[Check]:
     """The same findings for a PostgreSQL database (MUNINN_DATABASE_URL): reachable and migrated,
     pgvector present, sane stored values, vectors for every active memory, who maintains it.
     There are no files to make private: access is the server's roles."""

@@ -422,9 +422,7 @@ def _copy(source: apsw.Connection, pg: Any, source_id: str, report: Report, batc
                 on_progress(min(done, total), total)
             if stop_after_batches is not None and batches >= stop_after_batches:
                 raise Interrupted(f"stopped after {batches} batches")
-            if table.name == "memories":
-                _move_identity(pg, source)
-        _finish_table(pg, source, table, info)
+        _finish_table(pg, source, table)  # also on a resumed copy: it always ends here
         _set_target_meta(pg, cursor_key, "done")
         report.copied[table.name] = copied
     if info is not None:
@@ -462,7 +460,7 @@ def _move_identity(pg: Any, source: apsw.Connection) -> None:
         pg.execute("SELECT setval(%s::regclass, %s)", (sequence, high))
 
 
-def _finish_table(pg: Any, source: apsw.Connection, table: Table, info: vectors.IndexInfo | None) -> None:
+def _finish_table(pg: Any, source: apsw.Connection, table: Table) -> None:
     if table.name == "memories":
         _move_identity(pg, source)
     if table.name == "memory_vectors":
