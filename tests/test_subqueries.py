@@ -15,6 +15,8 @@ def test_names_are_capitalised_words_inside_the_sentence():
     assert subqueries.names("Did John and Maria meet on Monday? And Gina?") == ["john", "maria", "gina"]
     assert subqueries.names("Caroline went where?") == []  # a sentence's first word is capitalised anyway
     assert subqueries.names("what did caroline do?") == []
+    assert subqueries.names("What did Zoë paint for José and McKenzie?") == ["zoë", "josé", "mckenzie"]  # any script
+    assert subqueries.names("Is Øyvind’s boat in the USA?") == ["øyvind"]   # curly possessive; capitals are no name
 
 
 def test_keyword_lists_fuse_by_reciprocal_rank():

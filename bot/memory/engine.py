@@ -210,10 +210,8 @@ class Engine:
         computed on a read connection (maintenance's heavy part, off the writer); None when
         there is no usable vector index."""
         def find(conn: Connection) -> dict[int, list[tuple[int, float]]] | None:
-            info = self.storage.index_info(conn)
-            if info is None or info.model != self.settings.embed_model:
-                return None
-            return self.storage.neighbours_many(conn, info, items, k)
+            info = self.storage.current_index(conn, self.settings.embed_model)
+            return None if info is None else self.storage.neighbours_many(conn, info, items, k)
         return await self._read(find)
 
     # -- jobs of the layers that keep their own tables here ---------------------

@@ -32,7 +32,7 @@ ENTITY_K = 3.0
 MAX_NAMES = 3
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _NOT_NAMES = frozenset((*MONTHS, *_WEEKDAYS))
-_CAPITALISED = re.compile(r"\b([A-Z][a-z]+(?:'s)?)\b")
+_WORD = re.compile(r"\b([^\W\d_]+)(?:['’]s)?\b")  # any script: Zoë, José, Øyvind, McKenzie
 
 
 def names(question: str) -> list[str]:
@@ -40,10 +40,13 @@ def names(question: str) -> list[str]:
     possessives, stop words, months and weekdays; at most MAX_NAMES, in order."""
     found: dict[str, None] = {}
     for sentence in re.split(r"[.!?]\s+", question):
-        for match in _CAPITALISED.finditer(sentence):
+        for match in _WORD.finditer(sentence):
+            word = match.group(1)
+            if not (word[0].isupper() and any(c.islower() for c in word[1:])):
+                continue  # a name is capitalised, not all capitals
             if match.start() == len(sentence) - len(sentence.lstrip()):
                 continue  # the sentence's first word is capitalised anyway
-            word = match.group(1).removesuffix("'s").lower()
+            word = word.lower()
             if word not in fts.STOP_WORDS and word not in _NOT_NAMES:
                 found.setdefault(word, None)
     return list(found)[:MAX_NAMES]
