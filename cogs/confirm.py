@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Awaitable, Callable
 
 import discord
 
@@ -94,19 +95,10 @@ class ForgetButton(discord.ui.DynamicItem[discord.ui.Button], template=TEMPLATE)
         return cls(match["action"], int(match["owner"], 36), [int(i, 36) for i in match["ids"].split(".")])
 
     async def interaction_check(self, interaction: discord.Interaction) -> bool:
-        if interaction.user.id != self.owner_id:
-            await interaction.response.send_message("These buttons belong to someone else.", ephemeral=True)
-            return False
-        return True
+        return await _is_askers(interaction, self.owner_id)
 
     async def callback(self, interaction: discord.Interaction) -> None:
-        try:
-            await self._answer(interaction)
-        except Exception:
-            log.exception("forget confirmation failed for user %s", interaction.user.id)
-            if not interaction.response.is_done():
-                await interaction.response.send_message("Something went wrong on my side; it has been logged.",
-                                                        ephemeral=True)
+        await _answer_safely(interaction, self._answer(interaction))
 
     async def _answer(self, interaction: discord.Interaction) -> None:
         message = interaction.message
@@ -129,16 +121,39 @@ class ForgetButton(discord.ui.DynamicItem[discord.ui.Button], template=TEMPLATE)
         elif message is not None and (interaction.created_at - message.created_at).total_seconds() > CONFIRM_TIMEOUT:
             await interaction.response.edit_message(content=EXPIRED, view=None)  # asked before a restart, long ago
             return
-        if self.action == KEEP:
-            await interaction.response.edit_message(content="Kept: nothing was forgotten.", view=None)
-            return
-        removed = await pipeline.forget_memories(self.owner_id, self.memory_ids)
-        await interaction.response.edit_message(
-            content=f"Forgotten: {removed} {'memory' if removed == 1 else 'memories'}.", view=None)
+        await _close(interaction, self.action, lambda: pipeline.forget_memories(self.owner_id, self.memory_ids))
 
 
 async def _nothing() -> int:
     return 0
+
+
+async def _is_askers(interaction: discord.Interaction, owner_id: int) -> bool:
+    if interaction.user.id != owner_id:
+        await interaction.response.send_message("These buttons belong to someone else.", ephemeral=True)
+        return False
+    return True
+
+
+async def _answer_safely(interaction: discord.Interaction, answer: Awaitable[None]) -> None:
+    """A failed answer is logged and the clicker told so, instead of Discord's silent "interaction failed"."""
+    try:
+        await answer
+    except Exception:
+        log.exception("forget confirmation failed for user %s", interaction.user.id)
+        if not interaction.response.is_done():
+            await interaction.response.send_message("Something went wrong on my side; it has been logged.",
+                                                    ephemeral=True)
+
+
+async def _close(interaction: discord.Interaction, action: str, forget: Callable[[], Awaitable[int]]) -> None:
+    """Keep or Forget: the question's message becomes the answer, without buttons."""
+    if action == KEEP:
+        await interaction.response.edit_message(content="Kept: nothing was forgotten.", view=None)
+        return
+    removed = await forget()
+    await interaction.response.edit_message(
+        content=f"Forgotten: {removed} {'memory' if removed == 1 else 'memories'}.", view=None)
 
 
 class ConfirmForget(discord.ui.View):
@@ -184,24 +199,14 @@ class _LiveButton(discord.ui.Button):
         self.question, self.action = question, action
 
     async def callback(self, interaction: discord.Interaction) -> None:
+        if await _is_askers(interaction, self.question.offer.author_id):
+            await _answer_safely(interaction, self._answer(interaction))
+
+    async def _answer(self, interaction: discord.Interaction) -> None:
         offer = self.question.offer
-        if interaction.user.id != offer.author_id:
-            await interaction.response.send_message("These buttons belong to someone else.", ephemeral=True)
+        if self.action == SHOW:
+            await interaction.response.send_message(memory_list(offer), ephemeral=True,
+                                                    allowed_mentions=discord.AllowedMentions.none())
             return
-        try:
-            if self.action == SHOW:
-                await interaction.response.send_message(memory_list(offer), ephemeral=True,
-                                                        allowed_mentions=discord.AllowedMentions.none())
-                return
-            self.question.stop()
-            if self.action == KEEP:
-                await interaction.response.edit_message(content="Kept: nothing was forgotten.", view=None)
-                return
-            removed = await offer.forget()
-            await interaction.response.edit_message(
-                content=f"Forgotten: {removed} {'memory' if removed == 1 else 'memories'}.", view=None)
-        except Exception:
-            log.exception("forget confirmation failed for user %s", interaction.user.id)
-            if not interaction.response.is_done():
-                await interaction.response.send_message("Something went wrong on my side; it has been logged.",
-                                                        ephemeral=True)
+        self.question.stop()
+        await _close(interaction, self.action, offer.forget)
