@@ -31,16 +31,16 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import apsw
 import numpy as np
 
 from bot.cli import importer
-from bot.memory import fts, ranking, store
+from bot.memory import ranking, store
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from bot.settings import SETTINGS, load_settings
 
 from . import shared_world
+from .bm25 import Bm25Index
 from .embed_server import MINILM_NAME, EmbedServerProcess
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "eval" / "locomo-dev" / "locomo-dev.json"
@@ -193,19 +193,11 @@ async def ask_engine(corpus: Corpus, path: Path, env: dict, mode: str, url: str,
 
 def ask_bm25(corpus: Corpus, limit: int) -> list[dict]:
     """Plain porter BM25 over the same turns (no decay, no scope machinery): the baseline."""
-    conn = apsw.Connection(":memory:")
-    conn.execute("CREATE VIRTUAL TABLE t USING fts5(conversation UNINDEXED, external_id UNINDEXED, text, "
-                 "tokenize = 'porter unicode61 remove_diacritics 2')")
-    with conn:
-        for sid, records in corpus.records.items():
-            conn.executemany("INSERT INTO t VALUES (?, ?, ?)",
-                             [(sid, r["external_id"], store.clean_text(r["text"])) for r in records])
+    index = Bm25Index((sid, r["external_id"], 0.0, r["text"]) for sid, records in corpus.records.items()
+                      for r in records)
     rows = []
     for q in corpus.asks:
-        expression = fts.match_expression(q["question"])
-        ranked = [] if expression is None else [row[0] for row in conn.execute(
-            "SELECT external_id FROM t WHERE t MATCH ? AND conversation = ? ORDER BY bm25(t) LIMIT ?",
-            (expression, q["conversation"], limit))]
+        ranked = index.ask(q["question"], [q["conversation"]], limit)
         rows.append(score(ranked, q["evidence"]) | {"category": q["category"], "ranked": ranked,
                                                     "evidence": sorted(q["evidence"]), "cosines": [],
                                                     "as_of": q["last_session"] + DAY})

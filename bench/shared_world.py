@@ -26,10 +26,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import apsw
-
-from bot.memory import fts, store
+from bot.memory import store
 from bot.memory.scope import Viewer
+
+from .bm25 import Bm25Index
 
 GUILD_ID = 7_000
 ROOM_BASE = 8_000
@@ -116,19 +116,6 @@ def visible_keys_for(owner: int, view: str) -> list[str]:
 
 def bm25_world(rows: list[dict], asks: list[dict], view: str, limit: int) -> list[list[str]]:
     """Porter BM25 over what each asker sees in the shared world (no decay, no touch)."""
-    conn = apsw.Connection(":memory:")
-    conn.execute("CREATE VIRTUAL TABLE t USING fts5(vis_key UNINDEXED, external_id UNINDEXED, created_at UNINDEXED, "
-                 "text, tokenize = 'porter unicode61 remove_diacritics 2')")
-    with conn:
-        conn.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", [
-            (f"r:{r['channel_id']}" if r["scope"] == "room" else f"p:{r['user_id']}:{GUILD_ID}", r["external_id"],
-             r["created_at"], store.clean_text(r["text"])) for r in rows])
-    out = []
-    for q in asks:
-        expression = fts.match_expression(q["question"])
-        keys = visible_keys_for(q["owner"], view)
-        marks = ",".join("?" * len(keys))
-        out.append([] if expression is None else [row[0] for row in conn.execute(
-            f"SELECT external_id FROM t WHERE t MATCH ? AND vis_key IN ({marks}) AND created_at <= ? "
-            "ORDER BY bm25(t) LIMIT ?", (expression, *keys, q["as_of"], limit))])
-    return out
+    index = Bm25Index((f"r:{r['channel_id']}" if r["scope"] == "room" else f"p:{r['user_id']}:{GUILD_ID}",
+                       r["external_id"], r["created_at"], r["text"]) for r in rows)
+    return [index.ask(q["question"], visible_keys_for(q["owner"], view), limit, q["as_of"]) for q in asks]
