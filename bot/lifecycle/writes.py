@@ -386,10 +386,8 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                 if old != target and supersede(conn, old, target, now=now):
                     out.superseded.append((old, target))
             out.ids.append(target)
-        unique = list(dict.fromkeys(out.ids))  # pairwise, as store.link_pairwise
-        for i, a in enumerate(unique):
-            for b in unique[i + 1:]:
-                storage.add_link(conn, a, b, "co_extracted", now=now)
+        for a, b in store.pairs(out.ids):
+            storage.add_link(conn, a, b, "co_extracted", now=now)
     return out
 
 

@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import apsw
 
@@ -239,10 +239,16 @@ def add_link(conn: apsw.Connection, source_id: int, target_id: int, kind: str, w
 
 def link_pairwise(conn: apsw.Connection, ids: Sequence[int], kind: str, *, now: float | None = None) -> None:
     """Link memories pairwise (as add_link allows), e.g. the facts of one exchange."""
+    for a, b in pairs(ids):
+        add_link(conn, a, b, kind, now=now)
+
+
+def pairs(ids: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """Each unordered pair of distinct ids once, in the order the ids came."""
     unique = list(dict.fromkeys(ids))
     for i, a in enumerate(unique):
         for b in unique[i + 1:]:
-            add_link(conn, a, b, kind, now=now)
+            yield a, b
 
 
 def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
