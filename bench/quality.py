@@ -28,6 +28,7 @@ import re
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from bot.settings import SETTINGS, load_settings
 from . import shared_world
 from .bm25 import Bm25Index
 from .embed_server import MINILM_NAME, EmbedServerProcess
+from .shared_world import WorldSpec
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "eval" / "locomo-dev" / "locomo-dev.json"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -51,10 +53,16 @@ MODES = ("bm25", "fts", "vector", "hybrid")
 ENGINE_MODES = ("fts", "vector", "hybrid")
 DAY = 86400.0
 PROTOCOLS: dict[str, float | None] = {"+1d": 1.0, "+30d": 30.0, "+365d": 365.0, "none": None}
-# The hard protocol (bench/shared_world.py): all conversations in one database with a busy
-# room and other people's memories, asked as +1d. Name -> (view, same speaker names in the room).
-WORLDS: dict[str, tuple[str, bool]] = {"shared-dm": ("dm", False), "shared-room": ("room", False),
-                                       "shared-room-names": ("room", True)}
+# The hard protocols (bench/shared_world.py): all conversations in one database with a busy
+# room and other people's memories. The crowded ones add CROWD copies of every conversation
+# as other users' newer memories (~100k memories in all) and are asked now, as the product
+# asks: compared with the same world uncrowded, asked now.
+CROWD = 66
+WORLDS: dict[str, WorldSpec] = {
+    "shared-dm": WorldSpec("dm"), "shared-room": WorldSpec("room"),
+    "shared-room-names": WorldSpec("room", same_names=True),
+    "shared-dm-now": WorldSpec("dm", days_after=None),
+    "crowded-dm-now": WorldSpec("dm", crowd=CROWD, days_after=None)}
 AGE_BUCKETS = ((0, 14, "<=14d"), (14, 60, "15-60d"), (60, 10**9, ">60d"))
 GROUPS = ("overall", "single-hop", "multi-hop", "temporal", "open-domain", "adversarial")
 EMBED_CACHE = RESULTS / "embeddings-minilm.npz"
@@ -282,9 +290,9 @@ async def floor_report(corpus: Corpus, path: Path, url: str, env: dict) -> dict:
 
 async def evaluate(data: list[dict], url: str, env: dict, modes: tuple[str, ...], limit: int,
                    protocols: dict[str, float | None] | None = None, touch: bool = True,
-                   keep_rows: bool = False, worlds: dict[str, tuple[str, bool]] | None = None) -> dict:
+                   keep_rows: bool = False, worlds: dict[str, WorldSpec] | None = None) -> dict:
     """results[protocol][mode] = per-group scores, R@10 by evidence age and recalled cosines;
-    `worlds` adds the shared-world protocols (asked at +1d)."""
+    `worlds` adds the shared-world protocols."""
     protocols = PROTOCOLS if protocols is None else protocols
     corpus = Corpus(data)
     results: dict = {}
@@ -308,33 +316,35 @@ async def evaluate(data: list[dict], url: str, env: dict, modes: tuple[str, ...]
                 if keep_rows:
                     out["rows"] = rows
                 results[name][mode] = out
-        for name, (view, same_names) in (worlds or {}).items():
-            results[name] = await evaluate_world(corpus, Path(tmp), url, env, modes, limit, view, same_names, touch,
-                                                 keep_rows)
+        for name, spec in (worlds or {}).items():
+            results[name] = await evaluate_world(corpus, Path(tmp), url, env, modes, limit, spec, touch, keep_rows)
     return results
 
 
 async def evaluate_world(corpus: Corpus, tmp: Path, url: str, env: dict, modes: tuple[str, ...], limit: int,
-                         view: str, same_names: bool, touch: bool, keep_rows: bool) -> dict:
-    """One shared-world protocol (bench/shared_world.py), asked at +1d: scores as `evaluate`,
-    plus the share of the top 10 that came from the room (other people's talk)."""
-    template = tmp / f"world-{'names' if same_names else 'plain'}.db"
-    world = shared_world.world_records(corpus.conversations, corpus.records, same_names=same_names)
+                         spec: WorldSpec, touch: bool, keep_rows: bool) -> dict:
+    """One shared-world protocol (bench/shared_world.py): scores as `evaluate`, plus the
+    share of the top 10 that came from the room (other people's talk)."""
+    view, same_names = spec.view, spec.same_names
+    template = tmp / f"world-{'names' if same_names else 'plain'}-crowd{spec.crowd}.db"
+    world = shared_world.world_records(corpus.conversations, corpus.records, same_names=same_names,
+                                       crowd=spec.crowd)
     if not template.exists():
         await import_groups({"the shared world": world}, template, url, env, warm=False)
     created = {r["external_id"]: r["created_at"] for r in world}
-    asks = [q | {"as_of": as_of_for(q, 1.0)} for q in corpus.asks]
+    asks = [q | {"as_of": as_of_for(q, spec.days_after)} for q in corpus.asks]
     out: dict = {}
     for mode in modes:
         if mode == "bm25":
             rankings = shared_world.bm25_world(world, asks, view, limit)
             rows = [score(ranked, q["evidence"]) | {"category": q["category"], "ranked": ranked, "cosines": [],
-                                                    "evidence": sorted(q["evidence"]), "as_of": q["as_of"]}
+                                                    "evidence": sorted(q["evidence"]),
+                                                    "as_of": q["as_of"] if q["as_of"] is not None else time.time()}
                     for ranked, q in zip(rankings, asks, strict=True)]
         else:
-            path = tmp / f"world-{view}-{same_names}-{mode}.db"
+            path = tmp / f"world-{view}-{same_names}-{spec.crowd}-{spec.days_after}-{mode}.db"
             copy_database(template, path)
-            rows = await ask_engine(corpus, path, env, mode, url, 1.0, touch, limit, view=view)
+            rows = await ask_engine(corpus, path, env, mode, url, spec.days_after, touch, limit, view=view)
         room = [sum(eid.startswith("room") for eid in r["ranked"][:10]) / max(1, len(r["ranked"][:10]))
                 for r in rows if r["category"] != 5]
         out[mode] = by_group(rows) | {"age": age_report(rows, created), "cosine": cosine_report(rows),
@@ -342,6 +352,18 @@ async def evaluate_world(corpus: Corpus, tmp: Path, url: str, env: dict, modes: 
         if keep_rows:
             out[mode]["rows"] = rows
     return out
+
+
+def reference_of(world: str, results: dict) -> str | None:
+    """What a hard protocol is compared with: a crowded world with the same world uncrowded,
+    asked alike; any other with the isolated protocol asked at the same time."""
+    spec = WORLDS[world]
+    if spec.crowd:
+        same = [name for name, other in WORLDS.items() if other == replace(spec, crowd=0) and name in results]
+        if same:
+            return same[0]
+    isolated = next((name for name, days in PROTOCOLS.items() if days == spec.days_after), None)
+    return isolated if isolated in results else None
 
 
 def print_table(results: dict) -> None:
@@ -365,13 +387,17 @@ def print_table(results: dict) -> None:
                              for _, _, name in AGE_BUCKETS)
             print(f"{p:<6} {mode:<7} {cells}  recent share {age['top10_share_last_14d']}")
     worlds = [p for p in protocols if p in WORLDS]
-    if worlds and "+1d" in protocols:
-        print("\nShared world against the isolated +1d (R@10 change; share of the top 10 from the room)")
+    if worlds:
+        print("\nHard protocols against their reference (R@10 change; share of the top 10 from the room)")
         for world in worlds:
+            reference = reference_of(world, results)
+            if reference is None:
+                continue
             for mode in modes:
-                cells = [(g, results[world][mode].get(g), results["+1d"][mode].get(g)) for g in GROUPS]
+                cells = [(g, results[world][mode].get(g), results[reference][mode].get(g)) for g in GROUPS]
                 changes = "  ".join(f"{g} {w['r10'] - i['r10']:+.3f}" for g, w, i in cells if w and i)
-                print(f"{world:<18} {mode:<7} {changes}  room share {results[world][mode]['room_share_top10']}")
+                print(f"{world:<18} vs {reference:<14} {mode:<7} {changes}  "
+                      f"room share {results[world][mode]['room_share_top10']}")
     if floors:
         print("\ncosine question-turn: evidence", floors["evidence"], "\n                     other   ", floors["other"])
         print("share at or above a floor (evidence / other turns):",
@@ -389,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help=f"any of {', '.join(PROTOCOLS)}")
     parser.add_argument("--worlds", default=",".join(WORLDS),
-                        help=f"hard protocols (one shared database, asked at +1d): any of {', '.join(WORLDS)}")
+                        help=f"hard protocols (one shared database): any of {', '.join(WORLDS)}")
     parser.add_argument("--no-touch", action="store_true", help="ask with touch off (rankings never change)")
     parser.add_argument("--set", action="append", default=[], metavar="ENV=VALUE",
                         help="a setting for this run, e.g. --set MUNINN_RRF_K=20 (repeatable)")

@@ -36,11 +36,21 @@ ROOM_BASE = 8_000
 VIEWS = ("dm", "room")
 
 
+CROWD_BASE = 100_000     # crowd users' ids
+CROWD_AFTER = 400 * 86400.0  # the crowd talks after the last LoCoMo session (Jan 2024 + 400 days)
+
+
 @dataclass(frozen=True)
-class WorldView:
-    """Where a question is asked: 'dm' or 'room' (the owner's busy guild channel)."""
-    name: str
+class WorldSpec:
+    """One hard protocol: where a question is asked ('dm' or 'room', the owner's busy guild
+    channel), whether the room's speakers share the asker's speakers' names, how many copies of
+    every conversation a crowd of other users adds as their own newer personal memories, and
+    when the question is asked (days after the conversation's last session; None = now, as the
+    product asks)."""
+    view: str
     same_names: bool = False
+    crowd: int = 0
+    days_after: float | None = 1.0
 
 
 def room_of(owner: int) -> int:
@@ -60,9 +70,12 @@ def revoice(text: str, names: dict[str, str]) -> str:
 
 
 def world_records(conversations: list[dict], records: dict[str, list[dict]], *,
-                  same_names: bool) -> list[dict]:
+                  same_names: bool, crowd: int = 0) -> list[dict]:
     """Every memory of the shared world as `muninn import` records, in time order.
-    `conversations`: [{"sid", "owner", "speakers": (a, b)}] in corpus order."""
+    `conversations`: [{"sid", "owner", "speakers": (a, b)}] in corpus order. `crowd` copies of
+    every conversation become personal memories of other users, stored after everything else
+    (a community that kept talking): the asker never sees them, but they make the asker's
+    memories old and the question's words common, as in a big bot's database."""
     out: list[dict] = []
     for conv in conversations:
         for r in records[conv["sid"]]:
@@ -76,6 +89,13 @@ def world_records(conversations: list[dict], records: dict[str, list[dict]], *,
                 out.append({"text": revoice(r["text"], names), "scope": "room", "channel_id": room_of(host["owner"]),
                             "guild_id": GUILD_ID, "created_at": r["created_at"],
                             "external_id": f"room{host['owner']}:{r['external_id']}"})
+    for copy in range(crowd):
+        for j, conv in enumerate(conversations):
+            user = CROWD_BASE + copy * len(conversations) + j
+            for r in records[conv["sid"]]:
+                out.append({"text": r["text"], "scope": "personal", "user_id": user, "guild_id": GUILD_ID,
+                            "created_at": r["created_at"] + CROWD_AFTER + copy,
+                            "external_id": f"crowd{user}:{r['external_id']}"})
     out.sort(key=lambda r: (r["created_at"], r["external_id"]))
     return out
 
