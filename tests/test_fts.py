@@ -123,6 +123,15 @@ async def test_a_query_of_only_common_words_keeps_the_rarest_of_them(fts_engine)
     assert await fts_engine.write(fts.selective, ["pasta", "pizza", "nowhere"]) == ["pizza", "nowhere"]
 
 
+async def test_the_common_word_window_ends_at_the_viewers_newest_memory(fts_engine, monkeypatch):
+    """A quiet DM in a busy bot: everything the viewer has is older than the last COMMON_WINDOW
+    memories stored (other people's); a common word still finds it."""
+    old = await fts_engine.remember(NewMemory("Alice bought lamps long ago", "personal", owner_id=ALICE))
+    await busy_channel(fts_engine)  # 602 newer memories of other people, most of them with "lamps"
+    monkeypatch.setattr(fts, "COMMON_WINDOW", 300)
+    assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [old]
+
+
 async def test_a_query_of_common_words_looks_only_at_the_newest_memories(fts_engine, monkeypatch):
     old = await fts_engine.remember(NewMemory("Alice bought lamps long ago", "personal", owner_id=ALICE))
     await busy_channel(fts_engine)  # 602 newer memories, most of them with "lamps"
@@ -130,7 +139,8 @@ async def test_a_query_of_common_words_looks_only_at_the_newest_memories(fts_eng
     monkeypatch.setattr(fts, "COMMON_WINDOW", 300)
     keys = ["g", f"p:{ALICE}:dm"]
     hits, params = await fts_engine.read(fts.scoped_hits, "lamps", keys, None)
-    assert "rowid > ?" in hits and old < params[-1] < recent  # the window starts after the old one
+    assert "rowid > ?" in hits and old < params[-2] < recent  # the window starts after the old one
+    assert params[-1] == recent                                # ...and ends at her newest memory
     assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [recent]
     past = await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False, as_of=time.time() + 60)
     assert set(past.ids) == {old, recent}  # as of a moment: no window

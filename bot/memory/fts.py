@@ -116,6 +116,15 @@ def common_limit(conn) -> int:
     return int(min(max(COMMON_SHARE * total, COMMON_MIN_DOCS), max(MATCH_BUDGET, COMMON_MIN_DOCS)))
 
 
+def newest_visible_id(conn, keys: list[str]) -> int:
+    """The newest id under `keys` (archived or not: a bound only), one index seek per key. The
+    common-word window ends here, not at the database's newest memory: a viewer whose memories
+    are all older than the last COMMON_WINDOW stored (a quiet DM in a busy bot) would otherwise
+    find none of them by a common word (bench.quality's crowded world)."""
+    seeks = " UNION ALL ".join("SELECT (SELECT max(id) FROM memories WHERE vis_key = ?) AS newest" for _ in keys)
+    return int(conn.execute(f"SELECT coalesce(max(newest), 0) FROM ({seeks})", keys).fetchall()[0][0])
+
+
 def newest_id(conn) -> int:
     return int(conn.execute("SELECT coalesce(max(id), 0) FROM memories").fetchall()[0][0])
 
@@ -141,32 +150,34 @@ def scoped_hits(conn, text: str, keys: list[str], as_of: float | None) -> tuple[
     matches = sum(counts)
     extra = [as_of] if as_of is not None else []
     # A count past the limit is only a lower bound (the word may be in half of all memories):
-    # then only the newest COMMON_HITS visible matches among the newest COMMON_WINDOW memories
-    # are ranked (FTS5 walks the matches newest first from the window's start and stops there),
+    # then only the newest COMMON_HITS visible matches among the COMMON_WINDOW memories up to the
+    # viewer's newest are ranked (FTS5 walks the matches newest first from the window's start and stops there),
     # found from the FTS side for a viewer who sees much of the window (a busy channel: ~3
     # matches per hit), from the visible set otherwise (4 ms instead of 8 for a heavy DM user).
     common = max(counts) > limit
-    window: list = []
+    window: list = []      # (start,): memories after it
+    fts_window: list = []  # (start, end): FTS5 seeks to `end` and walks down to `start`
     if common:
         if as_of is None:  # a recall as of a past moment has no "newest memories" to cut at
-            window = [newest_id(conn) - COMMON_WINDOW]
+            end = newest_visible_id(conn, keys)
+            window, fts_window = [end - COMMON_WINDOW], [end - COMMON_WINDOW, end]
         dense = f"{where} AND id > ?" if window else where
         match_first = visible_at_least(conn, dense, [*keys, *window], DENSE_VISIBLE) > DENSE_VISIBLE
         tail = f" ORDER BY memories_fts.rowid DESC LIMIT {COMMON_HITS})"
     else:
         match_first = matches <= visible_at_least(conn, where, keys, matches)
         tail = ")"
-    in_window = " AND memories_fts.rowid > ?" if window else ""
+    in_window = " AND memories_fts.rowid > ? AND memories_fts.rowid <= ?" if window else ""
     if match_first:
         return ("hits AS MATERIALIZED (SELECT memories_fts.rowid AS id, bm25(memories_fts) AS relevance "
                 "FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
                 f"WHERE memories_fts MATCH ?{in_window} AND memories.{where} AND memories.archived_at IS NULL"
-                + since.replace("created_at", "memories.created_at") + tail, [expression, *window, *keys, *extra])
+                + since.replace("created_at", "memories.created_at") + tail, [expression, *fts_window, *keys, *extra])
     return (f"visible(id) AS MATERIALIZED (SELECT id FROM memories WHERE {where} AND archived_at IS NULL{since}"
             + (" AND id > ?" if window else "") + "), "
             "hits AS MATERIALIZED (SELECT rowid AS id, bm25(memories_fts) AS relevance FROM memories_fts "
             f"WHERE memories_fts MATCH ?{in_window.replace('memories_fts.rowid', 'rowid')} AND +rowid IN visible"
-            + tail.replace("memories_fts.rowid", "rowid"), [*keys, *extra, *window, expression, *window])
+            + tail.replace("memories_fts.rowid", "rowid"), [*keys, *extra, *window, expression, *fts_window])
 
 
 def visible_at_least(conn, where: str, keys: list[str], cap: int) -> int:
