@@ -163,6 +163,10 @@ class SQLiteStorage:
             store.touch(conn, touched, growth=growth, now=now)
         return store.get_many(conn, ids)
 
+    def touch_many(self, conn: apsw.Connection, recalls: Sequence[tuple[list[int], float]], *, growth: float) -> None:
+        """Several recalls' touches in one transaction (bot/memory/touches.py)."""
+        store.touch_many(conn, recalls, growth=growth)
+
     def forget_sources(self, conn: apsw.Connection, message_ids: Sequence[int]) -> list[int]:
         return store.forget_sources(conn, message_ids)
 
