@@ -1,9 +1,9 @@
 """The name sub-query of the keyword path (bot/memory/subqueries.py), through a real engine."""
 from __future__ import annotations
 
-from bot.memory import subqueries
+from bot.memory import fts, retrieval, subqueries
 from bot.memory.retrieval import Candidate
-from bot.memory.scope import Viewer
+from bot.memory.scope import Viewer, visible_keys
 from bot.memory.store import NewMemory
 
 ASKER = Viewer(user_id=1, channel_id=10, guild_id=100)
@@ -58,3 +58,20 @@ async def test_a_name_the_plain_query_searches_is_not_queried_again(fts_engine):
     assert await fts_engine.read(subqueries.name_hits, "Which sunrise did Caroline see?",
                                  [Candidate(mine, fts_rank=1)]) == []
     assert (await fts_engine.recall("Which sunrise did Caroline see?", ASKER, touch=False)).ids == [mine]
+
+
+async def test_the_keyword_path_hands_its_searched_words_to_the_name_query(fts_engine):
+    chatter = [NewMemory(f"Caroline: small talk number {i} about the weather", "personal", owner_id=1, guild_id=100)
+               for i in range(510)]
+    await fts_engine.remember_many(chatter)
+    mine = await fts_engine.remember(NewMemory("Caroline: the sunrise over the fjord", "personal", owner_id=1,
+                                               guild_id=100))
+    keys = await fts_engine.read(visible_keys, ASKER)
+    hits = await fts_engine.read(retrieval.fts_candidates, "Which sunrise did Caroline see?", keys, 10)
+    assert hits.searched == ["sunrise", "see"]  # "caroline" is too common here: left out, as fts.selective says
+    assert hits.searched == await fts_engine.read(fts.selective, fts.tokens("Which sunrise did Caroline see?"))
+    assert [h.memory_id for h in await fts_engine.read(subqueries.name_hits, "Which sunrise did Caroline see?",
+                                                       hits)] == [mine]
+    # the words the hits carry are the ones used: had the plain query searched the name, no name query
+    hits.searched = ["sunrise", "see", "caroline"]
+    assert await fts_engine.read(subqueries.name_hits, "Which sunrise did Caroline see?", hits) == []

@@ -29,7 +29,7 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import dates, db, ranking, retrieval, store, subqueries, transactions, vectors
+from bot.memory import dates, db, ranking, retrieval, store, subqueries, touches, transactions, vectors
 from bot.memory.files import DatabaseBusy, DatabaseError
 from bot.memory.retrieval import VectorStatus
 from bot.memory.scope import Viewer
@@ -75,6 +75,7 @@ class Engine:
         self._reader_conns: list[Connection] = []
         self._reader_lock = threading.Lock()
         self._paused: set[int] | None = None  # cache of memory_pauses (this process writes it)
+        self._touches = touches.TouchBatcher(self._touch_batch)  # concurrent recalls share one writer job
         self._warm_stop = threading.Event()
         self._warming: asyncio.Future | None = None
         # One thread of its own loads the vector cache (the start-up warm, then big cold keys a
@@ -362,7 +363,8 @@ class Engine:
             relevant = ranking.worth_touching(candidates, vector_ran=vector is not None, floor=floor)
             for cand in candidates:
                 cand.touched = cand.memory_id in relevant
-            memories = await self._run(self._touch_and_load, relevant, ids, now)
+            # never stamp a future recall time: it would pin the memories so they never fade
+            memories = await self._touches.touch_and_load(relevant, ids, min(now, time.time() + FUTURE_SLACK_S))
         else:
             memories = await self._read(self.storage.get_many, ids)
         finish["fuse_graph_touch"] += (time.perf_counter() - t0) * 1000
@@ -401,11 +403,9 @@ class Engine:
         return (chosen, retrieval.mode_of(vector is not None, fts_hits),
                 {"vector": (t1 - t0) * 1000, "fuse_graph_touch": (t2 - t1) * 1000})
 
-    def _touch_and_load(self, conn: Connection, touched: list[int], ids: list[int],
-                        now: float) -> dict[int, store.Memory]:
-        # never stamp a future recall time: it would pin the memories so they never fade
-        return self.storage.touch_and_load(conn, touched, ids, growth=self.settings.stability_growth,
-                                           now=min(now, time.time() + FUTURE_SLACK_S))
+    async def _touch_batch(self, requests: list[tuple[list[int], list[int], float]]) -> list[dict[int, store.Memory]]:
+        """The touches of the recalls waiting for one (touches.TouchBatcher), in one writer job."""
+        return await self._run(touches.touch_and_load_all, self.storage, requests, self.settings.stability_growth)
 
     async def _query_vector(self, query: str) -> tuple[list[float] | None, VectorStatus]:
         if not self.ollama.enabled:

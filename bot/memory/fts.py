@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 MAX_TOKENS = 24
@@ -82,15 +83,17 @@ COMMON_EXACT = 20_000
 COMMON_WINDOW = 20_000
 
 
-def selective(conn, words: list[str], count: Callable[[Any, str, int], int] | None = None) -> list[str]:
+def selective(conn, words: list[str], count: Callable[[Any, str, int], int] | None = None, *,
+              limit: int | None = None) -> list[str]:
     """`words` without those too common to be worth searching: the rarest first; a word in more
     than COMMON_MIN_DOCS memories only while the matches so far stay within MATCH_BUDGET (the
     KEEP_RAREST rarest always stay); never a word in more than COMMON_SHARE of all memories
-    while a rarer one is there. `count` counts a word's memories (default: FTS5's doc_count)."""
+    while a rarer one is there. `count` counts a word's memories (default: FTS5's doc_count);
+    `limit`: common_limit(conn), when the caller has it already."""
     if len(words) <= 1:
         return words
     doc_count_of = count or doc_count
-    limit = common_limit(conn)
+    limit = common_limit(conn) if limit is None else limit
     frequency = {w: doc_count_of(conn, w, limit) for w in words}
     kept: set[str] = set()
     matches = 0
@@ -108,11 +111,11 @@ def selective(conn, words: list[str], count: Callable[[Any, str, int], int] | No
     return [w for w in words if w in kept or frequency[w] == 0]
 
 
-def common_limit(conn) -> int:
+def common_limit(conn, newest: int | None = None) -> int:
     """Above this many documents a word is common. Also where counting stops: a word above
     MATCH_BUDGET can only be kept as one of the rarest, so counting further buys nothing (and
-    a count is as costly as the search it saves)."""
-    total = newest_id(conn)
+    a count is as costly as the search it saves). `newest`: newest_id(conn), if read already."""
+    total = newest_id(conn) if newest is None else newest
     return int(min(max(COMMON_SHARE * total, COMMON_MIN_DOCS), max(MATCH_BUDGET, COMMON_MIN_DOCS)))
 
 
@@ -136,16 +139,31 @@ def newest_id(conn) -> int:
 # memories (12 ms to list 32k ids, under 1 ms to check a few hundred matches; issue 12). The
 # plan with fewer rows to visit wins: the matches are counted per word (capped, cached) and
 # the visible set only up to that many.
+@dataclass(frozen=True)
+class KeywordPlan:
+    """What the keyword path searches for one query: the words kept (`selective`) and the CTE
+    defining `hits(id, relevance)` with its parameters (None: nothing is searchable)."""
+    words: list[str]
+    hits: tuple[str, list] | None
+
+
 def scoped_hits(conn, text: str, keys: list[str], as_of: float | None) -> tuple[str, list] | None:
     """The CTE text defining `hits(id, relevance)` (bm25: lower is better) for `text` among the
     active memories under `keys`, and its parameters; None when nothing is searchable."""
-    words = selective(conn, tokens(text))
+    return plan(conn, text, keys, as_of).hits
+
+
+def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
+    """scoped_hits, and the words it searched (the name re-rank needs them: subqueries.py).
+    `max(id)` is read once here (it sets both the common limit and the window)."""
+    newest = newest_id(conn)
+    limit = common_limit(conn, newest)
+    words = selective(conn, tokens(text), limit=limit)
     if not words:
-        return None
+        return KeywordPlan(words, None)
     expression = " OR ".join(quote(w) for w in words)
     where = f"vis_key IN ({','.join('?' * len(keys))})"
     since = " AND created_at <= ?" if as_of is not None else ""
-    limit = common_limit(conn)
     counts = [doc_count(conn, w, limit) for w in words]
     matches = sum(counts)
     extra = [as_of] if as_of is not None else []
@@ -169,15 +187,17 @@ def scoped_hits(conn, text: str, keys: list[str], as_of: float | None) -> tuple[
         tail = ")"
     in_window = " AND memories_fts.rowid > ? AND memories_fts.rowid <= ?" if window else ""
     if match_first:
-        return ("hits AS MATERIALIZED (SELECT memories_fts.rowid AS id, bm25(memories_fts) AS relevance "
-                "FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
-                f"WHERE memories_fts MATCH ?{in_window} AND memories.{where} AND memories.archived_at IS NULL"
-                + since.replace("created_at", "memories.created_at") + tail, [expression, *fts_window, *keys, *extra])
-    return (f"visible(id) AS MATERIALIZED (SELECT id FROM memories WHERE {where} AND archived_at IS NULL{since}"
-            + (" AND id > ?" if window else "") + "), "
-            "hits AS MATERIALIZED (SELECT rowid AS id, bm25(memories_fts) AS relevance FROM memories_fts "
-            f"WHERE memories_fts MATCH ?{in_window.replace('memories_fts.rowid', 'rowid')} AND +rowid IN visible"
-            + tail.replace("memories_fts.rowid", "rowid"), [*keys, *extra, *window, expression, *fts_window])
+        cte = ("hits AS MATERIALIZED (SELECT memories_fts.rowid AS id, bm25(memories_fts) AS relevance "
+               "FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
+               f"WHERE memories_fts MATCH ?{in_window} AND memories.{where} AND memories.archived_at IS NULL"
+               + since.replace("created_at", "memories.created_at") + tail)
+        return KeywordPlan(words, (cte, [expression, *fts_window, *keys, *extra]))
+    cte = (f"visible(id) AS MATERIALIZED (SELECT id FROM memories WHERE {where} AND archived_at IS NULL{since}"
+           + (" AND id > ?" if window else "") + "), "
+           "hits AS MATERIALIZED (SELECT rowid AS id, bm25(memories_fts) AS relevance FROM memories_fts "
+           f"WHERE memories_fts MATCH ?{in_window.replace('memories_fts.rowid', 'rowid')} AND +rowid IN visible"
+           + tail.replace("memories_fts.rowid", "rowid"))
+    return KeywordPlan(words, (cte, [*keys, *extra, *window, expression, *fts_window]))
 
 
 def visible_at_least(conn, where: str, keys: list[str], cap: int) -> int:

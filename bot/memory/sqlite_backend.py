@@ -37,6 +37,12 @@ class SQLiteStorage:
     def open_reader(self) -> apsw.Connection:
         conn = db.connect(self.path, migrate_schema=False)
         conn.execute("PRAGMA query_only = 1")
+        # No memory map on the readers. After any commit (each recall's touch is one) a reader
+        # drops its map with its page cache and maps the file again at its next statement, and
+        # every page it then reads costs a fault: the keyword step took 1.3-2.5 ms more after a
+        # write with the 256 MB map, 0.1-0.2 ms without (100k, bench/README.md, issue 12). Read
+        # through the OS page cache instead; the writer keeps its map (its own commits keep it).
+        conn.execute("PRAGMA mmap_size = 0")
         if self.vector_cache is not None:
             vectors.attach_cache(conn, self.vector_cache)
         return conn
@@ -162,6 +168,10 @@ class SQLiteStorage:
         if touched:
             store.touch(conn, touched, growth=growth, now=now)
         return store.get_many(conn, ids)
+
+    def touch_many(self, conn: apsw.Connection, recalls: Sequence[tuple[list[int], float]], *, growth: float) -> None:
+        """Several recalls' touches in one transaction (bot/memory/touches.py)."""
+        store.touch_many(conn, recalls, growth=growth)
 
     def forget_sources(self, conn: apsw.Connection, message_ids: Sequence[int]) -> list[int]:
         return store.forget_sources(conn, message_ids)

@@ -315,13 +315,18 @@ def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> 
 
 def touch(conn: apsw.Connection, memory_ids: Iterable[int], *, growth: float, now: float | None = None) -> None:
     """Record a recall: count it, reset the decay clock, strengthen the memory."""
-    now = time.time() if now is None else now
+    touch_many(conn, [(memory_ids, time.time() if now is None else now)], growth=growth)
+
+
+def touch_many(conn: apsw.Connection, recalls: Iterable[tuple[Iterable[int], float]], *, growth: float) -> None:
+    """Several recalls' touches (their ids, their time), in order, in one transaction: each
+    memory ends as if every recall had been its own `touch` (bot/memory/touches.py)."""
     with write_transaction(conn):
-        for memory_id in memory_ids:
-            conn.execute(
+        for memory_ids, now in recalls:
+            conn.executemany(
                 "UPDATE memories SET access_count = access_count + 1, last_accessed = max(?, coalesce(last_accessed, 0)), "
                 "stability = min(stability * ?, ?) WHERE id = ?",
-                (now, growth, decay.MAX_STABILITY_DAYS, memory_id))
+                [(now, growth, decay.MAX_STABILITY_DAYS, memory_id) for memory_id in memory_ids])
 
 
 def set_vector(conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int, vector: Sequence[float]) -> None:

@@ -61,7 +61,9 @@ def name_hits(conn: apsw.Connection, question: str, hits: list[Candidate]) -> li
     mentioned = names(question)
     if not hits or not mentioned:
         return []
-    searched = set(storage_of(conn).searched_words(conn, fts.tokens(question)))
+    # the words the keyword path searched, as it chose them (retrieval.KeywordHits), else asked again
+    known = getattr(hits, "searched", None)
+    searched = set(known if known is not None else storage_of(conn).searched_words(conn, fts.tokens(question)))
     people = {p for p in mentioned if p not in searched}  # only names the plain query left out
     if not people:
         return []
