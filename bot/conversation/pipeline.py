@@ -436,7 +436,7 @@ class Pipeline:
     async def _drop_forgotten(self, message_ids: list[int]) -> None:
         def drop(conn) -> None:
             history.remove(conn, message_ids)
-            storage_of(conn).scrub(conn)
+            storage_of(conn).scrub(conn, ("messages",))
         await self._db_or(None, "drop the messages of a forgotten person", self.engine.write(drop))
 
     async def _think(self, built: prompt.Prompt) -> tuple[str, bool]:

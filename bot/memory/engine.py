@@ -266,7 +266,7 @@ class Engine:
         trace of their text stays recoverable on disk (slower: for forget-all, not routine)."""
         removed = await self.write(self.storage.delete, list(memory_ids), what=f"forget {len(memory_ids)} memories")
         if scrub:
-            await self._run(self.storage.scrub)
+            await self._run(self.storage.scrub, ("memories",))
         return removed
 
     async def archive(self, memory_id: int, reason: str) -> None:

@@ -148,8 +148,8 @@ class SQLiteStorage:
     def delete(self, conn: apsw.Connection, memory_ids: Sequence[int]) -> int:
         return store.delete(conn, memory_ids)
 
-    def scrub(self, conn: apsw.Connection) -> None:
-        store.scrub(conn)
+    def scrub(self, conn: apsw.Connection, forgotten: Sequence[str] = ()) -> None:
+        store.scrub(conn)  # secure_delete zeroed the pages already; FTS5 segments and the WAL remain: all of it, cheap
 
     def archive(self, conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
         store.archive(conn, memory_id, reason, now)

@@ -26,10 +26,12 @@ import psycopg
 from bot.memory import decay, privacy, ranking, retrieval, store, vectors
 from bot.memory.files import DatabaseError
 from bot.memory.postgres import keywords
+from bot.memory.postgres import scrub as postgres_scrub
 from bot.memory.postgres.connection import PgConnection, connect, where
 from bot.memory.postgres.migrations import migrate
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, visible_keys
+from bot.memory.storage import SCRUBBED
 from bot.memory.vectors import IndexInfo, VectorSizeError
 
 log = logging.getLogger(__name__)
@@ -275,11 +277,8 @@ class PostgresStorage:
         conn.pg.execute("INSERT INTO vector_changes (memory_id) SELECT memory_id FROM memory_vectors "
                         "WHERE memory_id = ANY(%s)", (ids,))
 
-    def scrub(self, conn: PgConnection) -> None:
-        # Deleted rows stay in their pages until VACUUM reclaims them (and in the WAL until
-        # it is recycled): vacuum the tables that hold people's words.
-        for table in ("memories", "memory_vectors", "messages"):
-            conn.pg.execute(f"VACUUM {table}".encode())
+    def scrub(self, conn: PgConnection, forgotten: Sequence[str] = SCRUBBED) -> None:
+        postgres_scrub.scrub(conn, forgotten)  # a rewrite: VACUUM leaves the bytes in the files
 
     def archive(self, conn: PgConnection, memory_id: int, reason: str, now: float | None = None) -> None:
         with conn.pg.transaction():
