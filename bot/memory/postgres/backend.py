@@ -145,7 +145,10 @@ class PostgresStorage:
         with conn.pg.transaction():
             conn.pg.execute("SELECT pg_advisory_xact_lock(%s)", (INDEX_LOCK,))
             conn.pg.execute("DROP INDEX IF EXISTS memory_vectors_hnsw")
-            conn.pg.execute("DELETE FROM memory_vectors")
+            # TRUNCATE, not DELETE: the new index is built in this transaction, and an index build
+            # still reads rows the transaction deleted: the old model's vectors of another dimension
+            # failed its (embedding::vector(dim)) cast ("expected 1024 dimensions, not 768").
+            conn.pg.execute("TRUNCATE memory_vectors")
             conn.pg.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1")
             self._create_index(conn, model, dim)
             _set_meta(conn, vectors.REINDEX_PENDING, "1")
