@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import apsw
 
-from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, store, vectors
+from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, store, vector_keys, vectors
 from bot.memory.db import write_transaction
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, visible_keys
@@ -61,6 +61,8 @@ class SQLiteStorage:
             log.info("moved %d vectors to the new layout", vectors.upgrade_layout(conn))
         if vectors.index_info(conn) is not None:  # databases made before the index existed get it now
             vectors.index_partitions(conn)
+        if vectors.table_exists(conn):  # files made before the trigger existed get it now
+            vector_keys.follow_keys(conn)
 
     # -- the vector index ----------------------------------------------------------
     def index_info(self, conn: apsw.Connection) -> IndexInfo | None:
