@@ -1,10 +1,14 @@
 """The name sub-query of the keyword path (bot/memory/subqueries.py), through a real engine."""
 from __future__ import annotations
 
+import pytest
+
 from bot.memory import subqueries
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import Viewer
 from bot.memory.store import NewMemory
+
+pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 
 ASKER = Viewer(user_id=1, channel_id=10, guild_id=100)
 
