@@ -269,6 +269,10 @@ class Engine:
             await self._run(self.storage.scrub, ("memories",))
         return removed
 
+    async def finish_scrub(self) -> bool:
+        """What earlier forgets left for maintenance to scrub (PostgreSQL's vectors): storage.py."""
+        return await self._run(self.storage.finish_scrub)
+
     async def archive(self, memory_id: int, reason: str) -> None:
         await self._run(self.storage.archive, memory_id, reason)
 

@@ -153,6 +153,9 @@ class SQLiteStorage:
     def scrub(self, conn: apsw.Connection, forgotten: Sequence[str] = ()) -> None:
         store.scrub(conn)  # secure_delete zeroed the pages already; FTS5 segments and the WAL remain: all of it, cheap
 
+    def finish_scrub(self, conn: apsw.Connection) -> bool:
+        return False  # each scrub was complete
+
     def archive(self, conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
         store.archive(conn, memory_id, reason, now)
 

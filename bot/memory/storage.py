@@ -83,6 +83,9 @@ class Storage(Protocol):
         """After a commit that deleted people's words: leave no recoverable trace of them in the
         database's files. `forgotten` says what went ("memories", "messages"): a backend may
         clean only those tables (PostgreSQL rewrites them: postgres/scrub.py)."""
+    def finish_scrub(self, conn: Connection) -> bool:
+        """At maintenance: the part of earlier scrubs too slow to run at each forget (PostgreSQL
+        rewrites the vectors, rebuilding their index); True if there was any."""
     def archive(self, conn: Connection, memory_id: int, reason: str, now: float | None = None) -> None: ...
     def restore(self, conn: Connection, memory_id: int) -> None: ...
     def touch_and_load(self, conn: Connection, touched: list[int], ids: list[int], *, growth: float,

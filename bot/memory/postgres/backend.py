@@ -283,6 +283,9 @@ class PostgresStorage:
     def scrub(self, conn: PgConnection, forgotten: Sequence[str] = SCRUBBED) -> None:
         postgres_scrub.scrub(conn, forgotten)  # a rewrite: VACUUM leaves the bytes in the files
 
+    def finish_scrub(self, conn: PgConnection) -> bool:
+        return postgres_scrub.finish(conn)
+
     def archive(self, conn: PgConnection, memory_id: int, reason: str, now: float | None = None) -> None:
         with conn.pg.transaction():
             conn.pg.execute("UPDATE memories SET archived_at = %s, archive_reason = %s, embedded = 0, updated_at = %s "
