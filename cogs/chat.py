@@ -132,10 +132,14 @@ class Chat(commands.Cog):
         if message.author.bot or message.type not in CONVERSATION_TYPES or not message.content.strip():
             return
         incoming = to_incoming(message)
-        if await self.should_answer(message):
-            await self.pipeline.respond(incoming, DiscordOutlet(message))
-        else:
-            await self.pipeline.record(incoming)
+        self.pipeline.arrivals.arrived(incoming.channel_id, incoming.message_id)  # before any await
+        try:
+            if await self.should_answer(message):
+                await self.pipeline.respond(incoming, DiscordOutlet(message))
+            else:
+                await self.pipeline.record(incoming)
+        finally:
+            self.pipeline.arrivals.settled(incoming.channel_id, incoming.message_id)
 
     async def should_answer(self, message: discord.Message) -> bool:
         if message.guild is None:

@@ -13,19 +13,32 @@ from tests.helpers import Script
 from tests.postgres_fixtures import postgres_server, postgres_test_database, postgres_url  # noqa: F401  (fixtures)
 
 BACKENDS = ("sqlite", "postgresql")
+# Fixtures that open a database on the backend under test: an engine's settings, or the
+# environment of the `muninn` command line (MUNINN_DATABASE_URL) for in-process CLI runs.
+STORAGE_FIXTURES = ("make_settings", "database_env")
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "sqlite_only(reason): the test is about SQLite itself (its file, WAL, "
+                                       "vec0, FTS5, the vector cache): it runs on SQLite only, for that reason")
 
 
 def pytest_generate_tests(metafunc):
     """Both storage backends for each test that takes `backend` as an argument, and for each
-    test of a module marked `pytest.mark.usefixtures("backend")` that builds an engine (uses
-    `make_settings`, which `engine` and `fts_engine` do); the module's other tests, pure logic,
-    run once. An explicit `@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)` wins."""
+    test of a module marked `pytest.mark.usefixtures("backend")` that opens a database (uses
+    `make_settings`, which `engine` and `fts_engine` do, or `database_env`); the module's other
+    tests, pure logic, run once. `@pytest.mark.sqlite_only("why")` or an explicit
+    `@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)` keeps a test on SQLite."""
     if "backend" not in metafunc.fixturenames:
         return
     if any("backend" in str(marker.args[0]) for marker in metafunc.definition.iter_markers("parametrize")):
         return
+    only = metafunc.definition.get_closest_marker("sqlite_only")
+    if only is not None:
+        assert only.args and str(only.args[0]).strip(), "sqlite_only needs its reason"
+        return  # `backend` defaults to SQLite
     own_arguments = inspect.signature(metafunc.function).parameters
-    if "backend" in own_arguments or "make_settings" in metafunc.fixturenames:
+    if "backend" in own_arguments or any(name in metafunc.fixturenames for name in STORAGE_FIXTURES):
         metafunc.parametrize("backend", BACKENDS, indirect=True)
 
 
@@ -49,6 +62,15 @@ def make_settings(tmp_path, request):
         base.update({k: str(v) for k, v in env.items()})
         return load_settings(base)
     return make
+
+
+@pytest.fixture
+def database_env(monkeypatch, request) -> str:
+    """MUNINN_DATABASE_URL in the process environment for the backend under test ("" = SQLite at
+    MUNINN_DB_PATH), for tests that run the `muninn` command line; returns it."""
+    database_url = request.getfixturevalue("backend") if "backend" in request.fixturenames else ""
+    monkeypatch.setenv("MUNINN_DATABASE_URL", database_url)
+    return database_url
 
 
 @pytest.fixture

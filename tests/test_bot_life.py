@@ -18,6 +18,8 @@ from bot.memory import store
 from bot.memory.store import NewMemory
 from cogs.client import MuninnBot, Refusal
 
+pytestmark = pytest.mark.usefixtures("backend")  # each test on SQLite and on PostgreSQL
+
 
 class Handoff:
     """The bot's extractor: keeps exchanges, and what it was told to forget."""

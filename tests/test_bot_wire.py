@@ -14,12 +14,16 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from bot.conversation.pipeline import CANNOT_THINK
 from bot.conversation.text import split_message
 from bot.memory import store
 from bot.memory.engine import Engine
 from cogs.client import MuninnBot
 from tests.fakes.discord_server import FakeDiscord
+
+pytestmark = pytest.mark.usefixtures("backend")  # tests that open a database: on SQLite and PostgreSQL
 
 ROOT = Path(__file__).resolve().parent.parent
 FACT = "Alice's sister is called Ylva"
@@ -154,7 +158,8 @@ async def test_sigterm_finishes_the_reply_in_flight_saves_waiting_facts_and_exit
     db = tmp_path / "bot.db"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DISCORD_TOKEN": "fake-token", "OLLAMA_URL": fake_ollama.url,
            "MUNINN_DB_PATH": str(db), "MUNINN_SHUTDOWN_SECONDS": "5", "MUNINN_MAINTENANCE_HOURS": "0",
-           "MUNINN_STREAM_REPLIES": "false", "MUNINN_LOG_LEVEL": "INFO"}
+           "MUNINN_STREAM_REPLIES": "false", "MUNINN_LOG_LEVEL": "INFO",
+           "MUNINN_DATABASE_URL": make_settings().database_url}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(launcher), fake.rest_url, fake.gateway_url, cwd=tmp_path, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -196,7 +201,7 @@ async def test_sigterm_finishes_the_reply_in_flight_saves_waiting_facts_and_exit
     assert "voice will NOT be supported" not in log
 
 
-async def test_ctrl_c_stops_an_idle_bot_cleanly(discord_world, fake_ollama, tmp_path):
+async def test_ctrl_c_stops_an_idle_bot_cleanly(discord_world, fake_ollama, tmp_path, database_env):
     fake, _, _ = discord_world
     launcher = tmp_path / "launch.py"
     launcher.write_text(LAUNCHER)

@@ -5,6 +5,8 @@ import asyncio
 import io
 import json
 
+import pytest
+
 from bot.cli.chat import (
     LOCAL_CHANNEL_ID,
     LOCAL_GUILD_ID,
@@ -17,6 +19,8 @@ from bot.conversation import history
 from bot.memory import store
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
+
+pytestmark = pytest.mark.usefixtures("backend")  # on SQLite and on PostgreSQL
 
 
 def answers(request: dict) -> str:
@@ -58,7 +62,7 @@ async def test_chat_with_ollama_down_still_answers(fake_ollama, make_settings):
     assert "can't think right now" in out.getvalue()
 
 
-async def test_muninn_chat_subcommand(fake_ollama, tmp_path, monkeypatch, capsys):
+async def test_muninn_chat_subcommand(fake_ollama, tmp_path, monkeypatch, capsys, database_env):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MUNINN_DB_PATH", str(tmp_path / "chat.db"))
     monkeypatch.setenv("OLLAMA_URL", fake_ollama.url)

@@ -16,10 +16,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from bot.cli.chat import LOCAL_CHANNEL_ID, LOCAL_GUILD_ID, LOCAL_USER_ID, run_chat
 from bot.memory import store
 from bot.memory.engine import Engine
 from bot.memory.store import NewMemory
+
+pytestmark = pytest.mark.usefixtures("backend")  # what touches the memory: on SQLite and on PostgreSQL
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,7 +160,7 @@ def facts_or(reply: str):
     return answer
 
 
-async def test_on_a_terminal_start_is_quiet_and_ctrl_d_saves_what_was_learned(fake_ollama, tmp_path):
+async def test_on_a_terminal_start_is_quiet_and_ctrl_d_saves_what_was_learned(fake_ollama, tmp_path, database_env):
     fake_ollama.default_chat_reply = facts_or("Lovely.")
     master, proc = start_chat(tmp_path, fake_ollama.url, "--name", "Kari")
     seen: list[str] = []
@@ -230,4 +234,5 @@ async def test_on_a_terminal_ctrl_c_leaves_at_once_even_mid_answer(fake_ollama, 
 
 def load_chat_settings(tmp_path: Path, url: str):
     from bot.settings import load_settings
-    return load_settings({"MUNINN_DB_PATH": str(tmp_path / "chat.db"), "OLLAMA_URL": url})
+    return load_settings({"MUNINN_DB_PATH": str(tmp_path / "chat.db"), "OLLAMA_URL": url,
+                          "MUNINN_DATABASE_URL": os.environ.get("MUNINN_DATABASE_URL", "")})

@@ -1,4 +1,5 @@
-"""The `muninn` command line, run in-process against a fake Ollama on 127.0.0.1."""
+"""The `muninn` command line, run in-process against a fake Ollama on 127.0.0.1, on each
+storage backend (MUNINN_DATABASE_URL picks PostgreSQL, as in a real environment)."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,8 @@ import pytest
 from bot.cli.main import main
 from tests.fakes.ollama import FakeOllamaThread
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 
 @pytest.fixture(scope="module")
 def ollama():
@@ -16,13 +19,14 @@ def ollama():
 
 
 @pytest.fixture
-def cli(tmp_path, monkeypatch, ollama, capsys):
+def cli(tmp_path, monkeypatch, ollama, capsys, database_env):
     """Run `muninn ARGS...` in a clean environment; returns (exit code, stdout, stderr)."""
     ollama.reset()
     monkeypatch.chdir(tmp_path)
     for key in list(__import__("os").environ):
         if key.startswith(("MUNINN_", "OLLAMA_")):
             monkeypatch.delenv(key)
+    monkeypatch.setenv("MUNINN_DATABASE_URL", database_env)
     monkeypatch.setenv("MUNINN_DB_PATH", str(tmp_path / "cli.db"))
     monkeypatch.setenv("OLLAMA_URL", ollama.url)
     monkeypatch.setenv("OLLAMA_COOLDOWN", "0")
@@ -69,6 +73,7 @@ def test_recall_modes_are_reported(cli, ollama):
     assert json.loads(out)["mode"] == "vector-only"
 
 
+@pytest.mark.sqlite_only("--db names a SQLite file")
 def test_db_option_works_on_every_subcommand(cli, tmp_path):
     other = tmp_path / "other.db"
     assert cli("remember", "fact", "--scope", "global", "--db", other)[0] == 0
@@ -192,3 +197,52 @@ def test_argument_errors_exit_2(cli, args):
     with pytest.raises(SystemExit) as exit_:
         cli(*args)
     assert exit_.value.code == 2
+
+
+def run_sql(tmp_path, database_url: str, sql: str) -> None:
+    """One statement on the database the CLI uses, as another program would run it."""
+    if database_url:
+        import psycopg
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(sql.encode())
+    else:
+        from bot.memory import db
+        conn = db.connect(tmp_path / "cli.db")
+        conn.execute(sql)
+        conn.close()
+
+
+def test_doctor_finds_a_broken_row_and_fix_clamps_it(cli, tmp_path, database_env):
+    cli("remember", "otters hold hands", "--scope", "global")
+    cli("remember", "otters sleep afloat", "--scope", "global")
+    run_sql(tmp_path, database_env, "UPDATE memories SET last_accessed = 1e300, stability = 0 WHERE id = 2")
+    code, out, _ = cli("doctor", "--json")
+    [bad] = [c for c in json.loads(out)["checks"] if not c["ok"]]
+    assert code == 1 and bad["check"] == "stored values" and "#2" in bad["detail"]
+    assert bad["fix"].startswith("muninn doctor --fix")
+    code, out, _ = cli("doctor", "--fix", "--json")
+    values = next(c for c in json.loads(out)["checks"] if c["check"] == "stored values")
+    assert code == 0 and values["ok"] and values["detail"].startswith("clamped 2 values")
+    code, out, _ = cli("doctor")
+    assert code == 0 and "FAIL" not in out
+    _, out, _ = cli("recall", "otters", "--user", 1, "--dm", "--json", "--no-touch")
+    assert {m["id"] for m in json.loads(out)["memories"]} == {1, 2}
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_doctor_on_postgresql_checks_without_migrating_and_says_what_to_run(cli, monkeypatch, postgres_server):
+    import psycopg
+    url = postgres_server.create_database("muninn_doctor_fresh")
+    try:
+        monkeypatch.setenv("MUNINN_DATABASE_URL", url)
+        code, out, _ = cli("doctor", "--json")
+        database = next(c for c in json.loads(out)["checks"] if c["check"] == "database")
+        assert code == 1 and not database["ok"] and "schema 0/" in database["detail"]
+        assert "no Muninn tables yet" in database["detail"] and database["fix"].startswith("muninn stats")
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT to_regclass('memories')").fetchone() == (None,)  # the check made nothing
+        assert cli("stats")[0] == 0                                                        # what it said to run
+        code, out, _ = cli("doctor")
+        assert code == 0 and "FAIL" not in out
+    finally:
+        postgres_server.drop_database("muninn_doctor_fresh")

@@ -1,7 +1,8 @@
 """The cogs through discord.py's real parsers and command tree, in simcord's in-memory Discord.
 
-Muninn runs unmodified (MuninnBot, its setup_hook and extensions) on a real SQLite file,
-talking to the fake Ollama on 127.0.0.1. Extraction is off here (tests/test_story.py and
+Muninn runs unmodified (MuninnBot, its setup_hook and extensions) on each storage backend
+(a real SQLite file, and PostgreSQL: conftest's `backend`), talking to the fake Ollama on
+127.0.0.1. Extraction is off here (tests/test_story.py and
 tests/test_discord_e2e.py cover it); memories are stored through the engine directly.
 """
 from __future__ import annotations
@@ -17,9 +18,12 @@ from discord import app_commands
 from bot.conversation import history
 from bot.conversation.pipeline import CANNOT_THINK
 from bot.memory import store
+from bot.memory.storage import storage_of
 from bot.memory.store import NewMemory
 from cogs.client import SOMETHING_WENT_WRONG, MuninnBot, Refusal
 from tests.fakes.ollama import FakeOllama
+
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 @dataclass
@@ -342,8 +346,9 @@ async def test_forget_all_asks_first_then_erases_every_trace(world):
     ids["alice_taught"] = await world.engine.remember(NewMemory(
         "the general channel knows Alice's address", "room", owner_id=world.alice.id, guild_id=world.guild.id,
         channel_id=world.general.id))
-    await world.engine.write(store.add_link, ids["alice_here"], ids["alice_dm"], "co_extracted")
-    await world.engine.write(store.add_link, ids["alice_here"], ids["room_general"], "semantic")
+    link = lambda conn, a, b, kind: storage_of(conn).add_link(conn, a, b, kind)  # noqa: E731
+    await world.engine.write(link, ids["alice_here"], ids["alice_dm"], "co_extracted")
+    await world.engine.write(link, ids["alice_here"], ids["room_general"], "semantic")
     await world.alice.user.send_dm("I keep bees")  # history of hers, and Muninn's reply in her DM
 
     asked = await world.alice.slash(world.general, "memory forget-all")
@@ -357,13 +362,18 @@ async def test_forget_all_asks_first_then_erases_every_trace(world):
     done = world.env.backend.get_message(asked.response.channel_id, asked.response.id).content
     assert done.startswith("Done: Muninn forgot 2 personal memories, 1 room memories you taught")
 
+    postgres = world.engine.storage.name == "postgresql"
+    keyword_sql = ("SELECT count(*) FROM memories WHERE text_search @@ to_tsquery('muninn', 'bees | heights | address')"
+                   if postgres else "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'bees OR heights OR address'")
+    vectors = "memory_vectors" if postgres else "vec_memories"
+
     def traces(conn):
         alice_ids = (ids["alice_here"], ids["alice_dm"], ids["alice_taught"])
         marks = ",".join("?" * len(alice_ids))
         return [conn.execute(sql, alice_ids * times).fetchall()[0][0] for sql, times in (
             (f"SELECT count(*) FROM memories WHERE id IN ({marks})", 1),
-            ("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'bees OR heights OR address'", 0),
-            (f"SELECT count(*) FROM vec_memories WHERE memory_id IN ({marks})", 1),
+            (keyword_sql, 0),
+            (f"SELECT count(*) FROM {vectors} WHERE memory_id IN ({marks})", 1),
             (f"SELECT count(*) FROM memory_links WHERE source_id IN ({marks}) OR target_id IN ({marks})", 2),
         )] + [conn.execute("SELECT count(*) FROM messages WHERE author_id = ? OR channel_id = ?",
                            (world.alice.id, world.alice.user.dm_channel.id)).fetchall()[0][0]]
@@ -374,10 +384,11 @@ async def test_forget_all_asks_first_then_erases_every_trace(world):
 
 async def test_an_unexpected_failure_is_logged_and_answered_politely(world, caplog):
     ids = await seed(world)
-    await world.engine.write(lambda conn: conn.execute("DROP TABLE memories_fts"))  # a broken database
+    broken = "memory_vectors" if world.engine.storage.name == "postgresql" else "memories_fts"
+    await world.engine.write(lambda conn: conn.execute(f"DROP TABLE {broken}"))  # a broken database
     result = await world.alice.slash(world.general, "memory forget", id=ids["alice_here"])
     assert result.ephemeral and text_of(result) == SOMETHING_WENT_WRONG
-    assert "/memory forget failed" in caplog.text and "memories_fts" in caplog.text
+    assert "/memory forget failed" in caplog.text and broken in caplog.text
     world.failures_expected = True
 
 
@@ -438,6 +449,7 @@ def test_a_channel_whose_privacy_cannot_be_told_counts_as_private():
     assert is_private_channel(Public(), None, None) is False    # a DM
 
 
+@pytest.mark.sqlite_only("SQLite's whole-file write lock (BEGIN IMMEDIATE); PostgreSQL locks rows, not the database")
 async def test_a_forget_while_another_process_holds_the_database_says_so_and_changes_nothing(world, monkeypatch):
     from bot.memory import db, transactions
     from bot.memory import engine as engine_module

@@ -16,6 +16,11 @@ from bot.memory.files import DatabaseBusy
 from bot.memory.transactions import write_transaction
 from tests.fakes.ollama import FakeOllamaThread
 
+# SQLite's file under several writers: its write lock, BEGIN IMMEDIATE, kill -9 and PRAGMA integrity_check
+# (bench/reliability.py drives SQLite files). Two processes on PostgreSQL: test_processes.py,
+# test_postgres_backend.py (two engines writing at once) and test_bench_pg.py (processes side by side).
+pytestmark = pytest.mark.sqlite_only("SQLite's file locking and integrity under several writing processes")
+
 
 @pytest.fixture(scope="module")
 def ollama():

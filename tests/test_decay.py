@@ -7,7 +7,10 @@ import pytest
 
 from bot.memory import decay, store
 from bot.memory.scope import Viewer
+from bot.memory.storage import storage_of
 from bot.memory.store import NewMemory
+
+pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 
 DAY = 86400.0
 T0 = 1_700_000_000.0
@@ -25,11 +28,13 @@ def test_retention_follows_exp_minus_t_over_s():
 async def test_stability_grows_with_each_recall_and_is_capped(fts_engine):
     memory_id = await fts_engine.remember(NewMemory("the kettle is broken", "personal", owner_id=1, created_at=T0))
     start = (await fts_engine.get(memory_id)).stability
+    def touch(conn, growth: float) -> None:  # what a recall does, through the backend under test
+        storage_of(conn).touch_and_load(conn, [memory_id], [memory_id], growth=growth, now=T0)
     for _ in range(3):
-        await fts_engine.write(store.touch, [memory_id], growth=1.5, now=T0)
+        await fts_engine.write(touch, 1.5)
     assert (await fts_engine.get(memory_id)).stability == pytest.approx(start * 1.5 ** 3)
     for _ in range(40):
-        await fts_engine.write(store.touch, [memory_id], growth=2.0, now=T0)
+        await fts_engine.write(touch, 2.0)
     assert (await fts_engine.get(memory_id)).stability == decay.MAX_STABILITY_DAYS
 
 

@@ -17,6 +17,8 @@ from cogs.client import MuninnBot
 from cogs.launch import main
 from tests.fakes.discord_server import Intents
 
+pytestmark = pytest.mark.usefixtures("backend")  # the DM-to-memory path on SQLite and PostgreSQL
+
 FACT = "Alice's sister is called Ylva"
 
 
@@ -89,6 +91,38 @@ async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, f
                                               options=[{"name": "list", "type": 1, "options": []}])
         response = await fake.wait_for_interaction_response(listing)
         assert response["ephemeral"] and "Ylva" not in response["data"]["content"]
+    finally:
+        await bot.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the race is in the adapter, not the database
+async def test_a_message_just_before_a_mention_is_in_its_context_however_long_it_took_to_look_at(
+        discord_world, fake_ollama, make_settings, monkeypatch):
+    """Deciding whether to answer the first message takes longer (a database read across the
+    network, here made slow on purpose): the mention sent right after it must still have it in
+    its context (bot/conversation/arrivals.py). Without that, it was missing on PostgreSQL."""
+    from bot.conversation.pipeline import Pipeline
+    fake, alice, guild = discord_world
+    general = guild["channels"][0]
+    quick = Pipeline.always_answer
+
+    async def slow_always_answer(self, channel_id: int) -> bool:
+        await asyncio.sleep(0.4)
+        return await quick(self, channel_id)
+    monkeypatch.setattr(Pipeline, "always_answer", slow_always_answer)
+    bot = MuninnBot(make_settings(fake_ollama.url, MUNINN_EXTRACTION="false", MUNINN_STREAM_REPLIES="false"),
+                    guild_ready_timeout=0.1)
+    task = asyncio.create_task(bot.start("fake-token"))
+    try:
+        await fake.wait_until_ready()
+        await fake.send_message(general["id"], alice, "the boat is called Freya")
+        await fake.send_message(general["id"], alice, f"{fake.mention(fake.bot_user)} what is the boat called?",
+                                mentions=[fake.bot_user])
+        await fake.wait_for_sent_message(general["id"])
+        said = [m["content"] for m in fake_ollama.chat_requests()[-1]["messages"][1:]]
+        assert len(said) == 2 and said[0].endswith("Alice: the boat is called Freya"), said
     finally:
         await bot.close()
         with contextlib.suppress(asyncio.CancelledError):

@@ -16,6 +16,8 @@ from bot.llm.ollama import (
 from bot.memory.scope import Viewer
 from bot.memory.store import NewMemory
 
+pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
+
 
 def client_for(fake, **kwargs) -> OllamaClient:
     options = dict(embed_timeout=1.0, chat_timeout=1.0, retries=0, cooldown=0.0)

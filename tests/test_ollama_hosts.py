@@ -15,6 +15,8 @@ from bot.memory.scope import Viewer
 from bot.memory.store import NewMemory
 from tests.fakes.ollama import FakeOllama
 
+pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
+
 HI = [{"role": "user", "content": "hi"}]
 
 

@@ -227,5 +227,5 @@ async def test_doctor_finds_nonsense_times_on_postgresql(pg_engine, make_setting
         admin.execute("UPDATE memories SET last_accessed = 4102444800 WHERE id = %s", (pinned,))
     found = {c.name: c for c in await asyncio.to_thread(database_checks,
                                                         make_settings("", MUNINN_DATABASE_URL=postgres_url))}
-    assert not found["stored values"].ok and f"last_accessed in the future or negative: #{pinned}" in found[
-        "stored values"].detail
+    assert not found["stored values"].ok and f"last_accessed in the future (pins the memory so it never fades) " \
+        f"or not a number: 1 (#{pinned})" in found["stored values"].detail  # repair.RULES, as on SQLite

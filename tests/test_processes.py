@@ -1,7 +1,8 @@
-"""Several processes on one SQLite file: the maintenance lease, and facts stored by two at once.
+"""Several processes on one database (a SQLite file, or PostgreSQL): the maintenance lease,
+and facts stored by two at once.
 
-Each Engine has its own connection and database thread, so two engines on one file contend
-for SQLite's locks exactly as two bot processes do."""
+Each Engine has its own connection and database thread, so two engines on one database contend
+for its locks exactly as two bot processes do."""
 from __future__ import annotations
 
 import asyncio
@@ -16,6 +17,8 @@ from bot.lifecycle.facts import Fact
 from bot.memory import leases
 from bot.memory.engine import Engine
 from tests.helpers import ALICE, CHANNEL, GUILD, exchange, memories_of, one
+
+pytestmark = pytest.mark.usefixtures("backend")  # two "processes" on one SQLite file or PostgreSQL database
 
 DAY = 86400.0
 
@@ -128,6 +131,7 @@ async def test_two_processes_storing_the_same_facts_at_once_store_each_once(two,
         assert outcomes[2 * n] == outcomes[2 * n + 1]                # the second one reinforced the first
 
 
+@pytest.mark.sqlite_only("leases.py's SQLite statement on a file (PostgreSQL's lease: the backend, tested above)")
 def test_the_lease_row_is_one_statement_per_take(tmp_path):
     """A lease taken at `now` by one holder is refused to another until it expires (pure SQL)."""
     from bot.memory import db
@@ -137,6 +141,7 @@ def test_the_lease_row_is_one_statement_per_take(tmp_path):
     conn.close()
 
 
+@pytest.mark.sqlite_only("a new SQLite file (PostgreSQL's concurrent migrators: test_postgres_schema.py)")
 def test_processes_starting_at_once_on_a_new_file_create_the_schema_once(tmp_path):
     """Several shards started together by systemd: each applies the migrations it finds missing."""
     from concurrent.futures import ThreadPoolExecutor

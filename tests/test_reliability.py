@@ -25,6 +25,8 @@ from bot.memory.files import APPLICATION_ID, DatabaseBusy, DatabaseError
 from bot.memory.scope import Viewer
 
 ROOT = Path(__file__).resolve().parent.parent
+# Engine-level tests run on SQLite and PostgreSQL; those about SQLite's file say why they do not.
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 def digest(path: Path) -> str:
@@ -60,6 +62,7 @@ def cli(tmp_path, monkeypatch, capsys):
 
 # -- whose file it is ------------------------------------------------------------------
 
+@pytest.mark.sqlite_only("whose file it is: SQLite's header, application_id and WAL files")
 @pytest.mark.parametrize("make, reason", [
     (lambda p: other_apps_file(p), "another program's SQLite database"),
     (lambda p: other_apps_file(p, application_id=0x1234), "belongs to another program"),
@@ -84,6 +87,7 @@ def wal_mode(path: Path) -> Path:
     return path
 
 
+@pytest.mark.sqlite_only("another program's tables in the same SQLite file")
 def test_a_clashing_table_is_refused_unchanged(cli, tmp_path):
     path = tmp_path / "clash.db"
     conn = sqlite3.connect(path)
@@ -95,6 +99,7 @@ def test_a_clashing_table_is_refused_unchanged(cli, tmp_path):
     assert code == 1 and "another program" in err and digest(path) == before
 
 
+@pytest.mark.sqlite_only("a SQLite file's user_version and a truncated file (PostgreSQL's newer schema: test_cli)")
 def test_a_newer_schema_and_a_truncated_file_are_refused_unchanged(cli, tmp_path):
     code, _, _ = cli("remember", "a fact about otters", "--scope", "global")
     assert code == 0
@@ -115,6 +120,7 @@ def test_a_newer_schema_and_a_truncated_file_are_refused_unchanged(cli, tmp_path
     assert code == 1 and "truncated" in err and "Traceback" not in err and digest(truncated) == before
 
 
+@pytest.mark.sqlite_only("SQLite's application_id header field")
 def test_muninn_marks_its_files_and_still_opens_older_unmarked_ones(tmp_path):
     conn = db.connect(tmp_path / "m.db")
     assert conn.execute("PRAGMA application_id").fetchall()[0][0] == APPLICATION_ID
@@ -125,6 +131,7 @@ def test_muninn_marks_its_files_and_still_opens_older_unmarked_ones(tmp_path):
     conn.close()
 
 
+@pytest.mark.sqlite_only("scribbles over the SQLite file's pages")
 def test_a_damaged_page_is_one_line_with_what_to_do(cli, tmp_path):
     cli("import", write_lines(tmp_path / "m.jsonl", 300))
     path = tmp_path / "data" / "m.db"
@@ -144,6 +151,7 @@ def write_lines(path: Path, n: int) -> Path:
 
 # -- permissions ----------------------------------------------------------------------
 
+@pytest.mark.sqlite_only("file modes of the SQLite file, WAL and folder (PostgreSQL: the server's roles)")
 def test_new_database_files_and_folder_are_private(tmp_path):
     path = tmp_path / "fresh" / "m.db"
     old = os.umask(0o022)
@@ -158,6 +166,7 @@ def test_new_database_files_and_folder_are_private(tmp_path):
     assert modes == {"m.db": 0o600, "m.db-wal": 0o600, "m.db-shm": 0o600}
 
 
+@pytest.mark.sqlite_only("file modes of the SQLite file (PostgreSQL: the server's roles)")
 def test_doctor_warns_on_loose_modes_and_fix_tightens_them(cli, tmp_path):
     cli("remember", "a fact", "--scope", "global")
     path = tmp_path / "data" / "m.db"
@@ -177,10 +186,14 @@ async def test_poisoned_rows_still_recall_and_export_and_doctor_fixes_them(fts_e
     ids = [await fts_engine.remember(store.NewMemory(text=f"otters hold hands {i}", scope="personal", owner_id=5))
            for i in range(3)]
 
+    postgres = fts_engine.storage.name == "postgresql"
+
     def poison(conn):
         conn.execute("UPDATE memories SET created_at = -1e11 WHERE id = ?", (ids[0],))
         conn.execute("UPDATE memories SET last_accessed = 1e300, updated_at = 1e300 WHERE id = ?", (ids[1],))
-        conn.execute("UPDATE memories SET source_message_ids = '5', stability = 0 WHERE id = ?", (ids[2],))
+        conn.execute("UPDATE memories SET stability = 0 WHERE id = ?", (ids[2],))
+        if not postgres:  # PostgreSQL's trigger on it refuses anything but a JSON list
+            conn.execute("UPDATE memories SET source_message_ids = '5' WHERE id = ?", (ids[2],))
     await fts_engine.write(poison)
     viewer = Viewer(user_id=5, dm=True)
     result = await fts_engine.recall("otters hold hands", viewer, touch=False)
@@ -224,6 +237,7 @@ def test_invalid_bytes_on_the_command_line_are_one_line(tmp_path):
 
 # -- writes are retried, and a write that still fails says why --------------------------------
 
+@pytest.mark.sqlite_only("SQLite's whole-file write lock and busy timeout; PostgreSQL locks rows")
 async def test_a_forget_waits_out_a_long_lock_and_one_that_never_ends_is_logged(make_settings, monkeypatch, caplog):
     monkeypatch.setattr(db, "BUSY_TIMEOUT_MS", 100)
     monkeypatch.setattr(engine_module, "WRITE_RETRY_DELAYS_S", (0.2, 0.2, 0.2))
@@ -247,6 +261,7 @@ async def test_a_forget_waits_out_a_long_lock_and_one_that_never_ends_is_logged(
 
 # -- a full disk -------------------------------------------------------------------------------
 
+@pytest.mark.sqlite_only("a SQLite file on a full tmpfs (a PostgreSQL server's disk is the operator's)")
 @pytest.mark.skipif(reliability.can_mount() is not None, reason=f"no small tmpfs: {reliability.can_mount()}")
 def test_disk_full_is_one_line_loses_nothing_committed_and_the_rerun_completes(tmp_path):
     rows = reliability.disk_full(tmp_path, lines=1500, size_kb=512)
@@ -327,6 +342,7 @@ async def test_a_far_future_as_of_never_stamps_a_future_recall_time(fts_engine):
     assert memory.access_count == 1 and memory.last_accessed <= time.time() + 86400
 
 
+@pytest.mark.sqlite_only("SQLite stores bytes that are not UTF-8 in TEXT; PostgreSQL refuses them")
 async def test_text_that_is_not_utf8_reads_with_replacement_and_doctor_repairs_it(fts_engine):
     memory_id = await fts_engine.remember(store.NewMemory(text="otters float", scope="global"))
 

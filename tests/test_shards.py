@@ -15,6 +15,8 @@ from cogs.sharding import ShardedMuninnBot, make_bot
 from tests.fakes.discord_server import FakeDiscord, patch_discord_urls
 from tests.helpers import ALICE
 
+pytestmark = pytest.mark.usefixtures("backend")  # shard processes on one SQLite file or PostgreSQL database
+
 # Guild ids on shard 0 and shard 1 of two: Discord routes by (guild_id >> 22) % shard_count.
 GUILD_ON_0, GUILD_ON_1 = 1000 << 22, 1001 << 22
 

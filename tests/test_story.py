@@ -20,6 +20,8 @@ from bot.memory import store
 from cogs.client import MuninnBot
 from tests.helpers import QuietSink
 
+pytestmark = pytest.mark.usefixtures("backend")  # the whole story on SQLite and on PostgreSQL
+
 FACT = "Alice's sister is called Ylva"
 
 
@@ -89,12 +91,16 @@ async def test_a_fact_told_in_a_dm_stays_private_and_forget_all_erases_it(simcor
         assert asked.ephemeral and "all 1 of your personal memories" in asked.response.content
         await alice.click(asked.response, label="Forget everything")
 
+        postgres = bot.engine.storage.name == "postgresql"
+        keyword_index = (("SELECT count(*) FROM memories WHERE text_search @@ to_tsquery('muninn', 'Ylva')",)
+                         if postgres else ("SELECT count(*) FROM memories_fts",
+                                           "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'Ylva'"))
+
         def traces(conn) -> dict:
             return {sql: conn.execute(sql).fetchall()[0][0] for sql in (
                 "SELECT count(*) FROM memories",
-                "SELECT count(*) FROM memories_fts",
-                "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'Ylva'",
-                "SELECT count(*) FROM vec_memories",
+                *keyword_index,
+                f"SELECT count(*) FROM {'memory_vectors' if postgres else 'vec_memories'}",
                 "SELECT count(*) FROM memory_links",
                 "SELECT count(*) FROM messages WHERE content LIKE '%Ylva%'",
             )}

@@ -1,10 +1,14 @@
 """The name sub-query of the keyword path (bot/memory/subqueries.py), through a real engine."""
 from __future__ import annotations
 
+import pytest
+
 from bot.memory import fts, retrieval, subqueries
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import Viewer, visible_keys
 from bot.memory.store import NewMemory
+
+pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 
 ASKER = Viewer(user_id=1, channel_id=10, guild_id=100)
 
@@ -60,6 +64,7 @@ async def test_a_name_the_plain_query_searches_is_not_queried_again(fts_engine):
     assert (await fts_engine.recall("Which sunrise did Caroline see?", ASKER, touch=False)).ids == [mine]
 
 
+@pytest.mark.sqlite_only("calls SQLite's keyword path (retrieval.fts_candidates, fts.selective) directly")
 async def test_the_keyword_path_hands_its_searched_words_to_the_name_query(fts_engine):
     chatter = [NewMemory(f"Caroline: small talk number {i} about the weather", "personal", owner_id=1, guild_id=100)
                for i in range(510)]

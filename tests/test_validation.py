@@ -17,6 +17,8 @@ from bot.cli.main import main
 from bot.memory import store
 from bot.memory.scope import Viewer
 
+pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
+
 NOW = time.time()
 
 

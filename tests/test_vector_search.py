@@ -14,6 +14,10 @@ from bot.memory.scope import Viewer
 from bot.memory.store import NewMemory
 from bot.memory.vector_cache import VectorCache
 
+# sqlite-vec's vec0 table, its layout upgrades and the in-process vector cache that mirrors it.
+# Vector recall on both backends: test_retrieval.py, test_scope.py, test_scope_change.py.
+pytestmark = pytest.mark.sqlite_only("vec0 and the SQLite vector cache (vectors.py, vector_cache.py)")
+
 DIM = 8
 KEYS = ["g", "r:1", "r:2", "p:7:dm", "p:7:1"]
 

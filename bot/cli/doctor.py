@@ -1,16 +1,14 @@
 """`muninn doctor`: check each part Muninn depends on and say what to run to fix it."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from bot.llm.hosts import split_urls
 from bot.llm.ollama import OllamaClient, OllamaError
-from bot.memory import db, decay, files, leases, repair, vectors
+from bot.memory import db, files, leases, repair, vectors
 from bot.memory.migrations import MIGRATIONS, schema_version
 from bot.settings import Settings
-from bot.validate import EARLIEST, FUTURE_SLACK_S
 
 
 @dataclass
@@ -28,7 +26,7 @@ def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
     """With `fix`, also repair what can be repaired safely: clamp nonsense stored values and make
     the database files private."""
     if settings.database_url:
-        return postgres_checks(settings)
+        return postgres_checks(settings, fix)
     checks: list[Check] = []
     try:
         conn = db.connect(settings.db_path)
@@ -54,27 +52,37 @@ def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
     return checks
 
 
-def postgres_checks(settings: Settings) -> list[Check]:
+MIGRATE_FIX = "muninn stats (any Muninn command that opens the database applies the missing migrations)"
+
+
+def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
     """The same findings for a PostgreSQL database (MUNINN_DATABASE_URL): reachable and migrated,
-    pgvector present, sane stored values, vectors for every active memory, who maintains it.
+    pgvector present, sane stored values (repair.RULES, as on SQLite; --fix clamps them), vectors
+    for every active memory, who maintains it. A check changes nothing else: it opens a plain
+    connection, never the writer's, so it does not migrate; it says what to run instead.
     There are no files to make private: access is the server's roles."""
     from bot.memory.postgres.backend import PostgresStorage
     from bot.memory.postgres.migrations import MIGRATIONS as PG_MIGRATIONS
     from bot.memory.postgres.migrations import schema_version as pg_schema_version
     storage = PostgresStorage(settings.database_url)
     try:
-        conn = storage.open_writer()  # migrates, like the bot's start
+        conn = storage.open_reader()
     except Exception as exc:
         return [Check("database", False, str(exc),
                       "start the PostgreSQL server, or fix MUNINN_DATABASE_URL (unset it to use SQLite)")]
     try:
-        checks = [postgres_values_check(conn)]
         server = conn.pg.execute("SHOW server_version").fetchone()
         vector = conn.pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
-        checks.append(Check("pgvector", vector is not None, f"pgvector {vector[0] if vector else 'missing'}",
-                            "" if vector else "CREATE EXTENSION vector (as a superuser), or install pgvector"))
-        checks.append(Check("database", True, f"{storage.where()}: PostgreSQL {server[0] if server else '?'}, "
-                                              f"schema {pg_schema_version(conn.pg)}/{len(PG_MIGRATIONS)}"))
+        checks = [Check("pgvector", vector is not None, f"pgvector {vector[0] if vector else 'missing'}",
+                        "" if vector else "CREATE EXTENSION vector (as a superuser), or install pgvector")]
+        version, latest = pg_schema_version(conn.pg), len(PG_MIGRATIONS)
+        described = f"{storage.where()}: PostgreSQL {server[0] if server else '?'}, schema {version}/{latest}"
+        if version > latest:
+            return checks + [Check("database", False, f"{described}: newer than this Muninn", "upgrade Muninn")]
+        if version < latest:
+            state = "no Muninn tables yet" if version == 0 else "older than this Muninn"
+            return checks + [Check("database", False, f"{described}: {state}", MIGRATE_FIX)]
+        checks += [Check("database", True, described), stored_values_check(conn, fix)]
         info = storage.index_info(conn)
         row = conn.execute("SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL").fetchone()
         checks.append(vector_check(settings, info, int(row[0]) if row else 0))
@@ -84,28 +92,6 @@ def postgres_checks(settings: Settings) -> list[Check]:
     finally:
         storage.close(conn)
     return checks
-
-
-def postgres_values_check(conn) -> Check:
-    """Column types and UTF-8 are the server's business; out-of-range times and stabilities (a
-    copy of an old SQLite file, another program) are found here. Report only: --fix repairs
-    SQLite files (run it before `muninn migrate --to`)."""
-    now = time.time()
-    rules = {"created_at before 2000 or in the future": "created_at < :earliest OR created_at > :latest",
-             "updated_at in the future": "updated_at > :latest",
-             "last_accessed in the future or negative": "last_accessed > :latest OR last_accessed < 0",
-             "stability not a positive number of days": f"stability <= 0 OR stability > {decay.MAX_STABILITY_DAYS}"}
-    params = {"earliest": EARLIEST, "latest": now + FUTURE_SLACK_S}
-    found = {what: [row[0] for row in conn.execute(f"SELECT id FROM memories WHERE {where} ORDER BY id LIMIT 6",
-                                                   params)]
-             for what, where in rules.items()}
-    bad = {what: ids for what, ids in found.items() if ids}
-    if not bad:
-        return Check("stored values", True, "every memory has sane times and stability")
-    listing = "; ".join(f"{what}: #{', #'.join(map(str, ids[:5]))}{', ...' if len(ids) > 5 else ''}"
-                        for what, ids in bad.items())
-    return Check("stored values", False, listing, "correct those rows with SQL (recall shows them clamped "
-                                                  "meanwhile); --fix repairs SQLite files only")
 
 
 def vector_check(settings: Settings, info: vectors.IndexInfo | None, missing: int) -> Check:

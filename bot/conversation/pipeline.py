@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import AsyncContextManager, AsyncIterator, Awaitable, Callable, Iterable, Protocol, TypeVar
 
 from bot.conversation import channel_settings, forget_intent, history, prompt
+from bot.conversation.arrivals import Arrivals
 from bot.conversation.exchange import Exchange
 from bot.llm.answers import strip_thinking, visible_so_far
 from bot.llm.ollama import (
@@ -188,6 +189,7 @@ class Pipeline:
         self.assistant_id = assistant_id      # Muninn's own user id, for its rows in the history
         self.assistant_name = assistant_name
         self._turns = _ChannelTurns()
+        self.arrivals = Arrivals()                  # history in arrival order (arrivals.py)
         self._throttle = Throttle()
         self._forgotten_at: dict[int, float] = {}  # user id -> time.monotonic() of their forget-all
         self._inserts: dict[int, int] = {}          # channel id -> history inserts since start
@@ -222,7 +224,10 @@ class Pipeline:
             return None
         received = time.monotonic()
         incoming = storable(incoming)
-        message_id = await self._record(self._user_row(incoming))
+        try:
+            message_id = await self._record(self._user_row(incoming))
+        finally:
+            self.arrivals.settled(incoming.channel_id, incoming.message_id)
         if message_id is not None and self._forgotten_since(incoming.author_id, received):
             await self._drop_forgotten([message_id])
             return None
@@ -302,6 +307,7 @@ class Pipeline:
                 incoming = storable(incoming)
                 intent = forget_intent.detect(incoming.content) if hasattr(outlet, "confirm_forget") else None
                 if intent is not None:
+                    self.arrivals.settled(incoming.channel_id, incoming.message_id)  # never kept
                     return await self._offer_to_forget(incoming, intent, outlet)
                 return await self._answer(incoming, outlet, received)
         finally:
@@ -321,6 +327,7 @@ class Pipeline:
     async def _answer(self, incoming: Incoming, outlet: Outlet, received: float) -> Reply:
         paused = await self.engine.memory_paused(incoming.author_id)
         message_id = None if paused else await self._record(self._user_row(incoming))
+        self.arrivals.settled(incoming.channel_id, incoming.message_id)
         current = history.HistoryMessage(
             id=message_id if message_id is not None else incoming.message_id or 0, channel_id=incoming.channel_id,
             guild_id=incoming.guild_id, author_id=incoming.author_id, author_name=incoming.author_name,
@@ -328,6 +335,7 @@ class Pipeline:
         stream = outlet.stream() if self.settings.stream_replies and hasattr(outlet, "stream") else None
         async with outlet.typing():
             memories = await self._recall(incoming, touch=not paused)  # paused: not even recall counts
+            await self.arrivals.earlier_settled(incoming.channel_id, incoming.message_id)
             recent: list[history.HistoryMessage] = await self._db_or([], "read the channel history", self.engine.read(
                 history.recent, incoming.channel_id, self.settings.history_limit, before=current))
             built = prompt.build(persona=self.settings.persona, tz=self.settings.timezone,
@@ -428,7 +436,7 @@ class Pipeline:
     async def _drop_forgotten(self, message_ids: list[int]) -> None:
         def drop(conn) -> None:
             history.remove(conn, message_ids)
-            storage_of(conn).scrub(conn)
+            storage_of(conn).scrub(conn, ("messages",))
         await self._db_or(None, "drop the messages of a forgotten person", self.engine.write(drop))
 
     async def _think(self, built: prompt.Prompt) -> tuple[str, bool]:

@@ -418,6 +418,7 @@ async def run_maintenance(engine: Engine, *, now: float | None = None, use_llm: 
     _say(on_step, report.lines()[2])
     report.links = await build_links(engine, now=now, neighbours=neighbours)
     await engine.write(vectors.prune_changes)
+    await engine.finish_scrub()  # forgotten memories' vectors, on PostgreSQL (postgres/scrub.py)
     _say(on_step, report.lines()[3])
     report.history_pruned = await engine.write(history.prune_all, engine.settings.history_keep)
     _say(on_step, report.lines()[4])

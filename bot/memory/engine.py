@@ -267,8 +267,12 @@ class Engine:
         trace of their text stays recoverable on disk (slower: for forget-all, not routine)."""
         removed = await self.write(self.storage.delete, list(memory_ids), what=f"forget {len(memory_ids)} memories")
         if scrub:
-            await self._run(self.storage.scrub)
+            await self._run(self.storage.scrub, ("memories",))
         return removed
+
+    async def finish_scrub(self) -> bool:
+        """What earlier forgets left for maintenance to scrub (PostgreSQL's vectors): storage.py."""
+        return await self._run(self.storage.finish_scrub)
 
     async def archive(self, memory_id: int, reason: str) -> None:
         await self._run(self.storage.archive, memory_id, reason)

@@ -77,7 +77,7 @@ def forget_personal(conn: apsw.Connection, owner_id: int, memory_ids: Sequence[i
     storage = storage_of(conn)
     removed = storage.delete(conn, ids)
     if removed:
-        storage.scrub(conn)
+        storage.scrub(conn, ("memories",))
     return removed
 
 
@@ -95,5 +95,5 @@ def drop_own_message(conn: apsw.Connection, author_id: int, message_id: int) -> 
         conn.execute("DELETE FROM messages WHERE id = ? AND author_id = ?", (message_id, author_id))
         dropped = conn.changes() > 0
     if dropped:
-        storage_of(conn).scrub(conn)
+        storage_of(conn).scrub(conn, ("messages",))
     return dropped

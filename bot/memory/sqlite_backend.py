@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import apsw
 
-from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, store, vectors
+from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, store, vector_keys, vectors
 from bot.memory.db import write_transaction
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, visible_keys
@@ -67,6 +67,8 @@ class SQLiteStorage:
             log.info("moved %d vectors to the new layout", vectors.upgrade_layout(conn))
         if vectors.index_info(conn) is not None:  # databases made before the index existed get it now
             vectors.index_partitions(conn)
+        if vectors.table_exists(conn):  # files made before the trigger existed get it now
+            vector_keys.follow_keys(conn)
 
     # -- the vector index ----------------------------------------------------------
     def index_info(self, conn: apsw.Connection) -> IndexInfo | None:
@@ -154,8 +156,11 @@ class SQLiteStorage:
     def delete(self, conn: apsw.Connection, memory_ids: Sequence[int]) -> int:
         return store.delete(conn, memory_ids)
 
-    def scrub(self, conn: apsw.Connection) -> None:
-        store.scrub(conn)
+    def scrub(self, conn: apsw.Connection, forgotten: Sequence[str] = ()) -> None:
+        store.scrub(conn)  # secure_delete zeroed the pages already; FTS5 segments and the WAL remain: all of it, cheap
+
+    def finish_scrub(self, conn: apsw.Connection) -> bool:
+        return False  # each scrub was complete
 
     def archive(self, conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
         store.archive(conn, memory_id, reason, now)

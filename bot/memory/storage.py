@@ -22,6 +22,7 @@ from bot.memory.vectors import IndexInfo
 from bot.settings import Settings
 
 Connection = Any  # apsw.Connection or the PostgreSQL backend's connection: opaque to the engine
+SCRUBBED = ("memories", "messages")  # what a scrub cleans up after, unless told less
 
 
 class Storage(Protocol):
@@ -78,7 +79,13 @@ class Storage(Protocol):
                model: str, vecs: list[list[float]] | None, now: float | None) -> list[int]: ...
     def store_vectors(self, conn: Connection, model: str, ids: list[int], vecs: list[list[float]]) -> int: ...
     def delete(self, conn: Connection, memory_ids: Sequence[int]) -> int: ...
-    def scrub(self, conn: Connection) -> None: ...
+    def scrub(self, conn: Connection, forgotten: Sequence[str] = SCRUBBED) -> None:
+        """After a commit that deleted people's words: leave no recoverable trace of them in the
+        database's files. `forgotten` says what went ("memories", "messages"): a backend may
+        clean only those tables (PostgreSQL rewrites them: postgres/scrub.py)."""
+    def finish_scrub(self, conn: Connection) -> bool:
+        """At maintenance: the part of earlier scrubs too slow to run at each forget (PostgreSQL
+        rewrites the vectors, rebuilding their index); True if there was any."""
     def archive(self, conn: Connection, memory_id: int, reason: str, now: float | None = None) -> None: ...
     def restore(self, conn: Connection, memory_id: int) -> None: ...
     def touch_and_load(self, conn: Connection, touched: list[int], ids: list[int], *, growth: float,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 import apsw
 
 from bot.logs import Throttle
+from bot.memory import vector_keys
 from bot.memory.db import get_meta, query_value, set_meta, write_transaction
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def _create_table(conn: apsw.Connection, dim: int, chunk_size: int) -> None:
         f"memory_id INTEGER PRIMARY KEY, vis_key TEXT PARTITION KEY, created_at FLOAT, "
         f"embedding FLOAT[{dim}], chunk_size={chunk_size})")
     index_partitions(conn)
+    vector_keys.follow_keys(conn)  # the vector leaves with its memory's old visibility key
     set_meta(conn, "vec_layout", LAYOUT)
     # A new table: every cache made from the old one must start over.
     set_meta(conn, "vec_epoch", str(int(get_meta(conn, "vec_epoch") or 0) + 1))
@@ -187,6 +189,7 @@ def index_partitions(conn: apsw.Connection) -> None:
 def drop_index(conn: apsw.Connection) -> None:
     """Forget every vector (before a re-index with another model); call inside a transaction."""
     conn.execute("DROP TABLE IF EXISTS vec_memories")
+    conn.execute("DROP TRIGGER IF EXISTS vec_memories_follow_key")  # names the table: back with the next one
     conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim', 'vec_buckets', 'vec_layout')")
     conn.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1")
     conn.execute("DELETE FROM vector_changes")

@@ -25,11 +25,13 @@ import psycopg
 
 from bot.memory import decay, privacy, ranking, retrieval, store, vectors
 from bot.memory.files import DatabaseError
-from bot.memory.postgres import keywords
+from bot.memory.postgres import keywords, vis_keys
+from bot.memory.postgres import scrub as postgres_scrub
 from bot.memory.postgres.connection import PgConnection, connect, where
 from bot.memory.postgres.migrations import migrate
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, visible_keys
+from bot.memory.storage import SCRUBBED
 from bot.memory.vectors import IndexInfo, VectorSizeError
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,7 @@ class PostgresStorage:
         return True
 
     def prepare(self, conn: PgConnection) -> None:
-        return None
+        vis_keys.follow_keys(conn)  # a vector follows its memory's visibility key
 
     # -- the vector index ----------------------------------------------------------
     def index_info(self, conn: PgConnection) -> IndexInfo | None:
@@ -143,7 +145,10 @@ class PostgresStorage:
         with conn.pg.transaction():
             conn.pg.execute("SELECT pg_advisory_xact_lock(%s)", (INDEX_LOCK,))
             conn.pg.execute("DROP INDEX IF EXISTS memory_vectors_hnsw")
-            conn.pg.execute("DELETE FROM memory_vectors")
+            # TRUNCATE, not DELETE: the new index is built in this transaction, and an index build
+            # still reads rows the transaction deleted: the old model's vectors of another dimension
+            # failed its (embedding::vector(dim)) cast ("expected 1024 dimensions, not 768").
+            conn.pg.execute("TRUNCATE memory_vectors")
             conn.pg.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1")
             self._create_index(conn, model, dim)
             _set_meta(conn, vectors.REINDEX_PENDING, "1")
@@ -275,11 +280,11 @@ class PostgresStorage:
         conn.pg.execute("INSERT INTO vector_changes (memory_id) SELECT memory_id FROM memory_vectors "
                         "WHERE memory_id = ANY(%s)", (ids,))
 
-    def scrub(self, conn: PgConnection) -> None:
-        # Deleted rows stay in their pages until VACUUM reclaims them (and in the WAL until
-        # it is recycled): vacuum the tables that hold people's words.
-        for table in ("memories", "memory_vectors", "messages"):
-            conn.pg.execute(f"VACUUM {table}".encode())
+    def scrub(self, conn: PgConnection, forgotten: Sequence[str] = SCRUBBED) -> None:
+        postgres_scrub.scrub(conn, forgotten)  # a rewrite: VACUUM leaves the bytes in the files
+
+    def finish_scrub(self, conn: PgConnection) -> bool:
+        return postgres_scrub.finish(conn)
 
     def archive(self, conn: PgConnection, memory_id: int, reason: str, now: float | None = None) -> None:
         with conn.pg.transaction():
