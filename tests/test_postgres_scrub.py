@@ -74,3 +74,15 @@ async def test_a_message_taken_back_leaves_no_words_in_the_history_table(fake_ol
         assert files_holding(backend, "messages", "zanzibarite")
         assert await engine.drop_own_message(OWNER, 2000)
     assert files_holding(backend, "messages", "zanzibarite", "xylophonequeen") == []
+
+
+async def test_a_plain_forget_leaves_its_words_for_the_next_maintenance(fake_ollama, make_settings, backend):
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        await engine.remember_many([NewMemory(f"ordinary note {n} about the weather", "personal", owner_id=OWNER)
+                                    for n in range(30)])
+        secret = await engine.remember(NewMemory(f"{SECRET} is my password", "personal", owner_id=OWNER))
+        await engine.remember_many([NewMemory(f"another note {n}", "personal", owner_id=OWNER) for n in range(30)])
+        assert await engine.forget([secret]) == 1  # one `/memory forget`: the table is not rewritten at each click
+        await run_maintenance(engine, use_llm=False)
+        assert files_holding(backend, "memories", "zanzibarit", "xylophonequeen") == []
+        assert not await engine.finish_scrub()

@@ -185,3 +185,19 @@ async def test_a_delete_that_fails_halfway_removes_nothing(engine):
     with pytest.raises(apsw.ConstraintError):
         await engine.forget([keep, blocker])
     assert await engine.write(counts, keep) == {"memories": 1, "fts_match": 1, "vectors": 1, "links": 0, "sources": 0}
+
+
+async def test_a_plain_forget_is_scrubbed_by_the_next_maintenance(engine):
+    from bot.lifecycle.maintenance import run_maintenance
+    secret = "oxycodone9182"
+    memory_id = await engine.remember(NewMemory(f"Ben takes {secret} at night", "personal", owner_id=1))
+    await engine.remember(NewMemory("the weather is mild", "personal", owner_id=2))
+    assert await engine.forget([memory_id]) == 1                         # one `/memory forget`: no rewrite now
+
+    def fts_blobs(conn) -> list[bytes]:
+        return [bytes(row[0] or b"") for row in conn.execute("SELECT block FROM memories_fts_data")]
+    assert any(secret.encode() in blob for blob in await engine.write(fts_blobs))  # FTS5 keeps it until a merge
+    await run_maintenance(engine, use_llm=False)
+    assert not any(secret.encode() in blob for blob in await engine.write(fts_blobs))
+    assert not await engine.finish_scrub()                               # done: nothing left for the next run
+    await engine.write(fts_integrity_check)

@@ -33,7 +33,7 @@ from bot.memory import dates, db, ranking, retrieval, store, subqueries, touches
 from bot.memory.files import DatabaseBusy, DatabaseError
 from bot.memory.retrieval import VectorStatus
 from bot.memory.scope import Viewer
-from bot.memory.storage import Connection, storage_for
+from bot.memory.storage import Connection, mark_scrub_pending, storage_for
 from bot.memory.vector_cache import VectorCache
 from bot.settings import Settings
 from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
@@ -264,10 +264,18 @@ class Engine:
 
     async def forget(self, memory_ids: Sequence[int], *, scrub: bool = False) -> int:
         """Hard-delete memories; with `scrub`, also rewrite the indexes and the WAL so that no
-        trace of their text stays recoverable on disk (slower: for forget-all, not routine)."""
-        removed = await self.write(self.storage.delete, list(memory_ids), what=f"forget {len(memory_ids)} memories")
+        trace of their text stays recoverable on disk (slower: for forget-all, not routine).
+        Without it the next maintenance run scrubs (`Storage.finish_scrub`)."""
+        removed = await self.write(self._delete_and_mark, list(memory_ids), not scrub,
+                                   what=f"forget {len(memory_ids)} memories")
         if scrub:
             await self._run(self.storage.scrub, ("memories",))
+        return removed
+
+    def _delete_and_mark(self, conn: Connection, memory_ids: list[int], leave_scrub: bool) -> int:
+        removed = self.storage.delete(conn, memory_ids)
+        if removed and leave_scrub:
+            mark_scrub_pending(conn)
         return removed
 
     async def finish_scrub(self) -> bool:

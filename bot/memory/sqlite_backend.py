@@ -15,6 +15,7 @@ from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, stor
 from bot.memory.db import write_transaction
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, visible_keys
+from bot.memory.storage import take_scrub_pending
 from bot.memory.vector_cache import VectorCache
 from bot.memory.vectors import IndexInfo
 
@@ -160,7 +161,10 @@ class SQLiteStorage:
         store.scrub(conn)  # secure_delete zeroed the pages already; FTS5 segments and the WAL remain: all of it, cheap
 
     def finish_scrub(self, conn: apsw.Connection) -> bool:
-        return False  # each scrub was complete
+        if not take_scrub_pending(conn):
+            return False  # each scrub was complete
+        store.scrub(conn)
+        return True
 
     def archive(self, conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
         store.archive(conn, memory_id, reason, now)

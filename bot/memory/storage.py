@@ -23,6 +23,19 @@ from bot.settings import Settings
 
 Connection = Any  # apsw.Connection or the PostgreSQL backend's connection: opaque to the engine
 SCRUBBED = ("memories", "messages")  # what a scrub cleans up after, unless told less
+SCRUB_PENDING = "scrub.pending"  # meta key: a plain forget left its text for the next maintenance to scrub
+
+
+def mark_scrub_pending(conn: Connection) -> None:
+    """A forget that did not scrub (one `/memory forget`: a scrub rewrites indexes, too slow
+    for every click) leaves the words for `finish_scrub` at the next maintenance run."""
+    conn.execute("INSERT INTO meta (key, value) VALUES (?, '1') ON CONFLICT (key) DO NOTHING", (SCRUB_PENDING,))
+
+
+def take_scrub_pending(conn: Connection) -> bool:
+    """Whether a forget left words to scrub, clearing the mark first (a forget committed while
+    the scrub runs marks it again)."""
+    return bool(conn.execute("DELETE FROM meta WHERE key = ? RETURNING key", (SCRUB_PENDING,)).fetchall())
 
 
 class Storage(Protocol):
@@ -84,8 +97,9 @@ class Storage(Protocol):
         database's files. `forgotten` says what went ("memories", "messages"): a backend may
         clean only those tables (PostgreSQL rewrites them: postgres/scrub.py)."""
     def finish_scrub(self, conn: Connection) -> bool:
-        """At maintenance: the part of earlier scrubs too slow to run at each forget (PostgreSQL
-        rewrites the vectors, rebuilding their index); True if there was any."""
+        """At maintenance: what earlier forgets left unscrubbed (plain forgets: all of it,
+        `take_scrub_pending`; PostgreSQL's vectors after any forget: rewriting them rebuilds
+        their index); True if there was any."""
     def archive(self, conn: Connection, memory_id: int, reason: str, now: float | None = None) -> None: ...
     def restore(self, conn: Connection, memory_id: int) -> None: ...
     def touch_and_load(self, conn: Connection, touched: list[int], ids: list[int], *, growth: float,

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from bot.memory.postgres.connection import PgConnection
+from bot.memory.storage import take_scrub_pending
 
 # what was forgotten -> the tables rewritten at once
 REWRITES = {"memories": ("memories",), "messages": ("messages",)}
@@ -42,9 +43,13 @@ def scrub(conn: PgConnection, forgotten: Sequence[str]) -> None:
 
 
 def finish(conn: PgConnection) -> bool:
-    """Rewrite the vectors if a forget left some behind since the last time; True if it did."""
+    """Scrub what plain forgets left (storage.take_scrub_pending), then rewrite the vectors if
+    a forget left some behind since the last time; True if there was anything."""
+    left_words = take_scrub_pending(conn)
+    if left_words:
+        scrub(conn, ("memories",))
     # The mark goes first: a forget committed while the rewrite waits for its lock sets it again.
     if conn.pg.execute("DELETE FROM meta WHERE key = %s", (VECTORS_PENDING,)).rowcount == 0:
-        return False
+        return left_words
     conn.pg.execute("VACUUM FULL memory_vectors")
     return True
