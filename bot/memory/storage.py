@@ -149,6 +149,6 @@ def storage_for(settings: Settings, vector_cache: Any) -> Storage:
     """The backend MUNINN_DATABASE_URL selects (PostgreSQL), else SQLite at MUNINN_DB_PATH."""
     if settings.database_url:
         from bot.memory.postgres.backend import PostgresStorage
-        return PostgresStorage(settings.database_url)
+        return PostgresStorage(settings.database_url, vector_cache)
     from bot.memory.sqlite_backend import SQLiteStorage
     return SQLiteStorage(settings.db_path, vector_cache)

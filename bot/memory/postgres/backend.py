@@ -5,10 +5,14 @@ memories; the query is built from our own tokens (fts.tokens: \\w+ runs, no stop
 most 24), each through plainto_tsquery and OR'd, so no user text ever reaches to_tsquery's
 syntax; ranked by ts_rank_cd, scoped in the same statement; common words are handled as on
 SQLite (left out, or only the newest matches ranked: keywords.py).
-Vector path: pgvector, L2 distance over L2-normalised vectors (as SQLite's, so
-cosine = 1 - d^2/2), scoped in the statement. Exact scan while the viewer sees at most
-EXACT_MAX vectors (a sort of that many is a few ms and exact); above it, the HNSW index
-with pgvector's iterative scan, which keeps walking until k rows pass the scope filter.
+Vector path: the engine's vector cache (vector_cache.py, as on SQLite: numpy over each
+visibility key's vectors, fed by postgres/vector_source.py and kept in step through the
+`vector_changes` log that a trigger writes, migration 8). Keys it does not hold (still
+loading, beyond its memory budget) and engines without one are searched in the server:
+pgvector, L2 distance over L2-normalised vectors (as SQLite's, so cosine = 1 - d^2/2),
+scoped in the statement. Exact scan while the viewer sees at most EXACT_MAX vectors (a
+sort of that many is a few ms and exact); above it, the HNSW index with pgvector's
+iterative scan, which keeps walking until k rows pass the scope filter.
 Writes: one transaction each; ids come from an identity and are never reused; two
 processes writing at once are serialised by row locks and ON CONFLICT; index creation and
 leases take an advisory transaction lock.
@@ -28,8 +32,10 @@ from bot.memory.files import DatabaseError
 from bot.memory.postgres import keywords
 from bot.memory.postgres.connection import PgConnection, connect, where
 from bot.memory.postgres.migrations import migrate
+from bot.memory.postgres.vector_source import PostgresVectorSource
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, visible_keys
+from bot.memory.vector_cache import VectorCache
 from bot.memory.vectors import IndexInfo, VectorSizeError
 
 log = logging.getLogger(__name__)
@@ -65,8 +71,11 @@ class PostgresStorage:
     name = "postgresql"
     row_refusals: tuple[type[Exception], ...] = (psycopg.IntegrityError, psycopg.DataError)
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, vector_cache: VectorCache | None = None) -> None:
         self.url = url
+        self.vector_cache = vector_cache
+        if vector_cache is not None:
+            vector_cache.source = PostgresVectorSource(self._server_knn, self._server_similar)
 
     # -- connections -------------------------------------------------------------
     def open_writer(self) -> PgConnection:
@@ -135,6 +144,9 @@ class PostgresStorage:
     def _create_index(self, conn: PgConnection, model: str, dim: int) -> None:
         _set_meta(conn, "embed_model", model)
         _set_meta(conn, "embed_dim", str(int(dim)))
+        # A new index: every process's vector cache starts over (vector_cache: the identity).
+        conn.pg.execute("INSERT INTO meta (key, value) VALUES ('vec_epoch', '1') ON CONFLICT (key) "
+                        "DO UPDATE SET value = (meta.value::bigint + 1)::text")
         if dim <= 2000:  # pgvector's HNSW limit for `vector`; above it every search is exact
             conn.pg.execute(f"CREATE INDEX IF NOT EXISTS memory_vectors_hnsw ON memory_vectors "
                             f"USING hnsw ((embedding::vector({int(dim)})) vector_l2_ops)".encode())
@@ -143,7 +155,8 @@ class PostgresStorage:
         with conn.pg.transaction():
             conn.pg.execute("SELECT pg_advisory_xact_lock(%s)", (INDEX_LOCK,))
             conn.pg.execute("DROP INDEX IF EXISTS memory_vectors_hnsw")
-            conn.pg.execute("DELETE FROM memory_vectors")
+            # TRUNCATE: no log row per vector (caches start over by the new epoch instead)
+            conn.pg.execute("TRUNCATE memory_vectors, vector_changes")
             conn.pg.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1")
             self._create_index(conn, model, dim)
             _set_meta(conn, vectors.REINDEX_PENDING, "1")
@@ -155,10 +168,13 @@ class PostgresStorage:
         conn.pg.execute("DELETE FROM meta WHERE key = %s", (vectors.REINDEX_PENDING,))
 
     def warm(self, conn: PgConnection, info: IndexInfo, stop: threading.Event) -> int:
-        return 0  # the server searches; there is no in-process cache to fill
+        return self.vector_cache.warm(conn, info, stop) if self.vector_cache is not None else 0  # type: ignore[arg-type]
 
     def neighbours_many(self, conn: PgConnection, info: IndexInfo, items: Sequence[tuple[int, str]],
                         k: int) -> dict[int, list[tuple[int, float]]]:
+        if self.vector_cache is not None and conn.get_autocommit():
+            found = self.vector_cache.neighbours(conn, info, items, k)  # type: ignore[arg-type]
+            return {mid: [(other, vectors.cosine_from_distance(d)) for other, d in near] for mid, near in found.items()}
         out: dict[int, list[tuple[int, float]]] = {}
         for memory_id, key in items:
             rows = conn.pg.execute(
@@ -176,11 +192,19 @@ class PostgresStorage:
 
     def similar_to_memory(self, conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str],
                           k: int) -> list[tuple[int, float]]:
+        return self._similar(conn, info, memory_id, keys, k, self.knn)
+
+    def _server_similar(self, conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str],
+                        k: int) -> list[tuple[int, float]]:
+        return self._similar(conn, info, memory_id, keys, k, self._server_knn)
+
+    def _similar(self, conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str], k: int,
+                 search: Any) -> list[tuple[int, float]]:
         row = conn.pg.execute("SELECT embedding::text FROM memory_vectors WHERE memory_id = %s", (memory_id,)).fetchone()
         if row is None:
             return []
         own = [float(x) for x in str(row[0]).strip("[]").split(",")]
-        return [(mid, d) for mid, d in self.knn(conn, info, own, keys, k + 1) if mid != memory_id][:k]
+        return [(mid, d) for mid, d in search(conn, info, own, keys, k + 1) if mid != memory_id][:k]
 
     def change_mark(self, conn: PgConnection) -> int:
         row = conn.pg.execute("SELECT coalesce(max(seq), 0) FROM vector_changes").fetchone()
@@ -222,8 +246,7 @@ class PostgresStorage:
             "INSERT INTO memory_vectors (memory_id, vis_key, created_at, embedding) VALUES (%s, %s, %s, %s::vector) "
             "ON CONFLICT (memory_id) DO UPDATE SET vis_key = excluded.vis_key, created_at = excluded.created_at, "
             "embedding = excluded.embedding", (memory_id, vis_key, float(created_at), vector_literal(vector)))
-        conn.pg.execute("UPDATE memories SET embedded = 1 WHERE id = %s", (memory_id,))
-        conn.pg.execute("INSERT INTO vector_changes (memory_id) VALUES (%s)", (memory_id,))
+        conn.pg.execute("UPDATE memories SET embedded = 1 WHERE id = %s", (memory_id,))  # logged by trigger
 
     def insert(self, conn: PgConnection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
                model: str, vecs: list[list[float]] | None, now: float | None) -> list[int]:
@@ -264,16 +287,11 @@ class PostgresStorage:
         ids = list(memory_ids)
         if not ids:
             return 0
-        with conn.pg.transaction():  # vectors, links and source rows go by ON DELETE CASCADE
+        with conn.pg.transaction():  # vectors (logged by trigger), links and source rows go by ON DELETE CASCADE
             _lock_in_order(conn, ids)
-            self._log_removed_vectors(conn, ids)
             removed = conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
         keywords.forget_counts()  # a word counted as common may not be any more
         return removed
-
-    def _log_removed_vectors(self, conn: PgConnection, ids: list[int]) -> None:
-        conn.pg.execute("INSERT INTO vector_changes (memory_id) SELECT memory_id FROM memory_vectors "
-                        "WHERE memory_id = ANY(%s)", (ids,))
 
     def scrub(self, conn: PgConnection) -> None:
         # Deleted rows stay in their pages until VACUUM reclaims them (and in the WAL until
@@ -286,8 +304,7 @@ class PostgresStorage:
             conn.pg.execute("UPDATE memories SET archived_at = %s, archive_reason = %s, embedded = 0, updated_at = %s "
                             "WHERE id = %s AND " + ACTIVE,
                             (time.time() if now is None else now, reason, time.time(), memory_id))
-            self._log_removed_vectors(conn, [memory_id])
-            conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))
+            conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))  # logged by trigger
         keywords.forget_counts()
 
     def restore(self, conn: PgConnection, memory_id: int) -> None:
@@ -410,10 +427,20 @@ class PostgresStorage:
         return int(row[0]) if row else 0
 
     def knn(self, conn: PgConnection, info: IndexInfo, vector: Sequence[float], keys: list[str], k: int,
-            as_of: float | None = None, *, exact_max: int = EXACT_MAX) -> list[tuple[int, float]]:
-        """The k nearest visible vectors: [(memory_id, L2 distance)], nearest first."""
+            as_of: float | None = None) -> list[tuple[int, float]]:
+        """The k nearest visible vectors: [(memory_id, L2 distance)], nearest first; through the
+        vector cache when the engine has one (the keys it does not hold: in the server)."""
         if len(vector) != info.dim:
             raise VectorSizeError(f"query embedding has {len(vector)} dimensions, the index has {info.dim}")
+        if not keys or k <= 0:
+            return []
+        if self.vector_cache is not None:
+            return self.vector_cache.knn(conn, info, vector, keys, k, as_of)  # type: ignore[arg-type]
+        return self._server_knn(conn, info, vector, keys, k, as_of)
+
+    def _server_knn(self, conn: PgConnection, info: IndexInfo, vector: Sequence[float], keys: list[str], k: int,
+                    as_of: float | None = None, *, exact_max: int = EXACT_MAX) -> list[tuple[int, float]]:
+        """The search in the server: an exact scan, or HNSW when the viewer sees many vectors."""
         if not keys or k <= 0:
             return []
         since = " AND created_at <= %s" if as_of is not None else ""
@@ -453,6 +480,11 @@ class PostgresStorage:
         unknown = {c.memory_id: c for c in chosen if c.cosine is None}
         if not unknown or info is None or len(vector) != info.dim:
             return
+        if self.vector_cache is not None:  # the recall's search has just loaded the viewer's keys
+            for memory_id, cosine in self.vector_cache.cosines(conn, info, vector, list(unknown)).items():  # type: ignore[arg-type]
+                unknown.pop(memory_id).similarity = cosine
+            if not unknown:
+                return
         rows = conn.pg.execute("SELECT memory_id, embedding <-> %s::vector FROM memory_vectors WHERE memory_id = ANY(%s)",
                                (vector_literal(vector), list(unknown))).fetchall()
         for memory_id, distance in rows:
