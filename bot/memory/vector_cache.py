@@ -332,12 +332,13 @@ class VectorCache:
         return [(mid, distance_of(score)) for score, mid in scored[:k]]
 
     def cosines(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float],
-                ids: Sequence[int]) -> dict[int, float]:
+                ids: Sequence[int], *, synced: bool = False) -> dict[int, float]:
         """Cosine to `query` of each id whose vector is in a cached key (a recall has just
         loaded the viewer's keys for its search), without touching vec0. Ids changed in an
-        open transaction, or not cached, are left out: the caller reads those from vec0."""
+        open transaction, or not cached, are left out: the caller reads those from vec0.
+        `synced`: outside a transaction, just after a search that synced (no second log read)."""
         q = unit(query)
-        overlay = self._sync(conn, info)
+        overlay = set() if synced and self._identity is not None else self._sync(conn, info)
         if overlay is None:
             return {}
         found: list[tuple[int, np.ndarray]] = []

@@ -164,6 +164,13 @@ class PostgresStorage:
     def reindex_pending(self, conn: PgConnection) -> bool:
         return _meta(conn, vectors.REINDEX_PENDING) == "1"
 
+    def index_state(self, conn: PgConnection) -> tuple[IndexInfo | None, bool]:
+        values: dict[str, str] = dict(conn.pg.execute("SELECT key, value FROM meta WHERE key IN ('embed_model', 'embed_dim', %s)",
+                                      (vectors.REINDEX_PENDING,)).fetchall())
+        model = values.get("embed_model")
+        info = None if model is None else IndexInfo(model, int(values.get("embed_dim") or 0))
+        return info, values.get(vectors.REINDEX_PENDING) == "1"
+
     def mark_reindex_done(self, conn: PgConnection) -> None:
         conn.pg.execute("DELETE FROM meta WHERE key = %s", (vectors.REINDEX_PENDING,))
 
@@ -481,7 +488,10 @@ class PostgresStorage:
         if not unknown or info is None or len(vector) != info.dim:
             return
         if self.vector_cache is not None:  # the recall's search has just loaded the viewer's keys
-            for memory_id, cosine in self.vector_cache.cosines(conn, info, vector, list(unknown)).items():  # type: ignore[arg-type]
+            # on a read connection right after the recall's own search: its sync still holds
+            cosines = self.vector_cache.cosines(conn, info, vector, list(unknown),  # type: ignore[arg-type]
+                                                synced=conn.get_autocommit())
+            for memory_id, cosine in cosines.items():
                 unknown.pop(memory_id).similarity = cosine
             if not unknown:
                 return
