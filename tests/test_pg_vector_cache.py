@@ -176,3 +176,29 @@ async def test_start_warms_the_cache_on_postgresql(fake_ollama, make_settings, p
         assert set(engine.vector_cache.cached_keys()) == {"r:1", "r:2", "r:3"}
         result = await engine.recall("fact 4", Viewer(3, channel_id=2, guild_id=1), touch=False)
         assert result.ids and {r.memory.vis_key for r in result.memories} == {"r:2"}
+
+
+def test_postgresqls_neighbour_walk_lends_like_the_portable_one(pg_pair):
+    """backend.spread_to_neighbours (its own statement) against retrieval's portable SQL on the
+    same rows: the same loans, with and without as_of, archived memories skipped."""
+    from bot.memory import retrieval
+    from bot.memory.retrieval import Candidate
+    _, conn, plain, other = pg_pair
+    rng = np.random.default_rng(9)
+    for i in range(120):
+        key = KEYS[int(rng.integers(0, 3))]
+        plain.insert(other, [memory_for(key, i)], base_stability_days=7, model="m", vecs=None,
+                     now=1000.0 + 900.0 * i + float(rng.integers(0, 900)))
+    for memory_id in rng.choice(np.arange(1, 121), size=15, replace=False).tolist():
+        plain.archive(other, int(memory_id), "test")
+    for trial in range(6):
+        chosen = rng.choice(np.arange(1, 121), size=25, replace=False).tolist()
+
+        def ranked(chosen: list[int] = chosen) -> list[Candidate]:
+            return [Candidate(int(mid), fused=1.0 / (rank + 1)) for rank, mid in enumerate(chosen)]
+        as_of = None if trial % 2 else 1000.0 + 900.0 * float(rng.integers(20, 120))
+        ours = plain.spread_to_neighbours(conn, ranked(), KEYS[:3], 0.5, as_of)
+        portable = retrieval.spread_to_neighbours(conn, ranked(), KEYS[:3], 0.5, as_of)  # type: ignore[arg-type]
+        assert [(c.memory_id, round(c.fused, 9), c.neighbour_of) for c in ours] == \
+               [(c.memory_id, round(c.fused, 9), c.neighbour_of) for c in portable]
+        assert any(c.neighbour_of for c in ours) or trial
