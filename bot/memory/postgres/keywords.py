@@ -74,7 +74,30 @@ def forget_counts() -> None:
     _newest.clear()
 
 
+def count_at_once(conn: PgConnection, words: list[str], limit: int) -> None:
+    """Count the words not counted yet in one statement (a round trip each was 3-4 per recall),
+    into the cache that doc_count answers from."""
+    cache = _counts.setdefault(str(getattr(conn.storage, "url", "") or id(conn)), {})
+    now = time.monotonic()
+    wanted = [w for w in dict.fromkeys(words)
+              if not ((hit := cache.get(w)) is not None and now - hit[2] < fts.COUNT_TTL_S
+                      and (hit[0] <= hit[1] or hit[1] >= limit))]
+    if len(wanted) < 2:
+        return  # doc_count reads a single word itself
+    if len(cache) + len(wanted) >= fts.COUNT_CACHE_MAX:
+        cache.clear()
+    one = ("(SELECT count(*) FROM (SELECT 1 FROM memories WHERE archived_at IS NULL "
+           "AND text_search @@ plainto_tsquery('muninn', %s) LIMIT %s) c)")
+    row = conn.pg.execute(f"SELECT {', '.join([one] * len(wanted))}".encode(),
+                          [value for w in wanted for value in (w, limit + 1)]).fetchone()
+    assert row is not None
+    for word, count in zip(wanted, row, strict=True):
+        cache[word] = (int(count), limit, now)
+
+
 def searched_words(conn: PgConnection, words: list[str]) -> list[str]:
+    if len(words) > 1:
+        count_at_once(conn, words, fts.common_limit(conn))
     return fts.selective(conn, words, count=doc_count)
 
 
