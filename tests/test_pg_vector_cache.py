@@ -202,3 +202,29 @@ def test_postgresqls_neighbour_walk_lends_like_the_portable_one(pg_pair):
         assert [(c.memory_id, round(c.fused, 9), c.neighbour_of) for c in ours] == \
                [(c.memory_id, round(c.fused, 9), c.neighbour_of) for c in portable]
         assert any(c.neighbour_of for c in ours) or trial
+
+
+def test_after_a_warm_an_empty_key_needs_no_read_until_it_gets_a_vector(pg_pair):
+    import threading
+    cached, conn, plain, other = pg_pair
+    rng = np.random.default_rng(10)
+    for i in range(30):  # vectors under g, r:1 and r:2 only: p:7:dm and p:7:1 stay empty
+        plain.insert(other, [memory_for(KEYS[i % 3], i)], base_stability_days=7, model="m",
+                     vecs=[random_unit(rng)], now=1000.0 + i)
+    info = plain.index_info(other)
+    assert info is not None
+    cache = cached.vector_cache
+    assert cache is not None
+    assert cached.warm(conn, info, threading.Event()) == 3
+    reads: list[str] = []
+    source = cache.source
+    real_size, real_load = source.key_size_at_least, source.load_key
+    source.key_size_at_least = lambda *a: reads.append("size") or real_size(*a)  # type: ignore[method-assign]
+    source.load_key = lambda *a: reads.append("load") or real_load(*a)  # type: ignore[method-assign]
+    q = random_unit(rng)
+    assert cached.knn(conn, info, q, ["p:7:dm", "p:7:1"], 3) == [] and reads == []
+    assert same(cached.knn(conn, info, q, ["g", "p:7:dm"], 5), plain._server_knn(other, info, q, ["g"], 5))
+    assert reads == []
+    new_id = plain.insert(other, [memory_for("p:7:dm", 1)], base_stability_days=7, model="m", vecs=[q], now=None)[0]
+    assert cached.knn(conn, info, q, ["p:7:dm", "p:7:1"], 3)[0][0] == new_id  # its first vector: read now
+    assert reads == ["load"]

@@ -137,6 +137,11 @@ class VectorCache:
         self._key_of: dict[int, str] = {}
         self._too_big: set[str] = set()
         self._loading: set[str] = set()  # keys a thread is loading now (outside the lock)
+        # Keys that held vectors when a warm listed them, and keys given a vector since (applied
+        # changes): once a warm has listed them, a key in neither is empty and needs no read
+        # (a new viewer's own keys usually are: two reads each, per recall, on PostgreSQL).
+        self._listed: set[str] | None = None
+        self._given: set[str] = set()
         self._generation = 0
         # Runs `job(connection)` on another thread, later (the engine's loader); None: load inline.
         self.background: Callable[[Callable[[apsw.Connection], object]], None] | None = None
@@ -158,6 +163,8 @@ class VectorCache:
         self._keys.clear()
         self._key_of.clear()
         self._too_big.clear()
+        self._listed = None
+        self._given.clear()
         self._bytes = 0
 
     def _sync(self, conn: apsw.Connection, info: vectors.IndexInfo) -> set[int] | None:
@@ -196,6 +203,7 @@ class VectorCache:
             state = now.get(memory_id)
             if state is not None and state[2]:
                 per_key[state[0]] = per_key.get(state[0], 0) + 1
+                self._given.add(state[0])
         for key, count in per_key.items():
             if key in self._keys and count > RELOAD_AFTER_CHANGES:
                 self._drop(key)
@@ -232,6 +240,8 @@ class VectorCache:
             if entry is not None:
                 self._keys.move_to_end(key)
                 return entry
+            if self._listed is not None and key not in self._listed and key not in self._given:
+                return KeyVectors(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros((0, info.dim), dtype=np.float32))
             if key in self._too_big or key in self._loading or not conn.get_autocommit():
                 return None
         background = self.background
@@ -291,9 +301,17 @@ class VectorCache:
             return 0
         per_vector = info.dim * 4 + 16  # matrix row + id + created_at
         loaded = 0
+        with self._lock:
+            generation = self._generation
         sizes = [(str(key), int(count)) for key, count in conn.execute(
             f"SELECT vis_key, count(*) AS n FROM memories WHERE embedded = 1 AND {ACTIVE} "
             "GROUP BY vis_key ORDER BY n DESC, vis_key")]
+        with self._lock:
+            # Every key with a vector: those listed (the list was read after the sync above), and
+            # those given one since by a change (_apply adds them to _given, also ones applied by
+            # other threads meanwhile).
+            if self._generation == generation:
+                self._listed = {key for key, _ in sizes}
         for key, count in sizes:
             if stop is not None and stop.is_set():
                 break

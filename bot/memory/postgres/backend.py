@@ -122,8 +122,7 @@ class PostgresStorage:
 
     # -- the vector index ----------------------------------------------------------
     def index_info(self, conn: PgConnection) -> IndexInfo | None:
-        model = _meta(conn, "embed_model")
-        return None if model is None else IndexInfo(model, int(_meta(conn, "embed_dim") or 0))
+        return self.index_state(conn)[0]  # one meta read (a fact write reads it 2-3 times)
 
     def index_for(self, conn: PgConnection, model: str, dim: int) -> IndexInfo | None:
         info = self.index_info(conn)
