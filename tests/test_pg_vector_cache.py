@@ -228,3 +228,41 @@ def test_after_a_warm_an_empty_key_needs_no_read_until_it_gets_a_vector(pg_pair)
     new_id = plain.insert(other, [memory_for("p:7:dm", 1)], base_stability_days=7, model="m", vecs=[q], now=None)[0]
     assert cached.knn(conn, info, q, ["p:7:dm", "p:7:1"], 3)[0][0] == new_id  # its first vector: read now
     assert reads == ["load"]
+
+
+def test_a_key_beyond_the_memory_budget_is_searched_in_the_server(postgres_url):
+    small = PostgresStorage(postgres_url, VectorCache(DIM * 4 * 10))  # room for 10 vectors
+    plain = PostgresStorage(postgres_url)
+    conn, other = small.open_writer(), plain.open_writer()
+    try:
+        rng = np.random.default_rng(4)
+        info = fill(plain, other, rng, 90)
+        q = random_unit(rng)
+        assert same(small.knn(conn, info, q, KEYS, 7), plain._server_knn(other, info, q, KEYS, 7))
+        assert small.vector_cache is not None and "r:1" not in small.vector_cache.cached_keys()
+        assert small.vector_cache.nbytes <= DIM * 4 * 10 + 2000
+    finally:
+        conn.close()
+        other.close()
+
+
+async def test_the_engine_loads_a_big_cold_key_on_its_loader_thread_on_postgresql(
+        fake_ollama, make_settings, postgres_url, monkeypatch):
+    import asyncio
+
+    from bot.memory import vector_cache
+    monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 5)
+    settings = make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url)
+    async with Engine(settings, warm=False) as engine:
+        await engine.remember_many([NewMemory(f"busy fact {i}", "room", channel_id=1, guild_id=1) for i in range(12)])
+        await engine.remember_many([NewMemory(f"quiet fact {i}", "global", owner_id=2) for i in range(3)])
+        viewer = Viewer(9, channel_id=1, guild_id=1)
+        first = await engine.recall("busy fact 3", viewer, touch=False)  # r:1 from the server meanwhile
+        assert "g" in engine.vector_cache.cached_keys()
+        for _ in range(100):
+            if "r:1" in engine.vector_cache.cached_keys():
+                break
+            await asyncio.sleep(0.02)
+        assert "r:1" in engine.vector_cache.cached_keys()
+        again = await engine.recall("busy fact 3", viewer, touch=False)
+        assert again.ids == first.ids and first.ids
