@@ -95,12 +95,13 @@ async def test_exact_and_hnsw_plans_agree_inside_the_scope(pg_engine):
     keys = await pg_engine.read(storage.visible_keys, Viewer(1, dm=True))
     info = await pg_engine.read(storage.index_info)
     query = (await pg_engine.ollama.embed(["apple fact"]))[0]
-    exact = await pg_engine.read(lambda conn: storage.knn(conn, info, query, keys, 3))
-    hnsw = await pg_engine.read(lambda conn: storage.knn(conn, info, query, keys, 3, exact_max=0))
-    assert [m for m, _ in hnsw] == [m for m, _ in exact] and {m for m, _ in exact} <= set(mine)
+    exact = await pg_engine.read(lambda conn: storage._server_knn(conn, info, query, keys, 3))
+    hnsw = await pg_engine.read(lambda conn: storage._server_knn(conn, info, query, keys, 3, exact_max=0))
+    cached = await pg_engine.read(lambda conn: storage.knn(conn, info, query, keys, 3))  # the vector cache
+    assert [m for m, _ in hnsw] == [m for m, _ in exact] == [m for m, _ in cached] and {m for m, _ in exact} <= set(mine)
     everyone = ["g", "p:1:dm", "p:2:dm"]
-    exact = await pg_engine.read(lambda conn: storage.knn(conn, info, query, everyone, 10))
-    hnsw = await pg_engine.read(lambda conn: storage.knn(conn, info, query, everyone, 10, exact_max=0))
+    exact = await pg_engine.read(lambda conn: storage._server_knn(conn, info, query, everyone, 10))
+    hnsw = await pg_engine.read(lambda conn: storage._server_knn(conn, info, query, everyone, 10, exact_max=0))
     assert len({m for m, _ in hnsw} & {m for m, _ in exact}) >= 9  # approximate, but close
 
 

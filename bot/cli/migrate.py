@@ -14,8 +14,8 @@ not handed out again). Vectors are read from sqlite-vec's chunk tables and sent 
 pgvector's binary form; the HNSW index is built once, at the end. The copy ends with a
 check per table: row counts and a checksum of the keys on both sides.
 
-Not copied: vector_changes (each SQLite process's vector-cache log; PostgreSQL searches in
-the server), leases (held by running processes) and SQLite's own vector-layout meta.
+Not copied: vector_changes (each process's vector-cache log; on PostgreSQL a trigger logs the
+copied vectors itself), leases (held by running processes) and SQLite's own vector-layout meta.
 """
 from __future__ import annotations
 

@@ -392,7 +392,7 @@ class Engine:
         hits = self.storage.fts_candidates(conn, query, keys, candidates, as_of)
         # names the plain query left out as too common re-rank its hits (bot/memory/subqueries.py)
         hits = subqueries.fuse_keyword_lists(hits, subqueries.name_hits(conn, query, hits), candidates)
-        return keys, hits, self.storage.index_info(conn), self.storage.reindex_pending(conn)
+        return (keys, hits, *self.storage.index_state(conn))
 
     def _search_step(self, conn, keys, fts_hits, info, vector, limit, now, as_of, date_hints=()):
         t0 = time.perf_counter()

@@ -152,6 +152,11 @@ MIGRATIONS: list[str] = [
     """
     -- (no statement)
     """,
+    # 8: nothing for SQLite (one writer at a time: `seq` is in commit order). PostgreSQL's
+    # migration 8 logs vector changes by transaction, for its processes' vector caches.
+    """
+    -- (no statement)
+    """,
 ]
 
 

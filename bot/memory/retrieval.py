@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Iterable
 
 import apsw
 
@@ -214,9 +215,16 @@ def spread_to_neighbours(conn: apsw.Connection, ranked: list[Candidate], keys: l
     params: list = [*ids, *key_params, *ids, *key_params, reach, NEIGHBOUR_WINDOW_S]
     if as_of is not None:
         params.append(as_of)
+    return lend_to_neighbours(by_id, conn.execute(sql, params), share)
+
+
+def lend_to_neighbours(by_id: dict[int, Candidate], found: Iterable[tuple[int, int, int]],
+                       share: float) -> list[Candidate]:
+    """spread_to_neighbours' arithmetic over its walk's rows (hit, neighbour, places away):
+    PostgreSQL walks with a statement of its own (postgres/backend.py)."""
     lent: dict[int, float] = {}
     lender: dict[int, int] = {}
-    for hit, other, places in conn.execute(sql, params):
+    for hit, other, places in found:
         amount = share * by_id[hit].fused * NEIGHBOUR_FALLOFF ** (places - 1)
         if other in by_id and amount > lent.get(other, 0.0):
             lent[other], lender[other] = amount, hit

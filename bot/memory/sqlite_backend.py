@@ -87,6 +87,9 @@ class SQLiteStorage:
     def reindex_pending(self, conn: apsw.Connection) -> bool:
         return vectors.reindex_pending(conn)
 
+    def index_state(self, conn: apsw.Connection) -> tuple[IndexInfo | None, bool]:
+        return vectors.index_info(conn), vectors.reindex_pending(conn)
+
     def mark_reindex_done(self, conn: apsw.Connection) -> None:
         vectors.mark_reindex_done(conn)
 

@@ -61,6 +61,8 @@ class Storage(Protocol):
     def index_for(self, conn: Connection, model: str, dim: int) -> IndexInfo | None: ...
     def reset_index(self, conn: Connection, model: str, dim: int) -> None: ...
     def reindex_pending(self, conn: Connection) -> bool: ...
+    def index_state(self, conn: Connection) -> tuple[IndexInfo | None, bool]:
+        """(index_info, reindex_pending) as of one moment: what each recall reads (PostgreSQL: one round trip)."""
     def mark_reindex_done(self, conn: Connection) -> None: ...
     def warm(self, conn: Connection, info: IndexInfo, stop: threading.Event) -> int: ...
     def neighbours_many(self, conn: Connection, info: IndexInfo, items: Sequence[tuple[int, str]],
@@ -170,6 +172,6 @@ def storage_for(settings: Settings, vector_cache: Any) -> Storage:
     """The backend MUNINN_DATABASE_URL selects (PostgreSQL), else SQLite at MUNINN_DB_PATH."""
     if settings.database_url:
         from bot.memory.postgres.backend import PostgresStorage
-        return PostgresStorage(settings.database_url)
+        return PostgresStorage(settings.database_url, vector_cache)
     from bot.memory.sqlite_backend import SQLiteStorage
     return SQLiteStorage(settings.db_path, vector_cache)

@@ -12,6 +12,11 @@ inside a write transaction may see changes that could still roll back: those are
 to the shared cache but scored exactly for that one search (the overlay). A key is loaded
 whole from vec0's chunk tables (one blob per chunk) under the cache's lock; keys that do not
 fit the memory budget are searched inside vec0 instead (`vectors.knn_vec0`).
+
+The storage reads the cache makes (the change log, one key's vectors, one vector, the
+fallback search) go through a `VectorSource`: SQLiteVectorSource below (vec0), and on
+PostgreSQL postgres/vector_source.py (memory_vectors; the log read by transaction). The
+cache and its scoring are one code path for both.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import apsw
 import numpy as np
@@ -103,21 +108,45 @@ class KeyVectors:
         self._regrow(self.n - self.dead + SLACK_ROWS)
 
 
+class VectorSource(Protocol):
+    """The storage reads of the cache, per backend. A mark is opaque to the cache: where in the
+    change log it has read up to."""
+
+    def poll(self, conn: Any, mark: Any) -> tuple[str | None, list[int], Any, bool]:
+        """(the index's epoch, ids changed since `mark` (None: none, just the current mark), the
+        mark after them, False when the log was pruned past `mark`)."""
+    def changed_between(self, conn: Any, older: Any, newer: Any) -> set[int]: ...
+    def key_size_at_least(self, conn: Any, key: str, cap: int) -> int: ...
+    def load_key(self, conn: Any, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+    def read_vectors(self, conn: Any, info: vectors.IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]: ...
+    def search(self, conn: Any, info: vectors.IndexInfo, query: list[float], keys: list[str], k: int,
+               as_of: float | None) -> list[tuple[int, float]]:
+        """The store's own exact search (keys the cache does not hold)."""
+    def similar_to_memory(self, conn: Any, info: vectors.IndexInfo, memory_id: int, keys: list[str],
+                          k: int) -> list[tuple[int, float]]: ...
+
+
 class VectorCache:
     """Shared by all connections of one engine (attach with `vectors.attach_cache`)."""
 
-    def __init__(self, budget_bytes: int):
+    def __init__(self, budget_bytes: int, source: VectorSource | None = None):
         self.budget_bytes = budget_bytes
+        self.source: VectorSource = source or SQLiteVectorSource()  # the backend replaces it (storage_for)
         self._lock = threading.Lock()
         self._keys: OrderedDict[str, KeyVectors] = OrderedDict()  # least recently used first
         self._key_of: dict[int, str] = {}
         self._too_big: set[str] = set()
         self._loading: set[str] = set()  # keys a thread is loading now (outside the lock)
+        # Keys that held vectors when a warm listed them, and keys given a vector since (applied
+        # changes): once a warm has listed them, a key in neither is empty and needs no read
+        # (a new viewer's own keys usually are: two reads each, per recall, on PostgreSQL).
+        self._listed: set[str] | None = None
+        self._given: set[str] = set()
         self._generation = 0
         # Runs `job(connection)` on another thread, later (the engine's loader); None: load inline.
         self.background: Callable[[Callable[[apsw.Connection], object]], None] | None = None
         self._identity: tuple | None = None
-        self._seq = 0
+        self._seq: Any = 0  # the source's mark: SQLite's last applied seq, PostgreSQL's snapshot
         self._bytes = 0
 
     # -- bookkeeping --------------------------------------------------------
@@ -134,32 +163,32 @@ class VectorCache:
         self._keys.clear()
         self._key_of.clear()
         self._too_big.clear()
+        self._listed = None
+        self._given.clear()
         self._bytes = 0
 
     def _sync(self, conn: apsw.Connection, info: vectors.IndexInfo) -> set[int] | None:
         """Apply committed changes; returns the ids changed in `conn`'s open transaction (if any),
         to be scored exactly by the caller instead; None when the cache cannot answer now (the
         table was re-created in that open transaction)."""
-        identity = (get_meta(conn, "vec_epoch"), info.model, info.dim)
         with self._lock:
+            fresh = self._identity is None
+            epoch, changed, mark, complete = self.source.poll(conn, None if fresh else self._seq)
+            identity = (epoch, info.model, info.dim)
             if identity != self._identity:
                 if not conn.get_autocommit():
                     return None
                 self._reset()
                 self._identity = identity
-                self._seq = int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes"))
-                return set()
-            rows: list[tuple[int, int]] = [(int(seq), int(mid)) for seq, mid in conn.execute(
-                "SELECT seq, memory_id FROM vector_changes WHERE seq > ? ORDER BY seq", (self._seq,))]
-            if not rows:
+                self._seq = mark if fresh else self.source.poll(conn, None)[2]
                 return set()
             if not conn.get_autocommit():
-                return {memory_id for _, memory_id in rows}
-            if rows[0][0] != self._seq + 1:  # the log was pruned past us: start over
+                return set(changed)  # maybe uncommitted: scored for this search only, the mark stays
+            if changed and not complete:  # the log was pruned past us: start over
                 self._reset()
-            else:
-                self._apply(conn, info, {memory_id for _, memory_id in rows})
-            self._seq = rows[-1][0]
+            elif changed:
+                self._apply(conn, info, set(changed))
+            self._seq = mark
             return set()
 
     def _apply(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int]) -> None:
@@ -174,15 +203,17 @@ class VectorCache:
             state = now.get(memory_id)
             if state is not None and state[2]:
                 per_key[state[0]] = per_key.get(state[0], 0) + 1
+                self._given.add(state[0])
         for key, count in per_key.items():
             if key in self._keys and count > RELOAD_AFTER_CHANGES:
                 self._drop(key)
             self._too_big.discard(key)
-        for memory_id in ids:
-            state = now.get(memory_id)
-            if state is None or not state[2] or state[0] not in self._keys:
-                continue
-            vector = read_vector(conn, info, memory_id)
+        wanted = [memory_id for memory_id in ids
+                  if (state := now.get(memory_id)) is not None and state[2] and state[0] in self._keys]
+        found = self.source.read_vectors(conn, info, wanted)
+        for memory_id in wanted:
+            state = now[memory_id]
+            vector = found.get(memory_id)
             if vector is not None:
                 entry = self._keys[state[0]]
                 before = entry.nbytes
@@ -209,11 +240,13 @@ class VectorCache:
             if entry is not None:
                 self._keys.move_to_end(key)
                 return entry
+            if self._listed is not None and key not in self._listed and key not in self._given:
+                return KeyVectors(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros((0, info.dim), dtype=np.float32))
             if key in self._too_big or key in self._loading or not conn.get_autocommit():
                 return None
         background = self.background
         if (background is not None and may_defer
-                and key_size_at_least(conn, key, INLINE_LOAD_MAX) > INLINE_LOAD_MAX):
+                and self.source.key_size_at_least(conn, key, INLINE_LOAD_MAX) > INLINE_LOAD_MAX):
             with self._lock:
                 if key in self._keys or key in self._loading:
                     return self._keys.get(key)
@@ -238,7 +271,7 @@ class VectorCache:
                 generation, seq = self._generation, self._seq
             if not conn.get_autocommit():
                 return None
-            ids, created, matrix = load_key(conn, info, key)
+            ids, created, matrix = self.source.load_key(conn, info, key)
             with self._lock:
                 if self._generation != generation:
                     return None  # the cache started over meanwhile (new index, pruned log): this load is void
@@ -251,8 +284,7 @@ class VectorCache:
                 for memory_id in entry.row_of:
                     self._key_of[memory_id] = key
                 if self._seq != seq:  # applied while loading, skipped for this key: apply again
-                    self._apply(conn, info, {int(mid) for (mid,) in conn.execute(
-                        "SELECT memory_id FROM vector_changes WHERE seq > ? AND seq <= ?", (seq, self._seq))})
+                    self._apply(conn, info, self.source.changed_between(conn, seq, self._seq))
                 while self._bytes > self.budget_bytes and len(self._keys) > 1:
                     self._drop(next(iter(self._keys)))
                 return self._keys.get(key)
@@ -269,9 +301,17 @@ class VectorCache:
             return 0
         per_vector = info.dim * 4 + 16  # matrix row + id + created_at
         loaded = 0
+        with self._lock:
+            generation = self._generation
         sizes = [(str(key), int(count)) for key, count in conn.execute(
             f"SELECT vis_key, count(*) AS n FROM memories WHERE embedded = 1 AND {ACTIVE} "
             "GROUP BY vis_key ORDER BY n DESC, vis_key")]
+        with self._lock:
+            # Every key with a vector: those listed (the list was read after the sync above), and
+            # those given one since by a change (_apply adds them to _given, also ones applied by
+            # other threads meanwhile).
+            if self._generation == generation:
+                self._listed = {key for key, _ in sizes}
         for key, count in sizes:
             if stop is not None and stop.is_set():
                 break
@@ -291,7 +331,7 @@ class VectorCache:
         q = unit(query)
         overlay = self._sync(conn, info)
         if overlay is None:
-            return vectors.knn_vec0(conn, info, q.tolist(), keys, k, as_of)
+            return self.source.search(conn, info, q.tolist(), keys, k, as_of)
         views, in_vec0 = [], []
         for key in dict.fromkeys(keys):
             entry = self._entry(conn, info, key)
@@ -302,7 +342,7 @@ class VectorCache:
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
         scored = top_scores_over(views, q, k, as_of, skip)
         if in_vec0:
-            scored += [(1.0 - d * d / 2.0, mid) for mid, d in vectors.knn_vec0(conn, info, q.tolist(), in_vec0, k, as_of)
+            scored += [(1.0 - d * d / 2.0, mid) for mid, d in self.source.search(conn, info, q.tolist(), in_vec0, k, as_of)
                        if mid not in overlay]
         if overlay:
             scored += self._overlay_scores(conn, info, overlay, set(keys), q, as_of)
@@ -310,12 +350,13 @@ class VectorCache:
         return [(mid, distance_of(score)) for score, mid in scored[:k]]
 
     def cosines(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float],
-                ids: Sequence[int]) -> dict[int, float]:
+                ids: Sequence[int], *, synced: bool = False) -> dict[int, float]:
         """Cosine to `query` of each id whose vector is in a cached key (a recall has just
         loaded the viewer's keys for its search), without touching vec0. Ids changed in an
-        open transaction, or not cached, are left out: the caller reads those from vec0."""
+        open transaction, or not cached, are left out: the caller reads those from vec0.
+        `synced`: outside a transaction, just after a search that synced (no second log read)."""
         q = unit(query)
-        overlay = self._sync(conn, info)
+        overlay = set() if synced and self._identity is not None else self._sync(conn, info)
         if overlay is None:
             return {}
         found: list[tuple[int, np.ndarray]] = []
@@ -336,16 +377,11 @@ class VectorCache:
     def _overlay_scores(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int], keys: set[str],
                         q: np.ndarray, as_of: float | None) -> list[tuple[float, int]]:
         marks = ",".join("?" * len(ids))
-        out = []
-        for memory_id, vis_key, created_at in conn.execute(
-                f"SELECT id, vis_key, created_at FROM memories WHERE id IN ({marks}) AND embedded = 1 AND {ACTIVE}",
-                tuple(ids)):
-            if vis_key not in keys or (as_of is not None and created_at > as_of):
-                continue
-            vector = read_vector(conn, info, memory_id)
-            if vector is not None:
-                out.append((float(vector @ q), memory_id))
-        return out
+        wanted = [memory_id for memory_id, vis_key, created_at in conn.execute(
+                  f"SELECT id, vis_key, created_at FROM memories WHERE id IN ({marks}) AND embedded = 1 AND {ACTIVE}",
+                  tuple(ids)) if vis_key in keys and (as_of is None or created_at <= as_of)]
+        found = self.source.read_vectors(conn, info, wanted)
+        return [(float(found[memory_id] @ q), memory_id) for memory_id in wanted if memory_id in found]
 
     def neighbours(self, conn: apsw.Connection, info: vectors.IndexInfo, items: Sequence[tuple[int, str]],
                    k: int, block_bytes: int = 64 << 20) -> dict[int, list[tuple[int, float]]]:
@@ -361,7 +397,7 @@ class VectorCache:
             entry = self._entry(conn, info, key, may_defer=False) if usable else None
             if entry is None:
                 for memory_id in wanted:
-                    out[memory_id] = vectors.similar_to_memory(conn, info, memory_id, [key], k)
+                    out[memory_id] = self.source.similar_to_memory(conn, info, memory_id, [key], k)
                 continue
             with self._lock:  # the rows and the arrays they index, from one moment
                 ids, _, matrix, n = entry.view()
@@ -479,3 +515,41 @@ def load_key(conn: apsw.Connection, info: vectors.IndexInfo, key: str) -> tuple[
 def read_vector(conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int) -> np.ndarray | None:
     vector = vectors.vector_bytes(conn, info, memory_id)
     return None if vector is None else np.frombuffer(vector, dtype=np.float32).copy()
+
+
+class SQLiteVectorSource:
+    """The cache's reads on SQLite: vec0's chunk tables, and the log by `seq` (one writer at a
+    time, so seq order is commit order and a rollback reuses its numbers)."""
+
+    def poll(self, conn: apsw.Connection, mark: int | None) -> tuple[str | None, list[int], int, bool]:
+        epoch = get_meta(conn, "vec_epoch")
+        if mark is None:
+            return epoch, [], int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")), True
+        rows: list[tuple[int, int]] = [(int(seq), int(mid)) for seq, mid in conn.execute(
+            "SELECT seq, memory_id FROM vector_changes WHERE seq > ? ORDER BY seq", (mark,))]
+        if not rows:
+            return epoch, [], mark, True
+        return epoch, [memory_id for _, memory_id in rows], rows[-1][0], rows[0][0] == mark + 1
+
+    def changed_between(self, conn: apsw.Connection, older: int, newer: int) -> set[int]:
+        return {int(mid) for (mid,) in conn.execute(
+            "SELECT memory_id FROM vector_changes WHERE seq > ? AND seq <= ?", (older, newer))}
+
+    # module functions looked up at call time (tests replace them)
+    def key_size_at_least(self, conn: apsw.Connection, key: str, cap: int) -> int:
+        return key_size_at_least(conn, key, cap)
+
+    def load_key(self, conn: apsw.Connection, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return load_key(conn, info, key)
+
+    def read_vectors(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
+        found = {memory_id: read_vector(conn, info, memory_id) for memory_id in ids}
+        return {memory_id: vector for memory_id, vector in found.items() if vector is not None}
+
+    def search(self, conn: apsw.Connection, info: vectors.IndexInfo, query: list[float], keys: list[str], k: int,
+               as_of: float | None) -> list[tuple[int, float]]:
+        return vectors.knn_vec0(conn, info, query, keys, k, as_of)
+
+    def similar_to_memory(self, conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int, keys: list[str],
+                          k: int) -> list[tuple[int, float]]:
+        return vectors.similar_to_memory(conn, info, memory_id, keys, k)

@@ -5,10 +5,14 @@ memories; the query is built from our own tokens (fts.tokens: \\w+ runs, no stop
 most 24), each through plainto_tsquery and OR'd, so no user text ever reaches to_tsquery's
 syntax; ranked by ts_rank_cd, scoped in the same statement; common words are handled as on
 SQLite (left out, or only the newest matches ranked: keywords.py).
-Vector path: pgvector, L2 distance over L2-normalised vectors (as SQLite's, so
-cosine = 1 - d^2/2), scoped in the statement. Exact scan while the viewer sees at most
-EXACT_MAX vectors (a sort of that many is a few ms and exact); above it, the HNSW index
-with pgvector's iterative scan, which keeps walking until k rows pass the scope filter.
+Vector path: the engine's vector cache (vector_cache.py, as on SQLite: numpy over each
+visibility key's vectors, fed by postgres/vector_source.py and kept in step through the
+`vector_changes` log that a trigger writes, migration 8). Keys it does not hold (still
+loading, beyond its memory budget) and engines without one are searched in the server:
+pgvector, L2 distance over L2-normalised vectors (as SQLite's, so cosine = 1 - d^2/2),
+scoped in the statement. Exact scan while the viewer sees at most EXACT_MAX vectors (a
+sort of that many is a few ms and exact); above it, the HNSW index with pgvector's
+iterative scan, which keeps walking until k rows pass the scope filter.
 Writes: one transaction each; ids come from an identity and are never reused; two
 processes writing at once are serialised by row locks and ON CONFLICT; index creation and
 leases take an advisory transaction lock.
@@ -29,9 +33,11 @@ from bot.memory.postgres import keywords, vis_keys
 from bot.memory.postgres import scrub as postgres_scrub
 from bot.memory.postgres.connection import PgConnection, connect, where
 from bot.memory.postgres.migrations import migrate
+from bot.memory.postgres.vector_source import PostgresVectorSource
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, visible_keys
 from bot.memory.storage import SCRUBBED
+from bot.memory.vector_cache import VectorCache
 from bot.memory.vectors import IndexInfo, VectorSizeError
 
 log = logging.getLogger(__name__)
@@ -67,8 +73,11 @@ class PostgresStorage:
     name = "postgresql"
     row_refusals: tuple[type[Exception], ...] = (psycopg.IntegrityError, psycopg.DataError)
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, vector_cache: VectorCache | None = None) -> None:
         self.url = url
+        self.vector_cache = vector_cache
+        if vector_cache is not None:
+            vector_cache.source = PostgresVectorSource(self._server_knn, self._server_similar)
 
     # -- connections -------------------------------------------------------------
     def open_writer(self) -> PgConnection:
@@ -115,8 +124,7 @@ class PostgresStorage:
 
     # -- the vector index ----------------------------------------------------------
     def index_info(self, conn: PgConnection) -> IndexInfo | None:
-        model = _meta(conn, "embed_model")
-        return None if model is None else IndexInfo(model, int(_meta(conn, "embed_dim") or 0))
+        return self.index_state(conn)[0]  # one meta read (a fact write reads it 2-3 times)
 
     def index_for(self, conn: PgConnection, model: str, dim: int) -> IndexInfo | None:
         info = self.index_info(conn)
@@ -137,6 +145,9 @@ class PostgresStorage:
     def _create_index(self, conn: PgConnection, model: str, dim: int) -> None:
         _set_meta(conn, "embed_model", model)
         _set_meta(conn, "embed_dim", str(int(dim)))
+        # A new index: every process's vector cache starts over (vector_cache: the identity).
+        conn.pg.execute("INSERT INTO meta (key, value) VALUES ('vec_epoch', '1') ON CONFLICT (key) "
+                        "DO UPDATE SET value = (meta.value::bigint + 1)::text")
         if dim <= 2000:  # pgvector's HNSW limit for `vector`; above it every search is exact
             conn.pg.execute(f"CREATE INDEX IF NOT EXISTS memory_vectors_hnsw ON memory_vectors "
                             f"USING hnsw ((embedding::vector({int(dim)})) vector_l2_ops)".encode())
@@ -148,7 +159,8 @@ class PostgresStorage:
             # TRUNCATE, not DELETE: the new index is built in this transaction, and an index build
             # still reads rows the transaction deleted: the old model's vectors of another dimension
             # failed its (embedding::vector(dim)) cast ("expected 1024 dimensions, not 768").
-            conn.pg.execute("TRUNCATE memory_vectors")
+            # No log row per vector either: caches start over by the new epoch instead.
+            conn.pg.execute("TRUNCATE memory_vectors, vector_changes")
             conn.pg.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1")
             self._create_index(conn, model, dim)
             _set_meta(conn, vectors.REINDEX_PENDING, "1")
@@ -156,14 +168,24 @@ class PostgresStorage:
     def reindex_pending(self, conn: PgConnection) -> bool:
         return _meta(conn, vectors.REINDEX_PENDING) == "1"
 
+    def index_state(self, conn: PgConnection) -> tuple[IndexInfo | None, bool]:
+        values: dict[str, str] = dict(conn.pg.execute("SELECT key, value FROM meta WHERE key IN ('embed_model', 'embed_dim', %s)",
+                                      (vectors.REINDEX_PENDING,)).fetchall())
+        model = values.get("embed_model")
+        info = None if model is None else IndexInfo(model, int(values.get("embed_dim") or 0))
+        return info, values.get(vectors.REINDEX_PENDING) == "1"
+
     def mark_reindex_done(self, conn: PgConnection) -> None:
         conn.pg.execute("DELETE FROM meta WHERE key = %s", (vectors.REINDEX_PENDING,))
 
     def warm(self, conn: PgConnection, info: IndexInfo, stop: threading.Event) -> int:
-        return 0  # the server searches; there is no in-process cache to fill
+        return self.vector_cache.warm(conn, info, stop) if self.vector_cache is not None else 0  # type: ignore[arg-type]
 
     def neighbours_many(self, conn: PgConnection, info: IndexInfo, items: Sequence[tuple[int, str]],
                         k: int) -> dict[int, list[tuple[int, float]]]:
+        if self.vector_cache is not None and conn.get_autocommit():
+            found = self.vector_cache.neighbours(conn, info, items, k)  # type: ignore[arg-type]
+            return {mid: [(other, vectors.cosine_from_distance(d)) for other, d in near] for mid, near in found.items()}
         out: dict[int, list[tuple[int, float]]] = {}
         for memory_id, key in items:
             rows = conn.pg.execute(
@@ -181,11 +203,19 @@ class PostgresStorage:
 
     def similar_to_memory(self, conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str],
                           k: int) -> list[tuple[int, float]]:
+        return self._similar(conn, info, memory_id, keys, k, self.knn)
+
+    def _server_similar(self, conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str],
+                        k: int) -> list[tuple[int, float]]:
+        return self._similar(conn, info, memory_id, keys, k, self._server_knn)
+
+    def _similar(self, conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str], k: int,
+                 search: Any) -> list[tuple[int, float]]:
         row = conn.pg.execute("SELECT embedding::text FROM memory_vectors WHERE memory_id = %s", (memory_id,)).fetchone()
         if row is None:
             return []
         own = [float(x) for x in str(row[0]).strip("[]").split(",")]
-        return [(mid, d) for mid, d in self.knn(conn, info, own, keys, k + 1) if mid != memory_id][:k]
+        return [(mid, d) for mid, d in search(conn, info, own, keys, k + 1) if mid != memory_id][:k]
 
     def change_mark(self, conn: PgConnection) -> int:
         row = conn.pg.execute("SELECT coalesce(max(seq), 0) FROM vector_changes").fetchone()
@@ -227,8 +257,7 @@ class PostgresStorage:
             "INSERT INTO memory_vectors (memory_id, vis_key, created_at, embedding) VALUES (%s, %s, %s, %s::vector) "
             "ON CONFLICT (memory_id) DO UPDATE SET vis_key = excluded.vis_key, created_at = excluded.created_at, "
             "embedding = excluded.embedding", (memory_id, vis_key, float(created_at), vector_literal(vector)))
-        conn.pg.execute("UPDATE memories SET embedded = 1 WHERE id = %s", (memory_id,))
-        conn.pg.execute("INSERT INTO vector_changes (memory_id) VALUES (%s)", (memory_id,))
+        conn.pg.execute("UPDATE memories SET embedded = 1 WHERE id = %s", (memory_id,))  # logged by trigger
 
     def insert(self, conn: PgConnection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
                model: str, vecs: list[list[float]] | None, now: float | None) -> list[int]:
@@ -269,16 +298,11 @@ class PostgresStorage:
         ids = list(memory_ids)
         if not ids:
             return 0
-        with conn.pg.transaction():  # vectors, links and source rows go by ON DELETE CASCADE
+        with conn.pg.transaction():  # vectors (logged by trigger), links and source rows go by ON DELETE CASCADE
             _lock_in_order(conn, ids)
-            self._log_removed_vectors(conn, ids)
             removed = conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
         keywords.forget_counts()  # a word counted as common may not be any more
         return removed
-
-    def _log_removed_vectors(self, conn: PgConnection, ids: list[int]) -> None:
-        conn.pg.execute("INSERT INTO vector_changes (memory_id) SELECT memory_id FROM memory_vectors "
-                        "WHERE memory_id = ANY(%s)", (ids,))
 
     def scrub(self, conn: PgConnection, forgotten: Sequence[str] = SCRUBBED) -> None:
         postgres_scrub.scrub(conn, forgotten)  # a rewrite: VACUUM leaves the bytes in the files
@@ -291,8 +315,7 @@ class PostgresStorage:
             conn.pg.execute("UPDATE memories SET archived_at = %s, archive_reason = %s, embedded = 0, updated_at = %s "
                             "WHERE id = %s AND " + ACTIVE,
                             (time.time() if now is None else now, reason, time.time(), memory_id))
-            self._log_removed_vectors(conn, [memory_id])
-            conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))
+            conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))  # logged by trigger
         keywords.forget_counts()
 
     def restore(self, conn: PgConnection, memory_id: int) -> None:
@@ -415,10 +438,20 @@ class PostgresStorage:
         return int(row[0]) if row else 0
 
     def knn(self, conn: PgConnection, info: IndexInfo, vector: Sequence[float], keys: list[str], k: int,
-            as_of: float | None = None, *, exact_max: int = EXACT_MAX) -> list[tuple[int, float]]:
-        """The k nearest visible vectors: [(memory_id, L2 distance)], nearest first."""
+            as_of: float | None = None) -> list[tuple[int, float]]:
+        """The k nearest visible vectors: [(memory_id, L2 distance)], nearest first; through the
+        vector cache when the engine has one (the keys it does not hold: in the server)."""
         if len(vector) != info.dim:
             raise VectorSizeError(f"query embedding has {len(vector)} dimensions, the index has {info.dim}")
+        if not keys or k <= 0:
+            return []
+        if self.vector_cache is not None:
+            return self.vector_cache.knn(conn, info, vector, keys, k, as_of)  # type: ignore[arg-type]
+        return self._server_knn(conn, info, vector, keys, k, as_of)
+
+    def _server_knn(self, conn: PgConnection, info: IndexInfo, vector: Sequence[float], keys: list[str], k: int,
+                    as_of: float | None = None, *, exact_max: int = EXACT_MAX) -> list[tuple[int, float]]:
+        """The search in the server: an exact scan, or HNSW when the viewer sees many vectors."""
         if not keys or k <= 0:
             return []
         since = " AND created_at <= %s" if as_of is not None else ""
@@ -443,7 +476,31 @@ class PostgresStorage:
 
     def spread_to_neighbours(self, conn: PgConnection, ranked: list[Candidate], keys: list[str], share: float,
                              as_of: float | None) -> list[Candidate]:
-        return retrieval.spread_to_neighbours(conn, ranked, keys, share, as_of)  # type: ignore[arg-type]
+        """retrieval.spread_to_neighbours with PostgreSQL's own statement: the same walk of the
+        (vis_key, id) index, but each neighbour's time read by primary key; the portable one
+        joins the walk to `memories`, and PostgreSQL hashed the whole table for it (a sequential
+        scan of every memory per recall: half the statement's time at 10k, growing with the table)."""
+        reach = retrieval.NEIGHBOUR_REACH
+        if share <= 0 or not ranked or reach <= 0:
+            return ranked
+        by_id = {c.memory_id: c for c in ranked}
+        step = ("(SELECT {agg}(p.id) FROM memories p WHERE p.vis_key = w.vis_key AND p.id {op} w.other "
+                "AND p.archived_at IS NULL)")
+        start = ("SELECT id, vis_key, created_at, {dir}, id, 0 FROM memories "
+                 "WHERE id = ANY(%(ids)s) AND vis_key = ANY(%(keys)s)")
+        rows = conn.pg.execute(
+            ("WITH RECURSIVE walk(hit, vis_key, t, dir, other, places) AS ("
+             f"{start.format(dir=-1)} UNION ALL {start.format(dir=1)} UNION ALL "
+             f"SELECT hit, vis_key, t, dir, CASE WHEN dir < 0 THEN {step.format(agg='max', op='<')} "
+             f"ELSE {step.format(agg='min', op='>')} END, places + 1 FROM walk w "
+             "WHERE places < %(reach)s AND other IS NOT NULL) "
+             "SELECT hit, other, places FROM (SELECT w.hit, w.other, w.places, w.t, "
+             "(SELECT m.created_at FROM memories m WHERE m.id = w.other) AS created FROM walk w "
+             "WHERE w.places > 0 AND w.other IS NOT NULL) x WHERE abs(x.created - x.t) <= %(window)s"
+             + (" AND x.created <= %(as_of)s" if as_of is not None else "")).encode(),
+            {"ids": list(by_id), "keys": keys, "reach": reach, "window": retrieval.NEIGHBOUR_WINDOW_S,
+             "as_of": as_of}).fetchall()
+        return retrieval.lend_to_neighbours(by_id, ((int(h), int(o), int(p)) for h, o, p in rows), share)
 
     def final_order(self, conn: PgConnection, candidates: list[Candidate], now: float,
                     **options: Any) -> list[Candidate]:
@@ -458,6 +515,14 @@ class PostgresStorage:
         unknown = {c.memory_id: c for c in chosen if c.cosine is None}
         if not unknown or info is None or len(vector) != info.dim:
             return
+        if self.vector_cache is not None:  # the recall's search has just loaded the viewer's keys
+            # on a read connection right after the recall's own search: its sync still holds
+            cosines = self.vector_cache.cosines(conn, info, vector, list(unknown),  # type: ignore[arg-type]
+                                                synced=conn.get_autocommit())
+            for memory_id, cosine in cosines.items():
+                unknown.pop(memory_id).similarity = cosine
+            if not unknown:
+                return
         rows = conn.pg.execute("SELECT memory_id, embedding <-> %s::vector FROM memory_vectors WHERE memory_id = ANY(%s)",
                                (vector_literal(vector), list(unknown))).fetchall()
         for memory_id, distance in rows:

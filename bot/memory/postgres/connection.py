@@ -56,6 +56,11 @@ class PgConnection:
         self._changes = max(cursor.rowcount, 0)
         return cursor
 
+    def get_autocommit(self) -> bool:
+        """Outside any transaction (apsw's `get_autocommit()`): the vector cache applies only
+        committed changes, and scores an open transaction's own ones for that search alone."""
+        return self.pg.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
     def changes(self) -> int:
         """Rows changed by the last statement run through `execute` (apsw's `changes()`)."""
         return self._changes

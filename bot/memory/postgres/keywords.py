@@ -18,6 +18,38 @@ from bot.memory.retrieval import Candidate
 
 # Per database URL: word -> (count up to its limit, that limit, when counted); as fts._counts.
 _counts: dict[str, dict[str, tuple[int, int, float]]] = {}
+# Per database URL: (max(id), when read). fts's common-word rule reads max(id) as the size of
+# the database, 2-3 times per recall; a few seconds old only widens the newest-memories window.
+_newest: dict[str, tuple[int, float]] = {}
+NEWEST_TTL_S = 5.0
+_NEWEST_SQL = "SELECT coalesce(max(id), 0) FROM memories"  # fts.newest_id's statement
+
+
+class _Rows:
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+
+class _SizeOnce:
+    """The connection as fts's shared rule sees it during one keyword step, with its max(id)
+    read answered from `_newest` (one round trip every NEWEST_TTL_S instead of 2-3 a recall)."""
+
+    def __init__(self, conn: PgConnection) -> None:
+        self.conn, self.pg, self.storage = conn, conn.pg, conn.storage
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        if sql != _NEWEST_SQL:
+            return self.conn.execute(sql, params)
+        where = str(getattr(self.storage, "url", "") or id(self.conn))
+        now = time.monotonic()
+        hit = _newest.get(where)
+        if hit is None or now - hit[1] >= NEWEST_TTL_S:
+            hit = (int(self.conn.execute(sql).fetchall()[0][0]), now)
+            _newest[where] = hit
+        return _Rows([(hit[0],)])
 
 
 def doc_count(conn: PgConnection, word: str, limit: int) -> int:
@@ -39,18 +71,43 @@ def doc_count(conn: PgConnection, word: str, limit: int) -> int:
 
 def forget_counts() -> None:
     _counts.clear()
+    _newest.clear()
+
+
+def count_at_once(conn: PgConnection, words: list[str], limit: int) -> None:
+    """Count the words not counted yet in one statement (a round trip each was 3-4 per recall),
+    into the cache that doc_count answers from."""
+    cache = _counts.setdefault(str(getattr(conn.storage, "url", "") or id(conn)), {})
+    now = time.monotonic()
+    wanted = [w for w in dict.fromkeys(words)
+              if not ((hit := cache.get(w)) is not None and now - hit[2] < fts.COUNT_TTL_S
+                      and (hit[0] <= hit[1] or hit[1] >= limit))]
+    if len(wanted) < 2:
+        return  # doc_count reads a single word itself
+    if len(cache) + len(wanted) >= fts.COUNT_CACHE_MAX:
+        cache.clear()
+    one = ("(SELECT count(*) FROM (SELECT 1 FROM memories WHERE archived_at IS NULL "
+           "AND text_search @@ plainto_tsquery('muninn', %s) LIMIT %s) c)")
+    row = conn.pg.execute(f"SELECT {', '.join([one] * len(wanted))}".encode(),
+                          [value for w in wanted for value in (w, limit + 1)]).fetchone()
+    assert row is not None
+    for word, count in zip(wanted, row, strict=True):
+        cache[word] = (int(count), limit, now)
 
 
 def searched_words(conn: PgConnection, words: list[str]) -> list[str]:
+    if len(words) > 1:
+        count_at_once(conn, words, fts.common_limit(conn))
     return fts.selective(conn, words, count=doc_count)
 
 
 def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
                    as_of: float | None) -> list[Candidate]:
-    words = searched_words(conn, fts.tokens(query))
+    sized: Any = _SizeOnce(conn)
+    words = searched_words(sized, fts.tokens(query))
     if not words or not keys:
         return []
-    common_limit = fts.common_limit(conn)
+    common_limit = fts.common_limit(sized)
     common = max(doc_count(conn, w, common_limit) for w in words) > common_limit
     tsquery = " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
     since = " AND m.created_at <= %s" if as_of is not None else ""
@@ -59,7 +116,7 @@ def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
     if common:
         if as_of is None:  # a recall as of a past moment has no "newest memories" to cut at
             bound = " AND m.id > %s"
-            params.append(fts.newest_id(conn) - fts.COMMON_WINDOW)
+            params.append(fts.newest_id(sized) - fts.COMMON_WINDOW)
         bound += " ORDER BY m.id DESC LIMIT %s"
         params.append(fts.COMMON_HITS)
     params.append(limit)

@@ -138,8 +138,8 @@ MIGRATIONS: list[str] = [
         SELECT j.value, m.id FROM memories m, jsonb_array_elements_text(m.source_message_ids::jsonb) j
         ON CONFLICT DO NOTHING;
     """,
-    # 5: the vector change log (kept for parity with SQLite, where each process's in-memory
-    # vector cache follows it; PostgreSQL searches in the server and needs no cache), and
+    # 5: the vector change log (each process's in-memory vector cache follows it; read by
+    # transaction from migration 8 on), and
     # a person's personal visibility keys straight from an index.
     """
     CREATE TABLE vector_changes (
@@ -167,6 +167,37 @@ MIGRATIONS: list[str] = [
     UPDATE memory_vectors SET embedding = embedding::real[]::vector;
     ANALYZE memories;
     ANALYZE memory_vectors;
+    """,
+    # 8: the vector change log that each process's in-memory vector cache follows
+    # (bot/memory/vector_cache.py, fed by postgres/vector_source.py). PostgreSQL hands out
+    # `seq` at insert, not at commit, and a rollback leaves a gap, so the log is read by
+    # transaction instead: `xid` is the writer's transaction, and a cache asks for the rows
+    # whose transaction its last snapshot did not see. A trigger logs every vector stored,
+    # replaced or removed (cascades and bulk copies included), in the writer's transaction.
+    # Deleting log rows (pruning) records the newest pruned transaction in meta, so that a
+    # cache that may not have seen them starts over.
+    """
+    ALTER TABLE vector_changes ADD COLUMN xid XID8 NOT NULL DEFAULT pg_current_xact_id();
+    CREATE INDEX vector_changes_xid ON vector_changes (xid);
+    CREATE FUNCTION vector_changes_log() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'DELETE' THEN
+            INSERT INTO vector_changes (memory_id) VALUES (OLD.memory_id);
+        ELSE
+            INSERT INTO vector_changes (memory_id) VALUES (NEW.memory_id);
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER memory_vectors_changed AFTER INSERT OR UPDATE OR DELETE ON memory_vectors
+        FOR EACH ROW EXECUTE FUNCTION vector_changes_log();
+    CREATE FUNCTION vector_changes_pruned() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO meta (key, value) SELECT 'vec_pruned_xid', max(xid)::text FROM pruned HAVING count(*) > 0
+            ON CONFLICT (key) DO UPDATE SET value = greatest(meta.value::xid8, excluded.value::xid8)::text;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER vector_changes_prune AFTER DELETE ON vector_changes
+        REFERENCING OLD TABLE AS pruned FOR EACH STATEMENT EXECUTE FUNCTION vector_changes_pruned();
     """,
 ]
 

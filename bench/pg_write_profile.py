@@ -1,0 +1,114 @@
+"""Where one PostgreSQL fact write's time goes (bench/README.md, issue 13):
+
+    python -m bench.pg_write_profile postgresql://.../a_scratch_copy_of_a_world 100
+
+One writer stores `count` new facts the way the bot does (`fact_store.store_facts`, embedding
+from the bench's hash embed server), after 5 warm-up facts. Prints facts/s; per fact the wall
+time, this process's CPU (all threads) and the PostgreSQL server's (every `postgres` process
+of this machine, from /proc: run it on a quiet server); the time in each phase (embedding,
+planning on a read connection, the write transaction) and the slowest statements (client-side
+wall, round trip included). It writes to the database: give it a scratch copy.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import sys
+import time
+from typing import Any
+
+import psycopg
+
+from bot.memory.engine import Engine
+from bot.settings import load_settings
+
+from .embed_server import EmbedServerProcess
+from .speed import EMBED_MODEL, SkewShape, SkewWorld
+
+phases: dict[str, float] = collections.defaultdict(float)
+statements: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+recording = [False]
+
+
+def server_cpu_s() -> float:
+    """CPU seconds (user + system) of every process named `postgres` on this machine."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as stat_file:
+                stat = stat_file.read()
+        except OSError:
+            continue
+        if stat[stat.index("(") + 1:stat.rindex(")")] == "postgres":
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def instrument() -> None:
+    """Time Engine.read / write / embed_or_none and every psycopg statement while recording."""
+    def timed(name: str, method: Any) -> Any:
+        async def wrapper(self: Engine, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await method(self, *args, **kwargs)
+            finally:
+                if recording[0]:
+                    phases[name] += time.perf_counter() - started
+        return wrapper
+    Engine.read = timed("planning (Engine.read: the duplicate search)", Engine.read)  # type: ignore[method-assign]
+    Engine.write = timed("the write transaction (Engine.write)", Engine.write)  # type: ignore[method-assign]
+    Engine.embed_or_none = timed("embedding (HTTP)", Engine.embed_or_none)  # type: ignore[method-assign]
+    execute = psycopg.Connection.execute
+
+    def timed_execute(self: psycopg.Connection, query: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        result = execute(self, query, *args, **kwargs)
+        if recording[0]:
+            text = query.decode() if isinstance(query, bytes) else query if isinstance(query, str) else query.as_string(self)
+            entry = statements[" ".join(text.split())[:80]]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - started
+        return result
+    psycopg.Connection.execute = timed_execute  # type: ignore[method-assign]
+
+
+async def profile(url: str, embed_url: str, count: int) -> None:
+    from bot.lifecycle import fact_store
+    from bot.lifecycle.facts import Fact
+    env = {"MUNINN_DB_PATH": "/nonexistent.db", "MUNINN_DATABASE_URL": url, "OLLAMA_URL": embed_url,
+           "OLLAMA_EMBED_MODEL": EMBED_MODEL, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30",
+           "MUNINN_MAINTENANCE_HOURS": "0"}
+    world = SkewWorld(SkewShape(1000), seed=int(time.time()))  # new sentences: new facts, not reinforcements
+    facts = [Fact(world.sentence(), "someone", "personal", 0.5, owner_id=1010, channel_id=100_011, guild_id=1)
+             for _ in range(count + 5)]
+    async with Engine(load_settings(env), warm=False) as engine:
+        for fact in facts[:5]:
+            await fact_store.store_facts(engine, [fact])
+        wall, cpu, server = time.perf_counter(), time.process_time(), server_cpu_s()
+        recording[0] = True
+        for fact in facts[5:]:
+            await fact_store.store_facts(engine, [fact])
+        recording[0] = False
+        wall, cpu, server = time.perf_counter() - wall, time.process_time() - cpu, server_cpu_s() - server
+    print(f"{count} facts: {count / wall:.1f} facts/s; per fact: wall {wall / count * 1000:.1f} ms, this process's "
+          f"CPU {cpu / count * 1000:.1f} ms, PostgreSQL's CPU {server / count * 1000:.1f} ms")
+    for name, seconds in phases.items():
+        print(f"  {name}: {seconds / count * 1000:.1f} ms per fact")
+    print("  statements (wall in the client, round trip included):")
+    for text, (calls, seconds) in sorted(statements.items(), key=lambda item: -item[1][1])[:12]:
+        print(f"    {calls / count:4.1f} per fact {seconds / count * 1000:6.2f} ms per fact  {text}")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 2:
+        raise SystemExit("usage: python -m bench.pg_write_profile postgresql://... COUNT")
+    instrument()
+    with EmbedServerProcess("hash", dim=768) as embed_url:
+        asyncio.run(profile(argv[0], embed_url, int(argv[1])))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,103 @@
+"""What the vector cache (bot/memory/vector_cache.py) reads from PostgreSQL: the same cache and
+scoring as on SQLite, fed from `memory_vectors` and the `vector_changes` log.
+
+The log is read by transaction, not by `seq` (migration 8): PostgreSQL numbers a row when it
+is inserted, so a transaction holding seq 10 may commit after one holding seq 11, and a
+rollback leaves a gap. A cache's mark is therefore the snapshot its last read was made in
+(`pg_current_snapshot()`, taken in the same statement as the rows it read): the changes it has
+not applied are exactly the log rows whose transaction that snapshot did not see. Every
+transaction it did not see has an id at or above the snapshot's xmin, so the read is a range
+of the `xid` index. A rolled-back transaction's rows never become visible: no trace.
+Pruning (a DELETE on the log) records the newest pruned transaction in meta
+(`vec_pruned_xid`, by a trigger); a cache whose snapshot may not have seen it starts over.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from psycopg import sql
+
+from bot.memory.postgres.connection import PgConnection
+from bot.memory.vectors import IndexInfo
+
+Mark = tuple[str, str | None]  # (snapshot as text, vec_pruned_xid seen with it)
+
+_POLL = sql.SQL(
+    "SELECT pg_current_snapshot()::text, (SELECT value FROM meta WHERE key = 'vec_epoch'), "
+    "(SELECT value FROM meta WHERE key = 'vec_pruned_xid'){changes}")
+_CHANGES = sql.SQL(
+    ", ARRAY(SELECT DISTINCT memory_id FROM vector_changes WHERE xid >= pg_snapshot_xmin(%(mark)s::pg_snapshot) "
+    "AND NOT pg_visible_in_snapshot(xid, %(mark)s::pg_snapshot)), "
+    "coalesce(%(pruned)s::xid8 IS NOT DISTINCT FROM (SELECT value FROM meta WHERE key = 'vec_pruned_xid')::xid8 "
+    "OR (SELECT value FROM meta WHERE key = 'vec_pruned_xid')::xid8 < pg_snapshot_xmin(%(mark)s::pg_snapshot), true)")
+_POLL_FRESH = _POLL.format(changes=sql.SQL(""))
+_POLL_SINCE = _POLL.format(changes=_CHANGES)
+
+
+def _vectors(rows: list[tuple[Any, ...]], dim: int) -> np.ndarray:
+    """pgvector's binary form (vector_send: int16 dim, int16 unused, dim float4 big-endian) of
+    each row's last column, as one float32 matrix."""
+    if not rows:
+        return np.zeros((0, dim), dtype=np.float32)
+    raw = np.frombuffer(b"".join(bytes(row[-1]) for row in rows), dtype=np.uint8).reshape(len(rows), 4 + 4 * dim)
+    return np.ascontiguousarray(raw[:, 4:]).view(">f4").astype(np.float32)
+
+
+class PostgresVectorSource:
+    """The vector cache's storage reads on PostgreSQL (vector_cache.VectorSource)."""
+
+    def __init__(self, server_knn: Any, server_similar: Any) -> None:
+        self._server_knn = server_knn          # the backend's exact/HNSW search in the server
+        self._server_similar = server_similar
+
+    def poll(self, conn: PgConnection, mark: Mark | None) -> tuple[str | None, list[int], Mark, bool]:
+        """One round trip: (vec_epoch, ids changed since `mark`, the new mark, whether the log
+        still holds every change `mark` did not see)."""
+        if mark is None:
+            row = conn.pg.execute(_POLL_FRESH).fetchone()
+            assert row is not None
+            return row[1], [], (str(row[0]), row[2]), True
+        row = conn.pg.execute(_POLL_SINCE, {"mark": mark[0], "pruned": mark[1]}).fetchone()
+        assert row is not None
+        return row[1], [int(mid) for mid in row[3]], (str(row[0]), row[2]), bool(row[4])
+
+    def changed_between(self, conn: PgConnection, older: Mark, newer: Mark) -> set[int]:
+        """Ids whose change `newer` saw and `older` did not."""
+        rows = conn.pg.execute(
+            "SELECT DISTINCT memory_id FROM vector_changes WHERE xid >= pg_snapshot_xmin(%(old)s::pg_snapshot) "
+            "AND pg_visible_in_snapshot(xid, %(new)s::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, %(old)s::pg_snapshot)",
+            {"old": older[0], "new": newer[0]}).fetchall()
+        return {int(row[0]) for row in rows}
+
+    def key_size_at_least(self, conn: PgConnection, key: str, cap: int) -> int:
+        row = conn.pg.execute("SELECT count(*) FROM (SELECT 1 FROM memory_vectors WHERE vis_key = %s LIMIT %s) v",
+                              (key, cap + 1)).fetchone()
+        return int(row[0]) if row else 0
+
+    def load_key(self, conn: PgConnection, info: IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One statement, vectors in binary (text would cost ~10x to parse). `memory_vectors`
+        holds exactly the active memories' vectors (archiving and deleting remove the row)."""
+        with conn.pg.cursor(binary=True) as cursor:
+            rows = cursor.execute("SELECT memory_id, created_at, vector_send(embedding) FROM memory_vectors "
+                                  "WHERE vis_key = %s AND vector_dims(embedding) = %s", (key, info.dim)).fetchall()
+        ids = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+        created = np.fromiter((row[1] for row in rows), dtype=np.float64, count=len(rows))
+        return ids, created, _vectors(rows, info.dim)
+
+    def read_vectors(self, conn: PgConnection, info: IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
+        if not ids:
+            return {}
+        with conn.pg.cursor(binary=True) as cursor:
+            rows = cursor.execute("SELECT memory_id, vector_send(embedding) FROM memory_vectors "
+                                  "WHERE memory_id = ANY(%s) AND vector_dims(embedding) = %s",
+                                  (list(ids), info.dim)).fetchall()
+        return {int(row[0]): vector for row, vector in zip(rows, _vectors(rows, info.dim), strict=True)}
+
+    def search(self, conn: PgConnection, info: IndexInfo, query: list[float], keys: list[str], k: int,
+               as_of: float | None) -> list[tuple[int, float]]:
+        return self._server_knn(conn, info, query, keys, k, as_of)
+
+    def similar_to_memory(self, conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str],
+                          k: int) -> list[tuple[int, float]]:
+        return self._server_similar(conn, info, memory_id, keys, k)
