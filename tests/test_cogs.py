@@ -384,8 +384,11 @@ async def test_forget_all_asks_first_then_erases_every_trace(world):
 
 async def test_an_unexpected_failure_is_logged_and_answered_politely(world, caplog):
     ids = await seed(world)
-    broken = "memory_vectors" if world.engine.storage.name == "postgresql" else "memories_fts"
-    await world.engine.write(lambda conn: conn.execute(f"DROP TABLE {broken}"))  # a broken database
+    # A broken database: a table the forget needs. On PostgreSQL a forget reaches the vectors
+    # only through ON DELETE CASCADE and triggers, so the memories table itself goes.
+    drop = "DROP TABLE memories CASCADE" if world.engine.storage.name == "postgresql" else "DROP TABLE memories_fts"
+    broken = drop.split()[2]
+    await world.engine.write(lambda conn: conn.execute(drop))
     result = await world.alice.slash(world.general, "memory forget", id=ids["alice_here"])
     assert result.ephemeral and text_of(result) == SOMETHING_WENT_WRONG
     assert "/memory forget failed" in caplog.text and broken in caplog.text
