@@ -127,15 +127,6 @@ async def test_a_query_of_only_common_words_keeps_the_rarest_of_them(fts_engine)
     assert await fts_engine.write(fts.selective, ["pasta", "pizza", "nowhere"]) == ["pizza", "nowhere"]
 
 
-async def test_the_common_word_window_ends_at_the_viewers_newest_memory(fts_engine, monkeypatch):
-    """A quiet DM in a busy bot: everything the viewer has is older than the last COMMON_WINDOW
-    memories stored (other people's); a common word still finds it."""
-    old = await fts_engine.remember(NewMemory("Alice bought lamps long ago", "personal", owner_id=ALICE))
-    await busy_channel(fts_engine)  # 602 newer memories of other people, most of them with "lamps"
-    monkeypatch.setattr(fts, "COMMON_WINDOW", 300)
-    assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [old]
-
-
 async def test_a_query_of_common_words_looks_only_at_the_newest_memories(fts_engine, monkeypatch):
     old = await fts_engine.remember(NewMemory("Alice bought lamps long ago", "personal", owner_id=ALICE))
     await busy_channel(fts_engine)  # 602 newer memories, most of them with "lamps"

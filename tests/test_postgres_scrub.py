@@ -86,3 +86,18 @@ async def test_a_plain_forget_leaves_its_words_for_the_next_maintenance(fake_oll
         await run_maintenance(engine, use_llm=False)
         assert files_holding(backend, "memories", "zanzibarit", "xylophonequeen") == []
         assert not await engine.finish_scrub()
+
+
+async def test_a_scrub_locked_out_by_a_long_transaction_waits_for_maintenance(fake_ollama, make_settings, backend):
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        secret = await engine.remember(NewMemory(f"{SECRET} is my password", "personal", owner_id=OWNER))
+        await engine.remember_many([NewMemory(f"note {n}", "personal", owner_id=OWNER) for n in range(10)])
+        with psycopg.connect(backend) as reader:  # someone's open transaction that read the table
+            reader.execute("SELECT count(*) FROM memories").fetchone()
+            started = time.monotonic()
+            assert await engine.forget_personal(OWNER, [secret]) == 1
+            assert time.monotonic() - started < 10  # the rewrite gave up after its lock wait, nothing hung
+        assert files_holding(backend, "memories", "zanzibarit")  # not rewritten yet...
+        await run_maintenance(engine, use_llm=False)
+        assert files_holding(backend, "memories", "zanzibarit", "xylophonequeen") == []  # ...the next run did
+        assert not await engine.finish_scrub()

@@ -201,3 +201,17 @@ async def test_a_plain_forget_is_scrubbed_by_the_next_maintenance(engine):
     assert not any(secret.encode() in blob for blob in await engine.write(fts_blobs))
     assert not await engine.finish_scrub()                               # done: nothing left for the next run
     await engine.write(fts_integrity_check)
+
+
+async def test_a_failed_scrub_keeps_its_mark_for_the_next_run(engine, monkeypatch):
+    memory_id = await engine.remember(NewMemory("Ben takes oxycodone9182 at night", "personal", owner_id=1))
+    await engine.forget([memory_id])
+
+    def broken(conn) -> None:
+        raise apsw.IOError("disk gone for a moment")
+    monkeypatch.setattr(store, "scrub", broken)
+    with pytest.raises(apsw.IOError):
+        await engine.finish_scrub()
+    monkeypatch.undo()
+    assert await engine.finish_scrub()       # still marked: done now
+    assert not await engine.finish_scrub()

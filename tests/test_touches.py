@@ -21,6 +21,7 @@ async def test_concurrent_recalls_count_every_touch_in_fewer_writer_jobs(fts_eng
            for i in range(3)]
     before = {i: await fts_engine.get(i) for i in ids}
     jobs = fts_engine._touches.jobs
+    started = time.time()
     results = await asyncio.gather(*(fts_engine.recall("kayak lake", ME) for _ in range(12)))
     assert all(set(r.ids) == set(ids) for r in results)
     growth = fts_engine.settings.stability_growth
@@ -28,7 +29,7 @@ async def test_concurrent_recalls_count_every_touch_in_fewer_writer_jobs(fts_eng
         after = await fts_engine.get(memory_id)
         assert after.access_count == before[memory_id].access_count + 12
         assert after.stability == pytest.approx(min(before[memory_id].stability * growth ** 12, decay.MAX_STABILITY_DAYS))
-        assert after.last_accessed is not None and after.last_accessed <= time.time()
+        assert after.last_accessed is not None and started <= after.last_accessed <= time.time()
     assert fts_engine._touches.jobs - jobs < 12  # shared: one job took the touches queued while another ran
     for result in results:  # each recall returns its memories as read after its own touch
         assert all(r.memory.access_count >= before[r.memory.id].access_count + 1 for r in result.memories)
@@ -60,3 +61,18 @@ async def test_a_failed_job_fails_each_waiting_recall_and_the_next_job_runs():
     results = await asyncio.gather(first, second, return_exceptions=True)
     assert all(isinstance(r, store.MemoryNotFound) for r in results) and calls == [2]
     assert await batcher.touch_and_load([3], [3], 1.0) == {} and calls == [2, 1]
+
+
+@pytest.mark.sqlite_only("holds SQLite's write lock from a second connection")
+async def test_a_recall_that_touches_nothing_takes_no_write_lock(fts_engine):
+    import apsw
+    kept = await fts_engine.remember(NewMemory("the kayak trip on the lake", "personal", owner_id=7))
+    other = apsw.Connection(str(fts_engine.settings.db_path))
+    other.execute("BEGIN IMMEDIATE")  # someone else writes for a long while
+    try:
+        loaded = await asyncio.wait_for(fts_engine.write(
+            touches.touch_and_load_all, fts_engine.storage, [([], [kept], 1000.0)], 1.5), timeout=2)
+        assert list(loaded[0]) == [kept]
+    finally:
+        other.execute("ROLLBACK")
+        other.close()

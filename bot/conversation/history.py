@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import apsw
 
 from bot.memory.db import query_one, query_value, write_transaction
+from bot.memory.storage import mark_pending
 
 ROLES = ("user", "assistant")
 
@@ -77,7 +78,8 @@ def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float 
 
 def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
            deleted_at: float | None = None) -> int:
-    """Mark messages deleted and drop their text; returns how many were known."""
+    """Mark messages deleted and drop their text (from the files too, at the next maintenance:
+    `storage.mark_pending`); returns how many were known."""
     now = time.time() if deleted_at is None else deleted_at
     changed = 0
     with write_transaction(conn):
@@ -85,6 +87,8 @@ def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
             conn.execute("UPDATE messages SET content = '', deleted_at = ? WHERE id = ? AND deleted_at IS NULL",
                          (now, message_id))
             changed += conn.changes()
+        if changed:
+            mark_pending(conn)
     return changed
 
 

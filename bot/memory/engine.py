@@ -33,7 +33,7 @@ from bot.memory import dates, db, ranking, retrieval, store, subqueries, touches
 from bot.memory.files import DatabaseBusy, DatabaseError
 from bot.memory.retrieval import VectorStatus
 from bot.memory.scope import Viewer
-from bot.memory.storage import Connection, mark_scrub_pending, storage_for
+from bot.memory.storage import Connection, mark_pending, storage_for
 from bot.memory.vector_cache import VectorCache
 from bot.settings import Settings
 from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
@@ -272,10 +272,11 @@ class Engine:
             await self._run(self.storage.scrub, ("memories",))
         return removed
 
-    def _delete_and_mark(self, conn: Connection, memory_ids: list[int], leave_scrub: bool) -> int:
-        removed = self.storage.delete(conn, memory_ids)
-        if removed and leave_scrub:
-            mark_scrub_pending(conn)
+    def _delete_and_mark(self, conn: Connection, memory_ids: list[int], scrub_later: bool) -> int:
+        with transactions.write_transaction(conn):  # the delete and its mark land together (a retry finds both or neither)
+            removed = self.storage.delete(conn, memory_ids)
+            if removed and scrub_later:
+                mark_pending(conn)
         return removed
 
     async def finish_scrub(self) -> bool:
@@ -481,8 +482,15 @@ class Engine:
 
     async def forget_sources(self, message_ids: Sequence[int]) -> list[int]:
         """Messages were deleted: forget what was learned from them alone (see store.forget_sources)."""
-        return await self.write(self.storage.forget_sources, list(message_ids),
+        return await self.write(self._forget_sources_and_mark, list(message_ids),
                                 what=f"take back what was learned from {len(message_ids)} deleted messages")
+
+    def _forget_sources_and_mark(self, conn: Connection, message_ids: list[int]) -> list[int]:
+        with transactions.write_transaction(conn):  # their words leave the files at the next maintenance
+            forgotten = self.storage.forget_sources(conn, message_ids)
+            if forgotten:
+                mark_pending(conn)
+        return forgotten
 
     async def stats(self) -> dict:
         return await self._run(self.storage.stats)

@@ -120,11 +120,13 @@ def common_limit(conn, newest: int | None = None) -> int:
 
 
 def newest_visible_id(conn, keys: list[str]) -> int:
-    """The newest id under `keys` (archived or not: a bound only), one index seek per key. The
+    """The newest active id under `keys`, one seek per key in the partial index of active
+    memories (without `archived_at IS NULL` SQLite scans the table: 12-18 ms at 100k). The
     common-word window ends here, not at the database's newest memory: a viewer whose memories
     are all older than the last COMMON_WINDOW stored (a quiet DM in a busy bot) would otherwise
     find none of them by a common word (bench.quality's crowded world)."""
-    seeks = " UNION ALL ".join("SELECT (SELECT max(id) FROM memories WHERE vis_key = ?) AS newest" for _ in keys)
+    seeks = " UNION ALL ".join(
+        "SELECT (SELECT max(id) FROM memories WHERE vis_key = ? AND archived_at IS NULL) AS newest" for _ in keys)
     return int(conn.execute(f"SELECT coalesce(max(newest), 0) FROM ({seeks})", keys).fetchall()[0][0])
 
 

@@ -15,7 +15,7 @@ from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, stor
 from bot.memory.db import write_transaction
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, visible_keys
-from bot.memory.storage import take_scrub_pending
+from bot.memory.storage import clear_pending, pending_token
 from bot.memory.vector_cache import VectorCache
 from bot.memory.vectors import IndexInfo
 
@@ -164,9 +164,11 @@ class SQLiteStorage:
         store.scrub(conn)  # secure_delete zeroed the pages already; FTS5 segments and the WAL remain: all of it, cheap
 
     def finish_scrub(self, conn: apsw.Connection) -> bool:
-        if not take_scrub_pending(conn):
-            return False  # each scrub was complete
+        token = pending_token(conn)
+        if token is None:
+            return False
         store.scrub(conn)
+        clear_pending(conn, token)  # only once it worked: a failed scrub is retried next time
         return True
 
     def archive(self, conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:

@@ -13,6 +13,7 @@ a connection is only ever used by one thread at a time. Writes are one transacti
 from __future__ import annotations
 
 import threading
+import uuid
 from typing import Any, Protocol, Sequence
 
 from bot.memory import store
@@ -23,19 +24,26 @@ from bot.settings import Settings
 
 Connection = Any  # apsw.Connection or the PostgreSQL backend's connection: opaque to the engine
 SCRUBBED = ("memories", "messages")  # what a scrub cleans up after, unless told less
-SCRUB_PENDING = "scrub.pending"  # meta key: a plain forget left its text for the next maintenance to scrub
+SCRUB_PENDING = "scrub.pending"  # meta key: words deleted without a scrub wait for the next maintenance
 
 
-def mark_scrub_pending(conn: Connection) -> None:
-    """A forget that did not scrub (one `/memory forget`: a scrub rewrites indexes, too slow
-    for every click) leaves the words for `finish_scrub` at the next maintenance run."""
-    conn.execute("INSERT INTO meta (key, value) VALUES (?, '1') ON CONFLICT (key) DO NOTHING", (SCRUB_PENDING,))
+def mark_pending(conn: Connection, key: str = SCRUB_PENDING) -> None:
+    """Leave work for maintenance: a forget that did not scrub (one `/memory forget`, a deleted
+    Discord message: a scrub rewrites indexes, too slow for every click) leaves the words for
+    `finish_scrub`. Call it inside the transaction that deleted them, so both or neither land.
+    Each mark is a new token: `clear_pending` of an older one leaves it standing."""
+    conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                 (key, uuid.uuid4().hex))
 
 
-def take_scrub_pending(conn: Connection) -> bool:
-    """Whether a forget left words to scrub, clearing the mark first (a forget committed while
-    the scrub runs marks it again)."""
-    return bool(conn.execute("DELETE FROM meta WHERE key = ? RETURNING key", (SCRUB_PENDING,)).fetchall())
+def pending_token(conn: Connection, key: str = SCRUB_PENDING) -> str | None:
+    rows = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchall()
+    return str(rows[0][0]) if rows else None
+
+
+def clear_pending(conn: Connection, token: str, key: str = SCRUB_PENDING) -> None:
+    """After the work succeeded: a mark made meanwhile (another token) stays for the next run."""
+    conn.execute("DELETE FROM meta WHERE key = ? AND value = ?", (key, token))
 
 
 class Storage(Protocol):
@@ -99,9 +107,9 @@ class Storage(Protocol):
         database's files. `forgotten` says what went ("memories", "messages"): a backend may
         clean only those tables (PostgreSQL rewrites them: postgres/scrub.py)."""
     def finish_scrub(self, conn: Connection) -> bool:
-        """At maintenance: what earlier forgets left unscrubbed (plain forgets: all of it,
-        `take_scrub_pending`; PostgreSQL's vectors after any forget: rewriting them rebuilds
-        their index); True if there was any."""
+        """At maintenance: what earlier forgets left unscrubbed (plain forgets and deleted
+        messages: all of it, `mark_pending`; PostgreSQL's vectors after any forget: rewriting
+        them rebuilds their index); True if there was any."""
     def archive(self, conn: Connection, memory_id: int, reason: str, now: float | None = None) -> None: ...
     def restore(self, conn: Connection, memory_id: int) -> None: ...
     def touch_and_load(self, conn: Connection, touched: list[int], ids: list[int], *, growth: float,

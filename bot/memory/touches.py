@@ -39,7 +39,9 @@ def touch_and_load_all(conn: Connection, storage: Any, requests: Sequence[tuple[
     touch_many = getattr(storage, "touch_many", None)
     if touch_many is None:
         return [storage.touch_and_load(conn, touched, ids, growth=growth, now=now) for touched, ids, now in requests]
-    touch_many(conn, [(touched, now) for touched, _, now in requests if touched], growth=growth)
+    touches = [(touched, now) for touched, _, now in requests if touched]
+    if touches:  # a write transaction: never taken (and waited for) when nothing was recalled
+        touch_many(conn, touches, growth=growth)
     wanted = list(dict.fromkeys(memory_id for _, ids, _ in requests for memory_id in ids))
     loaded = storage.get_many(conn, wanted)
     return [{memory_id: loaded[memory_id] for memory_id in ids if memory_id in loaded} for _, ids, _ in requests]

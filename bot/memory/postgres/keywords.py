@@ -116,7 +116,7 @@ def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
     if common:
         if as_of is None:  # a recall as of a past moment has no "newest memories" to cut at
             bound = " AND m.id > %s"
-            params.append(fts.newest_id(sized) - fts.COMMON_WINDOW)
+            params.append(fts.newest_visible_id(conn, keys) - fts.COMMON_WINDOW)  # the viewer's newest, as on SQLite
         bound += " ORDER BY m.id DESC LIMIT %s"
         params.append(fts.COMMON_HITS)
     params.append(limit)

@@ -21,35 +21,60 @@ backups and replicas; the operator's retention rules apply to those.
 """
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
+import psycopg
+
 from bot.memory.postgres.connection import PgConnection
-from bot.memory.storage import take_scrub_pending
+from bot.memory.storage import clear_pending, mark_pending, pending_token
+
+log = logging.getLogger(__name__)
 
 # what was forgotten -> the tables rewritten at once
 REWRITES = {"memories": ("memories",), "messages": ("messages",)}
 VECTORS_PENDING = "scrub.vectors_pending"  # meta key: forgotten vectors await the next maintenance
+# VACUUM FULL waits for an exclusive lock, and every reader then queues behind it: a forget
+# must not stall all recalls behind one long transaction. Past this wait the rewrite is left
+# to the next maintenance run (storage.mark_pending).
+LOCK_WAIT = "2s"
 
 
 def scrub(conn: PgConnection, forgotten: Sequence[str]) -> None:
     """Rewrite the tables that held what was forgotten (outside any transaction)."""
-    tables = dict.fromkeys(table for what in forgotten for table in REWRITES[what])
-    for table in tables:
-        conn.pg.execute(f"VACUUM FULL {table}".encode())  # our own constant names
+    if not _rewrite(conn, [table for what in forgotten for table in REWRITES[what]]):
+        mark_pending(conn)  # locked out: the next maintenance run rewrites them
     if "memories" in forgotten:
         conn.pg.execute("VACUUM memory_vectors")  # the space is reusable now; the bytes go in `finish`
-        conn.pg.execute("INSERT INTO meta (key, value) VALUES (%s, '1') ON CONFLICT (key) DO NOTHING",
-                        (VECTORS_PENDING,))
+        mark_pending(conn, VECTORS_PENDING)
 
 
 def finish(conn: PgConnection) -> bool:
-    """Scrub what plain forgets left (storage.take_scrub_pending), then rewrite the vectors if
-    a forget left some behind since the last time; True if there was anything."""
-    left_words = take_scrub_pending(conn)
-    if left_words:
-        scrub(conn, ("memories",))
-    # The mark goes first: a forget committed while the rewrite waits for its lock sets it again.
-    if conn.pg.execute("DELETE FROM meta WHERE key = %s", (VECTORS_PENDING,)).rowcount == 0:
-        return left_words
-    conn.pg.execute("VACUUM FULL memory_vectors")
-    return True
+    """At maintenance: rewrite what forgets left (storage.mark_pending: plain forgets, deleted
+    messages, rewrites that were locked out), then the vectors if any forget left some since
+    the last time. A mark is cleared only after its rewrite; True if there was anything."""
+    did = False
+    token = pending_token(conn)
+    if token is not None and _rewrite(conn, ["memories", "messages"]):
+        clear_pending(conn, token)
+        did = True
+    token = pending_token(conn, VECTORS_PENDING)
+    if token is not None and _rewrite(conn, ["memory_vectors"]):
+        clear_pending(conn, token, VECTORS_PENDING)
+        did = True
+    return did
+
+
+def _rewrite(conn: PgConnection, tables: Sequence[str]) -> bool:
+    """VACUUM FULL each table (our own constant names); False if one could not get its lock in time."""
+    conn.pg.execute(f"SET lock_timeout = '{LOCK_WAIT}'".encode())
+    try:
+        for table in dict.fromkeys(tables):
+            conn.pg.execute(f"VACUUM FULL {table}".encode())
+        return True
+    except psycopg.errors.LockNotAvailable:
+        log.warning("scrub of %s waited over %s for its lock; the next maintenance run does it", ", ".join(tables),
+                    LOCK_WAIT)
+        return False
+    finally:
+        conn.pg.execute(b"RESET lock_timeout")
