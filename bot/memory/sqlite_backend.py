@@ -183,7 +183,7 @@ class SQLiteStorage:
             store.touch(conn, touched, growth=growth, now=now)
         return store.get_many(conn, ids)
 
-    def touch_many(self, conn: apsw.Connection, recalls: Sequence[tuple[list[int], float]], *, growth: float) -> None:
+    def touch_many(self, conn: apsw.Connection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
         """Several recalls' touches in one transaction (bot/memory/touches.py)."""
         store.touch_many(conn, recalls, growth=growth)
 

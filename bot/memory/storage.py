@@ -114,6 +114,9 @@ class Storage(Protocol):
     def restore(self, conn: Connection, memory_id: int) -> None: ...
     def touch_and_load(self, conn: Connection, touched: list[int], ids: list[int], *, growth: float,
                        now: float) -> dict[int, store.Memory]: ...
+    def touch_many(self, conn: Connection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
+        """Several recalls' touches (their ids, their time) in one transaction, in order; each
+        memory ends as if each touch had been its own (bot/memory/touches.py)."""
     def forget_sources(self, conn: Connection, message_ids: Sequence[int]) -> list[int]: ...
     def add_link(self, conn: Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
                  now: float | None = None) -> bool:

@@ -33,15 +33,11 @@ class TouchRequest:
 
 def touch_and_load_all(conn: Connection, storage: Any, requests: Sequence[tuple[list[int], list[int], float]],
                        growth: float) -> list[dict[int, store.Memory]]:
-    """On the writer: every request's touch (in order), then its memories. A backend with
-    `touch_many` (SQLite) does all touches in one transaction and loads once; any other backend
-    runs its `touch_and_load` per request (one writer job still, one transaction each)."""
-    touch_many = getattr(storage, "touch_many", None)
-    if touch_many is None:
-        return [storage.touch_and_load(conn, touched, ids, growth=growth, now=now) for touched, ids, now in requests]
+    """On the writer: every request's touch (in order) in one transaction, then all their
+    memories in one read."""
     touches = [(touched, now) for touched, _, now in requests if touched]
     if touches:  # a write transaction: never taken (and waited for) when nothing was recalled
-        touch_many(conn, touches, growth=growth)
+        storage.touch_many(conn, touches, growth=growth)
     wanted = list(dict.fromkeys(memory_id for _, ids, _ in requests for memory_id in ids))
     loaded = storage.get_many(conn, wanted)
     return [{memory_id: loaded[memory_id] for memory_id in ids if memory_id in loaded} for _, ids, _ in requests]

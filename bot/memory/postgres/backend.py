@@ -334,6 +334,17 @@ class PostgresStorage:
                     "WHERE id = ANY(%s)", (now, growth, decay.MAX_STABILITY_DAYS, sorted(set(touched))))
         return store.get_many(conn, ids)  # type: ignore[arg-type]
 
+    def touch_many(self, conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
+        """Several recalls' touches in one transaction (bot/memory/touches.py), each the same
+        UPDATE with its own time, in order: each memory ends as if each had been its own."""
+        with conn.pg.transaction():
+            _lock_in_order(conn, sorted({memory_id for ids, _ in recalls for memory_id in ids}))
+            for ids, now in recalls:
+                conn.pg.execute(
+                    "UPDATE memories SET access_count = access_count + 1, "
+                    "last_accessed = greatest(%s, coalesce(last_accessed, 0)), stability = least(stability * %s, %s) "
+                    "WHERE id = ANY(%s)", (now, growth, decay.MAX_STABILITY_DAYS, sorted(set(ids))))
+
     def forget_sources(self, conn: PgConnection, message_ids: Sequence[int]) -> list[int]:
         wanted = [str(m) for m in message_ids]
         if not wanted:
