@@ -257,8 +257,10 @@ def make_world(shape, seed: int = 7) -> World:
 
 
 def bench_settings(path: Path, ollama_url: str = "", **env: str):
+    # MUNINN_VECTOR_CACHE_MB / MUNINN_VECTOR_APPROX_MIN from the environment, to compare budgets and paths
+    chosen = {key: value for key, value in os.environ.items() if key.startswith("MUNINN_VECTOR_")}
     return load_settings({"MUNINN_DB_PATH": str(path), "OLLAMA_URL": ollama_url, "OLLAMA_EMBED_MODEL": EMBED_MODEL,
-                          "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30", **env})
+                          "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30", **chosen, **env})
 
 
 async def build(path: Path, shape: Shape | SkewShape, chunk_size: int = vectors.DEFAULT_CHUNK_SIZE,

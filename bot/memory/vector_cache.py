@@ -32,7 +32,7 @@ from typing import Any, Callable, Protocol, Sequence
 import apsw
 import numpy as np
 
-from bot.memory import vectors
+from bot.memory import big_keys, vectors
 from bot.memory.db import get_meta, query_value
 from bot.memory.scope import ACTIVE
 
@@ -49,7 +49,7 @@ class KeyVectors:
     """One key's vectors in rows [0, n) of preallocated arrays. A removed vector keeps its row
     with id -1 until the next compaction. Appends write past `n` and replacements swap whole
     arrays, so a search holding an older (arrays, n) view never reads a half-written row."""
-    __slots__ = ("ids", "created", "matrix", "n", "dead", "row_of")
+    __slots__ = ("ids", "created", "matrix", "n", "dead", "row_of", "approx")
 
     def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray):
         n = len(ids)
@@ -61,6 +61,7 @@ class KeyVectors:
         self.n = n
         self.dead = 0
         self.row_of = {int(mid): i for i, mid in enumerate(ids)}
+        self.approx: big_keys.ListIndex | None = None  # rows grouped by cluster (a very big key)
 
     @property
     def nbytes(self) -> int:
@@ -102,6 +103,7 @@ class KeyVectors:
         ids[:count], created[:count], matrix[:count] = (self.ids[:self.n][alive], self.created[:self.n][alive],
                                                         self.matrix[:self.n][alive])
         self.ids, self.created, self.matrix, self.n, self.dead = ids, created, matrix, count, 0
+        self.approx = None  # the rows moved: the clusters no longer describe them
         self.row_of = {int(mid): i for i, mid in enumerate(ids[:count])}
 
     def _compact(self) -> None:
@@ -124,14 +126,26 @@ class VectorSource(Protocol):
         """The store's own exact search (keys the cache does not hold)."""
     def similar_to_memory(self, conn: Any, info: vectors.IndexInfo, memory_id: int, keys: list[str],
                           k: int) -> list[tuple[int, float]]: ...
+_EMPTY: dict[int, KeyVectors] = {}
+
+
+def _empty_key(dim: int) -> KeyVectors:
+    """A key without vectors, shared: its searches never write to it (only cached keys get appends)."""
+    empty = _EMPTY.get(dim)
+    if empty is None:
+        empty = _EMPTY[dim] = KeyVectors(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros((0, dim), dtype=np.float32))
+    return empty
 
 
 class VectorCache:
     """Shared by all connections of one engine (attach with `vectors.attach_cache`)."""
 
-    def __init__(self, budget_bytes: int, source: VectorSource | None = None):
+    def __init__(self, budget_bytes: int, source: VectorSource | None = None, approx_min: int = 0):
         self.budget_bytes = budget_bytes
         self.source: VectorSource = source or SQLiteVectorSource()  # the backend replaces it (storage_for)
+        # Keys of at least this many vectors are searched through clusters (big_keys.py); 0: never.
+        self.approx_min = approx_min
+        self._partitioning: set[str] = set()  # keys queued for or being partitioned
         self._lock = threading.Lock()
         self._keys: OrderedDict[str, KeyVectors] = OrderedDict()  # least recently used first
         self._key_of: dict[int, str] = {}
@@ -139,7 +153,7 @@ class VectorCache:
         self._loading: set[str] = set()  # keys a thread is loading now (outside the lock)
         # Keys that held vectors when a warm listed them, and keys given a vector since (applied
         # changes): once a warm has listed them, a key in neither is empty and needs no read
-        # (a new viewer's own keys usually are: two reads each, per recall, on PostgreSQL).
+        # (a viewer's own personal keys mostly are: two reads each, per recall; issue 12).
         self._listed: set[str] | None = None
         self._given: set[str] = set()
         self._generation = 0
@@ -241,7 +255,7 @@ class VectorCache:
                 self._keys.move_to_end(key)
                 return entry
             if self._listed is not None and key not in self._listed and key not in self._given:
-                return KeyVectors(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros((0, info.dim), dtype=np.float32))
+                return _empty_key(info.dim)
             if key in self._too_big or key in self._loading or not conn.get_autocommit():
                 return None
         background = self.background
@@ -322,7 +336,61 @@ class VectorCache:
                     continue  # would evict a key already warm
             if self._entry(conn, info, key, may_defer=False) is not None:
                 loaded += 1
+        for key in self.cached_keys():
+            if stop is not None and stop.is_set():
+                break
+            if self._wants_partition(key):
+                self.partition_key(key)
         return loaded
+
+    # -- very big keys (big_keys.py) -----------------------------------------
+
+    def _wants_partition(self, key: str) -> bool:
+        with self._lock:
+            entry = self._keys.get(key)
+            return (entry is not None and 0 < self.approx_min <= entry.n and key not in self._partitioning
+                    and not big_keys.usable(entry.approx, entry.n))
+
+    def partition_key(self, key: str, queued: bool = False) -> bool:
+        """Group a cached big key's rows by cluster (seconds of CPU at 320k vectors, no lock held
+        meanwhile; the regrouped copy needs the key's size again in memory until it is swapped in).
+        False if the key is not cached, not big, or changed shape meanwhile."""
+        with self._lock:
+            entry = self._keys.get(key)
+            if not queued and key in self._partitioning:
+                return False
+            self._partitioning.add(key)
+            if entry is None or not 0 < self.approx_min <= entry.n:
+                self._partitioning.discard(key)
+                return False
+            matrix, rows = entry.matrix, entry.n
+            capacity = max(len(entry.ids), rows + SLACK_ROWS + int(rows * big_keys.SPARE_SHARE))
+        try:
+            part = big_keys.partition(matrix, rows, capacity)
+            with self._lock:
+                if self._keys.get(key) is not entry:
+                    return False
+                before = entry.nbytes
+                done = big_keys.install(entry, matrix, part)
+                self._bytes += entry.nbytes - before
+                return done
+        finally:
+            with self._lock:
+                self._partitioning.discard(key)
+
+    def _partition_later(self, key: str) -> None:
+        background = self.background
+        if background is None or not self._wants_partition(key):
+            return
+        with self._lock:
+            if key in self._partitioning:
+                return
+            self._partitioning.add(key)
+        try:
+            background(lambda _conn: self.partition_key(key, queued=True))
+        except Exception:  # the loader is shut down: the key stays exact
+            with self._lock:
+                self._partitioning.discard(key)
 
     # -- search ---------------------------------------------------------------
 
@@ -332,15 +400,26 @@ class VectorCache:
         overlay = self._sync(conn, info)
         if overlay is None:
             return self.source.search(conn, info, q.tolist(), keys, k, as_of)
-        views, in_vec0 = [], []
+        entries, in_vec0 = [], []
         for key in dict.fromkeys(keys):
             entry = self._entry(conn, info, key)
             if entry is None:
                 in_vec0.append(key)
             else:
-                views.append(entry.view())
+                entries.append((key, entry))
+        with self._lock:  # each key's arrays and clusters from one moment (a partition swaps them)
+            views = [(key, entry.view(), entry.approx) for key, entry in entries]
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
-        scored = top_scores_over(views, q, k, as_of, skip)
+        exact, scored = [], []
+        for key, view, index in views:
+            if not 0 < self.approx_min <= view[3]:
+                exact.append(view)
+            elif index is not None and big_keys.usable(index, view[3]):
+                scored += top_scores_of(*big_keys.search(index, *view, q, as_of, skip), k)
+            else:  # exact until its clusters are (re)built on the loader thread
+                self._partition_later(key)
+                exact.append(view)
+        scored += top_scores_over(exact, q, k, as_of, skip)
         if in_vec0:
             scored += [(1.0 - d * d / 2.0, mid) for mid, d in self.source.search(conn, info, q.tolist(), in_vec0, k, as_of)
                        if mid not in overlay]
