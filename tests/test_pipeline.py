@@ -176,6 +176,21 @@ async def test_messages_of_one_channel_are_answered_in_order_with_earlier_replie
     assert "second question" not in json.dumps(first_prompt)
 
 
+async def test_an_earlier_message_waiting_for_the_turn_does_not_stall_the_answer_holding_it(engine, fake_ollama):
+    """Two mentions: the earlier one (by id) reached the turn queue later (its checks were
+    slower). The answer holding the turn must not wait for it (arrivals.py's WAIT_S)."""
+    pipeline = Pipeline(engine)
+    earlier, later = said("first question"), said("second question")
+    pipeline.arrivals.arrived(GENERAL, earlier.message_id)
+    pipeline.arrivals.arrived(GENERAL, later.message_id)
+    fake_ollama.delay = 0.3
+    started = time.monotonic()
+    holder = asyncio.create_task(pipeline.respond(later, RecordingOutlet([])))
+    await asyncio.sleep(0.05)                                   # `later` holds the turn now
+    await asyncio.gather(holder, pipeline.respond(earlier, RecordingOutlet([])))
+    assert time.monotonic() - started < 1.5  # two 0.3 s replies, not a 2 s wait for the queued one
+
+
 async def test_a_flood_in_one_channel_does_not_starve_another(make_settings, fake_ollama):
     fake_ollama.mode, fake_ollama.delay = "slow", 0.1
     fake_ollama.default_chat_reply = lambda req: "re: " + req["messages"][-1]["content"].rsplit(": ", 1)[-1]

@@ -302,6 +302,9 @@ class Pipeline:
         received = time.monotonic()
         self._active += 1
         self._idle.clear()
+        # Queued for its turn now: a later message's answer must not wait for this one (it may
+        # hold the turn this one waits for, and would stall WAIT_S); this one is answered next.
+        self.arrivals.settled(incoming.channel_id, incoming.message_id)
         try:
             async with self._turns.turn(incoming.channel_id):
                 incoming = storable(incoming)
