@@ -146,3 +146,18 @@ async def test_the_engine_groups_a_big_key_while_it_warms(tmp_path, make_setting
         assert await engine.warmed() == 2
         assert engine.vector_cache.cached_keys() and engine.vector_cache._keys[BIG].approx is not None
         assert engine.vector_cache._keys[SMALL].approx is None
+
+
+def test_a_search_as_of_a_past_moment_is_exact_on_a_clustered_key(world):
+    """The nearest lists are chosen before the time filter: as of a moment that leaves few rows
+    they could hold none of them, so such a search reads the whole key."""
+    cached, plain, cache, info, rng, centres = world
+    with plain:  # a few memories of the big key, older than the rest
+        store.insert_many(plain, [NewMemory(f"old room {i}", "room", owner_id=7, channel_id=1) for i in range(15)],
+                          base_stability_days=7, vector_info=info, vectors_=clustered(rng, 15, centres).tolist(),
+                          now=500.0)
+    vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG], 10)
+    assert cache.partition_key(BIG)
+    for q in clustered(rng, 10, centres):
+        got = vectors.knn(cached, info, q.tolist(), [BIG], 10, as_of=600.0)
+        assert ids_of(got) == ids_of(vectors.knn_vec0(plain, info, q.tolist(), [BIG], 10, as_of=600.0))

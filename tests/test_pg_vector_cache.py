@@ -266,3 +266,38 @@ async def test_the_engine_loads_a_big_cold_key_on_its_loader_thread_on_postgresq
         assert "r:1" in engine.vector_cache.cached_keys()
         again = await engine.recall("busy fact 3", viewer, touch=False)
         assert again.ids == first.ids and first.ids
+
+
+def test_a_change_pruned_before_the_cache_saw_it_starts_the_cache_over(pg_pair, postgres_url):
+    """A long transaction logs a vector's move first (low seq) and commits after newer changes
+    the cache already applied; maintenance prunes its row. Nothing is left to read, but the
+    cache must not keep the vector under its old key (a personal memory found by everyone)."""
+    cached, conn, plain, other = pg_pair
+    rng = np.random.default_rng(6)
+    info = fill(plain, other, rng, 30)
+    q = random_unit(rng)
+    target = plain._server_knn(other, info, q, ["g"], 1)[0][0]
+    cached.knn(conn, info, q, KEYS, 5)
+    late = PostgresStorage(postgres_url).open_writer()
+    try:
+        with late.pg.transaction():
+            late.pg.execute("UPDATE memories SET vis_key = 'p:9:dm' WHERE id = %s", (target,))
+            fill(plain, other, rng, 6)              # newer changes, committed first
+            cached.knn(conn, info, q, KEYS, 5)      # the cache applies those
+        assert vectors.prune_changes(other, keep=3) > 0  # the move's log row goes
+        for _ in range(2):
+            assert target not in [m for m, _ in cached.knn(conn, info, q, ["g"], 3)]
+    finally:
+        late.close()
+
+
+def test_too_many_changes_at_once_start_the_cache_over(pg_pair, monkeypatch):
+    from bot.memory import vector_cache
+    cached, conn, plain, other = pg_pair
+    rng = np.random.default_rng(7)
+    info = fill(plain, other, rng, 20)
+    q = random_unit(rng)
+    cached.knn(conn, info, q, KEYS, 5)
+    monkeypatch.setattr(vector_cache, "MAX_APPLY", 5)  # as if another process had imported 70k vectors
+    fill(plain, other, rng, 12)
+    assert same(cached.knn(conn, info, q, KEYS, 5), plain._server_knn(other, info, q, KEYS, 5))

@@ -82,9 +82,13 @@ async def test_a_plain_forget_leaves_its_words_for_the_next_maintenance(fake_oll
                                     for n in range(30)])
         secret = await engine.remember(NewMemory(f"{SECRET} is my password", "personal", owner_id=OWNER))
         await engine.remember_many([NewMemory(f"another note {n}", "personal", owner_id=OWNER) for n in range(30)])
+        vector = await engine.read(lambda conn: conn.pg.execute(
+            "SELECT embedding::real[] FROM memory_vectors WHERE memory_id = %s", (secret,)).fetchone()[0])
+        vector_bytes = struct.pack("<8f", *vector[:8])
         assert await engine.forget([secret]) == 1  # one `/memory forget`: the table is not rewritten at each click
         await run_maintenance(engine, use_llm=False)
         assert files_holding(backend, "memories", "zanzibarit", "xylophonequeen") == []
+        assert files_holding(backend, "memory_vectors", vector_bytes) == []
         assert not await engine.finish_scrub()
 
 

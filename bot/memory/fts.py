@@ -130,8 +130,11 @@ def newest_visible_id(conn, keys: list[str]) -> int:
     return int(conn.execute(f"SELECT coalesce(max(newest), 0) FROM ({seeks})", keys).fetchall()[0][0])
 
 
+NEWEST_ID_SQL = "SELECT coalesce(max(id), 0) FROM memories"  # postgres/keywords.py memoises this statement
+
+
 def newest_id(conn) -> int:
-    return int(conn.execute("SELECT coalesce(max(id), 0) FROM memories").fetchall()[0][0])
+    return int(conn.execute(NEWEST_ID_SQL).fetchall()[0][0])
 
 
 # Two ways to find a viewer's keyword hits. Visible-first reads the viewer's whole visible set

@@ -39,7 +39,8 @@ from bot.memory.scope import ACTIVE
 SLACK_ROWS = 4             # room for a few new vectors before a key's arrays are copied
 GROWTH = 1.25              # then 25 % more, so appends cost O(1) on average
 MIN_DEAD_TO_COMPACT = 64
-RELOAD_AFTER_CHANGES = 256  # more changes than this to one cached key: drop it, reload on demand
+RELOAD_AFTER_CHANGES = 256  # more changes than this (and 1 % of the key) to one cached key: reload it on demand
+MAX_APPLY = 10_000         # more changed ids than this in one poll: start over instead of applying them
 # A cold key with more vectors than this is loaded in the background (when the engine gives a
 # loader) and searched in vec0 meanwhile: a 5,000-vector load takes ~0.15 s, vec0 ~7 ms.
 INLINE_LOAD_MAX = 5000
@@ -198,7 +199,11 @@ class VectorCache:
                 return set()
             if not conn.get_autocommit():
                 return set(changed)  # maybe uncommitted: scored for this search only, the mark stays
-            if changed and not complete:  # the log was pruned past us: start over
+            # Start over when the log was pruned past us, even if nothing is left to read: on
+            # PostgreSQL a long transaction's change can commit after newer ones and be pruned
+            # before we saw it (skipping it would keep a vector under its old key for good).
+            # Also when the changes are too many to apply one by one (one SQL parameter each).
+            if not complete or len(changed) > MAX_APPLY:
                 self._reset()
             elif changed:
                 self._apply(conn, info, set(changed))
@@ -219,7 +224,7 @@ class VectorCache:
                 per_key[state[0]] = per_key.get(state[0], 0) + 1
                 self._given.add(state[0])
         for key, count in per_key.items():
-            if key in self._keys and count > RELOAD_AFTER_CHANGES:
+            if key in self._keys and count > max(RELOAD_AFTER_CHANGES, self._keys[key].live // 100):
                 self._drop(key)
             self._too_big.discard(key)
         wanted = [memory_id for memory_id in ids
@@ -412,7 +417,9 @@ class VectorCache:
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
         exact, scored = [], []
         for key, view, index in views:
-            if not 0 < self.approx_min <= view[3]:
+            # As of a past moment: exact. The nearest lists are chosen before the time filter,
+            # which could leave few of their rows (recall@10 0.62 when 0.2 % of rows qualify).
+            if not 0 < self.approx_min <= view[3] or as_of is not None:
                 exact.append(view)
             elif index is not None and big_keys.usable(index, view[3]):
                 scored += top_scores_of(*big_keys.search(index, *view, q, as_of, skip), k)

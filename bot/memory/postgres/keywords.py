@@ -22,7 +22,6 @@ _counts: dict[str, dict[str, tuple[int, int, float]]] = {}
 # the database, 2-3 times per recall; a few seconds old only widens the newest-memories window.
 _newest: dict[str, tuple[int, float]] = {}
 NEWEST_TTL_S = 5.0
-_NEWEST_SQL = "SELECT coalesce(max(id), 0) FROM memories"  # fts.newest_id's statement
 
 
 class _Rows:
@@ -41,7 +40,7 @@ class _SizeOnce:
         self.conn, self.pg, self.storage = conn, conn.pg, conn.storage
 
     def execute(self, sql: str, params: Any = ()) -> Any:
-        if sql != _NEWEST_SQL:
+        if sql != fts.NEWEST_ID_SQL:
             return self.conn.execute(sql, params)
         where = str(getattr(self.storage, "url", "") or id(self.conn))
         now = time.monotonic()

@@ -51,18 +51,18 @@ def scrub(conn: PgConnection, forgotten: Sequence[str]) -> None:
 
 def finish(conn: PgConnection) -> bool:
     """At maintenance: rewrite what forgets left (storage.mark_pending: plain forgets, deleted
-    messages, rewrites that were locked out), then the vectors if any forget left some since
-    the last time. A mark is cleared only after its rewrite; True if there was anything."""
-    did = False
-    token = pending_token(conn)
-    if token is not None and _rewrite(conn, ["memories", "messages"]):
-        clear_pending(conn, token)
-        did = True
-    token = pending_token(conn, VECTORS_PENDING)
-    if token is not None and _rewrite(conn, ["memory_vectors"]):
-        clear_pending(conn, token, VECTORS_PENDING)
-        did = True
-    return did
+    messages, rewrites that were locked out: the words' tables and the vectors), and the vectors
+    after any forget since the last time. A mark is cleared only after its rewrite; True if
+    there was anything."""
+    words, vectors = pending_token(conn), pending_token(conn, VECTORS_PENDING)
+    tables = (["memories", "messages"] if words else []) + (["memory_vectors"] if words or vectors else [])
+    if not tables or not _rewrite(conn, tables):
+        return False
+    if words:
+        clear_pending(conn, words)
+    if vectors:
+        clear_pending(conn, vectors, VECTORS_PENDING)
+    return True
 
 
 def _rewrite(conn: PgConnection, tables: Sequence[str]) -> bool:
