@@ -47,3 +47,21 @@ async def test_a_query_of_common_words_ranks_only_the_newest_memories(pg_fts_eng
     assert set(past.ids) == {old, recent}  # as of a moment: no window
     monkeypatch.setattr(fts, "COMMON_WINDOW", 10_000)  # a window that reaches back to it
     assert set((await pg_fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids) == {old, recent}
+
+
+
+def _search_often(conn, query: str, keys: list[str], times: int) -> tuple[list[list[int]], int]:
+    """The keyword search `times` over on one connection, and how many of the statements it ran
+    that connection holds prepared."""
+    found = [[hit.memory_id for hit in keywords.fts_candidates(conn, query, keys, 10, None)] for _ in range(times)]
+    prepared = conn.pg.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%ts_rank_cd%%'")
+    return found, int(prepared.fetchone()[0])
+
+
+async def test_the_keyword_search_is_planned_for_each_viewer_and_word_never_prepared(pg_fts_engine):
+    # psycopg prepares a statement after its 5th run, and PostgreSQL may then keep one generic
+    # plan for every viewer and word (a busy viewer's keyword step went from 4 to 40 ms: issue 13)
+    mine = await pg_fts_engine.remember(NewMemory("Alice grows tomatoes on the balcony", "personal", owner_id=ALICE))
+    found, prepared = await pg_fts_engine.read(_search_often, "tomatoes balcony", ["p:1:dm"], 8)
+    assert found == [[mine]] * 8
+    assert prepared == 0
