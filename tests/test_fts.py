@@ -54,6 +54,12 @@ def test_syntax_characters_never_reach_fts(query):
     assert re.fullmatch(r'"\w+"( OR "\w+")*', expression) and expression.startswith('"gpu"')
 
 
+def hits_of(conn, text: str, keys: list[str], as_of: float | None) -> tuple[str, list]:
+    hits = fts.plan(conn, text, keys, as_of).hits
+    assert hits is not None
+    return hits
+
+
 async def busy_channel(engine) -> list[int]:
     """600 memories of channel 5, then Bob's personal zebra and the channel's own zebra."""
     await engine.write(lambda conn: store.insert_many(
@@ -68,7 +74,7 @@ async def test_rare_words_are_matched_first_and_still_scoped(fts_engine):
     bob_zebra, room_zebra = await busy_channel(fts_engine)
     in_channel = Viewer(ALICE, channel_id=5, guild_id=9)
     keys = await fts_engine.read(visible_keys, in_channel)
-    hits, _ = await fts_engine.read(fts.scoped_hits, "zebra lamps", keys, None)
+    hits, _ = await fts_engine.read(hits_of, "zebra lamps", keys, None)
     assert hits.startswith("hits AS")  # 2 matches against 601 visible memories: match first
     result = await fts_engine.recall("zebra lamps", in_channel, touch=False)
     assert result.ids[0] == room_zebra and bob_zebra not in result.ids  # the common "lamps" was left out
@@ -79,7 +85,7 @@ async def test_rare_words_are_matched_first_and_still_scoped(fts_engine):
 async def test_common_words_with_few_visible_read_the_visible_set_first(fts_engine):
     await busy_channel(fts_engine)
     mine = await fts_engine.remember(NewMemory("Alice bought lamps", "personal", owner_id=ALICE))
-    hits, _ = await fts_engine.read(fts.scoped_hits, "lamps", ["g", f"p:{ALICE}:dm"], None)
+    hits, _ = await fts_engine.read(hits_of, "lamps", ["g", f"p:{ALICE}:dm"], None)
     assert hits.startswith("visible(id)")  # 500+ matches, 1 visible memory
     assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [mine]
 
@@ -101,7 +107,7 @@ async def test_a_query_of_common_words_ranks_only_the_newest_visible_matches(fts
     await busy_channel(fts_engine)
     in_channel = Viewer(ALICE, channel_id=5, guild_id=9)
     keys = await fts_engine.read(visible_keys, in_channel)
-    hits, _ = await fts_engine.read(fts.scoped_hits, "lamps channel", keys, None)
+    hits, _ = await fts_engine.read(hits_of, "lamps channel", keys, None)
     assert hits.startswith("visible(id)") and f"LIMIT {fts.COMMON_HITS}" in hits
     result = await fts_engine.recall("lamps channel", in_channel, touch=False)
     assert len(result.ids) == fts_engine.settings.recall_limit
@@ -112,7 +118,7 @@ async def test_a_viewer_who_sees_much_walks_a_common_word_from_the_fts_side(fts_
     monkeypatch.setattr(fts, "DENSE_VISIBLE", 100)  # the 601 memories of channel 5 count as "much"
     in_channel = Viewer(ALICE, channel_id=5, guild_id=9)
     keys = await fts_engine.read(visible_keys, in_channel)
-    hits, _ = await fts_engine.read(fts.scoped_hits, "lamps channel", keys, None)
+    hits, _ = await fts_engine.read(hits_of, "lamps channel", keys, None)
     assert hits.startswith("hits AS") and f"LIMIT {fts.COMMON_HITS}" in hits
     result = await fts_engine.recall("lamps channel", in_channel, touch=False)
     assert len(result.ids) == fts_engine.settings.recall_limit
@@ -133,7 +139,7 @@ async def test_a_query_of_common_words_looks_only_at_the_newest_memories(fts_eng
     recent = await fts_engine.remember(NewMemory("Alice bought lamps again", "personal", owner_id=ALICE))
     monkeypatch.setattr(fts, "COMMON_WINDOW", 300)
     keys = ["g", f"p:{ALICE}:dm"]
-    hits, params = await fts_engine.read(fts.scoped_hits, "lamps", keys, None)
+    hits, params = await fts_engine.read(hits_of, "lamps", keys, None)
     assert "rowid > ?" in hits and old < params[-2] < recent  # the window starts after the old one
     assert params[-1] == recent                                # ...and ends at her newest memory
     assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [recent]

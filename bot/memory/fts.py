@@ -152,14 +152,10 @@ class KeywordPlan:
     hits: tuple[str, list] | None
 
 
-def scoped_hits(conn, text: str, keys: list[str], as_of: float | None) -> tuple[str, list] | None:
-    """The CTE text defining `hits(id, relevance)` (bm25: lower is better) for `text` among the
-    active memories under `keys`, and its parameters; None when nothing is searchable."""
-    return plan(conn, text, keys, as_of).hits
-
-
 def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
-    """scoped_hits, and the words it searched (the name re-rank needs them: subqueries.py).
+    """The words searched for `text` (the name re-rank needs them: subqueries.py) and the CTE
+    defining `hits(id, relevance)` (bm25: lower is better) among the active memories under
+    `keys`, with its parameters (None when nothing is searchable).
     `max(id)` is read once here (it sets both the common limit and the window)."""
     newest = newest_id(conn)
     limit = common_limit(conn, newest)

@@ -15,7 +15,7 @@ from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, stor
 from bot.memory.db import write_transaction
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, visible_keys
-from bot.memory.storage import clear_pending, pending_token
+from bot.memory.storage import SCRUBBED, clear_pending, pending_token
 from bot.memory.vector_cache import VectorCache
 from bot.memory.vectors import IndexInfo
 
@@ -160,7 +160,7 @@ class SQLiteStorage:
     def delete(self, conn: apsw.Connection, memory_ids: Sequence[int]) -> int:
         return store.delete(conn, memory_ids)
 
-    def scrub(self, conn: apsw.Connection, forgotten: Sequence[str] = ()) -> None:
+    def scrub(self, conn: apsw.Connection, forgotten: Sequence[str] = SCRUBBED) -> None:
         store.scrub(conn)  # secure_delete zeroed the pages already; FTS5 segments and the WAL remain: all of it, cheap
 
     def finish_scrub(self, conn: apsw.Connection) -> bool:

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from bot.memory import store
-
-Connection = Any  # apsw.Connection or the PostgreSQL backend's connection (storage.py)
+from bot.memory.storage import Connection
 
 
 @dataclass
