@@ -71,8 +71,9 @@ def settings_for(path: Path, database_url: str = "", ollama_url: str = "") -> An
 
 
 async def measure_recall(settings: Any, shape: SkewShape, per_class: int, warm: int = 10) -> dict:
-    """Per viewer class: Engine.recall with the query vector given; the same viewers and queries
-    for every backend (a fixed seed)."""
+    """Per viewer class: Engine.recall with the query vector given, touching what it recalls as
+    the bot does (a write per recall: on PostgreSQL a round trip and a commit); the same viewers
+    and queries for every backend (a fixed seed)."""
     world = SkewWorld(shape, seed=99)
     out: dict = {}
     async with Engine(settings) as engine:
@@ -82,7 +83,7 @@ async def measure_recall(settings: Any, shape: SkewShape, per_class: int, warm: 
             for i in range(per_class + warm):
                 viewer = world.viewer_of(kind)
                 text, qvec = world.query()
-                result = await engine.recall(text, viewer, query_vector=qvec.tolist(), touch=False)
+                result = await engine.recall(text, viewer, query_vector=qvec.tolist())
                 if i >= warm:
                     for step in steps:
                         steps[step].append(result.timings_ms[step])

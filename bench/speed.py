@@ -498,7 +498,7 @@ async def measure_cold(path: Path, shape: SkewShape, per_class: int = 8) -> dict
         async with Engine(bench_settings(path)) as engine:
             for _ in range(per_class):
                 text, qvec = world.query()
-                result = await engine.recall(text, world.viewer_of(kind), query_vector=qvec.tolist(), touch=False)
+                result = await engine.recall(text, world.viewer_of(kind), query_vector=qvec.tolist())
                 totals.append(result.timings_ms["total"])
         out[kind] = {"total": summary(totals), "first_ms": round(totals[0], 2)}
         print(f"  cold {kind:>12}: total {out[kind]['total']['median']:.2f} / {out[kind]['total']['p95']:.2f} ms, "
