@@ -230,3 +230,23 @@ async def test_doctor_finds_nonsense_times_on_postgresql(pg_engine, make_setting
                                                         make_settings("", MUNINN_DATABASE_URL=postgres_url))}
     assert not found["stored values"].ok and f"last_accessed in the future (pins the memory so it never fades) " \
         f"or not a number: 1 (#{pinned})" in found["stored values"].detail  # repair.RULES, as on SQLite
+
+
+def test_a_vector_change_committed_after_a_newer_one_still_counts_as_a_change(postgres_url):
+    """A fact write reuses its planning search only if no vector changed since (writes.py). A
+    transaction that logged a change first (a lower seq) and commits after a newer one must
+    still count: max(seq) did not move, and the other process's fact would be missed."""
+    storage = PostgresStorage(postgres_url)
+    conn = storage.open_writer()
+    slow = psycopg.connect(postgres_url)
+    try:
+        slow.execute("INSERT INTO vector_changes (memory_id) VALUES (1)")  # not committed yet
+        with psycopg.connect(postgres_url, autocommit=True) as quick:
+            quick.execute("INSERT INTO vector_changes (memory_id) VALUES (2)")
+        mark = storage.change_mark(conn)
+        assert storage.unchanged_since(conn, mark)
+        slow.commit()                                                        # the older change lands now
+        assert not storage.unchanged_since(conn, mark)
+    finally:
+        slow.close()
+        storage.close(conn)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import apsw
 
@@ -81,7 +81,7 @@ def _write_if_kept(conn, keep: Callable[[], bool] | None, *args, **kwargs) -> wr
 
 def _plan_updates(conn: apsw.Connection, model: str, memories: list[NewMemory],
                   vecs: list[list[float]] | None, settings: Settings, names: list[str]
-                  ) -> tuple[list[list[tuple[int, str]]], list[list[tuple[int, float]] | None], int]:
+                  ) -> tuple[list[list[tuple[int, str]]], list[list[tuple[int, float]] | None], Any]:
     """For each fact that is not a plain duplicate: the older memories the LLM should judge;
     and each fact's search of its own key with the change mark it was made at (the write
     reuses it if no vector changed meanwhile). Read-only: the index is created by the write."""

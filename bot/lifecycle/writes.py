@@ -345,14 +345,14 @@ class WriteOutcome:
 def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
                 vecs: Sequence[Sequence[float]] | None, decisions: Sequence[UpdateDecision | None], *,
                 settings: Settings, now: float, searched: Sequence[list[tuple[int, float]] | None] = (),
-                searched_mark: int | None = None) -> WriteOutcome:
+                searched_mark: Any = None) -> WriteOutcome:
     """Store the facts of one exchange in ONE transaction: for each fact, reinforce its
     duplicate or insert it (with its vector), archive what it replaces, link it to similar
     memories; then link the exchange's memories pairwise as co_extracted. A failure anywhere
     rolls back all of it. Vectors go in the embedding model's index (created on the first
     embedding); when they do not fit it, the facts are stored without them. The thresholds and
     the stability constants come from `settings`. `searched`: each fact's `nearest(...,
-    [its vis_key], FACT_NEIGHBOURS)` made by the planning step at `vectors.change_mark`
+    [its vis_key], FACT_NEIGHBOURS)` made by the planning step at `storage.change_mark`
     `searched_mark`; reused when no vector was stored or removed since."""
     out = WriteOutcome()
     storage = storage_of(conn)
@@ -364,7 +364,8 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
             decision = (decisions[index] if index < len(decisions) else None) or UpdateDecision()
             # One search serves the duplicate check and the semantic links (same key, same vector).
             earlier = searched[index] if index < len(searched) else None
-            if earlier is not None and vector is not None and searched_mark == storage.change_mark(conn):
+            if (earlier is not None and vector is not None and searched_mark is not None
+                    and storage.unchanged_since(conn, searched_mark)):
                 near = earlier
             else:
                 near = nearest(conn, info, vector, [memory.vis_key], FACT_NEIGHBOURS)

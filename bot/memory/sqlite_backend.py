@@ -116,6 +116,9 @@ class SQLiteStorage:
     def change_mark(self, conn: apsw.Connection) -> int:
         return vectors.change_mark(conn)
 
+    def unchanged_since(self, conn: apsw.Connection, mark: int) -> bool:
+        return vectors.change_mark(conn) == mark  # one writer at a time: seq is commit order
+
     def lock_keys(self, conn: apsw.Connection, keys: Sequence[str]) -> None:
         """Nothing to do: a write transaction begins IMMEDIATE, holding the file's one write lock."""
 

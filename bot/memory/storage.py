@@ -85,8 +85,11 @@ class Storage(Protocol):
         """The k nearest active memories under `keys`: [(id, L2 distance)], nearest first."""
     def similar_to_memory(self, conn: Connection, info: IndexInfo, memory_id: int, keys: list[str],
                           k: int) -> list[tuple[int, float]]: ...
-    def change_mark(self, conn: Connection) -> int:
-        """Equal marks: no vector was stored or removed in between."""
+    def change_mark(self, conn: Connection) -> Any:
+        """Where the vector changes stand now, for `unchanged_since`."""
+    def unchanged_since(self, conn: Connection, mark: Any) -> bool:
+        """No vector was stored or removed since `change_mark` gave `mark` (a search made then
+        still holds), counting changes committed since by other processes in any order."""
     def lock_keys(self, conn: Connection, keys: Sequence[str]) -> None:
         """Inside a write transaction: until it ends, no other process stores facts under these
         visibility keys, so a duplicate check and the insert after it see each other's facts."""

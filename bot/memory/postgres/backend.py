@@ -217,9 +217,18 @@ class PostgresStorage:
         own = [float(x) for x in str(row[0]).strip("[]").split(",")]
         return [(mid, d) for mid, d in search(conn, info, own, keys, k + 1) if mid != memory_id][:k]
 
-    def change_mark(self, conn: PgConnection) -> int:
-        row = conn.pg.execute("SELECT coalesce(max(seq), 0) FROM vector_changes").fetchone()
-        return int(row[0]) if row else 0
+    def change_mark(self, conn: PgConnection) -> str:
+        # A snapshot, not max(seq): a seq is numbered at insert, so a transaction holding a low
+        # one can commit after a higher one was seen (a duplicate search would miss its fact).
+        row = conn.pg.execute("SELECT pg_current_snapshot()::text").fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def unchanged_since(self, conn: PgConnection, mark: str) -> bool:
+        row = conn.pg.execute(
+            "SELECT NOT EXISTS (SELECT 1 FROM vector_changes WHERE xid >= pg_snapshot_xmin(%(m)s::pg_snapshot) "
+            "AND NOT pg_visible_in_snapshot(xid, %(m)s::pg_snapshot))", {"m": mark}).fetchone()
+        return bool(row and row[0])
 
     def lock_keys(self, conn: PgConnection, keys: Sequence[str]) -> None:
         """Transaction-scoped advisory locks per visibility key, taken in sorted order (no
