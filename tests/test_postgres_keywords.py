@@ -31,6 +31,8 @@ async def test_a_common_word_is_left_out_while_rarer_ones_are_there_and_returns_
     words = ["pizza", "lunch", "salad"]
     assert await pg_fts_engine.read(keywords.searched_words, words) == ["lunch", "salad"]
     assert (await pg_fts_engine.recall("pizza lunch salad", Viewer(ALICE, dm=True), touch=False)).ids == [mine]
+    hits = await pg_fts_engine.read(keywords.fts_candidates, "pizza lunch salad", [f"p:{ALICE}:dm"], 10, None)
+    assert hits.searched == ["lunch", "salad"]  # handed to the name re-rank, not chosen again
     await pg_fts_engine.forget(crowd_ids)
     assert await pg_fts_engine.read(keywords.searched_words, words) == words  # no longer common
     only_common = await pg_fts_engine.recall("pizza", Viewer(ALICE, dm=True), touch=False)

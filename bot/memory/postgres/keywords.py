@@ -14,7 +14,7 @@ from typing import Any
 
 from bot.memory import fts
 from bot.memory.postgres.connection import PgConnection
-from bot.memory.retrieval import Candidate
+from bot.memory.retrieval import Candidate, KeywordHits
 
 # Per database URL: word -> (count up to its limit, that limit, when counted); as fts._counts.
 _counts: dict[str, dict[str, tuple[int, int, float]]] = {}
@@ -101,11 +101,11 @@ def searched_words(conn: PgConnection, words: list[str]) -> list[str]:
 
 
 def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
-                   as_of: float | None) -> list[Candidate]:
+                   as_of: float | None) -> KeywordHits:
     sized: Any = _SizeOnce(conn)
     words = searched_words(sized, fts.tokens(query))
     if not words or not keys:
-        return []
+        return KeywordHits()
     common_limit = fts.common_limit(sized)
     common = max(doc_count(conn, w, common_limit) for w in words) > common_limit
     tsquery = " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
@@ -133,5 +133,7 @@ def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
         "SELECT h.id, -ts_rank_cd(h.text_search, q.query) AS score FROM hits h, q "
         "ORDER BY score ASC, h.id DESC LIMIT %s".encode(), params, prepare=False).fetchall()
     # score: negated so that lower is better, as bm25's (ranking.keyword_winner_first compares them)
-    return [Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
-            for rank, row in enumerate(rows, start=1)]
+    found = KeywordHits(Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
+                        for rank, row in enumerate(rows, start=1))
+    found.searched = words  # the name re-rank needs them: not chosen a second time (subqueries.py)
+    return found
