@@ -310,7 +310,6 @@ class Pipeline:
                 incoming = storable(incoming)
                 intent = forget_intent.detect(incoming.content) if hasattr(outlet, "confirm_forget") else None
                 if intent is not None:
-                    self.arrivals.settled(incoming.channel_id, incoming.message_id)  # never kept
                     return await self._offer_to_forget(incoming, intent, outlet)
                 return await self._answer(incoming, outlet, received)
         finally:
@@ -330,7 +329,6 @@ class Pipeline:
     async def _answer(self, incoming: Incoming, outlet: Outlet, received: float) -> Reply:
         paused = await self.engine.memory_paused(incoming.author_id)
         message_id = None if paused else await self._record(self._user_row(incoming))
-        self.arrivals.settled(incoming.channel_id, incoming.message_id)
         current = history.HistoryMessage(
             id=message_id if message_id is not None else incoming.message_id or 0, channel_id=incoming.channel_id,
             guild_id=incoming.guild_id, author_id=incoming.author_id, author_name=incoming.author_name,
