@@ -303,7 +303,10 @@ class VectorCache:
                 for memory_id in entry.row_of:
                     self._key_of[memory_id] = key
                 if self._seq != seq:  # applied while loading, skipped for this key: apply again
-                    self._apply(conn, info, self.source.changed_between(conn, seq, self._seq))
+                    # only what may concern this key: ids applied to another cached key since are
+                    # right there (applying them again left a dead row and a copy behind)
+                    changed = self.source.changed_between(conn, seq, self._seq)
+                    self._apply(conn, info, {i for i in changed if self._key_of.get(i, key) == key})
                 while self._bytes > self.budget_bytes and len(self._keys) > 1:
                     self._drop(next(iter(self._keys)))
                 return self._keys.get(key)
