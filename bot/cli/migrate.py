@@ -432,6 +432,9 @@ def _copy(source: apsw.Connection, pg: Any, source_id: str, report: Report, batc
         from bot.memory.postgres.connection import PgConnection
         on_step(f"building the vector index ({info.dim} dimensions; minutes for a large database)")
         pg.execute("SET maintenance_work_mem = '512MB'")
+        # The trigger logged each copied vector for the vector caches (migration 8); no cache has
+        # seen this database yet, and the index below starts a new epoch: the log is not needed.
+        pg.execute("TRUNCATE vector_changes")
         try:
             PostgresStorage("").index_for(PgConnection(pg), info.model, info.dim)
         except psycopg.Error as exc:
