@@ -3,7 +3,6 @@ memory's access_count, last_accessed and stability exactly as if each touch had 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -21,7 +20,6 @@ async def test_concurrent_recalls_count_every_touch_in_fewer_writer_jobs(fts_eng
            for i in range(3)]
     before = {i: await fts_engine.get(i) for i in ids}
     jobs = fts_engine._touches.jobs
-    started = time.time()
     results = await asyncio.gather(*(fts_engine.recall("kayak lake", ME) for _ in range(12)))
     assert all(set(r.ids) == set(ids) for r in results)
     growth = fts_engine.settings.stability_growth
@@ -29,7 +27,7 @@ async def test_concurrent_recalls_count_every_touch_in_fewer_writer_jobs(fts_eng
         after = await fts_engine.get(memory_id)
         assert after.access_count == before[memory_id].access_count + 12
         assert after.stability == pytest.approx(min(before[memory_id].stability * growth ** 12, decay.MAX_STABILITY_DAYS))
-        assert after.last_accessed is not None and started <= after.last_accessed <= time.time()
+        assert after.last_accessed is not None  # its exact value: the next test (never goes back)
     assert fts_engine._touches.jobs - jobs < 12  # shared: one job took the touches queued while another ran
     for result in results:  # each recall returns its memories as read after its own touch
         assert all(r.memory.access_count >= before[r.memory.id].access_count + 1 for r in result.memories)
