@@ -444,12 +444,23 @@ def rss_mb() -> dict:
     return out
 
 
-async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: int = 10) -> dict:
+async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: int = 10, talk: bool = True) -> dict:
     """Per viewer class: the product's recall (query vector given, so no embedding call), its
-    steps, and the numpy anchor over exactly that viewer's visible vectors, in one run."""
+    steps, and the numpy anchor over exactly that viewer's visible vectors, in one run.
+    `talk`: the busy channel stores a new memory (text and vector) before every recall, untimed,
+    as a live community does: the vector cache has changes to apply, the keyword index and the
+    readers' pages change (without it only the recalls' own touches write)."""
     world = SkewWorld(shape, seed=99)
+    chatter = SkewWorld(shape, seed=7_777)
     out: dict = {}
+
+    def said_in_busy_channel(conn, info) -> None:
+        vec = chatter.rng.standard_normal(DIM, dtype=np.float32)
+        store.insert_many(conn, [store.NewMemory(chatter.sentence(), "room", owner_id=1000, channel_id=100_000,
+                                                 guild_id=1)], base_stability_days=7.0, vector_info=info,
+                          vectors_=[(vec / np.linalg.norm(vec)).tolist()])
     async with Engine(bench_settings(path)) as engine:
+        info = await engine.write(vectors.index_info)
         started = time.perf_counter()
         warm_keys = await engine.warmed()  # a running bot is warm: measure recalls after the start-up load
         print(f"  vector cache warm: {warm_keys} keys, {engine.vector_cache.nbytes / 1e6:.0f} MB, "
@@ -462,6 +473,8 @@ async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: in
             for i in range(per_class + warm):
                 viewer = world.viewer_of(kind)
                 text, qvec = world.query()
+                if talk:
+                    await engine.write(said_in_busy_channel, info)
                 result = await engine.recall(text, viewer, query_vector=qvec.tolist())
                 keys = await engine.read(visible_keys, viewer)
                 parts = [by_key.get(key, np.zeros(0, dtype=np.int64)) for key in keys]
@@ -722,7 +735,7 @@ async def run_skew(args) -> list[dict]:
         row["db_mb"] = round(db_bytes(path) / 1e6, 1)
         print(f"size {size}:", flush=True)
         row["cold"] = await measure_cold(path, shape)
-        row["classes"] = await measure_classes(path, shape, args.viewers)
+        row["classes"] = await measure_classes(path, shape, args.viewers, talk=args.talk)
         if args.classes_only:
             rows.append(row)
             continue
@@ -818,6 +831,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", default=str(RESULTS))
     parser.add_argument("--no-maintenance", dest="maintenance", action="store_false")
     parser.add_argument("--no-memory", dest="memory", action="store_false")
+    parser.add_argument("--quiet-channel", dest="talk", action="store_false",
+                        help="no new memory in the busy channel between the class recalls (rounds 1-4's protocol)")
     parser.add_argument("--classes-only", action="store_true",
                         help="skew: only the cold and per-class recalls (no concurrency, facts, maintenance, memory)")
     parser.add_argument("--rebuild", action="store_true")
