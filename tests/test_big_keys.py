@@ -161,3 +161,23 @@ def test_a_search_as_of_a_past_moment_is_exact_on_a_clustered_key(world):
     for q in clustered(rng, 10, centres):
         got = vectors.knn(cached, info, q.tolist(), [BIG], 10, as_of=600.0)
         assert ids_of(got) == ids_of(vectors.knn_vec0(plain, info, q.tolist(), [BIG], 10, as_of=600.0))
+
+
+def test_changes_made_while_a_key_is_grouped_are_carried_over(world, monkeypatch):
+    cached, plain, cache, info, rng, centres = world
+    vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG], 10)
+    entry = cache._keys[BIG]
+    removed, new_id = int(entry.ids[5]), 10**9
+    real = big_keys.partition
+
+    def racing(matrix, rows, capacity):  # a search applies a removal and an append meanwhile
+        part = real(matrix, rows, capacity)
+        with cache._lock:
+            entry.discard(removed)
+            entry.add(new_id, 1000.0, clustered(rng, 1, centres)[0].astype(np.float32))
+        return part
+    monkeypatch.setattr(big_keys, "partition", racing)
+    assert cache.partition_key(BIG)
+    assert removed not in entry.row_of and entry.ids[entry.row_of[new_id]] == new_id
+    live = entry.ids[:entry.n]
+    assert entry.row_of == {int(i): row for row, i in enumerate(live.tolist()) if i >= 0}

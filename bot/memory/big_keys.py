@@ -90,10 +90,21 @@ def partition(matrix: np.ndarray, rows: int, capacity: int) -> Partition:
     return Partition(ListIndex(centroids, offsets, rows), order, regrouped)
 
 
-def install(entry: "KeyVectors", built_over: np.ndarray, part: Partition) -> bool:
+def row_map(ids_then: np.ndarray, part: Partition) -> tuple[np.ndarray, dict[int, int]]:
+    """Off the lock: the regrouped rows' ids as they were when the partition started, and the
+    id -> row map over them (a dict of 320k entries takes ~135 ms: never under the lock)."""
+    regrouped = ids_then[part.order]
+    row_of = dict(zip(regrouped.tolist(), range(len(regrouped)), strict=True))
+    row_of.pop(-1, None)
+    return regrouped, row_of
+
+
+def install(entry: "KeyVectors", built_over: np.ndarray, part: Partition,
+            rows_then: tuple[np.ndarray, dict[int, int]]) -> bool:
     """Swap the regrouped arrays into `entry` (call under the cache's lock). Rows appended
-    and ids removed since the partition started are carried over. False when the entry's
-    arrays were regrown meanwhile (the partition no longer describes them)."""
+    and ids removed since the partition started are carried over (`rows_then`: row_map's
+    answer, so only those changes touch the map here). False when the entry's arrays were
+    regrown meanwhile (the partition no longer describes them)."""
     if entry.matrix is not built_over:
         return False
     rows, n = part.index.indexed, entry.n
@@ -105,8 +116,12 @@ def install(entry: "KeyVectors", built_over: np.ndarray, part: Partition) -> boo
     ids[:rows], created[:rows] = entry.ids[part.order], entry.created[part.order]
     ids[rows:n], created[rows:n] = entry.ids[rows:n], entry.created[rows:n]
     part.matrix[rows:n] = entry.matrix[rows:n]
-    row_of = dict(zip(ids[:n].tolist(), range(n), strict=True))
-    row_of.pop(-1, None)
+    ids_then, row_of = rows_then
+    for row in np.flatnonzero((ids[:rows] < 0) & (ids_then >= 0)).tolist():  # removed since
+        row_of.pop(int(ids_then[row]), None)
+    for row in range(rows, n):  # appended since (a replaced vector: removed above, appended here)
+        if ids[row] >= 0:
+            row_of[int(ids[row])] = row
     entry.ids, entry.created, entry.matrix, entry.row_of = ids, created, part.matrix, row_of
     entry.approx = part.index
     return True

@@ -372,14 +372,16 @@ class VectorCache:
                 self._partitioning.discard(key)
                 return False
             matrix, rows = entry.matrix, entry.n
+            ids_then = entry.ids[:rows].copy()
             capacity = max(len(entry.ids), rows + SLACK_ROWS + int(rows * big_keys.SPARE_SHARE))
         try:
             part = big_keys.partition(matrix, rows, capacity)
+            rows_then = big_keys.row_map(ids_then, part)
             with self._lock:
                 if self._keys.get(key) is not entry:
                     return False
                 before = entry.nbytes
-                done = big_keys.install(entry, matrix, part)
+                done = big_keys.install(entry, matrix, part, rows_then)
                 self._bytes += entry.nbytes - before
                 return done
         finally:
