@@ -8,13 +8,17 @@ server of --database-url, kept too) with `muninn migrate`'s copy; then, in one r
   - facts stored per second by 1 and by 4 writer PROCESSES, each with its own engine
     (`fact_store.store_facts`, as the bot stores an extracted fact: the embedding through the
     bench's hash embed server, the duplicate/update check, the write with its links), on a
-    scratch copy of each world.
+    scratch copy of each world, in two modes: `own` keys (each process writes personal facts
+    of its own user: writers never meet) and `shared` keys (every process writes into the
+    busy channel and about the same three users, as several bot processes serving one busy
+    community: the per-key fact locks and the row locks between writers are exercised).
 Prints a table; ratios measured in one run, no absolute asserts.
 """
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import shutil
 import time
 from pathlib import Path
@@ -30,6 +34,9 @@ from .embed_server import EmbedServerProcess
 from .speed import EMBED_MODEL, VIEWER_CLASSES, SkewShape, SkewWorld, build, summary, world_path
 
 WRITERS = (1, 4)
+WRITER_MODES = ("own", "shared")
+SHARED_USERS = (1000, 1001, 1002)  # the busy channel's busiest people (SkewWorld: user 0.. + 1000)
+BUSY_CHANNEL = 100_000              # SkewWorld's busy channel (in guild 1)
 
 
 def database_url(server_url: str, name: str) -> str:
@@ -91,17 +98,31 @@ async def measure_recall(settings: Any, shape: SkewShape, per_class: int, warm: 
     return out
 
 
-def _writer(settings_env: dict, count: int, seed: int, start_at: float, results: Any) -> None:
-    """One writer process: its own engine, `count` extracted facts stored one at a time the way
-    the bot stores them (`fact_store.store_facts`: embed, duplicate/update check, write, links),
-    from `start_at` on."""
-    from bot.lifecycle import fact_store
+def writer_facts(mode: str, count: int, seed: int) -> list[Any]:
+    """The facts one writer stores: `own`: personal facts of its own user; `shared`: alternately
+    a fact of the busy channel and a personal fact of one of SHARED_USERS said there, the same
+    keys for every writer (new sentences per seed: new facts, not reinforcements)."""
     from bot.lifecycle.facts import Fact
 
+    world = SkewWorld(SkewShape(1000), seed=seed)
+    if mode == "own":
+        return [Fact(world.sentence(), "someone", "personal", 0.5, owner_id=1000 + seed, channel_id=100_001 + seed,
+                     guild_id=1) for _ in range(count)]
+    return [Fact(world.sentence(), "someone", "room", 0.5, owner_id=SHARED_USERS[i % 3], channel_id=BUSY_CHANNEL,
+                 guild_id=1) if i % 2 == 0 else
+            Fact(world.sentence(), "someone", "personal", 0.5, owner_id=SHARED_USERS[i // 2 % 3],
+                 channel_id=BUSY_CHANNEL, guild_id=1)
+            for i in range(count)]
+
+
+def _writer(settings_env: dict, count: int, seed: int, start_at: float, results: Any, mode: str = "own") -> None:
+    """One writer process: its own engine, `count` extracted facts (`writer_facts`) stored one at
+    a time the way the bot stores them (`fact_store.store_facts`: embed, duplicate/update check,
+    write, links), from `start_at` on."""
+    from bot.lifecycle import fact_store
+
     async def run() -> tuple[float, float]:
-        world = SkewWorld(SkewShape(1000), seed=seed)
-        facts = [Fact(world.sentence(), "someone", "personal", 0.5, owner_id=1000 + seed, channel_id=100_001 + seed,
-                      guild_id=1) for _ in range(count)]
+        facts = writer_facts(mode, count, seed)
         async with Engine(load_settings(settings_env), warm=False) as engine:
             await engine.remember(store.NewMemory("warm-up", "global", owner_id=1))
             await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -112,12 +133,12 @@ def _writer(settings_env: dict, count: int, seed: int, start_at: float, results:
     results.put(asyncio.run(run()))
 
 
-def measure_writers(settings_env: dict, writers: int, per_writer: int, lead_s: float = 4.0) -> dict:
+def measure_writers(settings_env: dict, writers: int, per_writer: int, lead_s: float = 4.0, mode: str = "own") -> dict:
     """Facts stored per second by `writers` processes at once (total facts / wall time)."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     start_at = time.time() + lead_s + writers  # every process has opened its engine by then
-    procs = [ctx.Process(target=_writer, args=(settings_env, per_writer, 10 + n, start_at, results))
+    procs = [ctx.Process(target=_writer, args=(settings_env, per_writer, 10 + n, start_at, results, mode))
              for n in range(writers)]
     for proc in procs:
         proc.start()
@@ -165,19 +186,24 @@ def measure_backend_writes(args: Any, path: Path, url: str, name: str, size: int
     with EmbedServerProcess("hash", dim=768) as embed_url:
         for backend in ("sqlite", "postgresql"):
             out[backend] = {}
-            for writers in WRITERS:
-                for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
-                    p.unlink(missing_ok=True)
-                shutil.copy(path, scratch)
-                target = create_database(args.database_url, f"{name}_scratch", template=name) \
-                    if backend == "postgresql" else ""
-                env = {"MUNINN_DB_PATH": str(scratch), "MUNINN_DATABASE_URL": target, "OLLAMA_URL": embed_url,
-                       "OLLAMA_EMBED_MODEL": EMBED_MODEL, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30",
-                       "MUNINN_MAINTENANCE_HOURS": "0"}
-                result = measure_writers(env, writers, args.writes_per_process)
-                out[backend][f"x{writers}"] = result
-                print(f"  {backend:>10} {writers} writer process(es): {result['facts_per_s']} facts/s", flush=True)
-            out[backend]["scaling"] = round(out[backend]["x4"]["facts_per_s"] / out[backend]["x1"]["facts_per_s"], 2)
+            for mode in WRITER_MODES:
+                runs: dict = {}
+                for writers in WRITERS:
+                    for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
+                        p.unlink(missing_ok=True)
+                    shutil.copy(path, scratch)
+                    target = create_database(args.database_url, f"{name}_scratch", template=name) \
+                        if backend == "postgresql" else ""
+                    env = {"MUNINN_DB_PATH": str(scratch), "MUNINN_DATABASE_URL": target, "OLLAMA_URL": embed_url,
+                           "OLLAMA_EMBED_MODEL": EMBED_MODEL, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30",
+                           "MUNINN_MAINTENANCE_HOURS": "0"}
+                    result = measure_writers(env, writers, args.writes_per_process, mode=mode)
+                    result["load"] = round(os.getloadavg()[0], 2)
+                    runs[f"x{writers}"] = result
+                    print(f"  {backend:>10} {mode:>6} keys, {writers} writer process(es): {result['facts_per_s']} facts/s "
+                          f"(load {result['load']})", flush=True)
+                runs["scaling"] = round(runs["x4"]["facts_per_s"] / runs["x1"]["facts_per_s"], 2)
+                out[backend][mode] = runs
     for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
         p.unlink(missing_ok=True)
     return out
@@ -194,13 +220,15 @@ def print_pg(rows: list[dict]) -> None:
                   f"**{p['total']['median']:.2f} / {p['total']['p95']:.2f}** | {p['fts']['median']:.2f} / "
                   f"{p['fts']['p95']:.2f} | {p['vector']['median']:.2f} / {p['vector']['p95']:.2f} |")
     if any("writes" in r for r in rows):
-        print("\nfacts stored per second (fact_store.store_facts, embedding by the hash server), 1 and 4 writer processes")
-        print("| size | backend | 1 process | 4 processes | 4 / 1 |")
-        print("|---|---|---|---|---|")
+        print("\nfacts stored per second (fact_store.store_facts, embedding by the hash server), 1 and 4 writer processes;"
+              " own keys: each process its own user; shared: all in the busy channel and about the same 3 users")
+        print("| size | backend | keys | 1 process | 4 processes | 4 / 1 |")
+        print("|---|---|---|---|---|---|")
         for r in rows:
-            for backend, w in r.get("writes", {}).items():
-                print(f"| {r['size']:,} | {backend} | {w['x1']['facts_per_s']} | {w['x4']['facts_per_s']} | "
-                      f"**{w['scaling']}x** |")
+            for backend, modes in r.get("writes", {}).items():
+                for mode, w in modes.items():
+                    print(f"| {r['size']:,} | {backend} | {mode} | {w['x1']['facts_per_s']} | {w['x4']['facts_per_s']} | "
+                          f"**{w['scaling']}x** |")
     for r in rows:
         if "migrate_s" in r:
             print(f"size {r['size']:,}: `muninn migrate` copy {r['migrate_s']} s")

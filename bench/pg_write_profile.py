@@ -1,6 +1,6 @@
 """Where one PostgreSQL fact write's time goes (bench/README.md, issue 13):
 
-    python -m bench.pg_write_profile postgresql://.../a_scratch_copy_of_a_world 100
+    python -m bench.pg_write_profile postgresql://.../a_scratch_copy_of_a_world 100 [--sample]
 
 One writer stores `count` new facts the way the bot does (`fact_store.store_facts`, embedding
 from the bench's hash embed server), after 5 warm-up facts. Prints facts/s; per fact the wall
@@ -8,6 +8,8 @@ time, this process's CPU (all threads) and the PostgreSQL server's (every `postg
 of this machine, from /proc: run it on a quiet server); the time in each phase (embedding,
 planning on a read connection, the write transaction) and the slowest statements (client-side
 wall, round trip included). It writes to the database: give it a scratch copy.
+`--sample`: also where this process's Python spends its time, by sampling every thread's stack
+each millisecond (cProfile sees only the event loop's thread; the writes run on the engine's).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import asyncio
 import collections
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -47,6 +50,69 @@ def server_cpu_s() -> float:
     return total
 
 
+# Leaf frames where a thread waits rather than runs (sockets, queues, locks, the event loop's poll).
+WAITING = ("wait", "select", "poll", "_worker", "get", "acquire", "sleep", "recv", "run_forever", "_run_once")
+
+
+class StackSampler:
+    """Every `interval` s, each other thread's stack: the leaf function when it is not waiting
+    (self samples) and every project function on the stack (inclusive samples)."""
+
+    def __init__(self, interval: float = 0.001) -> None:
+        self.interval = interval
+        self.leaf: collections.Counter[str] = collections.Counter()
+        self.inclusive: collections.Counter[str] = collections.Counter()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "StackSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            if not recording[0]:
+                continue
+            self.samples += 1
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                code = frame.f_code
+                if code.co_name.split(".")[-1] in WAITING:
+                    continue
+                self.leaf[f"{_short(code.co_filename)}:{code.co_name}"] += 1
+                seen: set[str] = set()
+                walk: Any = frame
+                while walk is not None:
+                    name = f"{_short(walk.f_code.co_filename)}:{walk.f_code.co_name}"
+                    if "bot/" in name and name not in seen:
+                        seen.add(name)
+                        self.inclusive[name] += 1
+                    walk = walk.f_back
+
+    def report(self, count: int, wall: float) -> None:
+        ms = wall * 1000 / max(1, self.samples) / count  # one sample stands for the real time between samples
+        print(f"  Python running (not waiting), sampled ({self.samples} samples), ms per fact; leaf functions:")
+        for name, hits in self.leaf.most_common(15):
+            print(f"    {hits * ms:6.2f}  {name}")
+        print("  project functions on a running stack (inclusive):")
+        for name, hits in self.inclusive.most_common(15):
+            print(f"    {hits * ms:6.2f}  {name}")
+
+
+def _short(filename: str) -> str:
+    for marker in ("/bot/", "/site-packages/", "/lib/python3"):
+        if marker in filename:
+            return filename[filename.index(marker) + 1:]
+    return filename
+
+
 def instrument() -> None:
     """Time Engine.read / write / embed_or_none and every psycopg statement while recording."""
     def timed(name: str, method: Any) -> Any:
@@ -75,7 +141,7 @@ def instrument() -> None:
     psycopg.Connection.execute = timed_execute  # type: ignore[method-assign]
 
 
-async def profile(url: str, embed_url: str, count: int) -> None:
+async def profile(url: str, embed_url: str, count: int, sampler: StackSampler | None = None) -> None:
     from bot.lifecycle import fact_store
     from bot.lifecycle.facts import Fact
     env = {"MUNINN_DB_PATH": "/nonexistent.db", "MUNINN_DATABASE_URL": url, "OLLAMA_URL": embed_url,
@@ -100,14 +166,22 @@ async def profile(url: str, embed_url: str, count: int) -> None:
     print("  statements (wall in the client, round trip included):")
     for text, (calls, seconds) in sorted(statements.items(), key=lambda item: -item[1][1])[:12]:
         print(f"    {calls / count:4.1f} per fact {seconds / count * 1000:6.2f} ms per fact  {text}")
+    if sampler is not None:
+        sampler.report(count, wall)
 
 
 def main(argv: list[str]) -> None:
+    sample = "--sample" in argv
+    argv = [a for a in argv if a != "--sample"]
     if len(argv) != 2:
-        raise SystemExit("usage: python -m bench.pg_write_profile postgresql://... COUNT")
+        raise SystemExit("usage: python -m bench.pg_write_profile postgresql://... COUNT [--sample]")
     instrument()
     with EmbedServerProcess("hash", dim=768) as embed_url:
-        asyncio.run(profile(argv[0], embed_url, int(argv[1])))
+        if not sample:
+            asyncio.run(profile(argv[0], embed_url, int(argv[1])))
+            return
+        with StackSampler() as sampler:
+            asyncio.run(profile(argv[0], embed_url, int(argv[1]), sampler))
 
 
 if __name__ == "__main__":

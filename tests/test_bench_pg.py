@@ -19,4 +19,25 @@ async def test_side_by_side_recall_and_writer_processes(tmp_path, postgres_url):
         env = {"MUNINN_DB_PATH": str(path), "MUNINN_DATABASE_URL": postgres_url, "OLLAMA_URL": ollama.url,
                "OLLAMA_COOLDOWN": "0", "MUNINN_MAINTENANCE_HOURS": "0"}
         result = pg_speed.measure_writers(env, writers=2, per_writer=3, lead_s=2.0)
-    assert result["facts"] == 6 and result["facts_per_s"] > 0
+        assert result["facts"] == 6 and result["facts_per_s"] > 0
+        before = shared_rows(postgres_url)
+        shared = pg_speed.measure_writers(env, writers=2, per_writer=3, lead_s=2.0, mode="shared")
+    assert shared["facts"] == 6 and shared["facts_per_s"] > 0
+    # both processes wrote into the busy channel and about the same users (each fact new or a repeat)
+    after = shared_rows(postgres_url)
+    assert after.get("room", 0) > before.get("room", 0) and after.get("personal", 0) > before.get("personal", 0)
+
+
+def test_shared_writer_facts_meet_in_the_same_keys():
+    one, other = (pg_speed.writer_facts("shared", 6, seed) for seed in (10, 11))
+    keys = {fact.to_new_memory().vis_key for fact in one}
+    assert keys == {fact.to_new_memory().vis_key for fact in other} and len(keys) == 4  # the channel + 3 users
+    assert {fact.to_new_memory().vis_key for fact in pg_speed.writer_facts("own", 3, 10)}.isdisjoint(
+        fact.to_new_memory().vis_key for fact in pg_speed.writer_facts("own", 3, 11))
+
+
+def shared_rows(url: str) -> dict[str, int]:
+    import psycopg
+    with psycopg.connect(url) as conn:
+        return dict(conn.execute("SELECT scope, count(*) FROM memories WHERE channel_id = %s AND owner_id = ANY(%s) "
+                                 "GROUP BY scope", (pg_speed.BUSY_CHANNEL, list(pg_speed.SHARED_USERS))).fetchall())
