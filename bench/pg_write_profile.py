@@ -4,8 +4,8 @@
 
 One writer stores `count` new facts the way the bot does (`fact_store.store_facts`, embedding
 from the bench's hash embed server), after 5 warm-up facts. Prints facts/s; per fact the wall
-time, this process's CPU (all threads) and the PostgreSQL server's (every `postgres` process
-of this machine, from /proc: run it on a quiet server); the time in each phase (embedding,
+time, this process's CPU (all threads) and the PostgreSQL server's (the backends serving this
+database, from /proc: the server must run on this machine); the time in each phase (embedding,
 planning on a read connection, the write transaction) and the slowest statements (client-side
 wall, round trip included). It writes to the database: give it a scratch copy.
 `--sample`: also where this process's Python spends its time, by sampling every thread's stack
@@ -34,20 +34,33 @@ statements: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
 recording = [False]
 
 
-def server_cpu_s() -> float:
-    """CPU seconds (user + system) of every process named `postgres` on this machine."""
-    total = 0.0
+def server_pids(url: str) -> set[int]:
+    """The server processes serving this database now (pg_stat_activity: the engine's
+    connections, autovacuum on it); other databases' work (an index build elsewhere) is left out."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND pid != pg_backend_pid()").fetchall()
+    return {int(row[0]) for row in rows}
+
+
+def server_cpu_s(pids: set[int]) -> dict[int, float]:
+    """CPU seconds (user + system) of each of these processes (on this machine, from /proc)."""
+    out: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as stat_file:
                 stat = stat_file.read()
         except OSError:
             continue
-        if stat[stat.index("(") + 1:stat.rindex(")")] == "postgres":
-            fields = stat[stat.rindex(")") + 2:].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU spent meanwhile by the processes alive at both ends."""
+    return sum(after[pid] - before[pid] for pid in before.keys() & after.keys())
 
 
 # Leaf frames where a thread waits rather than runs (sockets, queues, locks, the event loop's poll).
@@ -153,12 +166,14 @@ async def profile(url: str, embed_url: str, count: int, sampler: StackSampler | 
     async with Engine(load_settings(env), warm=False) as engine:
         for fact in facts[:5]:
             await fact_store.store_facts(engine, [fact])
-        wall, cpu, server = time.perf_counter(), time.process_time(), server_cpu_s()
+        pids = server_pids(url)
+        wall, cpu, server_at_start = time.perf_counter(), time.process_time(), server_cpu_s(pids)
         recording[0] = True
         for fact in facts[5:]:
             await fact_store.store_facts(engine, [fact])
         recording[0] = False
-        wall, cpu, server = time.perf_counter() - wall, time.process_time() - cpu, server_cpu_s() - server
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        server = cpu_between(server_at_start, server_cpu_s(pids))
     print(f"{count} facts: {count / wall:.1f} facts/s; per fact: wall {wall / count * 1000:.1f} ms, this process's "
           f"CPU {cpu / count * 1000:.1f} ms, PostgreSQL's CPU {server / count * 1000:.1f} ms")
     for name, seconds in phases.items():

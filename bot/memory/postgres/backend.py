@@ -487,10 +487,13 @@ class PostgresStorage:
             with conn.pg.transaction():
                 conn.pg.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
                 conn.pg.execute(f"SET LOCAL hnsw.ef_search = {max(40, min(1000, 2 * k))}".encode())
+                # Never prepared: psycopg prepares a statement at its 5th run, and PostgreSQL's generic
+                # plan for it (keys unknown) is the bitmap scan + sort of every visible vector, not the
+                # index: the busy viewer's search at 100k took ~500 ms prepared, ~70 ms planned per call.
                 rows = conn.pg.execute(
                     f"SELECT memory_id, (embedding::vector({dim})) <-> %s::vector({dim}) AS d FROM memory_vectors "
                     f"WHERE vis_key = ANY(%s){since} ORDER BY (embedding::vector({dim})) <-> %s::vector({dim}) "
-                    "LIMIT %s".encode(), [literal, keys, *extra, literal, k]).fetchall()
+                    "LIMIT %s".encode(), [literal, keys, *extra, literal, k], prepare=False).fetchall()
             rows.sort(key=lambda r: (r[1], r[0]))  # relaxed order: re-sort the few found
         return [(int(mid), float(d)) for mid, d in rows]
 
