@@ -80,7 +80,7 @@ async def test_full_copy_keeps_ids_counts_and_the_source(source, postgres_url, f
     assert seen and seen[-1][0] == seen[-1][1]
     assert sorted(r[0] for r in rows(postgres_url, "SELECT id FROM memories")) == sorted(facts["ids"])
     assert rows(postgres_url, "SELECT value FROM meta WHERE key = 'embed_model'") == [("nomic-embed-text",)]
-    assert rows(postgres_url, "SELECT count(*) FROM pg_indexes WHERE indexname = 'memory_vectors_hnsw'") == [(1,)]
+    assert rows(postgres_url, "SELECT count(*) FROM pg_indexes WHERE indexname = 'memory_vectors_hnsw'") == [(0,)]
     assert rows(postgres_url, "SELECT count(*) FROM vector_changes") == [(0,)]  # no log of the copy: no cache needs it
     again = copy_database(settings.db_path, postgres_url)  # a rerun after success: nothing copied twice
     assert again.ok and again.resumed and sum(again.copied.values()) == 0

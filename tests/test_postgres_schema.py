@@ -95,3 +95,24 @@ def test_a_newer_database_is_refused(postgres_server):
                 migrate(conn)
     finally:
         postgres_server.drop_database("muninn_newer")
+
+
+def test_migration_9_drops_the_hnsw_index_of_an_older_database(postgres_server):
+    """A database made before migration 9 (its backend built an HNSW index at the first
+    embedding) loses the index and keeps its vectors; the search is exact from then on."""
+    url = postgres_server.create_database("muninn_before_9", template=TEMPLATE)
+    try:
+        with psycopg.connect(url) as conn:
+            memory = _insert(conn, "a remembered fact")
+            conn.execute("INSERT INTO memory_vectors (memory_id, vis_key, created_at, embedding) "
+                         "VALUES (%s, 'g', 0, '[1,0,0]')", (memory,))
+            conn.execute("CREATE INDEX memory_vectors_hnsw ON memory_vectors "
+                         "USING hnsw ((embedding::vector(3)) vector_l2_ops)")
+            conn.execute("UPDATE schema_version SET version = 8")
+            conn.commit()
+            assert migrate(conn) == len(MIGRATIONS) >= 9
+            assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'memory_vectors_hnsw'"
+                                ).fetchone() == (0,)
+            assert conn.execute("SELECT memory_id FROM memory_vectors").fetchall() == [(memory,)]
+    finally:
+        postgres_server.drop_database("muninn_before_9")

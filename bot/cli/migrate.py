@@ -11,7 +11,7 @@ next batch when run again, and never duplicates a row (inserts are ON CONFLICT D
 as well). Ids are copied as they are, so "#N" stays the memory it was; the memories id
 sequence is moved past SQLite's AUTOINCREMENT high-water mark (ids of deleted memories are
 not handed out again). Vectors are read from sqlite-vec's chunk tables and sent in
-pgvector's binary form; the HNSW index is built once, at the end. The copy ends with a
+pgvector's binary form; the embedding model is recorded at the end. The copy ends with a
 check per table: row counts and a checksum of the keys on both sides.
 
 Not copied: vector_changes (each process's vector-cache log; on PostgreSQL a trigger logs the
@@ -426,22 +426,19 @@ def _copy(source: apsw.Connection, pg: Any, source_id: str, report: Report, batc
         _set_target_meta(pg, cursor_key, "done")
         report.copied[table.name] = copied
     if info is not None:
-        # The HNSW index, once over all vectors (much faster than growing it row by row);
-        # the backend's own index_for records the model and makes the index.
+        # The backend's own index_for records the model (no approximate index: migration 9).
         from bot.memory.postgres.backend import PostgresStorage
         from bot.memory.postgres.connection import PgConnection
-        on_step(f"building the vector index ({info.dim} dimensions; minutes for a large database)")
-        pg.execute("SET maintenance_work_mem = '512MB'")
+        on_step(f"recording the embedding model ({info.dim} dimensions)")
         # The trigger logged each copied vector for the vector caches (migration 8); no cache has
-        # seen this database yet, and the index below starts a new epoch: the log is not needed.
+        # seen this database yet, and index_for starts a new epoch: the log is not needed.
         pg.execute("TRUNCATE vector_changes")
         try:
             PostgresStorage("").index_for(PgConnection(pg), info.model, info.dim)
         except psycopg.Error as exc:
-            raise MigrationError(f"building the vector index failed: {exc}") from exc
+            raise MigrationError(f"recording the embedding model failed: {exc}") from exc
     # Fresh statistics and visibility map now, not when autovacuum gets round to it: without
-    # them the planner guesses each visibility key's row count, and counting a viewer's
-    # vectors (the exact-or-HNSW choice) reads heap pages instead of the index alone.
+    # them the planner guesses each visibility key's row count.
     on_step("vacuuming and analysing the copied tables")
     pg.execute("VACUUM (ANALYZE) memories")
     pg.execute("VACUUM (ANALYZE) memory_vectors")

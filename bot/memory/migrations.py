@@ -157,6 +157,11 @@ MIGRATIONS: list[str] = [
     """
     -- (no statement)
     """,
+    # 9: nothing for SQLite. PostgreSQL's migration 9 drops its HNSW index (the vector caches
+    # answer; inserting into the graph was most of a fact write's server time).
+    """
+    -- (no statement)
+    """,
 ]
 
 

@@ -10,9 +10,7 @@ visibility key's vectors, fed by postgres/vector_source.py and kept in step thro
 `vector_changes` log that a trigger writes, migration 8). Keys it does not hold (still
 loading, beyond its memory budget) and engines without one are searched in the server:
 pgvector, L2 distance over L2-normalised vectors (as SQLite's, so cosine = 1 - d^2/2),
-scoped in the statement. Exact scan while the viewer sees at most EXACT_MAX vectors (a
-sort of that many is a few ms and exact); above it, the HNSW index with pgvector's
-iterative scan, which keeps walking until k rows pass the scope filter.
+scoped in the statement, an exact scan (no HNSW index: PostgreSQL migration 9 says why).
 Writes: one transaction each; ids come from an identity and are never reused; two
 processes writing at once are serialised by row locks and ON CONFLICT; index creation and
 leases take an advisory transaction lock.
@@ -42,8 +40,7 @@ from bot.memory.vectors import IndexInfo, VectorSizeError
 
 log = logging.getLogger(__name__)
 
-EXACT_MAX = 20_000          # visible vectors up to which the vector search is an exact scan
-INDEX_LOCK = 7_277_402      # advisory lock: creating / dropping the HNSW index
+INDEX_LOCK = 7_277_402      # advisory lock: recording / resetting the embedding model
 LEASE_LOCK = 7_277_403      # advisory lock: taking a lease (read-check-write of one meta row)
 FACT_KEY_LOCK = 7_277_404   # advisory locks (this, hash of a vis_key): storing facts under that key
 
@@ -148,18 +145,12 @@ class PostgresStorage:
         # A new index: every process's vector cache starts over (vector_cache: the identity).
         conn.pg.execute("INSERT INTO meta (key, value) VALUES ('vec_epoch', '1') ON CONFLICT (key) "
                         "DO UPDATE SET value = (meta.value::bigint + 1)::text")
-        if dim <= 2000:  # pgvector's HNSW limit for `vector`; above it every search is exact
-            conn.pg.execute(f"CREATE INDEX IF NOT EXISTS memory_vectors_hnsw ON memory_vectors "
-                            f"USING hnsw ((embedding::vector({int(dim)})) vector_l2_ops)".encode())
 
     def reset_index(self, conn: PgConnection, model: str, dim: int) -> None:
         with conn.pg.transaction():
             conn.pg.execute("SELECT pg_advisory_xact_lock(%s)", (INDEX_LOCK,))
-            conn.pg.execute("DROP INDEX IF EXISTS memory_vectors_hnsw")
-            # TRUNCATE, not DELETE: the new index is built in this transaction, and an index build
-            # still reads rows the transaction deleted: the old model's vectors of another dimension
-            # failed its (embedding::vector(dim)) cast ("expected 1024 dimensions, not 768").
-            # No log row per vector either: caches start over by the new epoch instead.
+            conn.pg.execute("DROP INDEX IF EXISTS memory_vectors_hnsw")  # a database from before migration 9
+            # TRUNCATE, not DELETE: no log row per vector; caches start over by the new epoch instead.
             conn.pg.execute("TRUNCATE memory_vectors, vector_changes")
             conn.pg.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1")
             self._create_index(conn, model, dim)
@@ -452,11 +443,6 @@ class PostgresStorage:
         return [Candidate(memory_id, vector_rank=rank, distance=distance)
                 for rank, (memory_id, distance) in enumerate(self.knn(conn, info, vector, keys, limit, as_of), start=1)]
 
-    def visible_vectors_at_least(self, conn: PgConnection, keys: list[str], cap: int) -> int:
-        row = conn.pg.execute("SELECT count(*) FROM (SELECT 1 FROM memory_vectors WHERE vis_key = ANY(%s) LIMIT %s) v",
-                              (keys, cap + 1)).fetchone()
-        return int(row[0]) if row else 0
-
     def knn(self, conn: PgConnection, info: IndexInfo, vector: Sequence[float], keys: list[str], k: int,
             as_of: float | None = None) -> list[tuple[int, float]]:
         """The k nearest visible vectors: [(memory_id, L2 distance)], nearest first; through the
@@ -470,31 +456,16 @@ class PostgresStorage:
         return self._server_knn(conn, info, vector, keys, k, as_of)
 
     def _server_knn(self, conn: PgConnection, info: IndexInfo, vector: Sequence[float], keys: list[str], k: int,
-                    as_of: float | None = None, *, exact_max: int = EXACT_MAX) -> list[tuple[int, float]]:
-        """The search in the server: an exact scan, or HNSW when the viewer sees many vectors."""
+                    as_of: float | None = None) -> list[tuple[int, float]]:
+        """The search in the server: an exact scan of the visible vectors (the vis_key index, then
+        a top-N sort); what the vector cache does not hold (migration 9)."""
         if not keys or k <= 0:
             return []
         since = " AND created_at <= %s" if as_of is not None else ""
         extra = [as_of] if as_of is not None else []
-        literal = vector_literal(vector)
-        big = info.dim <= 2000 and self.visible_vectors_at_least(conn, keys, exact_max) > exact_max
-        if not big:
-            rows = conn.pg.execute(
-                f"SELECT memory_id, embedding <-> %s::vector AS d FROM memory_vectors WHERE vis_key = ANY(%s){since} "
-                "ORDER BY d, memory_id LIMIT %s".encode(), [literal, keys, *extra, k]).fetchall()
-        else:
-            dim = int(info.dim)
-            with conn.pg.transaction():
-                conn.pg.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-                conn.pg.execute(f"SET LOCAL hnsw.ef_search = {max(40, min(1000, 2 * k))}".encode())
-                # Never prepared: psycopg prepares a statement at its 5th run, and PostgreSQL's generic
-                # plan for it (keys unknown) is the bitmap scan + sort of every visible vector, not the
-                # index: the busy viewer's search at 100k took ~500 ms prepared, ~70 ms planned per call.
-                rows = conn.pg.execute(
-                    f"SELECT memory_id, (embedding::vector({dim})) <-> %s::vector({dim}) AS d FROM memory_vectors "
-                    f"WHERE vis_key = ANY(%s){since} ORDER BY (embedding::vector({dim})) <-> %s::vector({dim}) "
-                    "LIMIT %s".encode(), [literal, keys, *extra, literal, k], prepare=False).fetchall()
-            rows.sort(key=lambda r: (r[1], r[0]))  # relaxed order: re-sort the few found
+        rows = conn.pg.execute(
+            f"SELECT memory_id, embedding <-> %s::vector AS d FROM memory_vectors WHERE vis_key = ANY(%s){since} "
+            "ORDER BY d, memory_id LIMIT %s".encode(), [vector_literal(vector), keys, *extra, k]).fetchall()
         return [(int(mid), float(d)) for mid, d in rows]
 
     def spread_to_neighbours(self, conn: PgConnection, ranked: list[Candidate], keys: list[str], share: float,

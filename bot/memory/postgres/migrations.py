@@ -8,7 +8,7 @@ Differences from SQLite, on purpose:
     a GIN index over active memories only, instead of an external-content FTS5 table;
   - vectors live in `memory_vectors` (pgvector, dimension-free column) from migration 1 on:
     SQLite creates its vec0 table at the first embedding because vec0 needs the dimension.
-    The HNSW index, which does need it, is made by the backend when the model is known;
+    No approximate index (migration 9): the vector caches answer, the server scans exactly;
   - ids are identities `BY DEFAULT`, so `muninn migrate` can copy SQLite's ids; the backend
     moves the sequence past them, and PostgreSQL never hands out an id twice.
 Append new migrations; never edit one that has shipped.
@@ -198,6 +198,21 @@ MIGRATIONS: list[str] = [
     END $$;
     CREATE TRIGGER vector_changes_prune AFTER DELETE ON vector_changes
         REFERENCING OLD TABLE AS pruned FOR EACH STATEMENT EXECUTE FUNCTION vector_changes_pruned();
+    """,
+    # 9: no HNSW index (issue 13). Each process's vector cache answers the vector searches; the
+    # server searches only keys still loading (~1 s after a start, in the background) or beyond
+    # the cache's budget. For those the index bought nothing: psycopg prepares a statement at its
+    # 5th run, and PostgreSQL's generic plan for it was the exact scan (busy viewer at 100k: HNSW
+    # as shipped 269 ms median, exact 264 ms; planned per call the index answered in ~65 ms but
+    # with recall@10 0.12 against the exact scan on the bench world). Inserting into it was most
+    # of a fact write's server time: one writer at 10k, wall per fact 100 / 84 ms with it, 68 / 57
+    # ms without (interleaved runs, load 7-9); m = 8, ef_construction = 32 saved most of that
+    # (78 / 60 ms) but halved the recall (0.06). The server's search is now the exact scan
+    # (bitmap over the vis_key index + top-N sort: ~2-40 ms under 5k visible vectors, ~260-400 ms
+    # for the busy viewer's 32k at 100k on 2 loaded cores), a scrub's vector rewrite no longer
+    # rebuilds a graph, and the table's index takes no ~390 MB at 100k.
+    """
+    DROP INDEX IF EXISTS memory_vectors_hnsw;
     """,
 ]
 
