@@ -250,14 +250,17 @@ class PostgresStorage:
 
     # -- writes ------------------------------------------------------------------
     def _put_vector(self, conn: PgConnection, info: IndexInfo, memory_id: int, vis_key: str, created_at: float,
-                    vector: Sequence[float]) -> None:
+                    vector: Sequence[float], *, mark_embedded: bool = True) -> None:
+        """Store the vector (logged by trigger) and mark its memory embedded, unless the caller's
+        INSERT already did (`mark_embedded=False`)."""
         if len(vector) != info.dim:
             raise VectorSizeError(f"embedding has {len(vector)} dimensions, the index has {info.dim}")
         conn.pg.execute(
             "INSERT INTO memory_vectors (memory_id, vis_key, created_at, embedding) VALUES (%s, %s, %s, %s::vector) "
             "ON CONFLICT (memory_id) DO UPDATE SET vis_key = excluded.vis_key, created_at = excluded.created_at, "
             "embedding = excluded.embedding", (memory_id, vis_key, float(created_at), vector_literal(vector)))
-        conn.pg.execute("UPDATE memories SET embedded = 1 WHERE id = %s", (memory_id,))  # logged by trigger
+        if mark_embedded:
+            conn.pg.execute("UPDATE memories SET embedded = 1 WHERE id = %s", (memory_id,))
 
     def insert(self, conn: PgConnection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
                model: str, vecs: list[list[float]] | None, now: float | None) -> list[int]:
@@ -267,19 +270,23 @@ class PostgresStorage:
         with conn.pg.transaction():
             for index, memory in enumerate(memories):
                 created = memory.created_at if memory.created_at is not None else now
+                vector = vecs[index] if vecs and info is not None else None
+                if vector is not None and info is not None and len(vector) != info.dim:
+                    raise VectorSizeError(f"embedding has {len(vector)} dimensions, the index has {info.dim}")
+                # `embedded` set here, not by a later UPDATE: that one wrote a second row version
+                # (a new entry in every index, the GIN one included) and computed the tsvector again.
                 row = conn.pg.execute(
                     "INSERT INTO memories (text, scope, owner_id, channel_id, guild_id, vis_key, importance, "
-                    "stability, created_at, updated_at, source_message_ids, external_id) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                    "stability, created_at, updated_at, source_message_ids, external_id, embedded) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                     (memory.text, memory.scope, memory.owner_id, memory.channel_id, memory.guild_id,
                      memory.vis_key, memory.importance, decay.initial_stability(memory.importance, base_stability_days),
                      created, now, json.dumps([str(s) for s in memory.source_message_ids]),
-                     memory.external_id)).fetchone()
+                     memory.external_id, int(vector is not None))).fetchone()
                 assert row is not None
                 ids.append(int(row[0]))
-                vector = vecs[index] if vecs and info is not None else None
                 if vector is not None and info is not None:
-                    self._put_vector(conn, info, ids[-1], memory.vis_key, created, vector)
+                    self._put_vector(conn, info, ids[-1], memory.vis_key, created, vector, mark_embedded=False)
         return ids
 
     def store_vectors(self, conn: PgConnection, model: str, ids: list[int], vecs: list[list[float]]) -> int:

@@ -9,13 +9,14 @@ after DELETE + VACUUM + CHECKPOINT the text was still there. Only a rewrite leav
 VACUUM FULL copies the live rows into new files (table, TOAST and every index) and drops the
 old ones. It holds an exclusive lock on the table while it runs, in proportion to its size.
 
-So a forget rewrites only what held the words, at once: `memories` (text, its tsvector and
-GIN index: 46 ms at 2,000 memories, 101 ms at 8,000) or `messages`. The vectors (derived
-from the text, not the text) are rewritten by the next maintenance run instead (`finish`):
-that rewrite rebuilds the HNSW index (2.0 s at 2,000 memories, 6.9 s at 8,000, growing with
-the table), too slow to hold every forget and every recall behind. Until then the forgotten
-memory's vector is deleted and never searched, but its bytes may stay in the table's free
-space (pgvector's VACUUM zeroes them in the HNSW index itself; the test checks both).
+So a forget rewrites only what held the words, at once while that is quick: `memories`
+(text, its tsvector and GIN index: 46 ms at 2,000 memories, 101 ms at 8,000, 3.3-3.7 s at
+100,000 on 2 loaded cores) or `messages` (2-18 ms). A table past REWRITE_AT_ONCE_BYTES is
+left to the next maintenance run (`finish`), as a single forget's words are: its rewrite
+would hold every recall behind its lock for seconds. The vectors (derived from the text, not
+the text) are always rewritten by the next maintenance run (a 768-dimensional vector is 3 kB:
+the largest table). Until then the forgotten rows are deleted and never searched or shown,
+but their bytes may stay in the tables' free space.
 What stays out of reach, as on any PostgreSQL: the WAL until it is recycled, WAL archives,
 backups and replicas; the operator's retention rules apply to those.
 """
@@ -38,12 +39,18 @@ VECTORS_PENDING = "scrub.vectors_pending"  # meta key: forgotten vectors await t
 # must not stall all recalls behind one long transaction. Past this wait the rewrite is left
 # to the next maintenance run (storage.mark_pending).
 LOCK_WAIT = "2s"
+# A rewrite at once holds the table's exclusive lock for ~100 ms at this size (memories: ~60 ms
+# a MB with its indexes on 2 loaded cores); bigger tables wait for maintenance.
+REWRITE_AT_ONCE_BYTES = 2 << 20
 
 
 def scrub(conn: PgConnection, forgotten: Sequence[str]) -> None:
-    """Rewrite the tables that held what was forgotten (outside any transaction)."""
-    if not _rewrite(conn, [table for what in forgotten for table in REWRITES[what]]):
-        mark_pending(conn)  # locked out: the next maintenance run rewrites them
+    """Rewrite the tables that held what was forgotten (outside any transaction) when they are
+    small; the others (and any locked out) are left to the next maintenance run."""
+    tables = list(dict.fromkeys(table for what in forgotten for table in REWRITES[what]))
+    small = [table for table in tables if _size(conn, table) <= REWRITE_AT_ONCE_BYTES]
+    if len(small) < len(tables) or not _rewrite(conn, small):
+        mark_pending(conn)  # too big to rewrite now, or locked out: the next maintenance run rewrites them
     if "memories" in forgotten:
         conn.pg.execute("VACUUM memory_vectors")  # the space is reusable now; the bytes go in `finish`
         mark_pending(conn, VECTORS_PENDING)
@@ -63,6 +70,12 @@ def finish(conn: PgConnection) -> bool:
     if vectors:
         clear_pending(conn, vectors, VECTORS_PENDING)
     return True
+
+
+def _size(conn: PgConnection, table: str) -> int:
+    """Bytes of the table with its TOAST table and indexes (what VACUUM FULL rewrites)."""
+    row = conn.pg.execute("SELECT pg_total_relation_size(%s::regclass)", (table,)).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _rewrite(conn: PgConnection, tables: Sequence[str]) -> bool:

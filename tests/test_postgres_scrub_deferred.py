@@ -1,0 +1,34 @@
+"""A personal forget on a big PostgreSQL database leaves the table's rewrite to maintenance
+(bot/memory/postgres/scrub.py: VACUUM FULL memories took 3.3-3.7 s at 100k memories, an
+exclusive lock that every recall waits behind)."""
+from __future__ import annotations
+
+import pytest
+
+from bot.lifecycle.maintenance import run_maintenance
+from bot.memory import storage
+from bot.memory.engine import Engine
+from bot.memory.postgres import scrub
+from bot.memory.scope import Viewer
+from bot.memory.store import NewMemory
+from tests.test_postgres_scrub import OWNER, SECRET, files_holding
+
+pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+
+
+async def test_a_big_memories_table_is_rewritten_by_the_next_maintenance(fake_ollama, make_settings, backend,
+                                                                          monkeypatch):
+    monkeypatch.setattr(scrub, "REWRITE_AT_ONCE_BYTES", 0)  # every table counts as big
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        await engine.remember_many([NewMemory(f"ordinary note {n} about the weather", "personal", owner_id=OWNER)
+                                    for n in range(20)])
+        secret = await engine.remember(NewMemory(f"{SECRET} is my password", "personal", owner_id=OWNER))
+        assert await engine.forget_personal(OWNER, [secret]) == 1
+        mine = await engine.recall("password weather", Viewer(OWNER, dm=True))
+        assert mine.memories and secret not in [hit.memory.id for hit in mine.memories]  # gone from answers at once
+        assert files_holding(backend, "memories", "zanzibarit")  # the bytes wait for the rewrite...
+        assert await engine.read(storage.pending_token) is not None
+        await run_maintenance(engine, use_llm=False)
+        assert files_holding(backend, "memories", "zanzibarit", "xylophonequeen") == []  # ...which maintenance made
+        assert await engine.read(storage.pending_token) is None
+        assert not await engine.finish_scrub()
