@@ -116,3 +116,31 @@ def test_migration_9_drops_the_hnsw_index_of_an_older_database(postgres_server):
             assert conn.execute("SELECT memory_id FROM memory_vectors").fetchall() == [(memory,)]
     finally:
         postgres_server.drop_database("muninn_before_9")
+
+
+def test_migration_10_makes_vectors_follow_their_memory_key(postgres_server):
+    """Made by migration 10 (no longer at each start): a version-9 database without the trigger
+    gets it and its drifted vectors put back under their memory's key; one whose start had made
+    the trigger already keeps working."""
+    url = postgres_server.create_database("muninn_before_10", template=TEMPLATE)
+    try:
+        with psycopg.connect(url) as conn:
+            conn.execute("DROP TRIGGER memory_vectors_follow_key ON memories")
+            memory = _insert(conn, "a fact that changed hands")
+            conn.execute("INSERT INTO memory_vectors (memory_id, vis_key, created_at, embedding) "
+                         "VALUES (%s, 'p:7:dm', 0, '[1,0,0]')", (memory,))  # drifted: the memory is global
+            conn.execute("UPDATE schema_version SET version = 9")
+            conn.commit()
+            assert migrate(conn) == len(MIGRATIONS) >= 10
+            assert conn.execute("SELECT vis_key FROM memory_vectors").fetchall() == [("g",)]
+            conn.execute("UPDATE memories SET scope = 'personal', vis_key = 'p:1:dm' WHERE id = %s", (memory,))
+            assert conn.execute("SELECT vis_key FROM memory_vectors").fetchall() == [("p:1:dm",)]
+            assert conn.execute("SELECT count(*) FROM vector_changes WHERE memory_id = %s", (memory,)).fetchone()[0] >= 1
+            conn.commit()
+            conn.execute("UPDATE schema_version SET version = 9")  # as if a start had made the trigger first
+            conn.commit()
+            assert migrate(conn) == len(MIGRATIONS)
+            assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'memory_vectors_follow_key'"
+                                ).fetchone() == (1,)
+    finally:
+        postgres_server.drop_database("muninn_before_10")

@@ -284,13 +284,15 @@ def open_target(url: str) -> Any:
 
 
 def _target_meta(pg: Any, key: str) -> str | None:
-    row = pg.execute("SELECT value FROM meta WHERE key = %s", (key,)).fetchone()
-    return None if row is None else str(row[0])
+    from bot.memory.postgres.backend import _meta  # the backend's own (psycopg is an optional dependency)
+    from bot.memory.postgres.connection import PgConnection
+    return _meta(PgConnection(pg), key)
 
 
 def _set_target_meta(pg: Any, key: str, value: str) -> None:
-    pg.execute("INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-               (key, value))
+    from bot.memory.postgres.backend import _set_meta
+    from bot.memory.postgres.connection import PgConnection
+    _set_meta(PgConnection(pg), key, value)
 
 
 def claim_target(pg: Any, source_id: str) -> bool:
@@ -353,7 +355,7 @@ def copy_database(source_path: Path, url: str, *, batch: int = BATCH, stop_after
         conn = open_target(url)
         try:
             _copy(source, conn.pg, str(source_path.resolve()), report, batch, stop_after_batches, on_progress,
-                  on_step or (lambda what: None))
+                  on_step or (lambda what: None), target=conn)
         except psycopg.Error as exc:  # a lost connection, a full disk on the server, ...
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise MigrationError(f"PostgreSQL: {reason}; the batches committed so far are kept: "
@@ -370,7 +372,8 @@ def copy_database(source_path: Path, url: str, *, batch: int = BATCH, stop_after
 
 def _copy(source: apsw.Connection, pg: Any, source_id: str, report: Report, batch: int,
           stop_after_batches: int | None, on_progress: Callable[[int, int], None] | None,
-          on_step: Callable[[str], None]) -> None:
+          on_step: Callable[[str], None], *, target: Any) -> None:
+    """`pg` is the psycopg connection of `target`, the backend's connection (open_target)."""
     import psycopg
 
     info = vectors.index_info(source) if vectors.table_exists(source) else None
@@ -427,14 +430,12 @@ def _copy(source: apsw.Connection, pg: Any, source_id: str, report: Report, batc
         report.copied[table.name] = copied
     if info is not None:
         # The backend's own index_for records the model (no approximate index: migration 9).
-        from bot.memory.postgres.backend import PostgresStorage
-        from bot.memory.postgres.connection import PgConnection
         on_step(f"recording the embedding model ({info.dim} dimensions)")
         # The trigger logged each copied vector for the vector caches (migration 8); no cache has
         # seen this database yet, and index_for starts a new epoch: the log is not needed.
         pg.execute("TRUNCATE vector_changes")
         try:
-            PostgresStorage("").index_for(PgConnection(pg), info.model, info.dim)
+            target.storage.index_for(target, info.model, info.dim)
         except psycopg.Error as exc:
             raise MigrationError(f"recording the embedding model failed: {exc}") from exc
     # Fresh statistics and visibility map now, not when autovacuum gets round to it: without

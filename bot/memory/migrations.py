@@ -161,6 +161,10 @@ MIGRATIONS: list[str] = [
     # answer; inserting into the graph was most of a fact write's server time).
     """
     -- (no statement)
+    """,    # 10: nothing for SQLite (its vectors follow their memory's key through vector_keys.py at
+    # start). PostgreSQL's migration 10 makes its trigger that moves a vector to its memory's new key.
+    """
+    -- (no statement)
     """,
 ]
 

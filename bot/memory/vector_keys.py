@@ -6,7 +6,7 @@ later feature) would still be found by the old key's viewers through the vector 
 personal memory made from a global one stayed visible to everyone. vec0 cannot UPDATE a
 partition key, so the trigger takes the vector out in the same transaction (and marks the
 memory unembedded: the backfill embeds it again, under the new key), and logs the change for
-the vector caches. PostgreSQL moves the vector instead (postgres/vis_keys.py).
+the vector caches. PostgreSQL moves the vector instead (its migration 10).
 
 The trigger names vec_memories, which exists only once there are vectors (vectors.py creates
 it with the model's dimension), so it is made with that table, and at start for older files.

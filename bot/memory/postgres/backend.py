@@ -27,7 +27,7 @@ import psycopg
 
 from bot.memory import decay, privacy, ranking, retrieval, store, vectors
 from bot.memory.files import DatabaseError
-from bot.memory.postgres import keywords, vis_keys
+from bot.memory.postgres import keywords
 from bot.memory.postgres import scrub as postgres_scrub
 from bot.memory.postgres.connection import PgConnection, connect, where
 from bot.memory.postgres.migrations import migrate
@@ -117,7 +117,7 @@ class PostgresStorage:
         return True
 
     def prepare(self, conn: PgConnection) -> None:
-        vis_keys.follow_keys(conn)  # a vector follows its memory's visibility key
+        """Nothing: a vector follows its memory's visibility key by a trigger of migration 10."""
 
     # -- the vector index ----------------------------------------------------------
     def index_info(self, conn: PgConnection) -> IndexInfo | None:

@@ -214,6 +214,27 @@ MIGRATIONS: list[str] = [
     """
     DROP INDEX IF EXISTS memory_vectors_hnsw;
     """,
+    # 10: a memory's vector stays under its memory's visibility key. The vector search filters
+    # on memory_vectors.vis_key, the vector's own copy of the key, so a memory whose scope or
+    # vis_key changed (an operator's UPDATE, a repair, a later feature) was still found by the
+    # old key's viewers through the vector path: a personal memory made from a global one stayed
+    # visible to everyone. A trigger moves the vector to the new key in the same transaction as
+    # the change, and logs it in vector_changes for the vector caches; the UPDATE puts vectors
+    # that drifted before back in step. (Until migration 10 the backend made the same trigger at
+    # each start; CREATE OR REPLACE keeps those databases' trigger as it was.)
+    """
+    CREATE OR REPLACE FUNCTION memory_vectors_follow_key() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE memory_vectors SET vis_key = NEW.vis_key WHERE memory_id = NEW.id;
+        IF FOUND THEN
+            INSERT INTO vector_changes (memory_id) VALUES (NEW.id);
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE OR REPLACE TRIGGER memory_vectors_follow_key AFTER UPDATE OF vis_key ON memories
+        FOR EACH ROW WHEN (OLD.vis_key IS DISTINCT FROM NEW.vis_key) EXECUTE FUNCTION memory_vectors_follow_key();
+    UPDATE memory_vectors v SET vis_key = m.vis_key FROM memories m WHERE v.memory_id = m.id AND v.vis_key <> m.vis_key;
+    """,
 ]
 
 
