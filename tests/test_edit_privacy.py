@@ -73,6 +73,15 @@ async def test_the_old_words_of_a_message_nothing_was_learned_from_leave_the_fil
         assert _words_in_files(settings, backend) == []
 
 
+async def test_an_edit_of_a_message_the_history_no_longer_holds_takes_back_what_it_taught(make_settings, backend):
+    async with Engine(make_settings("")) as engine:
+        learned = await engine.remember(NewMemory(f"Oz's password is {SECRET}", "personal", owner_id=OWNER,
+                                                  source_message_ids=[2000]))  # message 2000 was pruned since
+        assert not await Pipeline(engine).edited(2000, "my password is none of your business", 3.0)
+        assert await engine.get_many([learned]) == {}
+        assert await engine.finish_scrub()
+
+
 async def test_an_edit_that_changes_nothing_leaves_no_work(make_settings, backend):
     async with Engine(make_settings("")) as engine:
         pipeline = Pipeline(engine)

@@ -238,7 +238,9 @@ class Pipeline:
         deleted message's do (what was learned from them alone is taken back, and if they still
         wait for extraction they never are; the next maintenance scrubs them from the files)."""
         edit = await self.engine.write(history.edit, message_id, content, edited_at, what="record an edit")
-        if edit is history.Edit.NEW_WORDS:
+        # A message the history no longer holds (pruned: MUNINN_HISTORY_KEEP) may still have
+        # taught facts, and its edit may have changed its words: taken back too.
+        if edit is not history.Edit.SAME_WORDS:
             if self.extractor is not None:
                 self.extractor.forget_messages([message_id])
             await self.engine.forget_sources([message_id])
