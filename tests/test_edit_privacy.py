@@ -11,6 +11,7 @@ import pytest
 from bot.conversation import history
 from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.maintenance import run_maintenance
+from bot.memory import store
 from bot.memory.engine import Engine
 from bot.memory.store import NewMemory
 
@@ -93,3 +94,19 @@ async def test_an_edit_that_changes_nothing_leaves_no_work(make_settings, backen
         assert (await engine.get(learned)).source_message_ids == ["2000"]
         assert not await engine.finish_scrub()
         assert (await engine.read(history.get, 2000)).edited_at == 3.0
+
+
+async def test_old_words_still_waiting_for_extraction_are_never_extracted(engine, fake_ollama):
+    from bot.lifecycle.extractor import Extractor
+    from tests.test_pipeline import ALICE, RecordingOutlet, facts_reply, said
+    fake_ollama.default_chat_reply = facts_reply(("called Ylva", "Alice's sister is called Ylva"))
+    slow = Extractor(engine, batch_delay=5.0)
+    pipeline = Pipeline(engine, slow)
+    try:
+        first = said("My sister is called Ylva")
+        await pipeline.respond(first, RecordingOutlet([]))
+        assert await pipeline.edited(first.message_id, "My sister is called something else", 3.0)
+        await slow.drain()
+        assert await engine.read(lambda conn: store.memories_of(conn, ALICE, ("personal",))) == []
+    finally:
+        await slow.close()
