@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from bot.memory import decay, store
+from bot.memory import decay, store, touches
 from bot.memory.scope import Viewer
 from bot.memory.storage import storage_of
 from bot.memory.store import NewMemory
@@ -29,7 +29,7 @@ async def test_stability_grows_with_each_recall_and_is_capped(fts_engine):
     memory_id = await fts_engine.remember(NewMemory("the kettle is broken", "personal", owner_id=1, created_at=T0))
     start = (await fts_engine.get(memory_id)).stability
     def touch(conn, growth: float) -> None:  # what a recall does, through the backend under test
-        storage_of(conn).touch_and_load(conn, [memory_id], [memory_id], growth=growth, now=T0)
+        touches.touch_and_load_all(conn, storage_of(conn), [([memory_id], [memory_id], T0)], growth)
     for _ in range(3):
         await fts_engine.write(touch, 1.5)
     assert (await fts_engine.get(memory_id)).stability == pytest.approx(start * 1.5 ** 3)

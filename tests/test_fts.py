@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -131,20 +130,3 @@ async def test_a_query_of_only_common_words_keeps_the_rarest_of_them(fts_engine)
     await crowd(fts_engine, "pizza", 600)  # both common (COMMON_MIN_DOCS 500), of equal length
     fts.forget_counts(None)
     assert await fts_engine.write(fts.selective, ["pasta", "pizza", "nowhere"]) == ["pizza", "nowhere"]
-
-
-async def test_a_query_of_common_words_looks_only_at_the_newest_memories(fts_engine, monkeypatch):
-    old = await fts_engine.remember(NewMemory("Alice bought lamps long ago", "personal", owner_id=ALICE))
-    await busy_channel(fts_engine)  # 602 newer memories, most of them with "lamps"
-    recent = await fts_engine.remember(NewMemory("Alice bought lamps again", "personal", owner_id=ALICE))
-    monkeypatch.setattr(fts, "COMMON_WINDOW", 300)
-    keys = ["g", f"p:{ALICE}:dm"]
-    hits, params = await fts_engine.read(hits_of, "lamps", keys, None)
-    assert "rowid > ?" in hits and old < params[-2] < recent  # the window starts after the old one
-    assert params[-1] == recent                                # ...and ends at her newest memory
-    assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [recent]
-    past = await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False, as_of=time.time() + 60)
-    assert set(past.ids) == {old, recent}  # as of a moment: no window
-    monkeypatch.setattr(fts, "COMMON_WINDOW", 10_000)  # a window that reaches back to it
-    found = await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)
-    assert set(found.ids) == {old, recent}

@@ -10,7 +10,7 @@ import pytest
 
 from bot.cli import main as cli
 from bot.lifecycle import maintenance
-from bot.memory import db, store
+from bot.memory import db, store, touches
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from tests.fakes.ollama import FakeOllama, FakeOllamaThread
@@ -46,7 +46,7 @@ async def test_faded_unimportant_memories_are_archived_not_deleted(engine):
     fresh = await engine.remember(alice("Alice is reading Dune.", importance=0.1, days_ago=1))
     recalled = await engine.remember(alice("Alice owns a red kayak.", importance=0.1, days_ago=60))
     # a recall resets the clock
-    await engine.write(engine.storage.touch_and_load, [recalled], [recalled], growth=1.5, now=time.time())
+    await engine.write(touches.touch_and_load_all, engine.storage, [([recalled], [recalled], time.time())], 1.5)
 
     report = await maintenance.run_maintenance(engine)
     assert report.archived == [faded]

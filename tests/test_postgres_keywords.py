@@ -1,11 +1,8 @@
 """PostgreSQL's keyword step follows SQLite's common-word rules (bot/memory/postgres/keywords.py)."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from bot.memory import fts
 from bot.memory.engine import Engine
 from bot.memory.postgres import keywords
 from bot.memory.scope import Viewer
@@ -37,19 +34,6 @@ async def test_a_common_word_is_left_out_while_rarer_ones_are_there_and_returns_
     assert await pg_fts_engine.read(keywords.searched_words, words) == words  # no longer common
     only_common = await pg_fts_engine.recall("pizza", Viewer(ALICE, dm=True), touch=False)
     assert only_common.ids == [mine]
-
-
-async def test_a_query_of_common_words_ranks_only_the_newest_memories(pg_fts_engine, monkeypatch):
-    old = await pg_fts_engine.remember(NewMemory("Alice bought lamps long ago", "personal", owner_id=ALICE))
-    await crowd(pg_fts_engine, "Bob bought lamps", 600)
-    recent = await pg_fts_engine.remember(NewMemory("Alice bought lamps again", "personal", owner_id=ALICE))
-    monkeypatch.setattr(fts, "COMMON_WINDOW", 300)
-    assert (await pg_fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [recent]
-    past = await pg_fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False, as_of=time.time() + 60)
-    assert set(past.ids) == {old, recent}  # as of a moment: no window
-    monkeypatch.setattr(fts, "COMMON_WINDOW", 10_000)  # a window that reaches back to it
-    assert set((await pg_fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids) == {old, recent}
-
 
 
 def _search_often(conn, query: str, keys: list[str], times: int) -> tuple[list[list[int]], int]:

@@ -8,11 +8,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot.memory import ranking, store
+from bot.memory import ranking, store, touches
 from bot.memory.dates import DateHint, hints
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
-from bot.memory.storage import storage_of
 from bot.memory.store import NewMemory
 
 DAY = 86400.0
@@ -30,8 +29,8 @@ async def relevant_old_and_irrelevant_recent(engine: Engine) -> tuple[int, int]:
     old = await engine.remember(mine("Pixel the greyhound loves running on the beach", days_ago=200, importance=0.2))
     recent = await engine.remember(mine("bought a Pixel phone case today", days_ago=1, importance=1.0))
     for _ in range(3):  # the recent one was recalled (touched) again and again
-        await engine.write(lambda conn: storage_of(conn).touch_and_load(
-            conn, [recent], [recent], growth=engine.settings.stability_growth, now=NOW - 3600))
+        await engine.write(touches.touch_and_load_all, engine.storage, [([recent], [recent], NOW - 3600)],
+                           engine.settings.stability_growth)
     return old, recent
 
 

@@ -9,6 +9,7 @@ last `keep` messages (`prune`); older ones are deleted.
 """
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass
 
@@ -67,13 +68,27 @@ def next_local_id(conn: apsw.Connection) -> int:
     return query_value(conn, "SELECT coalesce(max(id), 0) + 1 FROM messages WHERE id < ?", (1 << 22,))
 
 
-def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float | None = None) -> bool:
-    """Replace the text of a message we know (not of a deleted one); True if a row changed."""
+class Edit(enum.Enum):
+    UNKNOWN = "unknown"        # not in the history, or deleted: nothing changed
+    SAME_WORDS = "same words"  # Discord also sends edits of embeds and pins: only edited_at moved
+    NEW_WORDS = "new words"
+
+
+def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float | None = None) -> Edit:
+    """Replace the text of a message we know (not of a deleted one). The old text goes as a
+    deleted message's does: out of the files too, at the next maintenance (`storage.mark_pending`:
+    the row's old version stays in SQLite's WAL and in PostgreSQL's table file until a scrub)."""
+    content = storable(content)
     with write_transaction(conn):
-        conn.execute("UPDATE messages SET content = ?, edited_at = ? WHERE id = ? AND deleted_at IS NULL",
-                     (storable(content), time.time() if edited_at is None else edited_at, message_id))
-        changed = conn.changes() > 0
-    return changed
+        old = query_one(conn, "SELECT content FROM messages WHERE id = ? AND deleted_at IS NULL", (message_id,))
+        if old is None:
+            return Edit.UNKNOWN
+        conn.execute("UPDATE messages SET content = ?, edited_at = ? WHERE id = ?",
+                     (content, time.time() if edited_at is None else edited_at, message_id))
+        if old[0] == content:
+            return Edit.SAME_WORDS
+        mark_pending(conn)
+    return Edit.NEW_WORDS
 
 
 def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],

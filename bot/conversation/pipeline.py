@@ -234,7 +234,17 @@ class Pipeline:
         return message_id
 
     async def edited(self, message_id: int, content: str, edited_at: float | None = None) -> bool:
-        return await self.engine.write(history.edit, message_id, content, edited_at, what="record an edit")
+        """A person edited a message: the history keeps the new text, and the old words go as a
+        deleted message's do (what was learned from them alone is taken back, and if they still
+        wait for extraction they never are; the next maintenance scrubs them from the files)."""
+        edit = await self.engine.write(history.edit, message_id, content, edited_at, what="record an edit")
+        # A message the history no longer holds (pruned: MUNINN_HISTORY_KEEP) may still have
+        # taught facts, and its edit may have changed its words: taken back too.
+        if edit is not history.Edit.SAME_WORDS:
+            if self.extractor is not None:
+                self.extractor.forget_messages([message_id])
+            await self.engine.forget_sources([message_id])
+        return edit is not history.Edit.UNKNOWN
 
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
         """A person deleted messages: mark them in the history, and take back what Muninn

@@ -75,7 +75,7 @@ class Engine:
         self._reader_conns: list[Connection] = []
         self._reader_lock = threading.Lock()
         self._paused: set[int] | None = None  # cache of memory_pauses (this process writes it)
-        self._touches = touches.TouchBatcher(self._touch_batch)  # concurrent recalls share one writer job
+        self._touches = touches.TouchBatcher(self._touch_batch, self._load_untouched)  # concurrent recalls share one writer job
         self._warm_stop = threading.Event()
         self._warming: asyncio.Future | None = None
         # One thread of its own loads the vector cache (the start-up warm, then big cold keys a
@@ -418,7 +418,14 @@ class Engine:
 
     async def _touch_batch(self, requests: list[tuple[list[int], list[int], float]]) -> list[dict[int, store.Memory]]:
         """The touches of the recalls waiting for one (touches.TouchBatcher), in one writer job."""
-        return await self._run(touches.touch_and_load_all, self.storage, requests, self.settings.stability_growth)
+        # One wait for the lock, not write_transaction's four: a reply does not wait 20 s for bookkeeping
+        # (a touch that fails is retried alone or skipped: touches.TouchBatcher).
+        return await self._run(_waiting_once, touches.touch_and_load_all, self.storage, requests,
+                               self.settings.stability_growth)
+
+    async def _load_untouched(self, ids: list[int]) -> dict[int, store.Memory]:
+        """A recall's memories when its touch failed: read as they are."""
+        return await self._read(self.storage.get_many, ids)
 
     async def _query_vector(self, query: str) -> tuple[list[float] | None, VectorStatus]:
         if not self.ollama.enabled:

@@ -180,12 +180,6 @@ class SQLiteStorage:
     def restore(self, conn: apsw.Connection, memory_id: int) -> None:
         store.restore(conn, memory_id)
 
-    def touch_and_load(self, conn: apsw.Connection, touched: list[int], ids: list[int], *, growth: float,
-                       now: float) -> dict[int, store.Memory]:
-        if touched:
-            store.touch(conn, touched, growth=growth, now=now)
-        return store.get_many(conn, ids)
-
     def touch_many(self, conn: apsw.Connection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
         """Several recalls' touches in one transaction (bot/memory/touches.py)."""
         store.touch_many(conn, recalls, growth=growth)

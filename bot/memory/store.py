@@ -313,14 +313,9 @@ def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> 
                      "updated_at = ? WHERE id = ?", (now, now, memory_id))
 
 
-def touch(conn: apsw.Connection, memory_ids: Iterable[int], *, growth: float, now: float | None = None) -> None:
-    """Record a recall: count it, reset the decay clock, strengthen the memory."""
-    touch_many(conn, [(memory_ids, time.time() if now is None else now)], growth=growth)
-
-
 def touch_many(conn: apsw.Connection, recalls: Iterable[tuple[Iterable[int], float]], *, growth: float) -> None:
     """Several recalls' touches (their ids, their time), in order, in one transaction: each
-    memory ends as if every recall had been its own `touch` (bot/memory/touches.py)."""
+    memory ends as if every recall had been its own transaction (bot/memory/touches.py)."""
     with write_transaction(conn):
         for memory_ids, now in recalls:
             conn.executemany(

@@ -11,15 +11,29 @@ query; touches queued meanwhile go in the next job. Each touch is the same UPDAT
 recall's time as before, so last_accessed, access_count and stability end exactly as if each
 had been its own transaction in that order; a recall's memories are read after its touch, as
 before (and after the others' of the same job, as if those had committed just before).
+
+A touch is bookkeeping: when a batch's transaction fails (the database locked past the busy
+timeout, a full disk, one request the database refuses) no recall fails for it. The batch's
+touches are tried again one request at a time, so one bad request does not cost the others
+their touch (every other memory's decay clock stays exact); a request whose own touch fails
+is loaded without it, and one line says so. The retries are bounded: one each, and none
+after a failure of the whole database (busy, full, damaged: `files.explain` knows them),
+which would only make every recall wait again for the same answer.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from bot.memory import store
+from bot.memory.files import explain
 from bot.memory.storage import Connection
+
+log = logging.getLogger(__name__)
+
+Batch = list[tuple[list[int], list[int], float]]  # (touched, ids to load, time) per recall
 
 
 @dataclass
@@ -43,11 +57,13 @@ def touch_and_load_all(conn: Connection, storage: Any, requests: Sequence[tuple[
 
 
 class TouchBatcher:
-    """Queues recalls' touches; `run(requests)` applies a batch on the writer (touch_and_load_all)."""
+    """Queues recalls' touches; `run(requests)` applies a batch on the writer (touch_and_load_all),
+    `load(ids)` reads memories without touching them (a recall whose touch failed)."""
 
-    def __init__(self, run: Callable[[list[tuple[list[int], list[int], float]]],
-                                     Awaitable[list[dict[int, store.Memory]]]]) -> None:
+    def __init__(self, run: Callable[[Batch], Awaitable[list[dict[int, store.Memory]]]],
+                 load: Callable[[list[int]], Awaitable[dict[int, store.Memory]]]) -> None:
         self._run = run
+        self._load = load
         self._waiting: list[TouchRequest] = []
         self._drain_task: asyncio.Task | None = None
         self.jobs = 0  # writer jobs run (for tests and benchmarks: how much was shared)
@@ -69,9 +85,8 @@ class TouchBatcher:
                 self.jobs += 1
                 try:
                     loaded = await self._run([(r.touched, r.ids, r.now) for r in batch])
-                except Exception as exc:  # each waiting recall raises it, as its own job did before
-                    for request in batch:
-                        _settle(request.done, exc)
+                except Exception as exc:
+                    await self._one_at_a_time(batch, exc)
                     continue
                 for request, memories in zip(batch, loaded, strict=True):
                     _settle(request.done, memories)
@@ -83,6 +98,37 @@ class TouchBatcher:
             raise
         finally:
             self._drain_task = None
+
+    async def _one_at_a_time(self, batch: list[TouchRequest], failure: Exception) -> None:
+        """The batch's transaction failed: each request's touch on its own (once; none after a
+        failure of the whole database), and the recalls whose touch failed get their memories
+        untouched."""
+        retry = len(batch) > 1 and explain(failure) is None  # a lone request has had its own try
+        untouched: list[TouchRequest] = []
+        for request in batch:
+            if retry:
+                try:
+                    _settle(request.done, (await self._run([(request.touched, request.ids, request.now)]))[0])
+                    continue
+                except Exception as exc:
+                    failure = exc
+                    retry = explain(exc) is None
+            untouched.append(request)
+        log.warning("could not count %d of %d recalls as recalls of their memories (their decay clocks stay as they "
+                    "were; the recalls answer all the same): %s", len(untouched), len(batch), _one_line(failure))
+        try:
+            loaded = await self._load(list(dict.fromkeys(i for request in untouched for i in request.ids)))
+        except Exception as exc:  # the memories cannot be read either: these recalls fail, as they must
+            for request in untouched:
+                _settle(request.done, exc)
+            return
+        for request in untouched:
+            _settle(request.done, {i: loaded[i] for i in request.ids if i in loaded})
+
+
+def _one_line(exc: BaseException) -> str:
+    text = explain(exc) or str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _settle(done: asyncio.Future, outcome: object) -> None:

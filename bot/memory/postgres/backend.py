@@ -330,17 +330,6 @@ class PostgresStorage:
         conn.pg.execute("UPDATE memories SET archived_at = NULL, archive_reason = NULL, last_accessed = %s, "
                         "updated_at = %s WHERE id = %s", (now, now, memory_id))
 
-    def touch_and_load(self, conn: PgConnection, touched: list[int], ids: list[int], *, growth: float,
-                       now: float) -> dict[int, store.Memory]:
-        if touched:
-            with conn.pg.transaction():
-                _lock_in_order(conn, touched)
-                conn.pg.execute(
-                    "UPDATE memories SET access_count = access_count + 1, "
-                    "last_accessed = greatest(%s, coalesce(last_accessed, 0)), stability = least(stability * %s, %s) "
-                    "WHERE id = ANY(%s)", (now, growth, decay.MAX_STABILITY_DAYS, sorted(set(touched))))
-        return store.get_many(conn, ids)  # type: ignore[arg-type]
-
     def touch_many(self, conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
         """Several recalls' touches in one transaction (bot/memory/touches.py), each the same
         UPDATE with its own time, in order: each memory ends as if each had been its own."""
