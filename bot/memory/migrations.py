@@ -157,6 +157,18 @@ MIGRATIONS: list[str] = [
     """
     -- (no statement)
     """,
+    # 9, 10: taken by another branch of issue 13's round (the lead numbers them at the merge).
+    """
+    -- (no statement)
+    """,
+    """
+    -- (no statement)
+    """,
+    # 11: nothing for SQLite (FTS5 walks a word's matches newest first by itself). PostgreSQL's
+    # migration 11 indexes (vis_key, id) with text_search for the common-word window.
+    """
+    -- (no statement)
+    """,
 ]
 
 
