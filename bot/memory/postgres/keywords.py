@@ -122,8 +122,8 @@ def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
     after: list[Any] = [as_of] if as_of is not None else []
     if max(counts.values()) > common_limit:
         # A common word: the newest COMMON_HITS visible matches, walked newest first per visibility
-        # key in the (vis_key, id) index that carries text_search (migration 11), so only the
-        # viewer's own rows are matched and no heap page is read. Walking all memories' ids
+        # key in the (vis_key, id) index that carries text_search (migration 11; `id > 0` selects
+        # it), so only the viewer's own rows are matched and no heap page is read. Walking all ids
         # matched 16-20k tsvectors of other viewers' memories per recall (50-70 ms in a busy
         # channel under load). The window ends at the viewer's newest memory, as on SQLite
         # (fts.newest_visible_id), read in the same statement (one seek per key).
@@ -132,9 +132,10 @@ def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
             window = (" AND m.id > (SELECT coalesce(max((SELECT max(n.id) FROM memories n WHERE n.vis_key = v.key "
                       "AND n.archived_at IS NULL)), 0) FROM unnest(%s::text[]) v(key)) - %s")
             after = [keys, fts.COMMON_WINDOW]
-        hits = ("SELECT w.id, w.text_search FROM unnest(%s::text[]) k(key) CROSS JOIN LATERAL ("
-                f"SELECT m.id, m.text_search FROM memories m WHERE m.vis_key = k.key AND m.archived_at IS NULL{window}"
-                f"{since} AND m.text_search @@ ({match}) ORDER BY m.id DESC LIMIT %s) w ORDER BY w.id DESC LIMIT %s")
+        hits = ("SELECT w.id, w.text_search FROM unnest(%s::text[]) k(key) CROSS JOIN LATERAL (SELECT m.id, "
+                "m.text_search FROM memories m WHERE m.vis_key = k.key AND m.archived_at IS NULL AND m.id > 0"
+                f"{window}{since} AND m.text_search @@ ({match}) ORDER BY m.id DESC LIMIT %s) w "
+                "ORDER BY w.id DESC LIMIT %s")
         hit_params = [keys, *after, *words, fts.COMMON_HITS, fts.COMMON_HITS]
     else:
         # The match is written out here, not read from a CTE: from a CTE the planner cannot see
