@@ -3,6 +3,7 @@ search and stays in step with every write: other connections and engines, an ope
 transaction's own rows, rollbacks, transactions that commit out of `seq` order, a pruned log."""
 from __future__ import annotations
 
+import threading
 from typing import Iterator
 
 import numpy as np
@@ -301,3 +302,55 @@ def test_too_many_changes_at_once_start_the_cache_over(pg_pair, monkeypatch):
     monkeypatch.setattr(vector_cache, "MAX_APPLY", 5)  # as if another process had imported 70k vectors
     fill(plain, other, rng, 12)
     assert same(cached.knn(conn, info, q, KEYS, 5), plain._server_knn(other, info, q, KEYS, 5))
+
+
+class _HeldPoll:
+    """The cache's source, with the change-log read of one thread held until released."""
+
+    def __init__(self, source: object, held: threading.Thread) -> None:
+        self.source, self.held = source, held
+        self.reading, self.release = threading.Event(), threading.Event()
+
+    def poll(self, *args: object) -> object:
+        if threading.current_thread() is self.held:
+            self.reading.set()
+            self.release.wait(10)
+        return self.source.poll(*args)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.source, name)
+
+
+def test_a_search_does_not_wait_behind_another_threads_read_of_the_change_log(pg_pair):
+    # the log is read outside the cache's lock (vector_cache._sync): a search of the process went
+    # on while one thread waited for the server's answer, and the change lands once either way
+    cached, conn, plain, other = pg_pair
+    rng = np.random.default_rng(11)
+    info = fill(plain, other, rng, 60)
+    q = random_unit(rng)
+    cache = cached.vector_cache
+    assert cache is not None
+    cached.knn(conn, info, q, KEYS, 5)  # every key loaded
+    added = plain.insert(other, [memory_for("r:1", 1)], base_stability_days=7, model="m", vecs=[q], now=None)[0]
+    slow_conn = cached.open_reader()
+    found: dict[str, list[tuple[int, float]]] = {}
+    slow = threading.Thread(target=lambda: found.update(slow=cached.knn(slow_conn, info, q, KEYS, 5)))
+    held = _HeldPoll(cache.source, slow)
+    cache.source = held  # type: ignore[assignment]
+    try:
+        slow.start()
+        assert held.reading.wait(10)
+        other_search = threading.Thread(target=lambda: found.update(other=cached.knn(conn, info, q, KEYS, 5)))
+        other_search.start()
+        other_search.join(5)
+        assert not other_search.is_alive() and not held.release.is_set()  # done while the slow read waits
+        held.release.set()
+        slow.join(10)
+    finally:
+        held.release.set()
+        cache.source = held.source  # type: ignore[assignment]
+        slow_conn.close()
+    exact = plain._server_knn(other, info, q, KEYS, 5)
+    assert found["other"][0][0] == added and same(found["other"], exact) and same(found["slow"], exact)
+    entry = cache._keys["r:1"]
+    assert int((entry.ids[:entry.n] == added).sum()) == 1  # applied once: no copy beside it

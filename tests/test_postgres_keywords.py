@@ -51,3 +51,25 @@ async def test_the_keyword_search_is_planned_for_each_viewer_and_word_never_prep
     found, prepared = await pg_fts_engine.read(_search_often, "tomatoes balcony", ["p:1:dm"], 8)
     assert found == [[mine]] * 8
     assert prepared == 0
+
+
+def _full_ranks(conn, ids: list[int], words: list[str]) -> dict[int, float]:
+    query = " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
+    return {int(i): -float(s) for i, s in conn.pg.execute(
+        f"SELECT id, ts_rank_cd(text_search, {query}) FROM memories WHERE id = ANY(%s)".encode(),
+        [*words, ids]).fetchall()}
+
+
+async def test_a_word_counted_in_no_memory_still_ranks_a_memory_stored_with_it_since(pg_fts_engine):
+    # words counted in no memory are ranked only for the memories holding them (keywords._score):
+    # every score must equal ts_rank_cd of the whole query, also for a memory stored after the count
+    lamps = await pg_fts_engine.remember_many([NewMemory(f"the lamps of hall {i} and lamps again", "global", owner_id=1)
+                                               for i in range(5)])
+    words = ["lamps", "zebra", "quokka"]
+    assert await pg_fts_engine.read(keywords.searched_words, words) == words  # zebra, quokka: counted 0
+    zebra = await pg_fts_engine.remember(NewMemory("a zebra and a quokka under the lamps", "global", owner_id=1))
+    hits = await pg_fts_engine.read(keywords.fts_candidates, "lamps zebra quokka", ["g"], 10, None)
+    assert hits[0].memory_id == zebra
+    assert {h.memory_id for h in hits} == {zebra, *lamps}
+    full = await pg_fts_engine.read(_full_ranks, [h.memory_id for h in hits], words)
+    assert {h.memory_id: h.fts_score for h in hits} == pytest.approx(full)

@@ -161,8 +161,14 @@ MIGRATIONS: list[str] = [
     # answer; inserting into the graph was most of a fact write's server time).
     """
     -- (no statement)
-    """,    # 10: nothing for SQLite (its vectors follow their memory's key through vector_keys.py at
+    """,
+    # 10: nothing for SQLite (its vectors follow their memory's key through vector_keys.py at
     # start). PostgreSQL's migration 10 makes its trigger that moves a vector to its memory's new key.
+    """
+    -- (no statement)
+    """,
+    # 11: nothing for SQLite (FTS5 walks a word's matches newest first by itself). PostgreSQL's
+    # migration 11 indexes (vis_key, id) with text_search for the common-word window.
     """
     -- (no statement)
     """,

@@ -41,6 +41,7 @@ GROWTH = 1.25              # then 25 % more, so appends cost O(1) on average
 MIN_DEAD_TO_COMPACT = 64
 RELOAD_AFTER_CHANGES = 256  # more changes than this (and 1 % of the key) to one cached key: reload it on demand
 MAX_APPLY = 10_000         # more changed ids than this in one poll: start over instead of applying them
+SYNC_TRIES = 3             # log reads outside the lock before one is made under it (VectorCache._sync)
 # A cold key with more vectors than this is loaded in the background (when the engine gives a
 # loader) and searched in vec0 meanwhile: a 5,000-vector load takes ~0.15 s, vec0 ~7 ms.
 INLINE_LOAD_MAX = 5000
@@ -162,6 +163,7 @@ class VectorCache:
         self.background: Callable[[Callable[[apsw.Connection], object]], None] | None = None
         self._identity: tuple | None = None
         self._seq: Any = 0  # the source's mark: SQLite's last applied seq, PostgreSQL's snapshot
+        self._applied = 0  # how many polls' changes were applied (_sync: did one land meanwhile?)
         self._bytes = 0
 
     # -- bookkeeping --------------------------------------------------------
@@ -185,30 +187,51 @@ class VectorCache:
     def _sync(self, conn: apsw.Connection, info: vectors.IndexInfo) -> set[int] | None:
         """Apply committed changes; returns the ids changed in `conn`'s open transaction (if any),
         to be scored exactly by the caller instead; None when the cache cannot answer now (the
-        table was re-created in that open transaction)."""
+        table was re-created in that open transaction).
+        The log is read outside the lock (on PostgreSQL a network round trip, which every search
+        of the process waited behind while one thread read it) and applied under the lock only if
+        no other thread applied changes or started over meanwhile: then the cache is as it was when
+        the read began, so applying it is what one read under the lock would have done (another
+        thread that only moved the mark found no change, and so nothing this read missed). Else it
+        is read again from the new mark; after SYNC_TRIES such races, under the lock as before."""
+        for _ in range(SYNC_TRIES):
+            with self._lock:
+                if self._identity is None:
+                    break  # the first read sets the identity: under the lock, once
+                seq, applied, generation = self._seq, self._applied, self._generation
+            polled = self.source.poll(conn, seq)
+            with self._lock:
+                if self._applied == applied and self._generation == generation:
+                    return self._take(conn, info, polled, fresh=False)
         with self._lock:
             fresh = self._identity is None
-            epoch, changed, mark, complete = self.source.poll(conn, None if fresh else self._seq)
-            identity = (epoch, info.model, info.dim)
-            if identity != self._identity:
-                if not conn.get_autocommit():
-                    return None
-                self._reset()
-                self._identity = identity
-                self._seq = mark if fresh else self.source.poll(conn, None)[2]
-                return set()
+            return self._take(conn, info, self.source.poll(conn, None if fresh else self._seq), fresh=fresh)
+
+    def _take(self, conn: apsw.Connection, info: vectors.IndexInfo, polled: tuple[str | None, list[int], Any, bool],
+              *, fresh: bool) -> set[int] | None:
+        """_sync under the lock: apply `polled`, read from the current mark (from none: `fresh`)."""
+        epoch, changed, mark, complete = polled
+        identity = (epoch, info.model, info.dim)
+        if identity != self._identity:
             if not conn.get_autocommit():
-                return set(changed)  # maybe uncommitted: scored for this search only, the mark stays
-            # Start over when the log was pruned past us, even if nothing is left to read: on
-            # PostgreSQL a long transaction's change can commit after newer ones and be pruned
-            # before we saw it (skipping it would keep a vector under its old key for good).
-            # Also when the changes are too many to apply one by one (one SQL parameter each).
-            if not complete or len(changed) > MAX_APPLY:
-                self._reset()
-            elif changed:
-                self._apply(conn, info, set(changed))
-            self._seq = mark
+                return None
+            self._reset()
+            self._identity = identity
+            self._seq = mark if fresh else self.source.poll(conn, None)[2]
             return set()
+        if not conn.get_autocommit():
+            return set(changed)  # maybe uncommitted: scored for this search only, the mark stays
+        # Start over when the log was pruned past us, even if nothing is left to read: on
+        # PostgreSQL a long transaction's change can commit after newer ones and be pruned
+        # before we saw it (skipping it would keep a vector under its old key for good).
+        # Also when the changes are too many to apply one by one (one SQL parameter each).
+        if not complete or len(changed) > MAX_APPLY:
+            self._reset()
+        elif changed:
+            self._apply(conn, info, set(changed))
+            self._applied += 1
+        self._seq = mark
+        return set()
 
     def _apply(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int]) -> None:
         marks = ",".join("?" * len(ids))
