@@ -15,7 +15,7 @@ from typing import Any
 
 import apsw
 
-from bot.memory import files
+from bot.memory import files, fts
 from bot.memory.files import DatabaseError, explain
 from bot.memory.migrations import migrate
 from bot.memory.transactions import write_transaction
@@ -55,6 +55,7 @@ def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection
         raise DatabaseError(f"cannot open database {path!r}: {explain(exc) or exc}") from exc
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     load_vec(conn)
+    fts.register_scorer(conn)
     try:
         _enable_wal(conn)
         conn.execute("PRAGMA synchronous=NORMAL")
