@@ -55,7 +55,6 @@ def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection
         raise DatabaseError(f"cannot open database {path!r}: {explain(exc) or exc}") from exc
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     load_vec(conn)
-    fts.register_scorer(conn)
     try:
         _enable_wal(conn)
         conn.execute("PRAGMA synchronous=NORMAL")
@@ -65,6 +64,9 @@ def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection
         if migrate_schema:
             migrate(conn)
             files.mark(conn)
+        # after WAL and the schema: fetching FTS5's API runs a statement, which a new file being
+        # migrated by another process could refuse
+        fts.register_scorer(conn)
     except apsw.NotADBError as exc:
         conn.close()
         raise DatabaseError(f"{path!r} is not a SQLite database; point MUNINN_DB_PATH (or --db) at another file") from exc
