@@ -71,8 +71,8 @@ def match_expression(text: str, conn=None) -> str | None:
 COMMON_SHARE = 0.05
 COMMON_MIN_DOCS = 500
 KEEP_RAREST = 2
-# Each match costs a few microseconds (bm25 reads its row's statistics; the scope check reads
-# its row), so a word in more than COMMON_MIN_DOCS memories joins only while the matches stay
+# Each match costs a few microseconds (bm25 reads its row's statistics; the scope check seeks
+# its key), so a word in more than COMMON_MIN_DOCS memories joins only while the matches stay
 # under this: a word in 3 % of 100k memories carries little BM25 weight and 3,000 rows of work.
 # Small databases (LoCoMo: 1,451 turns) never reach it.
 MATCH_BUDGET = 1500
