@@ -150,20 +150,23 @@ async def test_a_query_of_common_words_looks_only_at_the_newest_memories(fts_eng
     assert set(found.ids) == {old, recent}
 
 
-async def test_one_word_bm25_scores_as_fts5s_bm25(fts_engine):
-    """The common-word scorer is FTS5's bm25() given the word's count; with a lower bound for
-    the count the scores scale alike: the same order and the same ratio between two scores."""
+async def test_counted_bm25_scores_as_fts5s_bm25(fts_engine):
+    """The common-word scorer is FTS5's bm25() given each phrase's count; with a lower bound for
+    the only phrase found the scores scale alike: the same order and the same ratio between two."""
     await fts_engine.write(lambda conn: store.insert_many(conn, [
-        NewMemory(" ".join(["lamps"] * (1 + i % 3) + ["filler"] * (i % 7)), "personal", owner_id=BOB)
-        for i in range(40)] + [NewMemory("no such word here", "personal", owner_id=BOB)], base_stability_days=7.0))
+        NewMemory(" ".join(["lamps"] * (1 + i % 3) + ["filler"] * (i % 7) + ["zebra"] * (i % 13 == 0)), "personal",
+                  owner_id=BOB) for i in range(40)] + [NewMemory("no such word here", "personal", owner_id=BOB)],
+        base_stability_days=7.0))
 
-    def scores(conn, count: int, expression: str) -> list[tuple[int, float, float]]:
+    def scores(conn, expression: str, *counts: int) -> list[tuple[int, float, float]]:
         fts.register_scorer(conn)
-        return conn.execute(f"SELECT rowid, bm25(memories_fts), {fts.ONE_WORD_BM25}(memories_fts, ?) FROM memories_fts "
-                            "WHERE memories_fts MATCH ? ORDER BY rowid", (count, expression)).fetchall()
-    exact = await fts_engine.read(scores, 40, '"lamps" OR "nowhere"')  # a phrase found nowhere adds nothing
+        marks = ", ?" * len(counts)
+        return conn.execute(f"SELECT rowid, bm25(memories_fts), {fts.COUNTED_BM25}(memories_fts{marks}) "
+                            "FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rowid", (*counts, expression)).fetchall()
+    # "zebra" in 4 of them (a word counted in none that arrived since is scored as bm25 scores it), "nowhere" in none
+    exact = await fts_engine.read(scores, '"lamps" OR "zebra" OR "nowhere"', 40, 4, 0)
     assert len(exact) == 40 and all(abs(ours - theirs) < 1e-9 for _, theirs, ours in exact)
-    bounded = await fts_engine.read(scores, 12, '"lamps"')
+    bounded = await fts_engine.read(scores, '"lamps"', 12)
     assert sorted(bounded, key=lambda r: (r[1], r[0])) == sorted(bounded, key=lambda r: (r[2], r[0]))
     first, second = bounded[0], bounded[1]
     assert abs(first[1] / second[1] - first[2] / second[2]) < 1e-9  # keyword_winner_first compares ratios
@@ -178,13 +181,13 @@ async def test_a_common_word_is_ranked_as_bm25_would_without_counting_it_again(f
         monkeypatch.setattr(fts, "DENSE_VISIBLE", dense)
         keys = await fts_engine.read(visible_keys, Viewer(ALICE, channel_id=5, guild_id=9))
         hits, params = await fts_engine.read(hits_of, "lamps", keys, None)
-        assert fts.ONE_WORD_BM25 in hits and "bm25(memories_fts)" not in hits
+        assert fts.COUNTED_BM25 in hits and "bm25(memories_fts)" not in hits
 
         def ranked(conn, cte: str, params: list) -> list[tuple[int, float]]:
             return conn.execute(f"WITH {cte} SELECT id, relevance FROM hits ORDER BY relevance, id DESC",
                                 params).fetchall()
         ours = await fts_engine.read(ranked, hits, params)
-        theirs = await fts_engine.read(ranked, hits.replace(f"{fts.ONE_WORD_BM25}(memories_fts, ?)",
+        theirs = await fts_engine.read(ranked, hits.replace(f"{fts.COUNTED_BM25}(memories_fts, ?)",
                                                             "bm25(memories_fts)"), params[1:] if dense == 100 else
                                        [p for i, p in enumerate(params) if i != len(keys) + 1])
         assert len(ours) == 200 and len({score for _, score in ours}) > 10

@@ -185,9 +185,12 @@ def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
     relevance, scored = "bm25(memories_fts)", []
     if common:
         # bm25() would walk the common word's whole doclist to count it, every query (3.5 ms
-        # at 100k, growing with the database): score with the count selective() has cached.
-        common_word = max(zip(counts, words, strict=True))[1]
-        relevance, scored = f"{ONE_WORD_BM25}(memories_fts, ?)", [doc_count(conn, common_word, COMMON_EXACT)]
+        # at 100k, growing with the database): score with the counts selective() has cached.
+        # Each word's count, in the expression's order (its phrases' order): the common one's as
+        # selective() counted it (exactly up to COMMON_EXACT), the others' (none found, when
+        # counted) as plan counted them.
+        exact = [doc_count(conn, w, COMMON_EXACT) if n > limit else n for w, n in zip(words, counts, strict=True)]
+        relevance, scored = f"{COUNTED_BM25}(memories_fts{', ?' * len(words)})", exact
         register_scorer(conn)
     window: list = []      # (start,): memories after it
     fts_window: list = []  # (start, end): FTS5 seeks to `end` and walks down to `start`
@@ -221,34 +224,44 @@ def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
     return KeywordPlan(words, (cte, [*keys, *extra, *window, *scored, expression, *fts_window]))
 
 
-# FTS5's bm25() (fts5_aux.c) for a query whose matches hold one searched word: the same score,
-# but the word's document count comes from the caller instead of a walk over its whole doclist.
-ONE_WORD_BM25 = "muninn_one_word_bm25"
+# FTS5's bm25() (fts5_aux.c), with each phrase's document count given by the caller instead of
+# counted by a walk over the phrase's whole doclist, every query.
+COUNTED_BM25 = "muninn_counted_bm25"
 BM25_K1 = 1.2
 BM25_B = 0.75
 _scorer_registered: weakref.WeakSet = weakref.WeakSet()
 
 
-def one_word_bm25(api: apsw.FTS5ExtensionApi, documents: int) -> float:
-    """bm25() of the current row when only one phrase of the query occurs in the index:
-    `documents` memories hold it (exact up to COMMON_EXACT; above it a lower bound, which
-    scales every score alike and so changes no order and no ratio between two scores)."""
+def counted_bm25(api: apsw.FTS5ExtensionApi, *documents: int) -> float:
+    """bm25() of the current row, phrase i being in `documents[i]` memories. An exact count gives
+    bm25()'s score; a count above COMMON_EXACT is a lower bound, which scales that phrase's
+    terms alike (when it is the only phrase found, as in a query of only common words: the same
+    order and the same ratio between two scores)."""
     stats = api.aux_data
     if stats is None:
         rows = max(api.row_count, 1)
-        idf = math.log((rows - documents + 0.5) / (documents + 0.5))
-        stats = api.aux_data = (idf if idf > 0 else 1e-6, api.column_total_size(-1) / rows or 1.0)
-    idf, average_length = stats
-    hits = api.inst_count
-    return -idf * hits * (BM25_K1 + 1) / (
-        hits + BM25_K1 * (1 - BM25_B + BM25_B * api.column_size(-1) / average_length))
+        idfs = [math.log((rows - n + 0.5) / (n + 0.5)) for n in documents]
+        main = max(range(len(documents)), key=lambda i: documents[i])  # the common word
+        stats = api.aux_data = ([idf if idf > 0 else 1e-6 for idf in idfs], main,
+                                api.column_total_size(-1) / rows or 1.0)
+    idfs, main, average_length = stats
+    norm = BM25_K1 * (1 - BM25_B + BM25_B * api.column_size(-1) / average_length)
+    found = api.inst_count
+    main_found = found if len(idfs) == 1 else len(api.phrase_locations(main)[0])
+    score = idfs[main] * main_found * (BM25_K1 + 1) / (main_found + norm) if main_found else 0.0
+    if found > main_found:  # another phrase occurs here too (a word counted in none, stored since)
+        for phrase, idf in enumerate(idfs):
+            hits = len(api.phrase_locations(phrase)[0]) if phrase != main else 0
+            if hits:
+                score += idf * hits * (BM25_K1 + 1) / (hits + norm)
+    return -score
 
 
 def register_scorer(conn) -> None:
-    """Make ONE_WORD_BM25 callable on `conn` (db.connect does it for every connection it opens;
+    """Make COUNTED_BM25 callable on `conn` (db.connect does it for every connection it opens;
     plan() for any other)."""
     if conn not in _scorer_registered:
-        conn.register_fts5_function(ONE_WORD_BM25, one_word_bm25)
+        conn.register_fts5_function(COUNTED_BM25, counted_bm25)
         _scorer_registered.add(conn)
 
 
