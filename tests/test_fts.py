@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -130,3 +131,60 @@ async def test_a_query_of_only_common_words_keeps_the_rarest_of_them(fts_engine)
     await crowd(fts_engine, "pizza", 600)  # both common (COMMON_MIN_DOCS 500), of equal length
     fts.forget_counts(None)
     assert await fts_engine.write(fts.selective, ["pasta", "pizza", "nowhere"]) == ["pizza", "nowhere"]
+
+
+async def test_counted_bm25_scores_as_fts5s_bm25(fts_engine):
+    """The common-word scorer is FTS5's bm25() given each phrase's count; with a lower bound for
+    the only phrase found the scores scale alike: the same order and the same ratio between two."""
+    await fts_engine.write(lambda conn: store.insert_many(conn, [
+        NewMemory(" ".join(["lamps"] * (1 + i % 3) + ["filler"] * (i % 7) + ["zebra"] * (i % 13 == 0)), "personal",
+                  owner_id=BOB) for i in range(40)] + [NewMemory("no such word here", "personal", owner_id=BOB)],
+        base_stability_days=7.0))
+
+    def scores(conn, expression: str, *counts: int) -> list[tuple[int, float, float]]:
+        fts.register_scorer(conn)
+        marks = ", ?" * len(counts)
+        return conn.execute(f"SELECT rowid, bm25(memories_fts), {fts.COUNTED_BM25}(memories_fts{marks}) "
+                            "FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rowid", (*counts, expression)).fetchall()
+    # "zebra" in 4 of them (a word counted in none that arrived since is scored as bm25 scores it), "nowhere" in none
+    exact = await fts_engine.read(scores, '"lamps" OR "zebra" OR "nowhere"', 40, 4, 0)
+    assert len(exact) == 40 and all(abs(ours - theirs) < 1e-9 for _, theirs, ours in exact)
+    bounded = await fts_engine.read(scores, '"lamps"', 12)
+    assert sorted(bounded, key=lambda r: (r[1], r[0])) == sorted(bounded, key=lambda r: (r[2], r[0]))
+    first, second = bounded[0], bounded[1]
+    assert abs(first[1] / second[1] - first[2] / second[2]) < 1e-9  # keyword_winner_first compares ratios
+
+
+async def test_a_common_word_is_ranked_as_bm25_would_without_counting_it_again(fts_engine, monkeypatch):
+    await fts_engine.write(lambda conn: store.insert_many(conn, [
+        NewMemory(" ".join(["lamps"] * (1 + i % 3) + ["words"] * (i % 11)), "room", channel_id=5, guild_id=9)
+        for i in range(700)], base_stability_days=7.0))
+    monkeypatch.setattr(fts, "COMMON_HITS", 200)
+    for dense in (100, 10_000):  # match first, visible set first
+        monkeypatch.setattr(fts, "DENSE_VISIBLE", dense)
+        keys = await fts_engine.read(visible_keys, Viewer(ALICE, channel_id=5, guild_id=9))
+        hits, params = await fts_engine.read(hits_of, "lamps", keys, None)
+        assert fts.COUNTED_BM25 in hits and "bm25(memories_fts)" not in hits
+
+        def ranked(conn, cte: str, params: list) -> list[tuple[int, float]]:
+            return conn.execute(f"WITH {cte} SELECT id, relevance FROM hits ORDER BY relevance, id DESC",
+                                params).fetchall()
+        ours = await fts_engine.read(ranked, hits, params)
+        theirs = await fts_engine.read(ranked, hits.replace(f"{fts.COUNTED_BM25}(memories_fts, ?)",
+                                                            "bm25(memories_fts)"), params[1:] if dense == 100 else
+                                       [p for i, p in enumerate(params) if i != len(keys) + 1])
+        assert len(ours) == 200 and len({score for _, score in ours}) > 10
+        assert [i for i, _ in ours] == [i for i, _ in theirs]
+
+
+async def test_each_match_is_checked_in_the_small_key_index(fts_engine):
+    """Match first: a match's key comes from the (id, vis_key) index (migration 12), one seek,
+    not from its row; a recall as of a past moment reads the row (it needs created_at)."""
+    await busy_channel(fts_engine)
+    keys = await fts_engine.read(visible_keys, Viewer(ALICE, channel_id=5, guild_id=9))
+
+    def plan_of(conn, as_of: float | None) -> str:
+        cte, params = hits_of(conn, "zebra", keys, as_of)
+        return " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN WITH {cte} SELECT id FROM hits", params))
+    assert "COVERING INDEX memories_id_vis (id=?)" in await fts_engine.read(plan_of, None)
+    assert "memories_id_vis" not in await fts_engine.read(plan_of, time.time())

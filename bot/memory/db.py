@@ -15,7 +15,7 @@ from typing import Any
 
 import apsw
 
-from bot.memory import files
+from bot.memory import files, fts
 from bot.memory.files import DatabaseError, explain
 from bot.memory.migrations import migrate
 from bot.memory.transactions import write_transaction
@@ -64,6 +64,9 @@ def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection
         if migrate_schema:
             migrate(conn)
             files.mark(conn)
+        # after WAL and the schema: fetching FTS5's API runs a statement, which a new file being
+        # migrated by another process could refuse
+        fts.register_scorer(conn)
     except apsw.NotADBError as exc:
         conn.close()
         raise DatabaseError(f"{path!r} is not a SQLite database; point MUNINN_DB_PATH (or --db) at another file") from exc

@@ -7,10 +7,14 @@ queries (see shared notes). Returns None when nothing searchable is left.
 """
 from __future__ import annotations
 
+import math
 import re
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import apsw
 
 MAX_TOKENS = 24
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -67,8 +71,8 @@ def match_expression(text: str, conn=None) -> str | None:
 COMMON_SHARE = 0.05
 COMMON_MIN_DOCS = 500
 KEEP_RAREST = 2
-# Each match costs a few microseconds (bm25 reads its row's statistics; the scope check reads
-# its row), so a word in more than COMMON_MIN_DOCS memories joins only while the matches stay
+# Each match costs a few microseconds (bm25 reads its row's statistics; the scope check seeks
+# its key), so a word in more than COMMON_MIN_DOCS memories joins only while the matches stay
 # under this: a word in 3 % of 100k memories carries little BM25 weight and 3,000 rows of work.
 # Small databases (LoCoMo: 1,451 turns) never reach it.
 MATCH_BUDGET = 1500
@@ -139,11 +143,15 @@ def newest_id(conn) -> int:
 
 # Two ways to find a viewer's keyword hits. Visible-first reads the viewer's whole visible set
 # from the (vis_key, id) index and probes each keyword match against it: right when the words
-# are common. Match-first runs the MATCH alone and checks each match's row for visibility:
+# are common. Match-first runs the MATCH alone and checks each match's key (MATCH_CHECK_INDEX):
 # right when the words are rare, since a viewer in a busy channel sees tens of thousands of
 # memories (12 ms to list 32k ids, under 1 ms to check a few hundred matches; issue 12). The
 # plan with fewer rows to visit wins: the matches are counted per word (capped, cached) and
-# the visible set only up to that many.
+# the visible set only up to that many. (Weighing a match as 3-4 visible ids, as the costs of a
+# seek and of a step along the index suggest, made no measurable difference: issue 12.)
+MATCH_CHECK_INDEX = "memories_id_vis"  # (id, vis_key, archived_at): SQLite migration 12
+
+
 @dataclass(frozen=True)
 class KeywordPlan:
     """What the keyword path searches for one query: the words kept (`selective`) and the CTE
@@ -174,6 +182,16 @@ def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
     # found from the FTS side for a viewer who sees much of the window (a busy channel: ~3
     # matches per hit), from the visible set otherwise (4 ms instead of 8 for a heavy DM user).
     common = max(counts) > limit
+    relevance, scored = "bm25(memories_fts)", []
+    if common:
+        # bm25() would walk the common word's whole doclist to count it, every query (3.5 ms
+        # at 100k, growing with the database): score with the counts selective() has cached.
+        # Each word's count, in the expression's order (its phrases' order): the common one's as
+        # selective() counted it (exactly up to COMMON_EXACT), the others' (none found, when
+        # counted) as plan counted them.
+        exact = [doc_count(conn, w, COMMON_EXACT) if n > limit else n for w, n in zip(words, counts, strict=True)]
+        relevance, scored = f"{COUNTED_BM25}(memories_fts{', ?' * len(words)})", exact
+        register_scorer(conn)
     window: list = []      # (start,): memories after it
     fts_window: list = []  # (start, end): FTS5 seeks to `end` and walks down to `start`
     if common:
@@ -188,17 +206,63 @@ def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
         tail = ")"
     in_window = " AND memories_fts.rowid > ? AND memories_fts.rowid <= ?" if window else ""
     if match_first:
-        cte = ("hits AS MATERIALIZED (SELECT memories_fts.rowid AS id, bm25(memories_fts) AS relevance "
-               "FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
-               f"WHERE memories_fts MATCH ?{in_window} AND memories.{where} AND memories.archived_at IS NULL"
+        # Each match's key is read from the small (id, vis_key, archived_at) index, one seek,
+        # not from its row in memories (~20 rows a page: a page read per match after any write
+        # emptied the reader's page cache). The `+` keeps SQLite from seeking once per key.
+        # A recall as of a past moment needs created_at: that reads the row.
+        check = "memories" if as_of is not None else f"memories INDEXED BY {MATCH_CHECK_INDEX}"
+        cte = (f"hits AS MATERIALIZED (SELECT memories_fts.rowid AS id, {relevance} AS relevance "
+               f"FROM memories_fts JOIN {check} ON memories.id = memories_fts.rowid "
+               f"WHERE memories_fts MATCH ?{in_window} AND +memories.{where} AND memories.archived_at IS NULL"
                + since.replace("created_at", "memories.created_at") + tail)
-        return KeywordPlan(words, (cte, [expression, *fts_window, *keys, *extra]))
+        return KeywordPlan(words, (cte, [*scored, expression, *fts_window, *keys, *extra]))
     cte = (f"visible(id) AS MATERIALIZED (SELECT id FROM memories WHERE {where} AND archived_at IS NULL{since}"
            + (" AND id > ?" if window else "") + "), "
-           "hits AS MATERIALIZED (SELECT rowid AS id, bm25(memories_fts) AS relevance FROM memories_fts "
+           f"hits AS MATERIALIZED (SELECT rowid AS id, {relevance} AS relevance FROM memories_fts "
            f"WHERE memories_fts MATCH ?{in_window.replace('memories_fts.rowid', 'rowid')} AND +rowid IN visible"
            + tail.replace("memories_fts.rowid", "rowid"))
-    return KeywordPlan(words, (cte, [*keys, *extra, *window, expression, *fts_window]))
+    return KeywordPlan(words, (cte, [*keys, *extra, *window, *scored, expression, *fts_window]))
+
+
+# FTS5's bm25() (fts5_aux.c), with each phrase's document count given by the caller instead of
+# counted by a walk over the phrase's whole doclist, every query.
+COUNTED_BM25 = "muninn_counted_bm25"
+BM25_K1 = 1.2
+BM25_B = 0.75
+_scorer_registered: weakref.WeakSet = weakref.WeakSet()
+
+
+def counted_bm25(api: apsw.FTS5ExtensionApi, *documents: int) -> float:
+    """bm25() of the current row, phrase i being in `documents[i]` memories. An exact count gives
+    bm25()'s score; a count above COMMON_EXACT is a lower bound, which scales that phrase's
+    terms alike (when it is the only phrase found, as in a query of only common words: the same
+    order and the same ratio between two scores)."""
+    stats = api.aux_data
+    if stats is None:
+        rows = max(api.row_count, 1)
+        idfs = [math.log((rows - n + 0.5) / (n + 0.5)) for n in documents]
+        main = max(range(len(documents)), key=lambda i: documents[i])  # the common word
+        stats = api.aux_data = ([idf if idf > 0 else 1e-6 for idf in idfs], main,
+                                api.column_total_size(-1) / rows or 1.0)
+    idfs, main, average_length = stats
+    norm = BM25_K1 * (1 - BM25_B + BM25_B * api.column_size(-1) / average_length)
+    found = api.inst_count
+    main_found = found if len(idfs) == 1 else len(api.phrase_locations(main)[0])
+    score = idfs[main] * main_found * (BM25_K1 + 1) / (main_found + norm) if main_found else 0.0
+    if found > main_found:  # another phrase occurs here too (a word counted in none, stored since)
+        for phrase, idf in enumerate(idfs):
+            hits = len(api.phrase_locations(phrase)[0]) if phrase != main else 0
+            if hits:
+                score += idf * hits * (BM25_K1 + 1) / (hits + norm)
+    return -score
+
+
+def register_scorer(conn) -> None:
+    """Make COUNTED_BM25 callable on `conn` (db.connect does it for every connection it opens;
+    plan() for any other)."""
+    if conn not in _scorer_registered:
+        conn.register_fts5_function(COUNTED_BM25, counted_bm25)
+        _scorer_registered.add(conn)
 
 
 def visible_at_least(conn, where: str, keys: list[str], cap: int) -> int:

@@ -247,6 +247,11 @@ MIGRATIONS: list[str] = [
         WHERE archived_at IS NULL AND id > 0;
     ANALYZE memories;
     """,
+    # 12: nothing for PostgreSQL. SQLite's
+    # migration 12 adds an (id, vis_key) index for its keyword path's scope check.
+    """
+    SELECT 1;
+    """,
 ]
 
 
