@@ -32,7 +32,7 @@ from typing import Any, Callable, Protocol, Sequence
 import apsw
 import numpy as np
 
-from bot.memory import big_keys, vectors
+from bot.memory import big_keys, vector_codes, vectors
 from bot.memory.db import get_meta, query_value
 from bot.memory.scope import ACTIVE
 
@@ -50,7 +50,7 @@ class KeyVectors:
     """One key's vectors in rows [0, n) of preallocated arrays. A removed vector keeps its row
     with id -1 until the next compaction. Appends write past `n` and replacements swap whole
     arrays, so a search holding an older (arrays, n) view never reads a half-written row."""
-    __slots__ = ("ids", "created", "matrix", "n", "dead", "row_of", "approx")
+    __slots__ = ("ids", "created", "matrix", "codes", "n", "dead", "row_of", "approx")
 
     def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray):
         n = len(ids)
@@ -59,6 +59,8 @@ class KeyVectors:
         self.created = np.zeros(cap, dtype=np.float64)
         self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.float32)
         self.ids[:n], self.created[:n], self.matrix[:n] = ids, created, matrix
+        self.codes = vector_codes.empty(matrix.shape[1], cap)  # sign bits of each row (vector_codes.py)
+        self.codes[:, :n] = vector_codes.pack(matrix)
         self.n = n
         self.dead = 0
         self.row_of = {int(mid): i for i, mid in enumerate(ids)}
@@ -66,7 +68,7 @@ class KeyVectors:
 
     @property
     def nbytes(self) -> int:
-        return self.matrix.nbytes + self.ids.nbytes + self.created.nbytes
+        return self.matrix.nbytes + self.ids.nbytes + self.created.nbytes + self.codes.nbytes
 
     @property
     def live(self) -> int:
@@ -89,6 +91,7 @@ class KeyVectors:
             self._regrow(int(self.n * GROWTH) + SLACK_ROWS)
         row = self.n
         self.matrix[row] = vector
+        self.codes[:, row] = vector_codes.pack(np.asarray(vector, dtype=np.float32).reshape(1, -1))[:, 0]
         self.created[row] = created_at
         self.ids[row] = memory_id
         self.row_of[memory_id] = row
@@ -101,9 +104,11 @@ class KeyVectors:
         ids = np.full(capacity, -1, dtype=np.int64)
         created = np.zeros(capacity, dtype=np.float64)
         matrix = np.zeros((capacity, self.matrix.shape[1]), dtype=np.float32)
+        codes = vector_codes.empty(self.matrix.shape[1], capacity)
         ids[:count], created[:count], matrix[:count] = (self.ids[:self.n][alive], self.created[:self.n][alive],
                                                         self.matrix[:self.n][alive])
-        self.ids, self.created, self.matrix, self.n, self.dead = ids, created, matrix, count, 0
+        codes[:, :count] = self.codes[:, :self.n][:, alive]
+        self.ids, self.created, self.matrix, self.codes, self.n, self.dead = ids, created, matrix, codes, count, 0
         self.approx = None  # the rows moved: the clusters no longer describe them
         self.row_of = {int(mid): i for i, mid in enumerate(ids[:count])}
 
@@ -141,9 +146,13 @@ def _empty_key(dim: int) -> KeyVectors:
 class VectorCache:
     """Shared by all connections of one engine (attach with `vectors.attach_cache`)."""
 
-    def __init__(self, budget_bytes: int, source: VectorSource | None = None, approx_min: int = 0):
+    def __init__(self, budget_bytes: int, source: VectorSource | None = None, approx_min: int = 0,
+                 codes_min: int = 0):
         self.budget_bytes = budget_bytes
         self.source: VectorSource = source or SQLiteVectorSource()  # the backend replaces it (storage_for)
+        # Keys of at least this many vectors are shortlisted by sign code, then rescored exactly
+        # (vector_codes.py); 0: never. Checked before the clusters below.
+        self.codes_min = codes_min
         # Keys of at least this many vectors are searched through clusters (big_keys.py); 0: never.
         self.approx_min = approx_min
         self._partitioning: set[str] = set()  # keys queued for or being partitioned
@@ -417,14 +426,19 @@ class VectorCache:
                 in_vec0.append(key)
             else:
                 entries.append((key, entry))
-        with self._lock:  # each key's arrays and clusters from one moment (a partition swaps them)
-            views = [(key, entry.view(), entry.approx) for key, entry in entries]
+        with self._lock:  # each key's arrays, codes and clusters from one moment (a partition swaps them)
+            views = [(key, entry.view(), entry.approx, entry.codes) for key, entry in entries]
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
         exact, scored = [], []
-        for key, view, index in views:
-            # As of a past moment: exact. The nearest lists are chosen before the time filter,
-            # which could leave few of their rows (recall@10 0.62 when 0.2 % of rows qualify).
-            if not 0 < self.approx_min <= view[3] or as_of is not None:
+        for key, view, index, codes in views:
+            # As of a past moment: exact. A shortlist (by code or by cluster) is chosen before the
+            # time filter, which could leave few of its rows (recall@10 0.62 when 0.2 % of rows qualify).
+            if as_of is not None:
+                exact.append(view)
+            elif 0 < self.codes_min <= view[3]:
+                ids, _, matrix, n = view
+                scored += top_scores_of(*vector_codes.search(codes, ids, matrix, n, q, k, skip), k)
+            elif not 0 < self.approx_min <= view[3]:
                 exact.append(view)
             elif index is not None and big_keys.usable(index, view[3]):
                 scored += top_scores_of(*big_keys.search(index, *view, q, as_of, skip), k)
