@@ -80,6 +80,14 @@ def offline() -> dict:
     return out
 
 
+def peak_rss_mb() -> float:
+    """The process's peak resident memory (VmHWM): a regrouped copy of a big key shows here."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
 def set_mode(engine: Engine, mode: str, codes_min: int, approx_min: int) -> None:
     cache = engine.vector_cache
     cache.codes_min = codes_min if mode == "codes" else 0
@@ -111,7 +119,7 @@ async def online(args: argparse.Namespace) -> dict:
         started = time.perf_counter()
         await engine.warmed()
         out["warm_s"] = round(time.perf_counter() - started, 1)
-        out["rss_after_warm"] = speed.rss_mb()
+        out["rss_after_warm"] = {**speed.rss_mb(), "peak": peak_rss_mb()}
         out["cache_mb"] = round(engine.vector_cache.nbytes / 1e6, 1)
         print(f"warm {out['warm_s']} s, cache {out['cache_mb']} MB, rss {out['rss_after_warm']}", flush=True)
         k = engine.settings.recall_limit * 3
@@ -144,7 +152,7 @@ async def online(args: argparse.Namespace) -> dict:
             print(f"{kind} (load {os.getloadavg()[0]:.1f}): " + "; ".join(
                 f"{m} {r['wall_p50']} / {r['wall_p95']} ms, cpu {r['cpu_mean']}, r@10 {r['recall@10']}, "
                 f"r@{k} {r[f'recall@{k}']}" for m, r in row.items()), flush=True)
-        out["rss_end"] = speed.rss_mb()
+        out["rss_end"] = {**speed.rss_mb(), "peak": peak_rss_mb()}
         set_mode(engine, "codes", args.codes_min, approx_min)
     return out
 

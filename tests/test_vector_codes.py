@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bot.memory import big_keys, db, store, vector_codes, vectors
+from bot.memory import big_keys, db, store, vector_cache, vector_codes, vectors
 from bot.memory.store import NewMemory
 from bot.memory.vector_cache import KeyVectors, VectorCache
 
@@ -116,3 +116,26 @@ def test_codes_stay_in_step_with_appends_removals_regrow_and_regrouping(world, m
     monkeypatch.setattr(big_keys, "ROWS_PER_LIST", 40)
     cache.approx_min = 1000
     assert cache.partition_key(BIG) and entry.approx is not None and in_step(entry)
+
+
+def test_a_key_searched_by_code_is_not_grouped_into_clusters(world):
+    cached, plain, cache, info, rng, centres = world
+    vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG], 10)
+    cache.approx_min = 1000
+    assert not cache._wants_partition(BIG)  # the warm would spend seconds of CPU on unused clusters
+    cache.codes_min = 0
+    assert cache._wants_partition(BIG)
+
+
+def test_a_big_key_loads_with_free_rows_so_the_first_appends_copy_nothing(world, monkeypatch):
+    cached, plain, cache, info, rng, centres = world
+    monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 1000)  # 1,500 rows: a big key here
+    vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG, SMALL], 10)
+    entry, small = cache._keys[BIG], cache._keys[SMALL]
+    assert len(small.ids) == small.n + 4                        # a small key: a few rows of slack only
+    loaded = entry.matrix
+    with plain:
+        store.insert_many(plain, [NewMemory(f"more {i}", "room", owner_id=7, channel_id=1) for i in range(150)],
+                          base_stability_days=7, vector_info=info, vectors_=clustered(rng, 150, centres).tolist())
+    vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG], 10)
+    assert entry.n == 1650 and entry.matrix is loaded and in_step(entry)

@@ -44,6 +44,14 @@ MAX_APPLY = 10_000         # more changed ids than this in one poll: start over 
 # A cold key with more vectors than this is loaded in the background (when the engine gives a
 # loader) and searched in vec0 meanwhile: a 5,000-vector load takes ~0.15 s, vec0 ~7 ms.
 INLINE_LOAD_MAX = 5000
+# A key of more vectors than that is loaded with this share of free rows: without them the fifth
+# message in a busy channel after a start copied the whole key (983 MB at 1M) under the cache's
+# lock, every recall waiting. Free rows are not resident until written (np.zeros' lazy pages).
+LOAD_SPARE_SHARE = 1 / 8
+
+
+def spare_rows(n: int) -> int:
+    return int(n * LOAD_SPARE_SHARE) if n > INLINE_LOAD_MAX else 0
 
 
 class KeyVectors:
@@ -52,9 +60,9 @@ class KeyVectors:
     arrays, so a search holding an older (arrays, n) view never reads a half-written row."""
     __slots__ = ("ids", "created", "matrix", "codes", "n", "dead", "row_of", "approx")
 
-    def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray):
+    def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, spare: int = 0):
         n = len(ids)
-        cap = n + SLACK_ROWS
+        cap = n + SLACK_ROWS + spare
         self.ids = np.full(cap, -1, dtype=np.int64)
         self.created = np.zeros(cap, dtype=np.float64)
         self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.float32)
@@ -300,13 +308,16 @@ class VectorCache:
             if not conn.get_autocommit():
                 return None
             ids, created, matrix = self.source.load_key(conn, info, key)
+            # Built off the lock: the copy, the id map and the codes take ~1 s at 320k vectors,
+            # and every search waits for the lock.
+            entry = (KeyVectors(ids, created, matrix, spare_rows(len(ids))) if matrix.nbytes <= self.budget_bytes
+                     else None)
             with self._lock:
                 if self._generation != generation:
                     return None  # the cache started over meanwhile (new index, pruned log): this load is void
-                if matrix.nbytes > self.budget_bytes:
+                if entry is None:
                     self._too_big.add(key)
                     return None
-                entry = KeyVectors(ids, created, matrix)
                 self._keys[key] = entry
                 self._bytes += entry.nbytes
                 for memory_id in entry.row_of:
@@ -330,7 +341,7 @@ class VectorCache:
         writes. Stops early when `stop` is set. Returns how many keys it loaded."""
         if not conn.get_autocommit() or self._sync(conn, info) is None:
             return 0
-        per_vector = info.dim * 4 + 16  # matrix row + id + created_at
+        per_vector = info.dim * 4 + 16 + info.dim // 8  # matrix row + id + created_at + code
         loaded = 0
         with self._lock:
             generation = self._generation
@@ -349,7 +360,7 @@ class VectorCache:
             with self._lock:
                 if key in self._keys or key in self._too_big or key in self._loading:
                     continue
-                if self._bytes + (count + SLACK_ROWS) * per_vector > self.budget_bytes:
+                if self._bytes + (count + SLACK_ROWS + spare_rows(count)) * per_vector > self.budget_bytes:
                     continue  # would evict a key already warm
             if self._entry(conn, info, key, may_defer=False) is not None:
                 loaded += 1
@@ -366,6 +377,7 @@ class VectorCache:
         with self._lock:
             entry = self._keys.get(key)
             return (entry is not None and 0 < self.approx_min <= entry.n and key not in self._partitioning
+                    and not 0 < self.codes_min <= entry.n  # searched by code: clusters would go unused
                     and not big_keys.usable(entry.approx, entry.n))
 
     def partition_key(self, key: str, queued: bool = False) -> bool:
