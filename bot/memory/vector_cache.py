@@ -11,7 +11,9 @@ has not seen (from any connection or process), so it answers like vec0 would. A 
 inside a write transaction may see changes that could still roll back: those are not applied
 to the shared cache but scored exactly for that one search (the overlay). A key is loaded
 whole from vec0's chunk tables (one blob per chunk) under the cache's lock; keys that do not
-fit the memory budget are searched inside vec0 instead (`vectors.knn_vec0`).
+fit the memory budget are searched inside vec0 instead (`vectors.knn_vec0`). Keys of at least
+`codes_min` vectors are shortlisted by their sign-bit codes first and only the shortlist is
+scored in float32 (vector_codes.py).
 
 The storage reads the cache makes (the change log, one key's vectors, one vector, the
 fallback search) go through a `VectorSource`: SQLiteVectorSource below (vec0), and on

@@ -4,16 +4,16 @@ A vector's code is the sign of each dimension, one bit each (768 dims: 96 bytes 
 float32). The Hamming distance between two codes tracks the angle between the vectors, so a
 search ranks all of a key's rows by code, then scores only the best `rerank_count` of them
 exactly in float32 and returns exact scores. The code scan reads 1/32 of the bytes the exact
-product reads: at 100k memories the busy channel's 31.7k x 384 vectors cost ~0.3 ms by code
-against 3 ms cache-hot / 7-8 ms from memory in float32 (bench/README.md).
+product reads: for the 100k world's busy channel (31.7k x 768) the Hamming pass takes 0.3-0.6 ms
+and the whole search ~1 ms, against ~7 ms for the exact product (bench/README.md, round 5).
 
 Codes are stored column-major, (words, capacity) uint64: a block of rows is one XOR, one
 popcount and one sum over the leading axis, 3-5x faster in numpy than row-major codes, whose
 per-row sum over a dozen words is numpy's slow short-axis reduction.
 
-Recall@10 against exact, with `rerank_count` rows rescored (bench/README.md): ~0.98 on real
-MiniLM embeddings at 2 % of the rows, ~0.6-0.75 on isotropic random vectors (the bench's hash
-vectors), which have no structure for any shortlist to exploit.
+Recall@10 against exact, with 2 % of the rows rescored (bench/README.md): 0.98 on real MiniLM
+embeddings, 0.64-0.79 on isotropic random vectors (the bench's hash vectors), which have no
+structure for any shortlist to exploit.
 """
 from __future__ import annotations
 
