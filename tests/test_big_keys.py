@@ -120,6 +120,27 @@ def test_regrown_arrays_are_searched_exactly_until_the_loader_regroups_them(worl
     assert len(jobs) == 1 and jobs.pop()(plain) and cache._keys[BIG].approx is not None
 
 
+def test_a_growing_key_asks_for_its_rebuild_before_appends_regrow_its_arrays(world):
+    cached, plain, cache, info, rng, centres = world
+    jobs: list = []
+    cache.background = jobs.append
+    q = clustered(rng, 1, centres)[0]
+    vectors.knn(cached, info, q.tolist(), [BIG], 10)
+    assert jobs.pop()(plain)
+    entry = cache._keys[BIG]
+    grouped, indexed = entry.matrix, entry.approx.indexed
+    while big_keys.usable(entry.approx, entry.n):              # appends until the tail is stale
+        assert not jobs
+        with plain:
+            store.insert_many(plain, [NewMemory("more", "room", owner_id=7, channel_id=1)], base_stability_days=7,
+                              vector_info=info, vectors_=clustered(rng, 1, centres).tolist(), now=3000.0)
+        vectors.knn(cached, info, q.tolist(), [BIG], 10)
+    assert entry.matrix is grouped and entry.approx is not None  # no regrow dropped the clusters first
+    assert len(jobs) == 1 and entry.n - indexed > indexed * big_keys.STALE_TAIL_SHARE
+    assert len(entry.ids) - entry.n >= indexed * (big_keys.SPARE_SHARE - big_keys.STALE_TAIL_SHARE) - 1
+    assert jobs.pop()(plain) and entry.approx is not None and entry.approx.indexed == entry.n
+
+
 def test_a_partition_is_void_if_the_arrays_were_regrown_meanwhile(world, monkeypatch):
     cached, plain, cache, info, rng, centres = world
     vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG], 10)

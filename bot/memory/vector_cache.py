@@ -11,7 +11,9 @@ has not seen (from any connection or process), so it answers like vec0 would. A 
 inside a write transaction may see changes that could still roll back: those are not applied
 to the shared cache but scored exactly for that one search (the overlay). A key is loaded
 whole from vec0's chunk tables (one blob per chunk) under the cache's lock; keys that do not
-fit the memory budget are searched inside vec0 instead (`vectors.knn_vec0`).
+fit the memory budget are searched inside vec0 instead (`vectors.knn_vec0`). Keys of at least
+`codes_min` vectors are shortlisted by their sign-bit codes first and only the shortlist is
+scored in float32 (vector_codes.py).
 
 The storage reads the cache makes (the change log, one key's vectors, one vector, the
 fallback search) go through a `VectorSource`: SQLiteVectorSource below (vec0), and on
@@ -32,7 +34,7 @@ from typing import Any, Callable, Protocol, Sequence
 import apsw
 import numpy as np
 
-from bot.memory import big_keys, vectors
+from bot.memory import big_keys, vector_codes, vectors
 from bot.memory.db import get_meta, query_value
 from bot.memory.scope import ACTIVE
 
@@ -45,21 +47,31 @@ SYNC_TRIES = 3             # log reads outside the lock before one is made under
 # A cold key with more vectors than this is loaded in the background (when the engine gives a
 # loader) and searched in vec0 meanwhile: a 5,000-vector load takes ~0.15 s, vec0 ~7 ms.
 INLINE_LOAD_MAX = 5000
+# A key of more vectors than that is loaded with this share of free rows: without them the fifth
+# message in a busy channel after a start copied the whole key (983 MB at 1M) under the cache's
+# lock, every recall waiting. Free rows are not resident until written (np.zeros' lazy pages).
+LOAD_SPARE_SHARE = 1 / 8
+
+
+def spare_rows(n: int) -> int:
+    return int(n * LOAD_SPARE_SHARE) if n > INLINE_LOAD_MAX else 0
 
 
 class KeyVectors:
     """One key's vectors in rows [0, n) of preallocated arrays. A removed vector keeps its row
     with id -1 until the next compaction. Appends write past `n` and replacements swap whole
     arrays, so a search holding an older (arrays, n) view never reads a half-written row."""
-    __slots__ = ("ids", "created", "matrix", "n", "dead", "row_of", "approx")
+    __slots__ = ("ids", "created", "matrix", "codes", "n", "dead", "row_of", "approx")
 
-    def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray):
+    def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, spare: int = 0):
         n = len(ids)
-        cap = n + SLACK_ROWS
+        cap = n + SLACK_ROWS + spare
         self.ids = np.full(cap, -1, dtype=np.int64)
         self.created = np.zeros(cap, dtype=np.float64)
         self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.float32)
         self.ids[:n], self.created[:n], self.matrix[:n] = ids, created, matrix
+        self.codes = vector_codes.empty(matrix.shape[1], cap)  # sign bits of each row (vector_codes.py)
+        self.codes[:, :n] = vector_codes.pack(matrix)
         self.n = n
         self.dead = 0
         self.row_of = {int(mid): i for i, mid in enumerate(ids)}
@@ -67,7 +79,7 @@ class KeyVectors:
 
     @property
     def nbytes(self) -> int:
-        return self.matrix.nbytes + self.ids.nbytes + self.created.nbytes
+        return self.matrix.nbytes + self.ids.nbytes + self.created.nbytes + self.codes.nbytes
 
     @property
     def live(self) -> int:
@@ -90,6 +102,7 @@ class KeyVectors:
             self._regrow(int(self.n * GROWTH) + SLACK_ROWS)
         row = self.n
         self.matrix[row] = vector
+        self.codes[:, row] = vector_codes.pack(np.asarray(vector, dtype=np.float32).reshape(1, -1))[:, 0]
         self.created[row] = created_at
         self.ids[row] = memory_id
         self.row_of[memory_id] = row
@@ -102,9 +115,11 @@ class KeyVectors:
         ids = np.full(capacity, -1, dtype=np.int64)
         created = np.zeros(capacity, dtype=np.float64)
         matrix = np.zeros((capacity, self.matrix.shape[1]), dtype=np.float32)
+        codes = vector_codes.empty(self.matrix.shape[1], capacity)
         ids[:count], created[:count], matrix[:count] = (self.ids[:self.n][alive], self.created[:self.n][alive],
                                                         self.matrix[:self.n][alive])
-        self.ids, self.created, self.matrix, self.n, self.dead = ids, created, matrix, count, 0
+        codes[:, :count] = self.codes[:, :self.n][:, alive]
+        self.ids, self.created, self.matrix, self.codes, self.n, self.dead = ids, created, matrix, codes, count, 0
         self.approx = None  # the rows moved: the clusters no longer describe them
         self.row_of = {int(mid): i for i, mid in enumerate(ids[:count])}
 
@@ -142,9 +157,13 @@ def _empty_key(dim: int) -> KeyVectors:
 class VectorCache:
     """Shared by all connections of one engine (attach with `vectors.attach_cache`)."""
 
-    def __init__(self, budget_bytes: int, source: VectorSource | None = None, approx_min: int = 0):
+    def __init__(self, budget_bytes: int, source: VectorSource | None = None, approx_min: int = 0,
+                 codes_min: int = 0):
         self.budget_bytes = budget_bytes
         self.source: VectorSource = source or SQLiteVectorSource()  # the backend replaces it (storage_for)
+        # Keys of at least this many vectors are shortlisted by sign code, then rescored exactly
+        # (vector_codes.py); 0: never. Checked before the clusters below.
+        self.codes_min = codes_min
         # Keys of at least this many vectors are searched through clusters (big_keys.py); 0: never.
         self.approx_min = approx_min
         self._partitioning: set[str] = set()  # keys queued for or being partitioned
@@ -314,13 +333,16 @@ class VectorCache:
             if not conn.get_autocommit():
                 return None
             ids, created, matrix = self.source.load_key(conn, info, key)
+            # Built off the lock: the copy, the id map and the codes take ~1 s at 320k vectors,
+            # and every search waits for the lock.
+            entry = (KeyVectors(ids, created, matrix, spare_rows(len(ids))) if matrix.nbytes <= self.budget_bytes
+                     else None)
             with self._lock:
                 if self._generation != generation:
                     return None  # the cache started over meanwhile (new index, pruned log): this load is void
-                if matrix.nbytes > self.budget_bytes:
+                if entry is None:
                     self._too_big.add(key)
                     return None
-                entry = KeyVectors(ids, created, matrix)
                 self._keys[key] = entry
                 self._bytes += entry.nbytes
                 for memory_id in entry.row_of:
@@ -344,7 +366,7 @@ class VectorCache:
         writes. Stops early when `stop` is set. Returns how many keys it loaded."""
         if not conn.get_autocommit() or self._sync(conn, info) is None:
             return 0
-        per_vector = info.dim * 4 + 16  # matrix row + id + created_at
+        per_vector = info.dim * 4 + 16 + info.dim // 8  # matrix row + id + created_at + code
         loaded = 0
         with self._lock:
             generation = self._generation
@@ -363,7 +385,7 @@ class VectorCache:
             with self._lock:
                 if key in self._keys or key in self._too_big or key in self._loading:
                     continue
-                if self._bytes + (count + SLACK_ROWS) * per_vector > self.budget_bytes:
+                if self._bytes + (count + SLACK_ROWS + spare_rows(count)) * per_vector > self.budget_bytes:
                     continue  # would evict a key already warm
             if self._entry(conn, info, key, may_defer=False) is not None:
                 loaded += 1
@@ -380,6 +402,7 @@ class VectorCache:
         with self._lock:
             entry = self._keys.get(key)
             return (entry is not None and 0 < self.approx_min <= entry.n and key not in self._partitioning
+                    and not 0 < self.codes_min <= entry.n  # searched by code: clusters would go unused
                     and not big_keys.usable(entry.approx, entry.n))
 
     def partition_key(self, key: str, queued: bool = False) -> bool:
@@ -440,14 +463,19 @@ class VectorCache:
                 in_vec0.append(key)
             else:
                 entries.append((key, entry))
-        with self._lock:  # each key's arrays and clusters from one moment (a partition swaps them)
-            views = [(key, entry.view(), entry.approx) for key, entry in entries]
+        with self._lock:  # each key's arrays, codes and clusters from one moment (a partition swaps them)
+            views = [(key, entry.view(), entry.approx, entry.codes) for key, entry in entries]
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
         exact, scored = [], []
-        for key, view, index in views:
-            # As of a past moment: exact. The nearest lists are chosen before the time filter,
-            # which could leave few of their rows (recall@10 0.62 when 0.2 % of rows qualify).
-            if not 0 < self.approx_min <= view[3] or as_of is not None:
+        for key, view, index, codes in views:
+            # As of a past moment: exact. A shortlist (by code or by cluster) is chosen before the
+            # time filter, which could leave few of its rows (recall@10 0.62 when 0.2 % of rows qualify).
+            if as_of is not None:
+                exact.append(view)
+            elif 0 < self.codes_min <= view[3]:
+                ids, _, matrix, n = view
+                scored += top_scores_of(*vector_codes.search(codes, ids, matrix, n, q, k, skip), k)
+            elif not 0 < self.approx_min <= view[3]:
                 exact.append(view)
             elif index is not None and big_keys.usable(index, view[3]):
                 scored += top_scores_of(*big_keys.search(index, *view, q, as_of, skip), k)

@@ -1,0 +1,141 @@
+"""Big keys shortlisted by sign codes, then rescored exactly (bot/memory/vector_codes.py): the
+codes themselves, a recall floor against vec0's exact search, exact distances, exactness below
+the threshold and as of a past moment, and codes that stay in step with every way a key's rows
+change (appends, removals, regrow, compaction, a cluster regrouping)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bot.memory import big_keys, db, store, vector_cache, vector_codes, vectors
+from bot.memory.store import NewMemory
+from bot.memory.vector_cache import KeyVectors, VectorCache
+
+DIM = 100  # two 64-bit words, the second one partly padding
+BIG, SMALL = "r:1", "g"
+
+
+def clustered(rng: np.random.Generator, count: int, centres: np.ndarray) -> np.ndarray:
+    points = centres[rng.integers(0, len(centres), size=count)] + 0.5 * rng.standard_normal((count, DIM))
+    return points / np.linalg.norm(points, axis=1, keepdims=True)
+
+
+@pytest.fixture
+def world(tmp_path):
+    rng = np.random.default_rng(5)
+    centres = rng.standard_normal((20, DIM))
+    cached, plain = db.connect(tmp_path / "v.db"), db.connect(tmp_path / "v.db")
+    cache = VectorCache(64 << 20, codes_min=1000)
+    vectors.attach_cache(cached, cache)
+    with plain:
+        info = vectors.create_index(plain, "m", DIM)
+        memories = [NewMemory(f"room {i}", "room", owner_id=7, channel_id=1) for i in range(1500)]
+        memories += [NewMemory(f"global {i}", "global", owner_id=7) for i in range(200)]
+        store.insert_many(plain, memories, base_stability_days=7, vector_info=info,
+                          vectors_=clustered(rng, 1700, centres).tolist(), now=1000.0)
+    yield cached, plain, cache, info, rng, centres
+    cached.close()
+    plain.close()
+
+
+def ids_of(hits) -> list[int]:
+    return [memory_id for memory_id, _ in hits]
+
+
+def in_step(entry: KeyVectors) -> bool:
+    return bool((entry.codes[:, :entry.n] == vector_codes.pack(entry.matrix[:entry.n])).all())
+
+
+def test_hamming_counts_the_dimensions_whose_signs_differ():
+    rng = np.random.default_rng(1)
+    matrix = rng.standard_normal((300, DIM)).astype(np.float32)
+    q = rng.standard_normal(DIM).astype(np.float32)
+    codes = vector_codes.pack(matrix)
+    expected = ((matrix > 0) != (q > 0)).sum(axis=1)
+    assert (vector_codes.hamming(codes, 300, vector_codes.pack(q[None])[:, 0]) == expected).all()
+    assert (vector_codes.hamming(codes, 120, vector_codes.pack(q[None])[:, 0]) == expected[:120]).all()
+    rows = vector_codes.nearest_rows(expected.astype(np.uint16), 40)
+    assert len(rows) == 40 and expected[rows].max() <= np.sort(expected)[39]
+
+
+def test_a_big_key_is_shortlisted_by_code_above_a_recall_floor_with_exact_distances(world):
+    cached, plain, cache, info, rng, centres = world
+    recall = []
+    for q in clustered(rng, 30, centres):
+        got = vectors.knn(cached, info, q.tolist(), [BIG, SMALL], 10)
+        exact = vectors.knn_vec0(plain, info, q.tolist(), [BIG, SMALL], 10)
+        recall.append(len(set(ids_of(got)) & set(ids_of(exact))) / 10)
+        for memory_id, distance in got:  # whatever it returns is scored exactly
+            assert distance == pytest.approx(float(np.linalg.norm(vectors.vector_of(plain, info, memory_id) - q)), abs=1e-4)
+        assert ids_of(vectors.knn(cached, info, q.tolist(), [SMALL], 10)) == ids_of(
+            vectors.knn_vec0(plain, info, q.tolist(), [SMALL], 10))  # a small key stays exact
+    assert np.mean(recall) >= 0.9, recall
+
+
+def test_below_the_threshold_turned_off_or_as_of_the_search_is_exact(world, monkeypatch):
+    cached, plain, cache, info, rng, centres = world
+    monkeypatch.setattr(vector_codes, "RERANK_MIN", 1)  # a shortlist this short would miss neighbours
+    monkeypatch.setattr(vector_codes, "RERANK_PER_K", 1)
+    monkeypatch.setattr(vector_codes, "RERANK_SHARE", 0.001)
+    queries = clustered(rng, 10, centres)
+    shortlisted = [ids_of(vectors.knn(cached, info, q.tolist(), [BIG], 10)) for q in queries]
+    exact = [ids_of(vectors.knn_vec0(plain, info, q.tolist(), [BIG], 10)) for q in queries]
+    assert shortlisted != exact  # the codes path did run
+    assert [ids_of(vectors.knn(cached, info, q.tolist(), [BIG], 10, as_of=5000.0)) for q in queries] == exact
+    for codes_min in (0, 5000):
+        cache.codes_min = codes_min
+        assert [ids_of(vectors.knn(cached, info, q.tolist(), [BIG], 10)) for q in queries] == exact
+
+
+def test_codes_stay_in_step_with_appends_removals_regrow_and_regrouping(world, monkeypatch):
+    cached, plain, cache, info, rng, centres = world
+    q = clustered(rng, 1, centres)[0]
+    vectors.knn(cached, info, q.tolist(), [BIG], 10)
+    entry = cache._keys[BIG]
+    assert in_step(entry)
+    nearest = vectors.knn_vec0(plain, info, q.tolist(), [BIG], 1)[0][0]
+    store.archive(plain, nearest, "test")
+    with plain:
+        added = store.insert_many(plain, [NewMemory(f"new {i}", "room", owner_id=7, channel_id=1) for i in range(30)],
+                                  base_stability_days=7, vector_info=info,
+                                  vectors_=[q.tolist()] + clustered(rng, 29, centres).tolist(), now=2000.0)
+    got = vectors.knn(cached, info, q.tolist(), [BIG], 10)
+    assert got[0][0] == added[0] and got[0][1] == pytest.approx(0.0, abs=1e-3) and nearest not in ids_of(got)
+    assert len(entry.ids) > 1504 and in_step(entry)            # appended past the first arrays: regrown
+    for memory_id in added[1:]:
+        store.archive(plain, memory_id, "test")
+    for memory_id in ids_of(vectors.knn_vec0(plain, info, q.tolist(), [BIG], 400))[1:]:
+        store.archive(plain, memory_id, "test")                 # enough removals to compact
+    got = vectors.knn(cached, info, q.tolist(), [BIG], 10)
+    assert entry.dead < 64 and in_step(entry)
+    assert got[0][0] == added[0] and not set(ids_of(got)) & set(added[1:])
+    recall = [len(set(ids_of(vectors.knn(cached, info, p.tolist(), [BIG], 10)))
+                  & set(ids_of(vectors.knn_vec0(plain, info, p.tolist(), [BIG], 10)))) / 10
+              for p in clustered(rng, 10, centres)]
+    assert np.mean(recall) >= 0.9, recall
+    monkeypatch.setattr(big_keys, "ROWS_PER_LIST", 40)
+    cache.approx_min = 1000
+    assert cache.partition_key(BIG) and entry.approx is not None and in_step(entry)
+
+
+def test_a_key_searched_by_code_is_not_grouped_into_clusters(world):
+    cached, plain, cache, info, rng, centres = world
+    vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG], 10)
+    cache.approx_min = 1000
+    assert not cache._wants_partition(BIG)  # the warm would spend seconds of CPU on unused clusters
+    cache.codes_min = 0
+    assert cache._wants_partition(BIG)
+
+
+def test_a_big_key_loads_with_free_rows_so_the_first_appends_copy_nothing(world, monkeypatch):
+    cached, plain, cache, info, rng, centres = world
+    monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 1000)  # 1,500 rows: a big key here
+    vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG, SMALL], 10)
+    entry, small = cache._keys[BIG], cache._keys[SMALL]
+    assert len(small.ids) == small.n + 4                        # a small key: a few rows of slack only
+    loaded = entry.matrix
+    with plain:
+        store.insert_many(plain, [NewMemory(f"more {i}", "room", owner_id=7, channel_id=1) for i in range(150)],
+                          base_stability_days=7, vector_info=info, vectors_=clustered(rng, 150, centres).tolist())
+    vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG], 10)
+    assert entry.n == 1650 and entry.matrix is loaded and in_step(entry)
