@@ -3,8 +3,12 @@
 exclusive lock that every recall waits behind)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from bot.conversation import history
+from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.maintenance import run_maintenance
 from bot.memory import storage
 from bot.memory.engine import Engine
@@ -32,3 +36,22 @@ async def test_a_big_memories_table_is_rewritten_by_the_next_maintenance(fake_ol
         assert files_holding(backend, "memories", "zanzibarit", "xylophonequeen") == []  # ...which maintenance made
         assert await engine.read(storage.pending_token) is None
         assert not await engine.finish_scrub()
+
+
+async def test_a_forget_all_rewrites_the_small_history_at_once_beside_a_big_memories_table(
+        fake_ollama, make_settings, backend, monkeypatch):
+    big = {"memories"}
+    monkeypatch.setattr(scrub, "_size", lambda conn, table: 10**9 if table in big else 0)
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        pipeline = Pipeline(engine)
+        for n in range(30):
+            await engine.write(history.record, channel_id=5, guild_id=None, author_id=OWNER, author_name="Oz",
+                               role="user", content=f"chatter {n}", created_at=time.time(), message_id=1000 + n)
+        await engine.write(history.record, channel_id=5, guild_id=None, author_id=OWNER, author_name="Oz", role="user",
+                           content=f"my {SECRET}", created_at=time.time(), message_id=2000)
+        await engine.remember(NewMemory(f"{SECRET} is my password", "personal", owner_id=OWNER))
+        forgotten = await pipeline.forget_person(OWNER)
+        assert forgotten.messages == 31 and forgotten.personal == 1
+        assert files_holding(backend, "messages", "zanzibarite", "xylophonequeen") == []  # the person's words: at once
+        assert files_holding(backend, "memories", "zanzibarit")  # the big table waits for maintenance
+        assert await engine.read(storage.pending_token) is not None

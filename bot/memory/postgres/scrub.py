@@ -49,7 +49,10 @@ def scrub(conn: PgConnection, forgotten: Sequence[str]) -> None:
     small; the others (and any locked out) are left to the next maintenance run."""
     tables = list(dict.fromkeys(table for what in forgotten for table in REWRITES[what]))
     small = [table for table in tables if _size(conn, table) <= REWRITE_AT_ONCE_BYTES]
-    if len(small) < len(tables) or not _rewrite(conn, small):
+    # The small ones at once even beside a big one: a forget-all's `messages` (the person's own
+    # words) must not wait for maintenance because `memories` is big.
+    rewrote = _rewrite(conn, small) if small else True
+    if len(small) < len(tables) or not rewrote:
         mark_pending(conn)  # too big to rewrite now, or locked out: the next maintenance run rewrites them
     if "memories" in forgotten:
         conn.pg.execute("VACUUM memory_vectors")  # the space is reusable now; the bytes go in `finish`
