@@ -32,7 +32,6 @@ def empty_database(url: str) -> None:
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"TRUNCATE {', '.join(DATA_TABLES)} RESTART IDENTITY CASCADE".encode())
-        conn.execute("DROP INDEX IF EXISTS memory_vectors_hnsw")
     from bot.memory.postgres import keywords
     keywords.forget_counts()  # TRUNCATE bypasses the backend: its cached word counts are stale
 

@@ -149,7 +149,6 @@ class PostgresStorage:
     def reset_index(self, conn: PgConnection, model: str, dim: int) -> None:
         with conn.pg.transaction():
             conn.pg.execute("SELECT pg_advisory_xact_lock(%s)", (INDEX_LOCK,))
-            conn.pg.execute("DROP INDEX IF EXISTS memory_vectors_hnsw")  # a database from before migration 9
             # TRUNCATE, not DELETE: no log row per vector; caches start over by the new epoch instead.
             conn.pg.execute("TRUNCATE memory_vectors, vector_changes")
             conn.pg.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1")
@@ -274,8 +273,6 @@ class PostgresStorage:
             for index, memory in enumerate(memories):
                 created = memory.created_at if memory.created_at is not None else now
                 vector = vecs[index] if vecs and info is not None else None
-                if vector is not None and info is not None and len(vector) != info.dim:
-                    raise VectorSizeError(f"embedding has {len(vector)} dimensions, the index has {info.dim}")
                 # `embedded` set here, not by a later UPDATE: that one wrote a second row version
                 # (a new entry in every index, the GIN one included) and computed the tsvector again.
                 row = conn.pg.execute(
@@ -288,7 +285,7 @@ class PostgresStorage:
                      memory.external_id, int(vector is not None))).fetchone()
                 assert row is not None
                 ids.append(int(row[0]))
-                if vector is not None and info is not None:
+                if vector is not None and info is not None:  # a wrong size raises there: the transaction rolls back
                     self._put_vector(conn, info, ids[-1], memory.vis_key, created, vector, mark_embedded=False)
         return ids
 

@@ -248,7 +248,7 @@ MIGRATIONS: list[str] = [
     ANALYZE memories;
     """,
     # 12: nothing for PostgreSQL. SQLite's
-    # migration 12 adds an (id, vis_key) index for its keyword path's scope check.
+    # migration 12 adds an (id, vis_key, archived_at) index for its keyword path's scope check.
     """
     SELECT 1;
     """,
