@@ -59,8 +59,14 @@ def _writer(env: dict[str, str], seed: int, writing: Any, stop: Any, ready: Any,
                 if not writing.is_set():
                     await asyncio.sleep(0.005)
                     continue
-                fact = Fact(world.sentence(), "someone", "personal", 0.5, owner_id=1000 + seed,
-                            channel_id=100_001 + seed, guild_id=1)
+                # Every other fact goes to the busy channel (SkewWorld's channel 100_000), whose
+                # viewers the recalls ask as: their cache, FTS window and pages meet these writes.
+                if stored.value % 2:
+                    fact = Fact(world.sentence(), "someone", "personal", 0.5, owner_id=1000 + seed,
+                                channel_id=100_001 + seed, guild_id=1)
+                else:
+                    fact = Fact(world.sentence(), "room", "room", 0.5, owner_id=1000 + seed,
+                                channel_id=100_000, guild_id=1)
                 await fact_store.store_facts(engine, [fact])
                 with stored.get_lock():
                     stored.value += 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bot.memory import big_keys, db, store, vectors
+from bot.memory import big_keys, db, store, vector_codes, vectors
 from bot.memory.engine import Engine
 from bot.memory.store import NewMemory
 from bot.memory.vector_cache import VectorCache
@@ -202,3 +202,5 @@ def test_changes_made_while_a_key_is_grouped_are_carried_over(world, monkeypatch
     assert removed not in entry.row_of and entry.ids[entry.row_of[new_id]] == new_id
     live = entry.ids[:entry.n]
     assert entry.row_of == {int(i): row for row, i in enumerate(live.tolist()) if i >= 0}
+    assert entry.codes is not None  # the appended row's sign code was carried over too
+    assert (entry.codes[:, :entry.n] == vector_codes.pack(entry.matrix[:entry.n])).all()
