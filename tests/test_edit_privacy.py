@@ -32,15 +32,20 @@ def _words_in_files(settings, backend: str) -> list[str]:
             if file.exists() and b"xylophonequeen" in file.read_bytes().lower()]
 
 
+async def chatter_and_a_secret(engine: Engine) -> None:
+    """30 ordinary messages of Oz's, then message 2000 with the secret."""
+    for n in range(30):
+        await engine.write(history.record, channel_id=CHANNEL, guild_id=None, author_id=OWNER, author_name="Oz",
+                           role="user", content=f"chatter {n}", created_at=time.time(), message_id=1000 + n)
+    await engine.write(history.record, channel_id=CHANNEL, guild_id=None, author_id=OWNER, author_name="Oz",
+                       role="user", content=f"my password is {SECRET}", created_at=time.time(), message_id=2000)
+
+
 async def test_an_edit_takes_the_old_words_out_of_the_history_the_facts_and_the_files(make_settings, backend):
     settings = make_settings("")
     async with Engine(settings) as engine:
         pipeline = Pipeline(engine)
-        for n in range(30):
-            await engine.write(history.record, channel_id=CHANNEL, guild_id=None, author_id=OWNER, author_name="Oz",
-                               role="user", content=f"chatter {n}", created_at=time.time(), message_id=1000 + n)
-        await engine.write(history.record, channel_id=CHANNEL, guild_id=None, author_id=OWNER, author_name="Oz",
-                           role="user", content=f"my password is {SECRET}", created_at=time.time(), message_id=2000)
+        await chatter_and_a_secret(engine)
         learned = await engine.remember(NewMemory(f"Oz's password is {SECRET}", "personal", owner_id=OWNER,
                                                   source_message_ids=[2000]))
         also_said_elsewhere = await engine.remember(NewMemory("Oz lives in Bergen", "personal", owner_id=OWNER,
@@ -63,11 +68,7 @@ async def test_the_old_words_of_a_message_nothing_was_learned_from_leave_the_fil
     settings = make_settings("")
     async with Engine(settings) as engine:
         pipeline = Pipeline(engine)
-        for n in range(30):
-            await engine.write(history.record, channel_id=CHANNEL, guild_id=None, author_id=OWNER, author_name="Oz",
-                               role="user", content=f"chatter {n}", created_at=time.time(), message_id=1000 + n)
-        await engine.write(history.record, channel_id=CHANNEL, guild_id=None, author_id=OWNER, author_name="Oz",
-                           role="user", content=f"my password is {SECRET}", created_at=time.time(), message_id=2000)
+        await chatter_and_a_secret(engine)
         assert _words_in_files(settings, backend)
         assert await pipeline.edited(2000, "my password is none of your business", 3.0)
         await run_maintenance(engine, use_llm=False)
