@@ -28,17 +28,24 @@ from bot.memory import db
 BUSY_CHANNEL = 100_000
 
 
-def world_copy(world: Path, commit: str) -> Path:
-    """A copy of `world` for the other commit's side, made through SQLite's backup (WAL and all)."""
-    copy = world.with_name(f"{world.stem}-{commit[:12]}{world.suffix}")
-    if not copy.exists():
-        source = apsw.Connection(str(world), flags=apsw.SQLITE_OPEN_READONLY)
-        target = apsw.Connection(str(copy))
-        with target.backup("main", source, "main") as backup:
-            backup.step()
-        target.close()
-        source.close()
+def world_copy(world: Path, side: str) -> Path:
+    """A fresh copy of `world` for one side, made through SQLite's backup (WAL and all). Both
+    sides write into their copy (the busy channel talks, without vectors): the saved world is
+    never changed, and every run starts both sides from the same state."""
+    copy = world.with_name(f"{world.stem}-ab-{side}{world.suffix}")
+    remove_copy(copy)
+    source = apsw.Connection(str(world), flags=apsw.SQLITE_OPEN_READONLY)
+    target = apsw.Connection(str(copy))
+    with target.backup("main", source, "main") as backup:
+        backup.step()
+    target.close()
+    source.close()
     return copy
+
+
+def remove_copy(copy: Path) -> None:
+    for path in (copy, Path(f"{copy}-wal"), Path(f"{copy}-shm")):
+        path.unlink(missing_ok=True)
 
 
 class Side:
@@ -76,8 +83,16 @@ def run(args: argparse.Namespace) -> dict:
     world = Path(args.workdir) / f"skew-{args.size}-{args.label}.db"
     if not world.exists():
         raise SystemExit(f"no world at {world}: build it with `python -m bench.speed --sizes {args.size}` first")
-    sides = {"base": Side(base_package(args.base_commit), world_copy(world, args.base_commit)),
-             "new": Side("bot", world)}
+    copies = {"base": world_copy(world, "base"), "new": world_copy(world, "new")}
+    try:
+        return _compare(args, {"base": Side(base_package(args.base_commit), copies["base"]),
+                               "new": Side("bot", copies["new"])})
+    finally:
+        for copy in copies.values():
+            remove_copy(copy)
+
+
+def _compare(args: argparse.Namespace, sides: dict[str, "Side"]) -> dict:
     queries = speed.SkewWorld(speed.SkewShape(args.size), seed=99)
     chatter = speed.SkewWorld(speed.SkewShape(args.size), seed=7_777)
     out: dict = {"size": args.size, "base_commit": args.base_commit, "classes": {}}
