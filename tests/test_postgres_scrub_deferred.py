@@ -55,3 +55,39 @@ async def test_a_forget_all_rewrites_the_small_history_at_once_beside_a_big_memo
         assert files_holding(backend, "messages", "zanzibarite", "xylophonequeen") == []  # the person's words: at once
         assert files_holding(backend, "memories", "zanzibarit")  # the big table waits for maintenance
         assert await engine.read(storage.pending_token) is not None
+
+
+def relfilenodes(url: str) -> dict[str, int]:
+    """Each table's file: VACUUM FULL gives a table a new one."""
+    import psycopg
+    with psycopg.connect(url) as conn:
+        return dict(conn.execute("SELECT relname::text, relfilenode::bigint FROM pg_class "
+                                 "WHERE relname IN ('memories', 'messages', 'memory_vectors')").fetchall())
+
+
+async def test_an_edit_that_taught_nothing_rewrites_only_the_history_at_maintenance(fake_ollama, make_settings,
+                                                                                   backend):
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        pipeline = Pipeline(engine)
+        await engine.write(history.record, channel_id=5, guild_id=None, author_id=OWNER, author_name="Oz", role="user",
+                           content=f"my {SECRET}", created_at=time.time(), message_id=2000)
+        await engine.remember(NewMemory("Oz likes boats", "personal", owner_id=OWNER, source_message_ids=[1999]))
+        assert await pipeline.edited(2000, "my password is none of your business", 3.0)
+        before = relfilenodes(backend)
+        await run_maintenance(engine, use_llm=False)
+        after = relfilenodes(backend)
+        assert after["messages"] != before["messages"]  # the old words' table: rewritten
+        assert after["memories"] == before["memories"] and after["memory_vectors"] == before["memory_vectors"]
+        assert files_holding(backend, "messages", "zanzibarite", "xylophonequeen") == []
+        assert await engine.read(storage.pending_token, storage.MESSAGES_PENDING) is None
+
+        await engine.write(history.record, channel_id=5, guild_id=None, author_id=OWNER, author_name="Oz", role="user",
+                           content=f"again {SECRET}", created_at=time.time(), message_id=2001)
+        taught = await engine.remember(NewMemory(f"Oz's password is {SECRET}", "personal", owner_id=OWNER,
+                                                 source_message_ids=[2001]))
+        assert await pipeline.edited(2001, "never mind", 4.0)  # what it taught is taken back: every table
+        assert await engine.get_many([taught]) == {}
+        before = relfilenodes(backend)
+        await run_maintenance(engine, use_llm=False)
+        after = relfilenodes(backend)
+        assert all(after[table] != before[table] for table in ("memories", "messages", "memory_vectors"))

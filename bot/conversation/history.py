@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import apsw
 
 from bot.memory.db import query_one, query_value, write_transaction
-from bot.memory.storage import mark_pending
+from bot.memory.storage import MESSAGES_PENDING, mark_pending
 
 ROLES = ("user", "assistant")
 
@@ -87,7 +87,7 @@ def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float 
                      (content, time.time() if edited_at is None else edited_at, message_id))
         if old[0] == content:
             return Edit.SAME_WORDS
-        mark_pending(conn)
+        mark_pending(conn, MESSAGES_PENDING)  # facts learned from the old words mark their own (forget_sources)
     return Edit.NEW_WORDS
 
 
@@ -103,7 +103,7 @@ def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
                          (now, message_id))
             changed += conn.changes()
         if changed:
-            mark_pending(conn)
+            mark_pending(conn, MESSAGES_PENDING)
     return changed
 
 

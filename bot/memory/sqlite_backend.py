@@ -15,7 +15,7 @@ from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, stor
 from bot.memory.db import write_transaction
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, visible_keys
-from bot.memory.storage import SCRUBBED, clear_pending, pending_token
+from bot.memory.storage import MESSAGES_PENDING, SCRUB_PENDING, SCRUBBED, clear_pending, pending_token
 from bot.memory.vector_cache import VectorCache
 from bot.memory.vectors import IndexInfo
 
@@ -167,11 +167,13 @@ class SQLiteStorage:
         store.scrub(conn)  # secure_delete zeroed the pages already; FTS5 segments and the WAL remain: all of it, cheap
 
     def finish_scrub(self, conn: apsw.Connection) -> bool:
-        token = pending_token(conn)
-        if token is None:
+        tokens = {key: pending_token(conn, key) for key in (SCRUB_PENDING, MESSAGES_PENDING)}
+        if not any(tokens.values()):
             return False
-        store.scrub(conn)
-        clear_pending(conn, token)  # only once it worked: a failed scrub is retried next time
+        store.scrub(conn)  # all of it either way: cheap on SQLite
+        for key, token in tokens.items():
+            if token is not None:
+                clear_pending(conn, token, key)  # only once it worked: a failed scrub is retried next time
         return True
 
     def archive(self, conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:

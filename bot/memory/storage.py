@@ -25,6 +25,9 @@ from bot.settings import Settings
 Connection = Any  # apsw.Connection or the PostgreSQL backend's connection: opaque to the engine
 SCRUBBED = ("memories", "messages")  # what a scrub cleans up after, unless told less
 SCRUB_PENDING = "scrub.pending"  # meta key: words deleted without a scrub wait for the next maintenance
+# meta key: only the history's words wait (an edited or deleted message that taught nothing): a
+# backend that rewrites tables (PostgreSQL) rewrites `messages` alone, not every big table.
+MESSAGES_PENDING = "scrub.messages_pending"
 
 
 def mark_pending(conn: Connection, key: str = SCRUB_PENDING) -> None:
@@ -110,9 +113,9 @@ class Storage(Protocol):
         database's files. `forgotten` says what went ("memories", "messages"): a backend may
         clean only those tables (PostgreSQL rewrites them: postgres/scrub.py)."""
     def finish_scrub(self, conn: Connection) -> bool:
-        """At maintenance: what earlier forgets left unscrubbed (plain forgets and deleted
-        messages: all of it, `mark_pending`; PostgreSQL's vectors after any forget: rewriting
-        them rebuilds their index); True if there was any."""
+        """At maintenance: what earlier forgets left unscrubbed (plain forgets: all of it,
+        `mark_pending`; edited and deleted messages: the history, MESSAGES_PENDING; PostgreSQL's
+        vectors after any forget); True if there was any."""
     def archive(self, conn: Connection, memory_id: int, reason: str, now: float | None = None) -> None: ...
     def restore(self, conn: Connection, memory_id: int) -> None: ...
     def touch_many(self, conn: Connection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
