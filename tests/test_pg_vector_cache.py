@@ -42,6 +42,17 @@ def fill(storage: PostgresStorage, conn: PgConnection, rng: np.random.Generator,
     return info
 
 
+def filled_and_loaded(pg_pair, seed: int, count: int) -> tuple[np.random.Generator, vectors.IndexInfo, list[float]]:
+    """`count` vectors stored through the plain backend, then one search through the cached one
+    (every key loaded); the generator, the index and that search's query."""
+    cached, conn, plain, other = pg_pair
+    rng = np.random.default_rng(seed)
+    info = fill(plain, other, rng, count)
+    q = random_unit(rng)
+    cached.knn(conn, info, q, KEYS, 5)
+    return rng, info, q
+
+
 def same(cached: list[tuple[int, float]], exact: list[tuple[int, float]]) -> bool:
     return [m for m, _ in cached] == [m for m, _ in exact] and np.allclose(
         [d for _, d in cached], [d for _, d in exact], atol=1e-5)
@@ -78,10 +89,7 @@ def test_the_cache_answers_like_the_servers_exact_search(pg_pair):
 
 def test_other_connections_writes_and_out_of_order_commits_are_seen(pg_pair, postgres_url):
     cached, conn, plain, other = pg_pair
-    rng = np.random.default_rng(2)
-    info = fill(plain, other, rng, 90)
-    q = random_unit(rng)
-    cached.knn(conn, info, q, KEYS, 5)  # every key loaded
+    rng, info, q = filled_and_loaded(pg_pair, 2, 90)  # every key loaded
     nearest = plain._server_knn(other, info, q, ["r:1"], 1)[0][0]
     plain.archive(other, nearest, "test")                             # removed elsewhere
     replaced = plain._server_knn(other, info, q, ["r:2"], 3)[-1][0]
@@ -131,12 +139,9 @@ def test_an_open_transaction_is_searched_exactly_and_a_rollback_leaves_no_trace(
 
 def test_a_cache_behind_a_pruned_log_starts_over_and_one_that_saw_it_does_not(pg_pair):
     cached, conn, plain, other = pg_pair
-    rng = np.random.default_rng(7)
-    info = fill(plain, other, rng, 40)
-    q = random_unit(rng)
+    rng, info, q = filled_and_loaded(pg_pair, 7, 40)  # every key loaded
     cache = cached.vector_cache
     assert cache is not None
-    cached.knn(conn, info, q, KEYS, 5)
     fill(plain, other, rng, 40)
     assert vectors.prune_changes(other, keep=3) > 0  # type: ignore[arg-type]  # the cache never saw them
     generation = cache._generation
@@ -295,10 +300,7 @@ def test_a_change_pruned_before_the_cache_saw_it_starts_the_cache_over(pg_pair, 
 def test_too_many_changes_at_once_start_the_cache_over(pg_pair, monkeypatch):
     from bot.memory import vector_cache
     cached, conn, plain, other = pg_pair
-    rng = np.random.default_rng(7)
-    info = fill(plain, other, rng, 20)
-    q = random_unit(rng)
-    cached.knn(conn, info, q, KEYS, 5)
+    rng, info, q = filled_and_loaded(pg_pair, 7, 20)  # every key loaded
     monkeypatch.setattr(vector_cache, "MAX_APPLY", 5)  # as if another process had imported 70k vectors
     fill(plain, other, rng, 12)
     assert same(cached.knn(conn, info, q, KEYS, 5), plain._server_knn(other, info, q, KEYS, 5))
@@ -325,12 +327,9 @@ def test_a_search_does_not_wait_behind_another_threads_read_of_the_change_log(pg
     # the log is read outside the cache's lock (vector_cache._sync): a search of the process went
     # on while one thread waited for the server's answer, and the change lands once either way
     cached, conn, plain, other = pg_pair
-    rng = np.random.default_rng(11)
-    info = fill(plain, other, rng, 60)
-    q = random_unit(rng)
+    rng, info, q = filled_and_loaded(pg_pair, 11, 60)  # every key loaded
     cache = cached.vector_cache
     assert cache is not None
-    cached.knn(conn, info, q, KEYS, 5)  # every key loaded
     added = plain.insert(other, [memory_for("r:1", 1)], base_stability_days=7, model="m", vecs=[q], now=None)[0]
     slow_conn = cached.open_reader()
     found: dict[str, list[tuple[int, float]]] = {}
