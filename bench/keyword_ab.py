@@ -4,8 +4,8 @@
 
 The step as `Engine._fts_step` runs it (visibility keys, `fts_candidates`, the name re-rank) on
 a read connection, per viewer class of `bench.speed`'s skewed world. Each side gets its own copy
-of the saved world (the other commit may predate a migration this code applies; a copy is made
-once, next to the world, and reused), and before each side's query the busy channel stores the
+of the saved world, fresh each run and removed after it (the other commit may predate a
+migration this code applies; the saved world is never written), and before each side's query the busy channel stores the
 same new memory in both copies, as `bench.speed` does: every query starts with the reader's page
 cache emptied by a write, as in a live community. The two sides alternate which goes first.
 Prints thread CPU and wall time, ms p50 / p95, and how many queries found the same ids.

@@ -28,10 +28,11 @@ from urllib.parse import urlparse, urlunparse
 from bot.cli.migrate import DONE_KEY, copy_database
 from bot.memory import store
 from bot.memory.engine import Engine
+from bot.memory.storage import storage_of
 from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess
-from .speed import EMBED_MODEL, VIEWER_CLASSES, SkewShape, SkewWorld, build, summary, world_path
+from .speed import EMBED_MODEL, VIEWER_CLASSES, SkewShape, SkewWorld, build, said_in_busy_channel, summary, world_path
 
 WRITERS = (1, 4)
 WRITER_MODES = ("own", "shared")
@@ -80,16 +81,20 @@ def settings_for(path: Path, database_url: str = "", ollama_url: str = "") -> An
 async def measure_recall(settings: Any, shape: SkewShape, per_class: int, warm: int = 10) -> dict:
     """Per viewer class: Engine.recall with the query vector given, touching what it recalls as
     the bot does (a write per recall: on PostgreSQL a round trip and a commit); the same viewers
-    and queries for every backend (a fixed seed)."""
-    world = SkewWorld(shape, seed=99)
+    and queries for every backend (a fixed seed). The busy channel talks before every recall, as
+    in bench.speed (`talk`): the vector cache applies the change log (on PostgreSQL a round trip
+    of its own), the keyword index and pages change."""
+    world, chatter = SkewWorld(shape, seed=99), SkewWorld(shape, seed=7_777)
     out: dict = {}
     async with Engine(settings) as engine:
         await engine.warmed()
+        info = await engine.write(lambda conn: storage_of(conn).index_info(conn))
         for kind in VIEWER_CLASSES:
             steps: dict[str, list[float]] = {s: [] for s in ("fts", "vector", "total")}
             for i in range(per_class + warm):
                 viewer = world.viewer_of(kind)
                 text, qvec = world.query()
+                await engine.write(said_in_busy_channel, info, chatter)
                 result = await engine.recall(text, viewer, query_vector=qvec.tolist())
                 if i >= warm:
                     for step in steps:

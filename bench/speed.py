@@ -36,12 +36,14 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from bot.memory import db, store, vectors
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer, visible_keys
+from bot.memory.storage import storage_of
 from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess
@@ -444,6 +446,16 @@ def rss_mb() -> dict:
     return out
 
 
+def said_in_busy_channel(conn: Any, info: vectors.IndexInfo, chatter: "SkewWorld") -> None:
+    """The busy channel stores a new memory (text and vector), through the backend of `conn`: the
+    class recalls of every bench run after one, as in a live community (the vector cache has
+    changes to apply, the keyword index and the readers' pages change)."""
+    vec = chatter.rng.standard_normal(info.dim, dtype=np.float32)
+    storage_of(conn).insert(conn, [store.NewMemory(chatter.sentence(), "room", owner_id=1000, channel_id=100_000,
+                                                   guild_id=1)], base_stability_days=7.0, model=info.model,
+                            vecs=[(vec / np.linalg.norm(vec)).tolist()], now=None)
+
+
 async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: int = 10, talk: bool = True) -> dict:
     """Per viewer class: the product's recall (query vector given, so no embedding call), its
     steps, and the numpy anchor over exactly that viewer's visible vectors, in one run.
@@ -453,12 +465,6 @@ async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: in
     world = SkewWorld(shape, seed=99)
     chatter = SkewWorld(shape, seed=7_777)
     out: dict = {}
-
-    def said_in_busy_channel(conn, info) -> None:
-        vec = chatter.rng.standard_normal(DIM, dtype=np.float32)
-        store.insert_many(conn, [store.NewMemory(chatter.sentence(), "room", owner_id=1000, channel_id=100_000,
-                                                 guild_id=1)], base_stability_days=7.0, vector_info=info,
-                          vectors_=[(vec / np.linalg.norm(vec)).tolist()])
     async with Engine(bench_settings(path)) as engine:
         info = await engine.write(vectors.index_info)
         started = time.perf_counter()
@@ -474,7 +480,7 @@ async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: in
                 viewer = world.viewer_of(kind)
                 text, qvec = world.query()
                 if talk:
-                    await engine.write(said_in_busy_channel, info)
+                    await engine.write(said_in_busy_channel, info, chatter)
                 result = await engine.recall(text, viewer, query_vector=qvec.tolist())
                 keys = await engine.read(visible_keys, viewer)
                 parts = [by_key.get(key, np.zeros(0, dtype=np.int64)) for key in keys]

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from bench import speed
-from bot.memory import store, vector_codes, vectors
+from bot.memory import vector_codes, vectors
 from bot.memory.engine import Engine
 from bot.memory.scope import visible_keys
 
@@ -101,12 +101,6 @@ async def online(args: argparse.Namespace) -> dict:
     modes = args.modes.split(",")
     out: dict[str, Any] = {"size": args.size, "modes": modes, "codes_min": args.codes_min, "classes": {}}
 
-    def said_in_busy_channel(conn: Any, info: vectors.IndexInfo) -> None:
-        vec = chatter.rng.standard_normal(speed.DIM, dtype=np.float32)
-        store.insert_many(conn, [store.NewMemory(chatter.sentence(), "room", owner_id=1000, channel_id=100_000,
-                                                 guild_id=1)], base_stability_days=7.0, vector_info=info,
-                          vectors_=[(vec / np.linalg.norm(vec)).tolist()])
-
     def vector_step(conn: Any, engine: Engine, info: vectors.IndexInfo, qvec: list[float], keys: list[str],
                     k: int) -> tuple[list[int], float, float]:
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -131,7 +125,7 @@ async def online(args: argparse.Namespace) -> dict:
             for i in range(args.per_class + args.warm):
                 viewer = world.viewer_of(kind)
                 _, qvec = world.query()
-                await engine.write(said_in_busy_channel, info)
+                await engine.write(speed.said_in_busy_channel, info, chatter)
                 keys = await engine.read(visible_keys, viewer)
                 got: dict[str, list[int]] = {}
                 for mode in modes[i % len(modes):] + modes[:i % len(modes)]:

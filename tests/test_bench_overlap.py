@@ -1,6 +1,8 @@
 """A tiny run of bench/overlap.py: recall idle and while another process stores facts, both measured."""
 from __future__ import annotations
 
+import time
+
 import apsw
 
 from bench import overlap, speed
@@ -10,6 +12,7 @@ async def test_recall_is_measured_idle_and_while_another_process_writes(tmp_path
     shape = speed.SkewShape(600, users=40, channels=12, guilds=3, vocab=2000)
     path = tmp_path / "skew.db"
     await speed.build(path, shape)
+    started = time.time()
     with speed.EmbedServerProcess("hash", dim=speed.DIM) as url:
         result = await overlap.measure(overlap._env(path, "", url), shape, rounds=2, recalls=3)
     assert result["idle"]["n"] == result["writing"]["n"] == 6
@@ -18,5 +21,8 @@ async def test_recall_is_measured_idle_and_while_another_process_writes(tmp_path
     conn = apsw.Connection(str(path))
     try:  # the writer's facts are in the file the recalls read
         assert conn.execute("SELECT count(*) FROM memories").fetchall()[0][0] >= 600 + result["facts_written"]
+        # ...and some in the busy channel the recalls' viewers read (not only the writer's own keys)
+        assert conn.execute("SELECT count(*) FROM memories WHERE channel_id = 100000 AND owner_id >= 1077 "
+                            "AND created_at > ?", (started,)).fetchall()[0][0] >= 1
     finally:
         conn.close()
