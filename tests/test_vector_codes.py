@@ -58,6 +58,25 @@ def test_hamming_counts_the_dimensions_whose_signs_differ():
     assert len(rows) == 40 and expected[rows].max() <= np.sort(expected)[39]
 
 
+
+def test_removed_rows_take_no_place_in_the_shortlist(monkeypatch):
+    """300 removed rows identical to the query (the nearest by code) must not crowd the live
+    nearest out of a 256-row shortlist; and they sit just past the farthest distance (a uint16
+    max made nearest_rows count 65,536 bins a search, ~6x its cost)."""
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal(DIM).astype(np.float32)
+    q /= np.linalg.norm(q)
+    live = rng.standard_normal((2000, DIM)).astype(np.float32)
+    live /= np.linalg.norm(live, axis=1, keepdims=True)
+    matrix = np.vstack([np.tile(q, (300, 1)), live])
+    ids = np.concatenate([np.full(300, -1), np.arange(2000)]).astype(np.int64)
+    counted: list[int] = []
+    real_bincount = np.bincount
+    monkeypatch.setattr(vector_codes.np, "bincount", lambda x: counted.append(int(x.max())) or real_bincount(x))
+    got, scores = vector_codes.search(vector_codes.pack(matrix), ids, matrix, len(ids), q, 10, None)
+    assert int(np.argmax(live @ q)) in got[np.isfinite(scores)].tolist()
+    assert counted and max(counted) <= vector_codes.words_for(DIM) * 64 + 1
+
 def test_a_big_key_is_shortlisted_by_code_above_a_recall_floor_with_exact_distances(world):
     cached, plain, cache, info, rng, centres = world
     recall = []
