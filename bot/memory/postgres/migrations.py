@@ -219,16 +219,15 @@ MIGRATIONS: list[str] = [
     # vis_key changed (an operator's UPDATE, a repair, a later feature) was still found by the
     # old key's viewers through the vector path: a personal memory made from a global one stayed
     # visible to everyone. A trigger moves the vector to the new key in the same transaction as
-    # the change, and logs it in vector_changes for the vector caches; the UPDATE puts vectors
+    # the change (migration 8's trigger logs it for the vector caches); the UPDATE puts vectors
     # that drifted before back in step. (Until migration 10 the backend made the same trigger at
     # each start; CREATE OR REPLACE keeps those databases' trigger as it was.)
     """
     CREATE OR REPLACE FUNCTION memory_vectors_follow_key() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
+        -- logged for the vector caches by migration 8's trigger on memory_vectors (logging it
+        -- here too wrote the change twice)
         UPDATE memory_vectors SET vis_key = NEW.vis_key WHERE memory_id = NEW.id;
-        IF FOUND THEN
-            INSERT INTO vector_changes (memory_id) VALUES (NEW.id);
-        END IF;
         RETURN NULL;
     END $$;
     CREATE OR REPLACE TRIGGER memory_vectors_follow_key AFTER UPDATE OF vis_key ON memories
