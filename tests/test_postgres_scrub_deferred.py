@@ -91,3 +91,20 @@ async def test_an_edit_that_taught_nothing_rewrites_only_the_history_at_maintena
         await run_maintenance(engine, use_llm=False)
         after = relfilenodes(backend)
         assert all(after[table] != before[table] for table in ("memories", "messages", "memory_vectors"))
+
+
+async def test_a_deferred_history_scrub_rewrites_only_the_history_at_maintenance(fake_ollama, make_settings, backend,
+                                                                                 monkeypatch):
+    monkeypatch.setattr(scrub, "_size", lambda conn, table: 10**9)  # every table too big to rewrite at once
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        await engine.remember(NewMemory("Oz likes boats", "personal", owner_id=OWNER))
+        await engine.write(history.record, channel_id=5, guild_id=None, author_id=OWNER, author_name="Oz", role="user",
+                           content=f"my {SECRET}", created_at=time.time(), message_id=2000)
+        assert await engine.drop_own_message(OWNER, 2000)
+        assert files_holding(backend, "messages", "zanzibarite")  # left for maintenance
+        before = relfilenodes(backend)
+        await run_maintenance(engine, use_llm=False)
+        after = relfilenodes(backend)
+        assert after["messages"] != before["messages"]
+        assert after["memories"] == before["memories"] and after["memory_vectors"] == before["memory_vectors"]
+        assert files_holding(backend, "messages", "zanzibarite", "xylophonequeen") == []

@@ -15,7 +15,7 @@ from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, stor
 from bot.memory.db import write_transaction
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, visible_keys
-from bot.memory.storage import MESSAGES_PENDING, SCRUB_PENDING, SCRUBBED, clear_pending, pending_token
+from bot.memory.storage import MESSAGES_PENDING, SCRUB_PENDING, SCRUBBED, clear_marks, pending_marks
 from bot.memory.vector_cache import VectorCache
 from bot.memory.vectors import IndexInfo
 
@@ -167,13 +167,14 @@ class SQLiteStorage:
         store.scrub(conn)  # secure_delete zeroed the pages already; FTS5 segments and the WAL remain: all of it, cheap
 
     def finish_scrub(self, conn: apsw.Connection) -> bool:
-        tokens = {key: pending_token(conn, key) for key in (SCRUB_PENDING, MESSAGES_PENDING)}
-        if not any(tokens.values()):
+        marks = pending_marks(conn, (SCRUB_PENDING, MESSAGES_PENDING))
+        if not marks:
             return False
-        store.scrub(conn)  # all of it either way: cheap on SQLite
-        for key, token in tokens.items():
-            if token is not None:
-                clear_pending(conn, token, key)  # only once it worked: a failed scrub is retried next time
+        if SCRUB_PENDING in marks:
+            store.scrub(conn)
+        else:  # the history's words only: `messages` has no FTS index (optimize: ~180 ms at 100k under
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the write lock); secure_delete zeroed the pages
+        clear_marks(conn, marks)  # only once it worked: a failed scrub is retried next time
         return True
 
     def archive(self, conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:

@@ -49,6 +49,16 @@ def clear_pending(conn: Connection, token: str, key: str = SCRUB_PENDING) -> Non
     conn.execute("DELETE FROM meta WHERE key = ? AND value = ?", (key, token))
 
 
+def pending_marks(conn: Connection, keys: Sequence[str]) -> dict[str, str]:
+    """The marks standing now, key -> token (for clear_marks once their work is done)."""
+    return {key: token for key in keys if (token := pending_token(conn, key)) is not None}
+
+
+def clear_marks(conn: Connection, marks: dict[str, str]) -> None:
+    for key, token in marks.items():
+        clear_pending(conn, token, key)
+
+
 class Storage(Protocol):
     name: str
     row_refusals: tuple[type[Exception], ...]  # the database refused a row (a constraint, a value too big)
