@@ -84,9 +84,6 @@ class SQLiteStorage:
             vectors.create_index(conn, model, dim)
             vectors.mark_reindex_pending(conn)  # recall says "partial" until every vector is back
 
-    def reindex_pending(self, conn: apsw.Connection) -> bool:
-        return vectors.reindex_pending(conn)
-
     def index_state(self, conn: apsw.Connection) -> tuple[IndexInfo | None, bool]:
         return vectors.index_info(conn), vectors.reindex_pending(conn)
 

@@ -155,9 +155,6 @@ class PostgresStorage:
             self._create_index(conn, model, dim)
             _set_meta(conn, vectors.REINDEX_PENDING, "1")
 
-    def reindex_pending(self, conn: PgConnection) -> bool:
-        return _meta(conn, vectors.REINDEX_PENDING) == "1"
-
     def index_state(self, conn: PgConnection) -> tuple[IndexInfo | None, bool]:
         values: dict[str, str] = dict(conn.pg.execute("SELECT key, value FROM meta WHERE key IN ('embed_model', 'embed_dim', %s)",
                                       (vectors.REINDEX_PENDING,)).fetchall())
