@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import urllib.parse
 from pathlib import Path
 
@@ -32,10 +33,14 @@ class DatabaseBusy(DatabaseError):
 
 
 def explain(exc: BaseException) -> str | None:
-    """One line saying what a SQLite error means for the operator, or None if it is not one
-    of the file-level failures (a full disk, a damaged file, a lock held too long)."""
+    """One line saying what a database error means for the operator, or None if it is not one
+    of the failures of the whole database (SQLite: a full disk, a damaged file, a lock held too
+    long; PostgreSQL: bot/memory/postgres/errors.py)."""
     if isinstance(exc, DatabaseError):
         return str(exc)
+    if "psycopg" in sys.modules and type(exc).__module__.startswith("psycopg"):  # optional: never imported here
+        from bot.memory.postgres.errors import explain as explain_postgres
+        return explain_postgres(exc)
     if isinstance(exc, apsw.FullError):
         return "the disk is full (or the file hit its size limit): free some space, then run the command again"
     if isinstance(exc, (apsw.CorruptError, apsw.NotADBError)):
