@@ -488,7 +488,14 @@ async def run_with_lease(engine: Any, *, use_llm: bool = True, on_step: Callable
     schedule counts it. Raises MaintenanceBusy when another process holds the lease."""
     holder = holder or leases.new_holder()
     if not await engine.take_lease(MAINTENANCE_LEASE, holder, lease_seconds):
-        raise MaintenanceBusy(await engine.lease_holder(MAINTENANCE_LEASE))
+        other = await engine.lease_holder(MAINTENANCE_LEASE)
+        # A run killed on this machine (kill -9, a crash) left its lease: not "running in another
+        # process". Release only that holder's (atomic), then take it like any free lease.
+        if not (other is not None and leases.abandoned(other)
+                and await engine.release_lease(MAINTENANCE_LEASE, other)
+                and await engine.take_lease(MAINTENANCE_LEASE, holder, lease_seconds)):
+            raise MaintenanceBusy(await engine.lease_holder(MAINTENANCE_LEASE))
+        log.warning("took over the maintenance lease of %s: that process of this machine is gone (killed?)", other)
     try:
         report = await _holding(engine, holder, lease_seconds,
                                 lambda: run_maintenance(engine, use_llm=use_llm, on_step=on_step))

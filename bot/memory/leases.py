@@ -5,7 +5,8 @@ taken or renewed by ONE upsert whose WHERE lets it through only when the lease i
 expired, or is already the caller's. SQLite runs a statement atomically under its write lock,
 so two processes can never both hold a lease. The holder renews it well before it expires;
 a holder that stops releases it (another process takes over at its next try), one that dies
-simply lets it expire.
+simply lets it expire; one that died on this machine (kill -9 of `muninn maintain`) is seen
+dead at once (`abandoned`), so running the command again need not wait for the expiry.
 
 Why a row and not an OS file lock beside the database: a lock file would be released by the
 kernel at once when a process dies, but it is a second file to deploy and clean up, flock
@@ -16,11 +17,14 @@ the logs can name its holder, and it maps one to one onto the PostgreSQL backend
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import socket
 import time
 import uuid
+from pathlib import Path
 
 import apsw
 
@@ -34,8 +38,46 @@ WHERE json_extract(meta.value, '$.holder') = :holder OR json_extract(meta.value,
 
 
 def new_holder() -> str:
-    """A name for this process that no other process (here or on another machine) shares."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    """A name for this process that no other process (here or on another machine) shares:
+    host:pid:random@place, where `place` says in which boot and pid namespace the pid is valid."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}@{_place()}"
+
+
+_HOLDER = re.compile(r"^(?P<host>.*):(?P<pid>\d+):[0-9a-f]{6}@(?P<place>[0-9a-f]{8})$")
+
+
+def _place() -> str:
+    """This boot of this machine and this pid namespace (a container sharing the host name has its
+    own pids: a pid of another namespace is never judged from here)."""
+    parts = [socket.gethostname()]
+    for where in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
+        try:
+            parts.append(Path(where).read_text().strip() if "boot_id" in where else str(os.stat(where).st_ino))
+        except OSError:
+            parts.append("")
+    return hashlib.sha1(":".join(parts).encode()).hexdigest()[:8]
+
+
+def abandoned(holder: str) -> bool:
+    """True only when `holder` is a process of this machine, boot and pid namespace that is no
+    longer running (killed, crashed): its lease may be taken at once instead of after it expires.
+    Anything else (another machine, a name of another form, a live or unknown process) is False."""
+    found = _HOLDER.match(holder)
+    if found is None or os.name != "posix" or found["place"] != _place():
+        return False
+    pid = int(found["pid"])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # it exists (another user's)
+    try:  # exists, but a zombie (dead, its parent has not collected it yet) is dead all the same
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def take(conn: apsw.Connection, name: str, holder: str, seconds: float, now: float | None = None) -> bool:
