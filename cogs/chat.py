@@ -41,6 +41,13 @@ def is_private_channel(channel, guild_id: int | None, guild: discord.Guild | Non
         return True
 
 
+def guild_of(payload: discord.RawMessageUpdateEvent) -> int | None:
+    """The edited message's guild id, also when the guild is not cached (payload.guild_id is None
+    then, as for a DM: the channel must not pass for one everybody can read)."""
+    raw = payload.data.get("guild_id")
+    return int(raw) if raw is not None else payload.guild_id
+
+
 def to_incoming(message: discord.Message) -> Incoming:
     author = message.author.display_name
     if message.guild is None:
@@ -165,9 +172,10 @@ class Chat(commands.Cog):
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
         if "content" not in payload.data or payload.message.author.bot:
             return
-        edited = payload.message.edited_at
-        await self.pipeline.edited(payload.message_id, payload.message.clean_content,
-                                   edited.timestamp() if edited else None)
+        message = payload.message
+        edited = message.edited_at
+        await self.pipeline.edited(payload.message_id, message.clean_content, edited.timestamp() if edited else None,
+                                   private=is_private_channel(message.channel, guild_of(payload), message.guild))
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import apsw
 
 from bot.memory.db import query_one, query_value, write_transaction
-from bot.memory.storage import MESSAGES_PENDING, mark_pending
+from bot.memory.storage import MESSAGES_PENDING, mark_pending, storage_of
+from bot.memory.store import taught_anything
 
 ROLES = ("user", "assistant")
 
@@ -91,12 +92,56 @@ def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float 
     return Edit.NEW_WORDS
 
 
+@dataclass(frozen=True)
+class Edited:
+    """What recording an edit did, read in the transaction that did it."""
+    kind: Edit
+    taken_back: tuple[int, ...] = ()         # memories learned from the old words alone: deleted
+    message: HistoryMessage | None = None    # NEW_WORDS: the message, with its new words
+    reply: HistoryMessage | None = None      # Muninn's reply to it; None: it was never answered
+    before: tuple[HistoryMessage, ...] = ()  # the conversation before it (who took part)
+
+
+def edit_and_take_back(conn: apsw.Connection, message_id: int, content: str, edited_at: float | None = None,
+                       context: int = 0) -> Edited:
+    """`edit`, and in the same transaction take back what the old words alone taught
+    (`forget_sources`; also for a message the history no longer holds: pruned, it may still have
+    taught facts). For new words of a message Muninn answered, it returns what extracting them
+    again needs (the message, the reply, `context` messages before it): the pipeline queues them
+    as it queues a new message. An edit of a message Muninn never stored and that taught nothing
+    takes no write lock."""
+    storage = storage_of(conn)
+    known = query_one(conn, "SELECT 1 FROM messages WHERE id = ? AND deleted_at IS NULL", (message_id,))
+    if known is None and not taught_anything(conn, [message_id]):
+        return Edited(Edit.UNKNOWN)
+    with write_transaction(conn):
+        kind = edit(conn, message_id, content, edited_at)
+        if kind is Edit.SAME_WORDS:
+            return Edited(kind)
+        taken_back = storage.forget_sources(conn, [message_id])
+        if taken_back:
+            mark_pending(conn)  # the facts' words leave the files at the next maintenance
+        message = get(conn, message_id) if kind is Edit.NEW_WORDS else None
+        if message is None:
+            return Edited(kind, tuple(taken_back))
+        # reply_to has no index: the (channel_id, created_at) one finds the messages after it
+        row = query_one(conn, f"SELECT {COLUMNS} FROM messages WHERE channel_id = ? AND created_at >= ? "
+                        "AND reply_to = ? AND role = 'assistant' AND deleted_at IS NULL ORDER BY created_at, id "
+                        "LIMIT 1", (message.channel_id, message.created_at, message_id))
+        return Edited(kind, tuple(taken_back), message, None if row is None else HistoryMessage(*row),
+                      tuple(recent(conn, message.channel_id, context, before=message)))
+
+
 def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
            deleted_at: float | None = None) -> int:
     """Mark messages deleted and drop their text (from the files too, at the next maintenance:
     `storage.mark_pending`); returns how many were known."""
     now = time.time() if deleted_at is None else deleted_at
     changed = 0
+    ids = [int(i) for i in message_ids]
+    if not ids or query_value(conn, f"SELECT count(*) FROM messages WHERE id IN ({','.join('?' * len(ids))}) "
+                              "AND deleted_at IS NULL", ids) == 0:
+        return 0  # read first: a message Muninn never stored (or deleted already) takes no write lock
     with write_transaction(conn):
         for message_id in message_ids:
             conn.execute("UPDATE messages SET content = '', deleted_at = ? WHERE id = ? AND deleted_at IS NULL",

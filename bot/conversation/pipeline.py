@@ -233,18 +233,33 @@ class Pipeline:
             return None
         return message_id
 
-    async def edited(self, message_id: int, content: str, edited_at: float | None = None) -> bool:
+    async def edited(self, message_id: int, content: str, edited_at: float | None = None, *,
+                     private: bool = False) -> bool:
         """A person edited a message: the history keeps the new text, and the old words go as a
         deleted message's do (what was learned from them alone is taken back, and if they still
-        wait for extraction they never are; the next maintenance scrubs them from the files)."""
-        edit = await self.engine.write(history.edit, message_id, content, edited_at, what="record an edit")
-        # A message the history no longer holds (pruned: MUNINN_HISTORY_KEEP) may still have
-        # taught facts, and its edit may have changed its words: taken back too.
-        if edit is not history.Edit.SAME_WORDS:
-            if self.extractor is not None:
-                self.extractor.forget_messages([message_id])
-            await self.engine.forget_sources([message_id])
-        return edit is not history.Edit.UNKNOWN
+        wait for extraction they never are; the next maintenance scrubs them from the files).
+        New words of a message Muninn answered are extracted as a new message's would be ("I moved
+        to Oslo" corrected to "Bergen" teaches Bergen); `private` as for a new message (Incoming)."""
+        edit = await self.engine.write(history.edit_and_take_back, message_id, content, edited_at,
+                                       self.settings.history_limit, what="record an edit")
+        if edit.kind is not history.Edit.SAME_WORDS and self.extractor is not None:
+            self.extractor.forget_messages([message_id])
+        if edit.message is not None and edit.reply is not None:
+            await self._extract_edited(edit.message, edit.reply, edit.before, private)
+        return edit.kind is not history.Edit.UNKNOWN
+
+    async def _extract_edited(self, message: history.HistoryMessage, reply: history.HistoryMessage,
+                              before: tuple[history.HistoryMessage, ...], private: bool) -> None:
+        if self.extractor is None or await self.engine.memory_paused(message.author_id):
+            return
+        author = Incoming(channel_id=message.channel_id, guild_id=message.guild_id, author_id=message.author_id,
+                          author_name=message.author_name, content=message.content, created_at=message.created_at,
+                          message_id=message.id, dm=message.guild_id is None, private=private)
+        self.extractor.submit(Exchange(
+            author_id=message.author_id, author_name=message.author_name, channel_id=message.channel_id,
+            guild_id=message.guild_id, dm=author.dm, user_message=message.content, user_message_id=message.id,
+            reply=reply.content, reply_message_id=reply.id, created_at=message.created_at,
+            participants=participants(list(before), author), private=private))
 
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
         """A person deleted messages: mark them in the history, and take back what Muninn

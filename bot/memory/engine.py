@@ -494,6 +494,8 @@ class Engine:
                                 what=f"take back what was learned from {len(message_ids)} deleted messages")
 
     def _forget_sources_and_mark(self, conn: Connection, message_ids: list[int]) -> list[int]:
+        if not store.taught_anything(conn, message_ids):  # read first: no write lock for what taught nothing
+            return []
         with transactions.write_transaction(conn):  # their words leave the files at the next maintenance
             forgotten = self.storage.forget_sources(conn, message_ids)
             if forgotten:

@@ -264,6 +264,17 @@ def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
     return removed
 
 
+def taught_anything(conn: Any, message_ids: Sequence[int]) -> bool:
+    """Whether a memory was learned from any of these messages (portable SQL, both backends): read
+    before a take-back takes the write lock, which most deleted or edited messages never need."""
+    wanted = [str(m) for m in message_ids]
+    if not wanted:
+        return False
+    rows = conn.execute(f"SELECT 1 FROM memory_sources WHERE message_id IN ({','.join('?' * len(wanted))}) LIMIT 1",
+                        wanted).fetchall()
+    return bool(rows)
+
+
 def forget_sources(conn: apsw.Connection, message_ids: Sequence[int]) -> list[int]:
     """Messages were deleted: take them out of the memories learned from them, and delete the
     memories that were learned from nothing else (a retraction). Returns the deleted ids."""
