@@ -216,7 +216,7 @@ async def test_doctor_checks_the_postgresql_database(pg_engine, make_settings, p
     schema = f"schema {len(MIGRATIONS)}/{len(MIGRATIONS)}"
     assert found["database"].ok and "PostgreSQL 18" in found["database"].detail and schema in found["database"].detail
     assert found["pgvector"].ok and found["stored values"].ok and found["vector index"].ok
-    assert "permissions" not in found                                   # no files: the server's roles
+    assert found["permissions"].ok and "only the owner" in found["permissions"].detail  # no files: grants
     down = make_settings("", MUNINN_DATABASE_URL=f"postgresql://muninn:secret@127.0.0.1:{free_port()}/muninn")
     [check] = await asyncio.to_thread(database_checks, down)
     assert not check.ok and "cannot connect to PostgreSQL" in check.detail and "secret" not in check.detail

@@ -46,10 +46,18 @@ def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
         checks.append(vector_check(settings, info, int(missing or 0)))
         holder = leases.holder_of(conn, "maintenance")
         if holder is not None:  # a running bot (one of several shard processes) does the periodic maintenance
-            checks.append(Check("maintenance", True, f"periodic maintenance is run by {holder}"))
+            checks.append(maintenance_check(holder))
     finally:
         conn.close()
     return checks
+
+
+def maintenance_check(holder: str) -> Check:
+    if leases.abandoned(holder):
+        return Check("maintenance", True, f"the maintenance lease is held by {holder}, a process of this machine "
+                                          "that is gone (killed?): the next `muninn maintain` takes it over at once, "
+                                          "the bot when it expires")
+    return Check("maintenance", True, f"periodic maintenance is run by {holder}")
 
 
 MIGRATE_FIX = "muninn stats (any Muninn command that opens the database applies the missing migrations)"
@@ -58,9 +66,10 @@ MIGRATE_FIX = "muninn stats (any Muninn command that opens the database applies 
 def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
     """The same findings for a PostgreSQL database (MUNINN_DATABASE_URL): reachable and migrated,
     pgvector present, sane stored values (repair.RULES, as on SQLite; --fix clamps them), vectors
-    for every active memory, who maintains it. A check changes nothing else: it opens a plain
-    connection, never the writer's, so it does not migrate; it says what to run instead.
-    There are no files to make private: access is the server's roles."""
+    for every active memory, which roles may read the people's words (the counterpart of the file
+    modes), who maintains it. A check changes nothing else: it opens a plain connection, never
+    the writer's, so it does not migrate; it says what to run instead. `fix` clamps the stored
+    values and says what it does not do on PostgreSQL (POSTGRES_FIX_LIMITS)."""
     from bot.memory.postgres.backend import PostgresStorage
     from bot.memory.postgres.migrations import MIGRATIONS as PG_MIGRATIONS
     from bot.memory.postgres.migrations import schema_version as pg_schema_version
@@ -86,12 +95,42 @@ def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
         info = storage.index_info(conn)
         row = conn.execute("SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL").fetchone()
         checks.append(vector_check(settings, info, int(row[0]) if row else 0))
+        checks.append(grants_check(conn))
         holder = storage.lease_holder(conn, "maintenance")
         if holder is not None:
-            checks.append(Check("maintenance", True, f"periodic maintenance is run by {holder}"))
+            checks.append(maintenance_check(holder))
     finally:
         storage.close(conn)
+    if fix:
+        checks.append(Check("--fix on PostgreSQL", True, POSTGRES_FIX_LIMITS))
     return checks
+
+
+# What `muninn doctor --fix` cannot do on PostgreSQL, said once at the end of its report.
+POSTGRES_FIX_LIMITS = ("--fix clamped stored values only: on PostgreSQL it changes no grants (who may read the "
+                       "memories is the server's roles: see permissions), creates no extension and does not migrate, "
+                       "embed or reindex; run the fix each failed check names")
+PRIVATE_TABLES = ("memories", "messages")   # the people's words
+
+
+def grants_check(conn) -> Check:
+    """PostgreSQL's counterpart of the file modes: roles other than the tables' owner (or every
+    role: PUBLIC) granted SELECT on the tables holding people's words. Superusers and members of
+    the owner role can read them anyway; that is the server's administration, not listed."""
+    rows = conn.pg.execute(
+        "SELECT coalesce(r.rolname, 'PUBLIC'), string_agg(c.relname, ', ' ORDER BY c.relname) "
+        "FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee "
+        "WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%s) "
+        "AND a.grantee <> c.relowner AND a.privilege_type = 'SELECT' GROUP BY 1 ORDER BY 1",
+        (list(PRIVATE_TABLES),)).fetchall()
+    if not rows:
+        return Check("permissions", True, "only the owner of Muninn's tables may read the memories and messages "
+                                          "(and the server's superusers)")
+    found = "; ".join(f"{role} may read {tables}" for role, tables in rows)
+    return Check("permissions", False, f"other roles can read your memories: {found}",
+                 "if they should not: REVOKE SELECT ON memories, messages FROM " + ", ".join(
+                     role if role == "PUBLIC" else f'"{role}"' for role, _ in rows) +
+                 " (as the tables' owner); --fix changes no grants on PostgreSQL")
 
 
 def vector_check(settings: Settings, info: vectors.IndexInfo | None, missing: int) -> Check:

@@ -1,0 +1,85 @@
+"""`muninn doctor --fix` on PostgreSQL (the embedded server): what it checks there, what --fix
+repairs (stored values, as on SQLite), and that it says what it cannot do: grants (the
+counterpart of SQLite's file modes) are listed with the REVOKE to run, never changed."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import psycopg
+import pytest
+
+from bot.cli import main as cli
+from bot.memory import leases
+
+pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+
+OLLAMA_CHECKS = ("ollama", "chat model", "embedding model")
+READER = f"muninn_doctor_reader_{os.getpid()}"   # roles are the whole server's: one per test session
+
+
+@pytest.fixture
+def doctor(backend, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for key in list(os.environ):
+        if key.startswith(("MUNINN_", "OLLAMA_")):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("MUNINN_DATABASE_URL", backend)
+    monkeypatch.setenv("OLLAMA_URL", "")
+
+    def run(*args: str) -> tuple[bool, dict[str, dict]]:
+        """(every database check passed, the checks by name); Ollama is off here (its checks fail)."""
+        capsys.readouterr()  # what earlier commands printed
+        cli.main(["doctor", "--json", *args])
+        found = {c["check"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+        return all(c["ok"] for name, c in found.items() if name not in OLLAMA_CHECKS), found
+    return run
+
+
+def sql(url: str, *statements: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement.encode())
+
+
+def test_fix_clamps_values_lists_grants_it_leaves_and_says_what_it_cannot_do(doctor, backend):
+    assert cli.main(["remember", "otters hold hands", "--scope", "global"]) == 0
+    sql(backend, "UPDATE memories SET last_accessed = 1e300, stability = 0 WHERE id = 1",
+        f"CREATE ROLE {READER}", f"GRANT SELECT ON memories TO {READER}", "GRANT SELECT ON messages TO PUBLIC")
+    try:
+        healthy, found = doctor()
+        assert not healthy and not found["stored values"]["ok"] and not found["permissions"]["ok"]
+        assert f"{READER} may read memories" in found["permissions"]["detail"]
+        assert "PUBLIC may read messages" in found["permissions"]["detail"]
+        assert f'REVOKE SELECT ON memories, messages FROM PUBLIC, "{READER}"' in found["permissions"]["fix"]
+        assert "--fix on PostgreSQL" not in found                       # said only when asked to fix
+
+        healthy, found = doctor("--fix")
+        assert not healthy                                                # the grants are still there
+        assert found["stored values"]["ok"] and found["stored values"]["detail"].startswith("clamped 2 values")
+        assert not found["permissions"]["ok"] and "--fix changes no grants" in found["permissions"]["fix"]
+        limits = found["--fix on PostgreSQL"]["detail"]
+        assert "clamped stored values only" in limits and "changes no grants" in limits and "migrate" in limits
+        with psycopg.connect(backend) as conn:                          # unchanged: the grant is the admin's call
+            assert conn.execute("SELECT has_table_privilege(%s, 'memories', 'SELECT')", (READER,)).fetchone() == (True,)
+
+        sql(backend, f"REVOKE SELECT ON memories FROM {READER}", "REVOKE SELECT ON messages FROM PUBLIC")
+        _, found = doctor("--fix")   # (the memory has no vector: Ollama is off; --fix does not embed)
+        assert not found["vector index"]["ok"] and found["vector index"]["fix"] == "muninn maintain"
+        assert found["stored values"]["ok"] and found["permissions"]["ok"] and "only the owner" in found["permissions"]["detail"]
+    finally:
+        sql(backend, f"REVOKE ALL ON memories FROM {READER}", "REVOKE ALL ON messages FROM PUBLIC",
+            f"DROP ROLE IF EXISTS {READER}")
+
+
+def test_doctor_names_a_dead_maintenance_run_that_still_holds_the_lease(doctor, backend):
+    assert cli.main(["stats"]) == 0
+    dead = f"{socket.gethostname()}:999999999:abcdef@{leases._place()}"   # this machine, no such pid
+    with psycopg.connect(backend, autocommit=True) as conn:
+        conn.execute("INSERT INTO meta (key, value) VALUES ('lease.maintenance', %s)",
+                     (json.dumps({"holder": dead, "expires": time.time() + 90}),))
+    healthy, found = doctor()
+    assert healthy, found
+    assert f"held by {dead}, a process of this machine that is gone" in found["maintenance"]["detail"]
