@@ -1,10 +1,12 @@
 """Helpers shared by the lifecycle tests (extraction, write-time rules, maintenance)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
-from typing import Sequence
+import time
+from typing import Awaitable, Callable, Sequence
 
 from bot.conversation.exchange import Exchange
 from bot.lifecycle import maintenance, writes
@@ -146,3 +148,17 @@ def blend(i: int, j: int, cos: float) -> list[float]:
 
 async def one(engine, memory_id: int) -> store.Memory:
     return await engine.write(store.get, memory_id)
+
+
+async def until(condition: Callable[[], Awaitable[bool] | bool], what: str, timeout: float = 30.0) -> None:
+    """Poll `condition` until it holds: tests wait on what they need, never on a fixed time (the
+    CI machine's 2 shared cores can stall any step for a while)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = condition()
+        if not isinstance(held, bool):
+            held = await held
+        if held:
+            return
+        assert time.monotonic() < deadline, f"still not {what} after {timeout} s"
+        await asyncio.sleep(0.02)

@@ -31,6 +31,7 @@ from tests.helpers import (
     links_of,
     memories_of,
     per_author,
+    until,
 )
 
 pytestmark = pytest.mark.usefixtures("backend")  # extraction and fact storage on both storage backends
@@ -460,8 +461,8 @@ async def test_a_busy_channel_is_cut_into_batches(engine, fake_ollama, script):
     extractor = Extractor(engine, batch_delay=10)
     for i in range(9):                       # MAX_BATCH = 8 flushes without waiting
         extractor.submit(exchange(f"message {i}", message_id=i))
-    await asyncio.sleep(0.2)
-    assert len(script.seen["extract"]) == 1
+    await until(lambda: extractor.processed == 1, "the first batch extracted")
+    assert len(script.seen["extract"]) == 1 and len(extractor._pending[CHANNEL]) == 1  # the 9th waits its 10 s
     await extractor.close()
     assert len(script.seen["extract"]) == 2
 
@@ -506,7 +507,7 @@ async def test_forget_during_extraction_stores_nothing_of_that_person(engine, fa
     else:
         fake_ollama.chat_replies.append(FakeOllama.TIMEOUT)              # wait, then the script's answer
         script.add("extract", answer)
-    fake_ollama.delay = 0.3
+    fake_ollama.delay = 1.0  # the forget below must come while the slow call is in flight: 1 s of stall spare
     before = len(await memories_of(engine))
     extractor = Extractor(engine, batch_delay=0.01)
     extractor.submit(exchange("I live in Oslo. We play chess here on Fridays."))

@@ -6,6 +6,7 @@ for its locks exactly as two bot processes do."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
@@ -16,7 +17,7 @@ from bot.lifecycle.fact_store import store_facts
 from bot.lifecycle.facts import Fact
 from bot.memory import leases
 from bot.memory.engine import Engine
-from tests.helpers import ALICE, CHANNEL, GUILD, exchange, memories_of, one
+from tests.helpers import ALICE, CHANNEL, GUILD, exchange, memories_of, one, until
 
 pytestmark = pytest.mark.usefixtures("backend")  # two "processes" on one SQLite file or PostgreSQL database
 
@@ -38,9 +39,15 @@ async def test_one_lease_holder_at_a_time_and_a_free_or_expired_lease_is_taken(t
     assert await second.lease_holder("job") == "a"
     assert not await second.release_lease("job", "b")             # only the holder can give it up
     assert await first.release_lease("job", "a") and await second.lease_holder("job") is None
-    assert await second.take_lease("job", "b", 0.05) and not await first.take_lease("job", "a", 60)
-    await asyncio.sleep(0.1)                                       # "b" died without releasing
-    assert await first.lease_holder("job") is None and await first.take_lease("job", "a", 60)
+    asked = time.time()
+    assert await second.take_lease("job", "b", 1.0)
+    refused = not await first.take_lease("job", "a", 60)
+    assert refused or time.time() - asked >= 1.0                  # refused while b's lease stands (a stall aside)
+
+    async def expired() -> bool:                                   # "b" died without releasing
+        return await first.lease_holder("job") is None
+    await until(expired, "expired")
+    assert await first.take_lease("job", "a", 60)
 
 
 async def test_contenders_racing_for_a_free_lease_get_exactly_one_holder(make_settings, fake_ollama):
@@ -55,6 +62,31 @@ async def test_contenders_racing_for_a_free_lease_get_exactly_one_holder(make_se
     finally:
         for engine in engines:
             await engine.close()
+
+
+LEASE_S = 3.0  # renewed every second: a lapse needs a 2 s stall of a process (the bot's: 60 s of 90)
+
+
+async def lease_row(engine: Engine) -> tuple[str, float] | None:
+    """(holder, expiry) of the maintenance lease as stored (portable SQL: both backends)."""
+    rows = await engine.read(lambda conn: conn.execute(
+        "SELECT value FROM meta WHERE key = ?", (f"lease.{maintenance.MAINTENANCE_LEASE}",)).fetchall())
+    if not rows:
+        return None
+    lease = json.loads(rows[0][0])
+    return lease["holder"], float(lease["expires"])
+
+
+async def renewals(engine: Engine, holder: str, count: int) -> None:
+    """Until `holder` has renewed the lease `count` times from now (each renewal moves its expiry)."""
+    seen: set[float] = set()
+
+    async def renewed() -> bool:
+        row = await lease_row(engine)
+        if row is not None and row[0] == holder:
+            seen.add(row[1])
+        return len(seen) > count
+    await until(renewed, f"renewed {count} times by {holder}")
 
 
 async def test_maintenance_runs_in_exactly_one_process_and_the_other_takes_over(two, caplog):
@@ -72,25 +104,24 @@ async def test_maintenance_runs_in_exactly_one_process_and_the_other_takes_over(
         maintenance.run_maintenance = counted  # type: ignore[assignment]
         try:
             tasks = {name: asyncio.create_task(maintenance.maintain_periodically(
-                engine, hours=1.0, first_delay=0.0, lease_seconds=0.3, holder=name))
+                engine, hours=1.0, first_delay=0.0, lease_seconds=LEASE_S, holder=name))
                 for name, engine in (("first", first), ("second", second))}
-            for _ in range(100):
-                if runs and await first.last_run("maintenance") is not None:
-                    break
-                await asyncio.sleep(0.02)
-            await asyncio.sleep(0.3)                        # two renewals later: still one run
+
+            async def ran() -> bool:
+                return bool(runs) and await first.last_run("maintenance") is not None
+            await until(ran, "run once")
+            holder = runs[0]
+            await renewals(first, holder, 2)                 # two renewals later: still one run
             assert len(runs) == 1 and (await one(first, faded)).archived_at is not None
-            holder = await first.lease_holder("maintenance")
-            assert holder == runs[0]
+            assert await first.lease_holder("maintenance") == holder
             tasks[holder].cancel()                          # the holder stops (and releases the lease)
             await asyncio.gather(tasks[holder], return_exceptions=True)
             other = "second" if holder == "first" else "first"
-            for _ in range(50):
-                if await first.lease_holder("maintenance") == other:
-                    break
-                await asyncio.sleep(0.02)
-            assert await first.lease_holder("maintenance") == other
-            await asyncio.sleep(0.2)
+
+            async def taken_over() -> bool:
+                return await first.lease_holder("maintenance") == other
+            await until(taken_over, f"taken over by {other}")
+            await renewals(first, other, 1)                 # it has looked at the schedule since
             assert len(runs) == 1            # the schedule is shared: the next run is due in an hour
             tasks[other].cancel()
             await asyncio.gather(tasks[other], return_exceptions=True)
@@ -102,19 +133,25 @@ async def test_maintenance_runs_in_exactly_one_process_and_the_other_takes_over(
 
 async def test_a_holder_that_dies_is_replaced_when_its_lease_expires(two):
     first, second = two
-    assert await first.take_lease(maintenance.MAINTENANCE_LEASE, "crashed", 0.3)   # never renewed, never released
+    assert await first.take_lease(maintenance.MAINTENANCE_LEASE, "crashed", 1.0)   # never renewed, never released
+    [(_, expires)] = [await lease_row(first)]
+    started: list[float] = []
+    real_run = maintenance.run_maintenance
+
+    async def timed(engine):
+        started.append(time.time())
+        return await real_run(engine)
+    maintenance.run_maintenance = timed  # type: ignore[assignment]
     task = asyncio.create_task(maintenance.maintain_periodically(second, hours=1.0, first_delay=0.0,
                                                                 lease_seconds=0.3, holder="heir"))
     try:
-        await asyncio.sleep(0.15)
-        assert await second.last_run(maintenance.MAINTENANCE_LEASE) is None   # not while the lease stands
-        for _ in range(100):
-            if await second.last_run(maintenance.MAINTENANCE_LEASE) is not None:
-                break
-            await asyncio.sleep(0.02)
+        async def ran() -> bool:
+            return await second.last_run(maintenance.MAINTENANCE_LEASE) is not None
+        await until(ran, "run by the heir")
         assert await second.lease_holder(maintenance.MAINTENANCE_LEASE) == "heir"
-        assert await second.last_run(maintenance.MAINTENANCE_LEASE) is not None
+        assert len(started) == 1 and started[0] >= expires                        # not while the lease stood
     finally:
+        maintenance.run_maintenance = real_run  # type: ignore[assignment]
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
