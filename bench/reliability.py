@@ -80,6 +80,9 @@ def count(db_path: Path, sql: str, params: tuple = ()) -> int:
     if not db_path.exists():
         return 0
     conn = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
+    # Wait as Muninn's own connections do: a checkpoint of a maintain still running can make a
+    # reader wait a moment (with no busy timeout, BusyError at once: the flaky "two imports" test).
+    conn.set_busy_timeout(5000)
     try:
         return conn.execute(sql, params).fetchall()[0][0]
     finally:
