@@ -1,66 +1,92 @@
-"""Where one PostgreSQL fact write's time goes (bench/README.md, issue 13):
+"""Where one fact write's time goes (bench/README.md, issue 13):
 
-    python -m bench.pg_write_profile postgresql://.../a_scratch_copy_of_a_world 100 [--sample]
+    python -m bench.pg_write_profile postgresql://.../a_scratch_copy_of_a_world 100 [--mode own|shared]
+                                     [--writers N] [--sample]
 
-One writer stores `count` new facts the way the bot does (`fact_store.store_facts`, embedding
-from the bench's hash embed server), after 5 warm-up facts. Prints facts/s; per fact the wall
-time, this process's CPU (all threads) and the PostgreSQL server's (the backends serving this
-database, from /proc: the server must run on this machine); the time in each phase (embedding,
-planning on a read connection, the write transaction) and the slowest statements (client-side
-wall, round trip included). It writes to the database: give it a scratch copy.
-`--sample`: also where this process's Python spends its time, by sampling every thread's stack
-each millisecond (cProfile sees only the event loop's thread; the writes run on the engine's).
+`writers` processes (default 1) each store `count` new facts the way the bot does
+(`fact_store.store_facts`, embedding from the bench's hash embed server), after 5 warm-up facts,
+all starting at once; the facts are bench/pg_speed.py's (`own`: each writer its own user's
+personal facts; `shared`: the busy channel and three shared users). Prints facts/s and, per fact
+(averaged over the writers), where the time goes:
+  - wall; CPU of the writer process (all threads), of the PostgreSQL server (the backends
+    serving this database, from /proc: the server must run on this machine) and of the embed
+    server (the embedding stand-in: a hash, no model; a real Ollama costs far more);
+  - each phase as the event loop sees it (embedding over HTTP, planning on a read connection,
+    the write transaction), and inside the planning and write jobs: the job's wall on its
+    thread, that thread's CPU, the round trips (every psycopg wait: statements, BEGIN, COMMIT,
+    savepoints) and the wall spent in them; "hop" is the loop's wall minus the job's (handing the
+    job to the thread and the result back);
+  - the per-key fact lock (PostgreSQL: the advisory lock; SQLite: BEGIN IMMEDIATE): the wait for
+    it and how long it is held (taken -> the transaction's end);
+  - the slowest statements (client-side wall, round trip included).
+A first argument that is not a postgresql:// URL is a SQLite file (a scratch copy: it is written).
+`--sample`: also where the (single) writer's Python spends its time, sampling every thread's
+stack each millisecond (cProfile sees only the event loop's thread; the jobs run on others).
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
+import multiprocessing
 import os
 import sys
 import threading
 import time
 from typing import Any
 
-import psycopg
-
 from bot.memory.engine import Engine
 from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess
-from .speed import EMBED_MODEL, SkewShape, SkewWorld
+from .speed import EMBED_MODEL
 
-phases: dict[str, float] = collections.defaultdict(float)
+COUNTERS = ("embed_wall", "plan_wall", "write_wall", "plan_job", "write_job", "plan_cpu", "write_cpu",
+            "plan_trips", "write_trips", "plan_trip_wall", "write_trip_wall", "lock_wait", "lock_held")
+totals: dict[str, float] = collections.defaultdict(float)
 statements: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
 recording = [False]
+_here = threading.local()  # the job running on this thread: its round trips
 
 
-def server_pids(url: str) -> set[int]:
-    """The server processes serving this database now (pg_stat_activity: the engine's
-    connections, autovacuum on it); other databases' work (an index build elsewhere) is left out."""
+def postmaster_pid(url: str) -> int:
+    """The server's main process (the parent of a backend; the server must run on this machine)."""
+    import psycopg
     with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND pid != pg_backend_pid()").fetchall()
-    return {int(row[0]) for row in rows}
+        backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+        fields = _stat(backend)
+    assert fields is not None, "the PostgreSQL server must run on this machine"
+    return int(fields[1])
 
 
-def server_cpu_s(pids: set[int]) -> dict[int, float]:
-    """CPU seconds (user + system) of each of these processes (on this machine, from /proc)."""
-    out: dict[int, float] = {}
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            stat = stat_file.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) of `root`, its live children and the children it has reaped:
+    a whole PostgreSQL server (backends that exit count through the postmaster's cutime)."""
     tick = os.sysconf("SC_CLK_TCK")
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as stat_file:
-                stat = stat_file.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[pid] = (int(fields[11]) + int(fields[12])) / tick
-    return out
+    fields = _stat(root)
+    if fields is None:
+        return 0.0
+    total = sum(int(fields[i]) for i in (11, 12, 13, 14))
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            child = _stat(int(entry))
+            if child is not None and child[1] == str(root):
+                total += int(child[11]) + int(child[12])
+    return total / tick
 
 
-def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU spent meanwhile by the processes alive at both ends."""
-    return sum(after[pid] - before[pid] for pid in before.keys() & after.keys())
+def process_cpu_s(pid: int) -> float:
+    fields = _stat(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # Leaf frames where a thread waits rather than runs (sockets, queues, locks, the event loop's poll).
@@ -127,7 +153,11 @@ def _short(filename: str) -> str:
 
 
 def instrument() -> None:
-    """Time Engine.read / write / embed_or_none and every psycopg statement while recording."""
+    """Time the phases, the jobs on their threads, every psycopg round trip and the fact lock."""
+    from bot.lifecycle import fact_store
+    from bot.memory import transactions
+    from bot.memory.postgres.backend import PostgresStorage
+
     def timed(name: str, method: Any) -> Any:
         async def wrapper(self: Engine, *args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
@@ -135,14 +165,75 @@ def instrument() -> None:
                 return await method(self, *args, **kwargs)
             finally:
                 if recording[0]:
-                    phases[name] += time.perf_counter() - started
+                    totals[name] += time.perf_counter() - started
         return wrapper
-    Engine.read = timed("planning (Engine.read: the duplicate search)", Engine.read)  # type: ignore[method-assign]
-    Engine.write = timed("the write transaction (Engine.write)", Engine.write)  # type: ignore[method-assign]
-    Engine.embed_or_none = timed("embedding (HTTP)", Engine.embed_or_none)  # type: ignore[method-assign]
+    Engine.read = timed("plan_wall", Engine.read)  # type: ignore[method-assign]
+    Engine.write = timed("write_wall", Engine.write)  # type: ignore[method-assign]
+    Engine.embed_or_none = timed("embed_wall", Engine.embed_or_none)  # type: ignore[method-assign]
+
+    def job(name: str, function: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            _here.trips, _here.trip_wall, _here.job, _here.locked_at = 0, 0.0, name, None
+            started, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                if recording[0]:
+                    ended = time.perf_counter()
+                    totals[f"{name}_job"] += ended - started
+                    totals[f"{name}_cpu"] += time.thread_time() - cpu
+                    totals[f"{name}_trips"] += _here.trips
+                    totals[f"{name}_trip_wall"] += _here.trip_wall
+                    if name == "write" and getattr(_here, "locked_at", None) is not None:
+                        totals["lock_held"] += ended - _here.locked_at
+                _here.job, _here.locked_at = None, None
+        return wrapper
+    fact_store._plan_updates = job("plan", fact_store._plan_updates)  # type: ignore[assignment]
+    fact_store._write_if_kept = job("write", fact_store._write_if_kept)  # type: ignore[assignment]
+
+    def timed_lock(method: Any) -> Any:  # the wait for the key locks: the statement(s) taking them
+        def wrapper(self: Any, conn: Any, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            result = method(self, conn, *args, **kwargs)
+            if getattr(_here, "locked_at", None) is None:
+                _here.locked_at = time.perf_counter()
+                if recording[0]:
+                    totals["lock_wait"] += _here.locked_at - started
+            return result
+        return wrapper
+    PostgresStorage.lock_keys = timed_lock(PostgresStorage.lock_keys)  # type: ignore[method-assign]
+    if hasattr(PostgresStorage, "begin_fact_write"):  # the locks and the checks after them, one round trip
+        PostgresStorage.begin_fact_write = timed_lock(PostgresStorage.begin_fact_write)  # type: ignore[attr-defined]
+
+    begin = transactions._begin_immediate
+
+    def timed_begin(conn: Any) -> None:  # SQLite: the file's write lock
+        started = time.perf_counter()
+        begin(conn)
+        if getattr(_here, "job", None) == "write":
+            _here.locked_at = time.perf_counter()
+            if recording[0]:
+                totals["lock_wait"] += _here.locked_at - started
+    transactions._begin_immediate = timed_begin
+
+    try:
+        import psycopg
+    except ImportError:
+        return
+    wait = psycopg.Connection.wait
+
+    def timed_wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return wait(self, gen, *args, **kwargs)
+        finally:
+            if getattr(_here, "job", None) is not None:
+                _here.trips += 1
+                _here.trip_wall += time.perf_counter() - started
+    psycopg.Connection.wait = timed_wait  # type: ignore[method-assign]
     execute = psycopg.Connection.execute
 
-    def timed_execute(self: psycopg.Connection, query: Any, *args: Any, **kwargs: Any) -> Any:
+    def timed_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         result = execute(self, query, *args, **kwargs)
         if recording[0]:
@@ -154,49 +245,121 @@ def instrument() -> None:
     psycopg.Connection.execute = timed_execute  # type: ignore[method-assign]
 
 
-async def profile(url: str, embed_url: str, count: int, sampler: StackSampler | None = None) -> None:
+def _settings_env(target: str, embed_url: str) -> dict[str, str]:
+    pg = target.startswith("postgresql://")
+    return {"MUNINN_DB_PATH": "/nonexistent.db" if pg else target, "MUNINN_DATABASE_URL": target if pg else "",
+            "OLLAMA_URL": embed_url, "OLLAMA_EMBED_MODEL": EMBED_MODEL, "OLLAMA_COOLDOWN": "0",
+            "OLLAMA_EMBED_TIMEOUT": "30", "MUNINN_MAINTENANCE_HOURS": "0"}
+
+
+async def profile(target: str, embed_url: str, count: int, mode: str, seed: int, start_at: float | None,
+                  at_start: Any = None) -> dict:
     from bot.lifecycle import fact_store
-    from bot.lifecycle.facts import Fact
-    env = {"MUNINN_DB_PATH": "/nonexistent.db", "MUNINN_DATABASE_URL": url, "OLLAMA_URL": embed_url,
-           "OLLAMA_EMBED_MODEL": EMBED_MODEL, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30",
-           "MUNINN_MAINTENANCE_HOURS": "0"}
-    world = SkewWorld(SkewShape(1000), seed=int(time.time()))  # new sentences: new facts, not reinforcements
-    facts = [Fact(world.sentence(), "someone", "personal", 0.5, owner_id=1010, channel_id=100_011, guild_id=1)
-             for _ in range(count + 5)]
-    async with Engine(load_settings(env), warm=False) as engine:
+
+    from .pg_speed import writer_facts
+    facts = writer_facts(mode, count + 5, seed)  # new sentences per seed: new facts, not reinforcements
+    async with Engine(load_settings(_settings_env(target, embed_url)), warm=False) as engine:
         for fact in facts[:5]:
             await fact_store.store_facts(engine, [fact])
-        pids = server_pids(url)
-        wall, cpu, server_at_start = time.perf_counter(), time.process_time(), server_cpu_s(pids)
+        if start_at is not None:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+        if at_start is not None:
+            at_start()
+        wall, cpu = time.perf_counter(), time.process_time()
         recording[0] = True
         for fact in facts[5:]:
             await fact_store.store_facts(engine, [fact])
         recording[0] = False
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        server = cpu_between(server_at_start, server_cpu_s(pids))
-    print(f"{count} facts: {count / wall:.1f} facts/s; per fact: wall {wall / count * 1000:.1f} ms, this process's "
-          f"CPU {cpu / count * 1000:.1f} ms, PostgreSQL's CPU {server / count * 1000:.1f} ms")
-    for name, seconds in phases.items():
-        print(f"  {name}: {seconds / count * 1000:.1f} ms per fact")
-    print("  statements (wall in the client, round trip included):")
-    for text, (calls, seconds) in sorted(statements.items(), key=lambda item: -item[1][1])[:12]:
-        print(f"    {calls / count:4.1f} per fact {seconds / count * 1000:6.2f} ms per fact  {text}")
-    if sampler is not None:
-        sampler.report(count, wall)
+    return {"wall": wall, "cpu": cpu, "totals": dict(totals), "statements": dict(statements)}
+
+
+def _one_writer(target: str, embed_url: str, count: int, mode: str, seed: int, start_at: float, results: Any) -> None:
+    instrument()
+    results.put(asyncio.run(profile(target, embed_url, count, mode, seed, start_at)))
+
+
+def run(target: str, count: int, mode: str, writers: int, sample: bool) -> dict:
+    """Profile `writers` processes at once (1: in this process); print and return the breakdown."""
+    pg = target.startswith("postgresql://")
+    server = postmaster_pid(target) if pg else None
+    embed = EmbedServerProcess("hash", dim=768)
+    at: dict[str, float] = {}
+
+    def at_start() -> None:
+        at["server"] = tree_cpu_s(server) if server is not None else 0.0
+        at["embed"] = process_cpu_s(embed.proc.pid) if embed.proc is not None else 0.0
+
+    with embed as embed_url:
+        if writers == 1:
+            instrument()
+            if sample:
+                with StackSampler() as sampler:
+                    results = [asyncio.run(profile(target, embed_url, count, mode, 10, None, at_start))]
+                sampler.report(count, results[0]["wall"])
+            else:
+                results = [asyncio.run(profile(target, embed_url, count, mode, 10, None, at_start))]
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            queue = ctx.Queue()
+            start_at = time.time() + 4 + writers
+            procs = [ctx.Process(target=_one_writer, args=(target, embed_url, count, mode, 10 + n, start_at, queue))
+                     for n in range(writers)]
+            for proc in procs:
+                proc.start()
+            time.sleep(max(0.0, start_at - time.time()))
+            at_start()
+            results = [queue.get(timeout=900) for _ in procs]
+            for proc in procs:
+                proc.join()
+        time.sleep(0.5)  # the writers' server backends have exited: their CPU reaches the postmaster when reaped
+        server_cpu = tree_cpu_s(server) - at["server"] if server is not None else 0.0
+        embed_cpu = process_cpu_s(embed.proc.pid) - at["embed"] if embed.proc is not None else 0.0
+    facts = count * writers
+    span = max(r["wall"] for r in results)
+    merged: dict[str, float] = collections.defaultdict(float)
+    for r in results:
+        for key, value in r["totals"].items():
+            merged[key] += value
+    per = {key: merged[key] / facts * (1 if key.endswith("trips") else 1000) for key in COUNTERS}
+    out = {"backend": "postgresql" if pg else "sqlite", "mode": mode, "writers": writers, "facts": facts,
+           "facts_per_s": round(facts / span, 1), "load": round(os.getloadavg()[0], 2),
+           "wall_ms": round(sum(r["wall"] for r in results) / facts * 1000, 2),
+           "client_cpu_ms": round(sum(r["cpu"] for r in results) / facts * 1000, 2),
+           "server_cpu_ms": round(server_cpu / facts * 1000, 2) if pg else None,
+           "embed_server_cpu_ms": round(embed_cpu / facts * 1000, 2),
+           **{key: round(value, 2) for key, value in per.items()}}
+    out["plan_hop_ms"] = round(out["plan_wall"] - out["plan_job"], 2)
+    out["write_hop_ms"] = round(out["write_wall"] - out["write_job"], 2)
+    print(f"{out['backend']} {mode} keys, {writers} writer(s) x {count} facts: {out['facts_per_s']} facts/s "
+          f"(load {out['load']}); per fact: wall {out['wall_ms']} ms; CPU: writer process {out['client_cpu_ms']}, "
+          f"PostgreSQL {out['server_cpu_ms']}, embed server {out['embed_server_cpu_ms']} ms")
+    for phase in ("plan", "write"):
+        print(f"  {phase}: {out[f'{phase}_wall']} ms as the loop sees it = job {out[f'{phase}_job']} (thread CPU "
+              f"{out[f'{phase}_cpu']}; {out[f'{phase}_trips']} round trips, {out[f'{phase}_trip_wall']} ms in them) "
+              f"+ hop {out[f'{phase}_hop_ms']}")
+    print(f"  embedding (HTTP): {out['embed_wall']} ms; fact lock: wait {out['lock_wait']} ms, held {out['lock_held']} ms")
+    if pg:
+        merged_statements: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+        for r in results:
+            for text, (calls, seconds) in r["statements"].items():
+                merged_statements[text][0] += calls
+                merged_statements[text][1] += seconds
+        print("  statements (wall in the client, round trip included):")
+        for text, (calls, seconds) in sorted(merged_statements.items(), key=lambda item: -item[1][1])[:12]:
+            print(f"    {calls / facts:4.1f} per fact {seconds / facts * 1000:6.2f} ms per fact  {text}")
+    return out
 
 
 def main(argv: list[str]) -> None:
-    sample = "--sample" in argv
-    argv = [a for a in argv if a != "--sample"]
-    if len(argv) != 2:
-        raise SystemExit("usage: python -m bench.pg_write_profile postgresql://... COUNT [--sample]")
-    instrument()
-    with EmbedServerProcess("hash", dim=768) as embed_url:
-        if not sample:
-            asyncio.run(profile(argv[0], embed_url, int(argv[1])))
-            return
-        with StackSampler() as sampler:
-            asyncio.run(profile(argv[0], embed_url, int(argv[1]), sampler))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("target", help="postgresql://... URL or a SQLite file: a scratch copy of a world")
+    parser.add_argument("count", type=int, help="facts per writer")
+    parser.add_argument("--mode", choices=("own", "shared"), default="own")
+    parser.add_argument("--writers", type=int, default=1)
+    parser.add_argument("--sample", action="store_true", help="sample the stacks (one writer only)")
+    args = parser.parse_args(argv)
+    run(args.target, args.count, args.mode, args.writers, args.sample)
 
 
 if __name__ == "__main__":

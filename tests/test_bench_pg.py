@@ -41,3 +41,21 @@ def shared_rows(url: str) -> dict[str, int]:
     with psycopg.connect(url) as conn:
         return dict(conn.execute("SELECT scope, count(*) FROM memories WHERE channel_id = %s AND owner_id = ANY(%s) "
                                  "GROUP BY scope", (pg_speed.BUSY_CHANNEL, list(pg_speed.SHARED_USERS))).fetchall())
+
+
+def test_write_profile_splits_a_fact_and_its_transaction_is_four_round_trips(postgres_url):
+    """bench/pg_write_profile.py (in its own process: it instruments the engine's classes): one
+    writer's facts; the write transaction is BEGIN, the locks with the checks after them, the
+    memory with its vector, COMMIT (13 round trips before issue 13's writers round)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import json; from bench.pg_write_profile import run; "
+            f"print('JSON', json.dumps(run({postgres_url!r}, 3, 'shared', 1, False)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("JSON"))[5:])
+    assert out["facts"] == 3 and out["facts_per_s"] > 0 and out["write_trips"] == 4.0
+    assert out["lock_held"] > 0 and out["plan_trips"] >= 3 and out["server_cpu_ms"] is not None

@@ -118,6 +118,21 @@ async def test_an_update_archives_the_old_fact_with_a_link_to_its_replacement(en
     assert (await one(engine, old)).archived_at is None
 
 
+async def test_a_fact_retired_earlier_in_the_same_write_is_no_duplicate_of_a_later_one(engine, fake_ollama, script):
+    """The write reads each fact's exact-text check once, at its start (storage.begin_fact_write):
+    a memory that an earlier fact of the same write retired must not be reinforced by a later one."""
+    fake_ollama.vectors["Alice lives in Oslo."] = axis(0)
+    fake_ollama.vectors["Alice lives in Bergen."] = blend(0, 1, 0.81)
+    (old,) = await store_facts(engine, [personal("Alice lives in Oslo.")], exchange("."))
+    script.add("update", decide(replaces=("Alice lives in Oslo.",)))
+    outcome = await store_facts_detailed(engine, [personal("Alice lives in Bergen.", source=2),
+                                                  personal("Alice lives in Oslo.", source=3)], exchange("."))
+    bergen, oslo_again = outcome.ids
+    assert outcome.superseded == [(old, bergen)] and outcome.reinforced == []
+    assert oslo_again not in (old, bergen) and (await one(engine, old)).archived_at is not None
+    assert {m.text for m in await memories_of(engine)} == {"Alice lives in Bergen.", "Alice lives in Oslo."}
+
+
 async def test_without_a_valid_verdict_both_facts_are_kept(engine, fake_ollama, script):
     fake_ollama.vectors["Alice lives in Oslo."] = axis(0)
     fake_ollama.vectors["Alice lives in Bergen."] = blend(0, 1, 0.81)

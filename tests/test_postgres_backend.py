@@ -252,3 +252,48 @@ def test_a_vector_change_committed_after_a_newer_one_still_counts_as_a_change(po
     finally:
         slow.close()
         storage.close(conn)
+
+
+def test_a_fact_write_waiting_for_its_key_sees_what_the_holder_stored(postgres_url):
+    """begin_fact_write sends the key lock and the checks after it as one round trip: the server
+    runs them in order, each with its own snapshot, so a writer that waited for the key sees the
+    fact and the vector its holder committed (one snapshot for all would see neither, and both
+    processes would store the fact)."""
+    import threading
+    import time
+
+    from bot.memory import fts
+    storage = PostgresStorage(postgres_url)
+    holder, waiter = storage.open_writer(), storage.open_writer()
+    memory = NewMemory("Alice keeps bees", "global")
+    try:
+        assert storage.index_for(holder, "m", 3) is not None
+        mark = storage.change_mark(waiter)
+        seen: dict = {}
+
+        def wait_for_the_key() -> None:
+            with waiter.transaction():
+                seen["start"] = storage.begin_fact_write(waiter, [memory.vis_key], "m", 3, mark,
+                                                         [(memory.vis_key, fts.tokens(memory.text))], 50)
+        with holder.transaction():
+            info, unchanged, hits = storage.begin_fact_write(holder, [memory.vis_key], "m", 3, mark,
+                                                             [(memory.vis_key, fts.tokens(memory.text))], 50)
+            assert info is not None and unchanged and hits == [[]]
+            (stored,) = storage.insert(holder, [memory], base_stability_days=7, model="m", vecs=[[1.0, 0.0, 0.0]],
+                                       now=None, info=info)
+            other = threading.Thread(target=wait_for_the_key)
+            other.start()
+            with psycopg.connect(postgres_url, autocommit=True) as watch:
+                for _ in range(200):  # until the other writer waits for the key's lock
+                    if watch.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                     "AND NOT granted").fetchone()[0]:
+                        break
+                    time.sleep(0.02)
+                else:
+                    raise AssertionError("the second writer never waited for the key")
+        other.join(10)
+        info, unchanged, hits = seen["start"]
+        assert info is not None and not unchanged and hits == [[(stored, "Alice keeps bees")]]
+    finally:
+        storage.close(holder)
+        storage.close(waiter)

@@ -85,9 +85,8 @@ def _plan_updates(conn: apsw.Connection, model: str, memories: list[NewMemory],
     """For each fact that is not a plain duplicate: the older memories the LLM should judge;
     and each fact's search of its own key with the change mark it was made at (the write
     reuses it if no vector changed meanwhile). Read-only: the index is created by the write."""
-    storage = storage_of(conn)
-    mark = storage.change_mark(conn)
-    info = storage.current_index(conn, model) if vecs else None
+    mark, info = storage_of(conn).plan_state(conn, model)  # one round trip on PostgreSQL (were two)
+    info = info if vecs else None
     out: list[list[tuple[int, str]]] = []
     searched: list[list[tuple[int, float]] | None] = []
     for index, memory in enumerate(memories):

@@ -202,13 +202,20 @@ def same_subject(a: store.Memory | store.NewMemory, b: store.Memory | store.NewM
     return True
 
 
-def same_text_match(conn: apsw.Connection, vis_key: str, text: str) -> int | None:
-    """An active memory under `vis_key` whose normalised text equals `text`'s."""
+SAME_TEXT_LIMIT = 50   # memories holding every word of a new fact, checked for the same text
+
+
+def same_text_match(conn: apsw.Connection, vis_key: str, text: str,
+                    found: Sequence[tuple[int, str]] | None = None) -> int | None:
+    """An active memory under `vis_key` whose normalised text equals `text`'s. `found`: the
+    keyword search of `text`'s words under `vis_key` the caller has made (storage.begin_fact_write)."""
     wanted = normalise(text)
     words = fts.tokens(text)
     rows: Any
-    if words:
-        rows = storage_of(conn).keyword_search(conn, words, [vis_key], all_words=True, limit=50)
+    if words and found is not None:
+        rows = found
+    elif words:
+        rows = storage_of(conn).keyword_search(conn, words, [vis_key], all_words=True, limit=SAME_TEXT_LIMIT)
     else:  # only stop words: compare directly (rare, short texts)
         rows = conn.execute("SELECT id, text FROM memories WHERE vis_key = ? AND " + ACTIVE +
                             " ORDER BY id LIMIT 500", (vis_key,))
@@ -232,10 +239,12 @@ def texts_of(conn: apsw.Connection, ids: Sequence[int]) -> dict[int, str]:
 
 def find_duplicate(conn: apsw.Connection, info: vectors.IndexInfo | None, memory: store.NewMemory,
                    vector: Sequence[float] | None, threshold: float,
-                   near: Sequence[tuple[int, float]] | None = None) -> int | None:
+                   near: Sequence[tuple[int, float]] | None = None,
+                   same_words: Sequence[tuple[int, str]] | None = None) -> int | None:
     """An active memory with the same visibility key that says the same thing, if any. `near`:
-    the caller's `nearest(..., [memory.vis_key], k >= DUPLICATE_NEIGHBOURS)`, to search once."""
-    match = same_text_match(conn, memory.vis_key, memory.text)
+    the caller's `nearest(..., [memory.vis_key], k >= DUPLICATE_NEIGHBOURS)`, to search once;
+    `same_words`: its keyword search for the exact-text check (`same_text_match`)."""
+    match = same_text_match(conn, memory.vis_key, memory.text, same_words)
     if match is not None:
         return match
     if near is None:
@@ -312,11 +321,13 @@ def link_similar(conn: apsw.Connection, info: vectors.IndexInfo | None, memory_i
     if neighbours is None:
         neighbours = [(other, vectors.cosine_from_distance(distance))
                       for other, distance in storage_of(conn).similar_to_memory(conn, info, memory_id, [vis_key], k)]
+    close = [(other, cosine) for other, cosine in neighbours[:k] if other != memory_id and cosine >= threshold]
+    if not close:  # no transaction (inside a fact write: no savepoint, two round trips on PostgreSQL)
+        return 0
     added = 0
     with write_transaction(conn):
-        for other, cosine in neighbours[:k]:
-            if other != memory_id and cosine >= threshold:
-                added += add_semantic_link(conn, memory_id, other, cosine, now=now)
+        for other, cosine in close:
+            added += add_semantic_link(conn, memory_id, other, cosine, now=now)
     return added
 
 
@@ -356,20 +367,31 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
     `searched_mark`; reused when no vector was stored or removed since."""
     out = WriteOutcome()
     storage = storage_of(conn)
+    probes = [(m.vis_key, fts.tokens(m.text)) for m in memories]
     with write_transaction(conn):
-        storage.lock_keys(conn, [m.vis_key for m in memories])  # other processes' facts: stored before, or after
-        info = storage.index_for(conn, settings.embed_model, len(vecs[0])) if vecs else None
+        # The keys' locks (other processes' facts: stored before, or after), the index, whether
+        # any vector changed since the planning search and each fact's exact-text duplicate
+        # check, in one step (PostgreSQL: one round trip; the lock is held from here to COMMIT).
+        info, unchanged, same_words = storage.begin_fact_write(
+            conn, [m.vis_key for m in memories], settings.embed_model, len(vecs[0]) if vecs else None,
+            searched_mark if any(s is not None for s in searched) else None, probes, SAME_TEXT_LIMIT)
+        added: list[tuple[str, int, str]] = []   # (vis_key, id, text) stored by this write
+        archived: set[int] = set()
         for index, memory in enumerate(memories):
             vector = vecs[index] if vecs and info is not None else None
             decision = (decisions[index] if index < len(decisions) else None) or UpdateDecision()
-            # One search serves the duplicate check and the semantic links (same key, same vector).
+            # One search serves the duplicate check and the semantic links (same key, same vector);
+            # the planning one while no vector changed, in other processes or in this write.
             earlier = searched[index] if index < len(searched) else None
-            if (earlier is not None and vector is not None and searched_mark is not None
-                    and storage.unchanged_since(conn, searched_mark)):
+            if earlier is not None and vector is not None and unchanged and not (out.inserted or archived):
                 near = earlier
             else:
                 near = nearest(conn, info, vector, [memory.vis_key], FACT_NEIGHBOURS)
-            target = find_duplicate(conn, info, memory, vector, settings.dedup_cosine, near=near)
+            # the exact-text check read at the start, with what this write has stored or archived since
+            words_found = [(mid, text) for mid, text in same_words[index] if mid not in archived]
+            words_found += [(mid, text) for key, mid, text in added if key == memory.vis_key]
+            target = find_duplicate(conn, info, memory, vector, settings.dedup_cosine, near=near,
+                                    same_words=words_found)
             if target is None:
                 target = _llm_duplicate(conn, memory, decision)
             if target is not None:
@@ -379,13 +401,15 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
             else:
                 target = storage.insert(conn, [memory], base_stability_days=settings.base_stability_days,
                                         model=settings.embed_model,
-                                        vecs=[list(vector)] if vector is not None else None, now=now)[0]
+                                        vecs=[list(vector)] if vector is not None else None, now=now, info=info)[0]
                 out.inserted.append(target)
+                added.append((memory.vis_key, target, memory.text))
                 link_similar(conn, info, target, memory.vis_key, threshold=settings.link_cosine, now=now,
                              neighbours=near)
             for old in decision.replaces:
                 if old != target and supersede(conn, old, target, now=now):
                     out.superseded.append((old, target))
+                    archived.add(old)
             out.ids.append(target)
         for a, b in store.pairs(out.ids):
             storage.add_link(conn, a, b, "co_extracted", now=now)

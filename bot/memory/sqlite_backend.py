@@ -113,11 +113,23 @@ class SQLiteStorage:
     def change_mark(self, conn: apsw.Connection) -> int:
         return vectors.change_mark(conn)
 
+    def plan_state(self, conn: apsw.Connection, model: str) -> tuple[int, IndexInfo | None]:
+        return self.change_mark(conn), self.current_index(conn, model)
+
     def unchanged_since(self, conn: apsw.Connection, mark: int) -> bool:
         return vectors.change_mark(conn) == mark  # one writer at a time: seq is commit order
 
     def lock_keys(self, conn: apsw.Connection, keys: Sequence[str]) -> None:
         """Nothing to do: a write transaction begins IMMEDIATE, holding the file's one write lock."""
+
+    def begin_fact_write(self, conn: apsw.Connection, keys: Sequence[str], model: str, dim: int | None, mark: Any,
+                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int
+                         ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:
+        self.lock_keys(conn, keys)
+        info = vectors.index_for(conn, model, dim) if dim is not None else None
+        unchanged = mark is not None and self.unchanged_since(conn, mark)
+        return info, unchanged, [self.keyword_search(conn, words, [key], all_words=True, limit=same_text_limit)
+                                 if words else [] for key, words in probes]
 
     def keyword_search(self, conn: apsw.Connection, words: list[str], keys: list[str], *, all_words: bool,
                        limit: int) -> list[tuple[int, str]]:
@@ -141,9 +153,11 @@ class SQLiteStorage:
 
     # -- writes ------------------------------------------------------------------
     def insert(self, conn: apsw.Connection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
-               model: str, vecs: list[list[float]] | None, now: float | None) -> list[int]:
+               model: str, vecs: list[list[float]] | None, now: float | None,
+               info: IndexInfo | None = None) -> list[int]:
         with write_transaction(conn):
-            info = vectors.index_for(conn, model, len(vecs[0])) if vecs else None
+            if info is None or not vecs or info.model != model or info.dim != len(vecs[0]):
+                info = vectors.index_for(conn, model, len(vecs[0])) if vecs else None
             return store.insert_many(conn, memories, base_stability_days=base_stability_days,
                                      vector_info=info, vectors_=vecs if info else None, now=now)
 

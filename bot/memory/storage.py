@@ -99,6 +99,9 @@ class Storage(Protocol):
                           k: int) -> list[tuple[int, float]]: ...
     def change_mark(self, conn: Connection) -> Any:
         """Where the vector changes stand now, for `unchanged_since`."""
+    def plan_state(self, conn: Connection, model: str) -> tuple[Any, IndexInfo | None]:
+        """(change_mark, current_index(model)) as of one moment: what planning a fact write reads
+        first (PostgreSQL: one round trip)."""
     def unchanged_since(self, conn: Connection, mark: Any) -> bool:
         """No vector was stored or removed since `change_mark` gave `mark` (a search made then
         still holds), counting changes committed since by other processes in any order."""
@@ -109,12 +112,22 @@ class Storage(Protocol):
                        limit: int) -> list[tuple[int, str]]:
         """Active memories under `keys` holding every word (oldest first) or any word (most
         relevant first): [(id, text)]. `words` are fts.tokens, never raw user text."""
+    def begin_fact_write(self, conn: Connection, keys: Sequence[str], model: str, dim: int | None, mark: Any,
+                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int
+                         ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:
+        """The start of a fact write, inside its transaction, in this order: lock_keys(keys);
+        index_for(model, dim) (None when `dim` is None); unchanged_since(mark) (False when `mark`
+        is None); for each (vis_key, words) of `probes`, keyword_search(words, [vis_key],
+        all_words=True, limit=same_text_limit) ([] without words). Everything after the locks
+        sees the facts of whoever held them before. PostgreSQL: one round trip."""
     def reinforce(self, conn: Connection, memory_id: int, *, importance: float, sources: list[str],
                   growth: float, now: float) -> None: ...
 
     # -- writes ------------------------------------------------------------------
     def insert(self, conn: Connection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
-               model: str, vecs: list[list[float]] | None, now: float | None) -> list[int]: ...
+               model: str, vecs: list[list[float]] | None, now: float | None,
+               info: IndexInfo | None = None) -> list[int]:
+        """`info`: the index this transaction has already read (index_for), not read again."""
     def store_vectors(self, conn: Connection, model: str, ids: list[int], vecs: list[list[float]]) -> int: ...
     def delete(self, conn: Connection, memory_ids: Sequence[int]) -> int: ...
     def scrub(self, conn: Connection, forgotten: Sequence[str] = SCRUBBED) -> None:

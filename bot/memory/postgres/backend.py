@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 import threading
 import time
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import psycopg
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 from bot.memory import decay, privacy, ranking, retrieval, store, vectors
 from bot.memory.files import DatabaseError
@@ -50,6 +54,29 @@ def vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vectors.normalise(vector)) + "]"
 
 
+class VectorBinary(bytes):
+    """pgvector's binary form of a vector (what `vector_recv` reads), sent as a binary parameter
+    of an unnamed type: the statement's `%s::vector` makes it one. 0.06 ms of CPU per 768-dim
+    vector where the text form (`vector_literal`: repr of each float, then parsed by the server)
+    took ~0.9 ms, inside the fact write's lock. The same float4 values are stored."""
+
+
+class _VectorBinaryDumper(Dumper):
+    format = Format.BINARY
+
+    def dump(self, obj: Any) -> bytes:
+        return bytes(obj)
+
+
+psycopg.adapters.register_dumper(VectorBinary, _VectorBinaryDumper)
+
+
+def vector_binary(vector: Sequence[float]) -> VectorBinary:
+    """The L2-normalised vector in pgvector's binary form: dimensions, a zero, float4s (big-endian)."""
+    values = vectors.normalise(vector)
+    return VectorBinary(struct.pack(f">HH{len(values)}f", len(values), 0, *values))
+
+
 def _meta(conn: PgConnection, key: str) -> str | None:
     row = conn.pg.execute("SELECT value FROM meta WHERE key = %s", (key,)).fetchone()
     return None if row is None else str(row[0])
@@ -64,6 +91,40 @@ def _lock_in_order(conn: PgConnection, ids: Sequence[int]) -> None:
     """Row locks taken in id order: two processes touching or deleting overlapping sets at once
     then wait for each other instead of deadlocking (one UPDATE ... = ANY locks in scan order)."""
     conn.pg.execute("SELECT id FROM memories WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (sorted(set(ids)),))
+
+
+# Whether no vector changed since a change mark (a snapshot): no log row of a transaction it did not see.
+_UNCHANGED_SINCE = ("SELECT NOT EXISTS (SELECT 1 FROM vector_changes WHERE xid >= pg_snapshot_xmin(%s::pg_snapshot) "
+                    "AND NOT pg_visible_in_snapshot(xid, %s::pg_snapshot))")
+
+
+def _keyword_statement(words: list[str], keys: list[str], *, all_words: bool, limit: int) -> tuple[str, list[Any]]:
+    """keyword_search's statement and parameters (the fact write's duplicate and update checks)."""
+    match = (" && " if all_words else " || ").join(["plainto_tsquery('muninn', %s)"] * len(words))
+    order = "m.id" if all_words else f"ts_rank_cd(m.text_search, {match}) DESC, m.id DESC"
+    # As keywords.fts_candidates: the match written out (from a CTE the planner cannot see the
+    # words) and never prepared (one generic plan for every key and word). A/B at 100k, one
+    # process, load 8-10: any-word p50 44 -> 29 ms, p95 1.7 s -> 0.76 s; all-words the same.
+    return (f"SELECT m.id, m.text FROM memories m WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) "
+            f"AND m.text_search @@ ({match}) ORDER BY {order} LIMIT %s",
+            [keys, *words, *([] if all_words else words), limit])
+
+
+_INSERT_MEMORY = ("INSERT INTO memories (text, scope, owner_id, channel_id, guild_id, vis_key, importance, "
+                  "stability, created_at, updated_at, source_message_ids, external_id, embedded) "
+                  "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+
+
+@contextmanager
+def _atomic(conn: PgConnection) -> Iterator[None]:
+    """One transaction for the block: its own when none is open; inside the caller's, the
+    caller's (no savepoint: two round trips each, and a failure fails the caller's transaction,
+    which rolls back whole; nobody catches a failed insert halfway and carries on)."""
+    if conn.pg.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+        yield
+        return
+    with conn.pg.transaction():
+        yield
 
 
 class PostgresStorage:
@@ -211,10 +272,15 @@ class PostgresStorage:
         assert row is not None
         return str(row[0])
 
+    def plan_state(self, conn: PgConnection, model: str) -> tuple[str, IndexInfo | None]:
+        row = conn.pg.execute("SELECT pg_current_snapshot()::text, (SELECT value FROM meta WHERE key = 'embed_model'), "
+                              "(SELECT value FROM meta WHERE key = 'embed_dim')").fetchone()
+        assert row is not None
+        info = IndexInfo(str(row[1]), int(row[2] or 0)) if row[1] is not None and row[1] == model else None
+        return str(row[0]), info
+
     def unchanged_since(self, conn: PgConnection, mark: str) -> bool:
-        row = conn.pg.execute(
-            "SELECT NOT EXISTS (SELECT 1 FROM vector_changes WHERE xid >= pg_snapshot_xmin(%(m)s::pg_snapshot) "
-            "AND NOT pg_visible_in_snapshot(xid, %(m)s::pg_snapshot))", {"m": mark}).fetchone()
+        row = conn.pg.execute(_UNCHANGED_SINCE, (mark, mark)).fetchone()
         return bool(row and row[0])
 
     def lock_keys(self, conn: PgConnection, keys: Sequence[str]) -> None:
@@ -228,16 +294,59 @@ class PostgresStorage:
                        limit: int) -> list[tuple[int, str]]:
         if not words or not keys:
             return []
-        match = (" && " if all_words else " || ").join(["plainto_tsquery('muninn', %s)"] * len(words))
-        order = "m.id" if all_words else f"ts_rank_cd(m.text_search, {match}) DESC, m.id DESC"
-        # As keywords.fts_candidates: the match written out (from a CTE the planner cannot see the
-        # words) and never prepared (one generic plan for every key and word). A/B at 100k, one
-        # process, load 8-10: any-word p50 44 -> 29 ms, p95 1.7 s -> 0.76 s; all-words the same.
-        rows = conn.pg.execute(
-            f"SELECT m.id, m.text FROM memories m WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) "
-            f"AND m.text_search @@ ({match}) ORDER BY {order} LIMIT %s".encode(),
-            [keys, *words, *([] if all_words else words), limit], prepare=False).fetchall()
+        query, params = _keyword_statement(words, keys, all_words=all_words, limit=limit)
+        rows = conn.pg.execute(query.encode(), params, prepare=False).fetchall()
         return [(int(r[0]), str(r[1])) for r in rows]
+
+    def begin_fact_write(self, conn: PgConnection, keys: Sequence[str], model: str, dim: int | None, mark: Any,
+                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int
+                         ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:
+        """One round trip: the statements go as one simple query (client-side binding, so no
+        statement is prepared), run by the server in order, each with its own snapshot (READ
+        COMMITTED): the checks after the locks see every fact committed by the lock's last holder.
+        Before, the locks, two index reads, the change check and each duplicate check were a
+        round trip each, all but the first with the key's lock held."""
+        if not conn.pg.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+            raise RuntimeError("begin_fact_write runs inside a write transaction")
+        parts: list[str] = ["SELECT key, value FROM meta WHERE key IN ('embed_model', 'embed_dim')"]
+        params: list[Any] = []
+        for key in sorted(set(keys)):  # sorted: two writers never wait for each other crosswise
+            parts.append("SELECT pg_advisory_xact_lock(%s, hashtext(%s))")
+            params += [FACT_KEY_LOCK, key]
+        if mark is not None:
+            parts.append(_UNCHANGED_SINCE)
+            params += [mark, mark]
+        searched = [bool(words) for _, words in probes]
+        for vis_key, words in probes:
+            if words:
+                query, more = _keyword_statement(words, [vis_key], all_words=True, limit=same_text_limit)
+                parts.append(query)
+                params += more
+        cursor = psycopg.ClientCursor(conn.pg)
+        cursor.execute(";\n".join(parts).encode(), params)
+        values = {str(k): str(v) for k, v in cursor.fetchall()}
+        for _ in sorted(set(keys)):
+            cursor.nextset()
+        unchanged = False
+        if mark is not None:
+            cursor.nextset()
+            row = cursor.fetchone()
+            unchanged = bool(row and row[0])
+        hits: list[list[tuple[int, str]]] = []
+        for was_searched in searched:
+            if was_searched:
+                cursor.nextset()
+                hits.append([(int(r[0]), str(r[1])) for r in cursor.fetchall()])
+            else:
+                hits.append([])
+        info: IndexInfo | None = None
+        if dim is not None:
+            stored = values.get("embed_model")
+            if stored is None:  # the first embedding ever: index_for creates the index (its own lock)
+                info = self.index_for(conn, model, dim)
+            elif stored == model and int(values.get("embed_dim") or 0) == dim:
+                info = IndexInfo(stored, dim)
+        return info, unchanged, hits
 
     def reinforce(self, conn: PgConnection, memory_id: int, *, importance: float, sources: list[str],
                   growth: float, now: float) -> None:
@@ -249,41 +358,49 @@ class PostgresStorage:
 
     # -- writes ------------------------------------------------------------------
     def _put_vector(self, conn: PgConnection, info: IndexInfo, memory_id: int, vis_key: str, created_at: float,
-                    vector: Sequence[float], *, mark_embedded: bool = True) -> None:
-        """Store the vector (logged by trigger) and mark its memory embedded, unless the caller's
-        INSERT already did (`mark_embedded=False`)."""
+                    vector: Sequence[float]) -> None:
+        """Store the vector (logged by trigger) and mark its memory embedded (a new memory's
+        vector goes in with it: `insert`)."""
         if len(vector) != info.dim:
             raise VectorSizeError(f"embedding has {len(vector)} dimensions, the index has {info.dim}")
         conn.pg.execute(
             "INSERT INTO memory_vectors (memory_id, vis_key, created_at, embedding) VALUES (%s, %s, %s, %s::vector) "
             "ON CONFLICT (memory_id) DO UPDATE SET vis_key = excluded.vis_key, created_at = excluded.created_at, "
-            "embedding = excluded.embedding", (memory_id, vis_key, float(created_at), vector_literal(vector)))
-        if mark_embedded:
-            conn.pg.execute("UPDATE memories SET embedded = 1 WHERE id = %s", (memory_id,))
+            "embedding = excluded.embedding", (memory_id, vis_key, float(created_at), vector_binary(vector)))
+        conn.pg.execute("UPDATE memories SET embedded = 1 WHERE id = %s", (memory_id,))
 
     def insert(self, conn: PgConnection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
-               model: str, vecs: list[list[float]] | None, now: float | None) -> list[int]:
+               model: str, vecs: list[list[float]] | None, now: float | None,
+               info: IndexInfo | None = None) -> list[int]:
         now = time.time() if now is None else now
-        info = self.index_for(conn, model, len(vecs[0])) if vecs else None
+        if info is None or not vecs or info.model != model or info.dim != len(vecs[0]):
+            info = self.index_for(conn, model, len(vecs[0])) if vecs else None
         ids: list[int] = []
-        with conn.pg.transaction():
+        with _atomic(conn):
             for index, memory in enumerate(memories):
                 created = memory.created_at if memory.created_at is not None else now
                 vector = vecs[index] if vecs and info is not None else None
+                if vector is not None and info is not None and len(vector) != info.dim:
+                    raise VectorSizeError(f"embedding has {len(vector)} dimensions, the index has {info.dim}")
                 # `embedded` set here, not by a later UPDATE: that one wrote a second row version
                 # (a new entry in every index, the GIN one included) and computed the tsvector again.
-                row = conn.pg.execute(
-                    "INSERT INTO memories (text, scope, owner_id, channel_id, guild_id, vis_key, importance, "
-                    "stability, created_at, updated_at, source_message_ids, external_id, embedded) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-                    (memory.text, memory.scope, memory.owner_id, memory.channel_id, memory.guild_id,
-                     memory.vis_key, memory.importance, decay.initial_stability(memory.importance, base_stability_days),
-                     created, now, json.dumps([str(s) for s in memory.source_message_ids]),
-                     memory.external_id, int(vector is not None))).fetchone()
+                # The memory and its vector in one statement: one round trip (the foreign key is
+                # checked at the statement's end, when the memory row is there).
+                values = (memory.text, memory.scope, memory.owner_id, memory.channel_id, memory.guild_id,
+                          memory.vis_key, memory.importance,
+                          decay.initial_stability(memory.importance, base_stability_days), created, now,
+                          json.dumps([str(s) for s in memory.source_message_ids]), memory.external_id,
+                          int(vector is not None))
+                if vector is None:
+                    row = conn.pg.execute(_INSERT_MEMORY + " RETURNING id", values).fetchone()
+                else:
+                    row = conn.pg.execute(
+                        f"WITH m AS ({_INSERT_MEMORY} RETURNING id, vis_key, created_at) "
+                        "INSERT INTO memory_vectors (memory_id, vis_key, created_at, embedding) "
+                        "SELECT id, vis_key, created_at, %s::vector FROM m RETURNING memory_id",
+                        (*values, vector_binary(vector))).fetchone()
                 assert row is not None
                 ids.append(int(row[0]))
-                if vector is not None and info is not None:  # a wrong size raises there: the transaction rolls back
-                    self._put_vector(conn, info, ids[-1], memory.vis_key, created, vector, mark_embedded=False)
         return ids
 
     def store_vectors(self, conn: PgConnection, model: str, ids: list[int], vecs: list[list[float]]) -> int:
