@@ -140,10 +140,11 @@ def test_codes_stay_in_step_with_appends_removals_regrow_and_compaction(world):
     assert np.mean(recall) >= 0.9, recall
 
 
-def test_codes_are_packed_only_once_a_key_is_searched_by_code(world):
+def test_codes_are_packed_only_once_a_key_is_searched_by_code(world, monkeypatch):
     """A key searched exactly holds no codes (they cost ~26 % of a load and memory no search
     reads); the first search after it grows past the threshold packs them, equal to pack()."""
     cached, plain, cache, info, rng, centres = world
+    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 100)
     vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG], 10)
     vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [SMALL], 10)
     big, small = cache._keys[BIG], cache._keys[SMALL]
@@ -205,6 +206,9 @@ def test_keys_seen_together_past_the_threshold_share_one_shortlist(world, monkey
     real = vector_codes.search_many
     monkeypatch.setattr(vector_codes, "search_many",
                         lambda parts, *a: sizes.append(sum(part[3] for part in parts)) or real(parts, *a))
+    vectors.knn(cached, info, q.tolist(), [BIG, SMALL], 10)
+    assert sizes.pop() == 1500 and cache._keys[SMALL].codes is None  # under CODES_KEY_MIN: scored whole
+    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 100)
     recall = []
     for p in clustered(rng, 10, centres):
         got = vectors.knn(cached, info, p.tolist(), [BIG, SMALL], 10)

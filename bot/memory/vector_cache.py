@@ -52,6 +52,10 @@ INLINE_LOAD_MAX = 5000
 # message in a busy channel after a start copied the whole key (983 MB at 1M) under the cache's
 # lock, every recall waiting. Free rows are not resident until written (np.zeros' lazy pages).
 LOAD_SPARE_SHARE = 1 / 8
+# In a search by code, a key of fewer vectors than this is still scored whole: reading 1,000 rows
+# costs ~0.2 ms a search, and packing its codes ~1 ms once, which the first search of each small
+# key would pay (a typical viewer at 1M: +0.5 ms a first recall, bench/README.md round 6).
+CODES_KEY_MIN = 1000
 
 
 def spare_rows(n: int) -> int:
@@ -426,7 +430,7 @@ class VectorCache:
         """Pack the codes of keys searched by code for the first time (once per key, ~1 ms per
         1,000 rows at 768 dims, off the lock; a key whose arrays regrow meanwhile stays exact)."""
         for entry in entries:
-            if entry.codes is None and entry.n > 0:
+            if entry.codes is None and entry.n >= CODES_KEY_MIN:
                 packed = entry.pack_codes()
                 with self._lock:
                     before = entry.nbytes
@@ -447,8 +451,8 @@ class VectorCache:
             else:
                 entries.append((key, entry))
         # A viewer who sees at least codes_min vectors, over all their keys, gets one shortlist by
-        # code over all of them (a heavy user's DM at 1M: 40-80k vectors in keys of under 20k
-        # each, read whole at 7.5 ms of CPU a search). As of a past moment: exact. A shortlist is
+        # code over all of them but the small ones (a heavy user's DM at 1M: 40-80k vectors in keys
+        # of under 20k each, read whole at 7.5 ms of CPU a search). As of a past moment: exact. A shortlist is
         # chosen before the time filter, which could leave few of its rows (recall@10 0.62 when
         # 0.2 % of rows qualify).
         coded = as_of is None and self._coded(sum(entry.n for _, entry in entries))
@@ -459,7 +463,7 @@ class VectorCache:
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
         exact, parts = [], []
         for view, codes, removed in views:
-            if coded and codes is not None:
+            if coded and codes is not None and view[3] >= CODES_KEY_MIN:
                 ids, _, matrix, n = view
                 parts.append((codes, ids, matrix, n, removed))
             else:
