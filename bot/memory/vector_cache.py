@@ -52,10 +52,12 @@ INLINE_LOAD_MAX = 5000
 # message in a busy channel after a start copied the whole key (983 MB at 1M) under the cache's
 # lock, every recall waiting. Free rows are not resident until written (np.zeros' lazy pages).
 LOAD_SPARE_SHARE = 1 / 8
-# In a search by code, a key of fewer vectors than this is still scored whole: reading 1,000 rows
-# costs ~0.2 ms a search, and packing its codes ~1 ms once, which the first search of each small
-# key would pay (a typical viewer at 1M: +0.5 ms a first recall, bench/README.md round 6).
-CODES_KEY_MIN = 1000
+# In a search by code, a key of fewer vectors than this is still scored whole (~1 ms a search at
+# 5,000 x 768): packing a key's codes costs ~1 ms per 1,000 rows once, on its first search by
+# code, and a typical viewer at 1M (global by code, their channels and personal keys whole) paid
+# that on every first recall in a new channel with a floor of 1,000 (+0.4 ms CPU a recall in
+# bench.recall_cpu, bench/README.md round 6). Bigger keys (a heavy user's own, 8-42k at 1M) join.
+CODES_KEY_MIN = 5000
 
 
 def spare_rows(n: int) -> int:
