@@ -198,6 +198,7 @@ def test_keys_seen_together_past_the_threshold_share_one_shortlist(world, monkey
     user in a DM at 1M) gets one shortlist by code over all of them, sized by their total."""
     cached, plain, cache, info, rng, centres = world
     cache.codes_min = 1600  # BIG (1,500) and SMALL (200) alone stay exact, together they do not
+    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 1000)  # SMALL is scored whole still
     q = clustered(rng, 1, centres)[0]
     assert ids_of(vectors.knn(cached, info, q.tolist(), [BIG], 10)) == ids_of(
         vectors.knn_vec0(plain, info, q.tolist(), [BIG], 10))

@@ -428,11 +428,16 @@ class VectorCache:
         """A search over `n` vectors shortlists them by code (vector_codes.py)."""
         return 0 < self.codes_min <= n
 
+    def _key_coded(self, n: int) -> bool:
+        """In a search by code, a key of `n` vectors is shortlisted (else scored whole): one big
+        enough to be searched by code alone always is."""
+        return n >= min(CODES_KEY_MIN, self.codes_min)
+
     def _code_keys(self, entries: list[KeyVectors]) -> None:
         """Pack the codes of keys searched by code for the first time (once per key, ~1 ms per
         1,000 rows at 768 dims, off the lock; a key whose arrays regrow meanwhile stays exact)."""
         for entry in entries:
-            if entry.codes is None and entry.n >= CODES_KEY_MIN:
+            if entry.codes is None and self._key_coded(entry.n):
                 packed = entry.pack_codes()
                 with self._lock:
                     before = entry.nbytes
@@ -465,7 +470,7 @@ class VectorCache:
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
         exact, parts = [], []
         for view, codes, removed in views:
-            if coded and codes is not None and view[3] >= CODES_KEY_MIN:
+            if coded and codes is not None and self._key_coded(view[3]):
                 ids, _, matrix, n = view
                 parts.append((codes, ids, matrix, n, removed))
             else:
