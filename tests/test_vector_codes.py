@@ -167,12 +167,12 @@ def test_codes_packed_beside_appends_cover_them_and_a_regrow_voids_them():
     rng = np.random.default_rng(9)
     rows = rng.standard_normal((50, DIM)).astype(np.float32)
     entry = KeyVectors(np.arange(40, dtype=np.int64), np.zeros(40), rows[:40])
-    packed = entry.pack_codes()
+    packed = KeyVectors.pack_codes(entry.matrix, entry.n)
     entry.add(100, 0.0, rows[40])                                # appended while packing: same arrays
     entry.install_codes(packed)
     assert entry.codes is not None and in_step(entry)
     entry = KeyVectors(np.arange(40, dtype=np.int64), np.zeros(40), rows[:40])
-    packed = entry.pack_codes()
+    packed = KeyVectors.pack_codes(entry.matrix, entry.n)
     for i in range(10):                                          # past the free rows: the arrays regrow
         entry.add(200 + i, 0.0, rows[40 + i])
     entry.install_codes(packed)

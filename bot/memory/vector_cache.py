@@ -68,9 +68,10 @@ class KeyVectors:
     """One key's vectors in rows [0, n) of preallocated arrays. A removed vector keeps its row
     with id -1 until the next compaction. Appends write past `n` and replacements swap whole
     arrays, so a search holding an older (arrays, n) view never reads a half-written row.
-    `codes`: the rows' sign codes (vector_codes.py), only for a key searched by code (packed
-    when the key is loaded that big or grows that big: `with_codes`), else None. Packing every
-    key cost ~26 % of a key's load and ~60 MB at 1M memories for codes no search read."""
+    `codes`: the rows' sign codes (vector_codes.py), only for a key searched by code (packed at
+    load for a key big enough to be searched by code alone, else by the first search that
+    shortlists it: `pack_codes` / `install_codes`), else None. Packing every key cost ~26 % of
+    a key's load and ~60 MB at 1M memories for codes no search read."""
     __slots__ = ("ids", "created", "matrix", "codes", "n", "dead", "row_of")
 
     def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, spare: int = 0,
@@ -94,10 +95,11 @@ class KeyVectors:
         codes = self.codes.nbytes if self.codes is not None else 0
         return self.matrix.nbytes + self.ids.nbytes + self.created.nbytes + codes
 
-    def pack_codes(self) -> tuple[np.ndarray, int, np.ndarray]:
-        """Off the lock: (the matrix, its rows, their codes at its capacity), for `install_codes`.
-        Rows [0, n) are never rewritten in place, so packing them beside appends is safe."""
-        matrix, n = self.matrix, self.n
+    @staticmethod
+    def pack_codes(matrix: np.ndarray, n: int) -> tuple[np.ndarray, int, np.ndarray]:
+        """Off the lock, given (matrix, n) read under it: (the matrix, n, the codes of its rows
+        [0, n) at its capacity), for `install_codes`. Rows [0, n) are never rewritten in place,
+        so packing them beside appends is safe."""
         codes = vector_codes.empty(matrix.shape[1], len(matrix))
         codes[:, :n] = vector_codes.pack(matrix[:n])
         return matrix, n, codes
@@ -193,8 +195,8 @@ class VectorCache:
     def __init__(self, budget_bytes: int, source: VectorSource | None = None, codes_min: int = 0):
         self.budget_bytes = budget_bytes
         self.source: VectorSource = source or SQLiteVectorSource()  # the backend replaces it (storage_for)
-        # Keys of at least this many vectors are shortlisted by sign code, then rescored exactly
-        # (vector_codes.py); 0: never.
+        # A search over at least this many vectors (all the viewer's keys) shortlists them by sign
+        # code, then rescores exactly (vector_codes.py); 0: never.
         self.codes_min = codes_min
         self._lock = threading.Lock()
         self._keys: OrderedDict[str, KeyVectors] = OrderedDict()  # least recently used first
@@ -438,7 +440,9 @@ class VectorCache:
         1,000 rows at 768 dims, off the lock; a key whose arrays regrow meanwhile stays exact)."""
         for entry in entries:
             if entry.codes is None and self._key_coded(entry.n):
-                packed = entry.pack_codes()
+                with self._lock:  # the arrays and their row count from one moment (a regrow swaps them)
+                    rows = entry.matrix, entry.n
+                packed = KeyVectors.pack_codes(*rows)
                 with self._lock:
                     before = entry.nbytes
                     entry.install_codes(packed)
@@ -458,10 +462,10 @@ class VectorCache:
             else:
                 entries.append((key, entry))
         # A viewer who sees at least codes_min vectors, over all their keys, gets one shortlist by
-        # code over all of them but the small ones (a heavy user's DM at 1M: 40-80k vectors in keys
-        # of under 20k each, read whole at 7.5 ms of CPU a search). As of a past moment: exact. A shortlist is
-        # chosen before the time filter, which could leave few of its rows (recall@10 0.62 when
-        # 0.2 % of rows qualify).
+        # code over all of them but the small ones (a heavy user's DM at 1M: 40-80k vectors in
+        # keys of under 20k each, read whole at 7.5 ms of CPU a search). As of a past moment:
+        # exact. A shortlist is chosen before the time filter, which could leave few of its rows
+        # (recall@10 0.62 when 0.2 % of rows qualify).
         coded = as_of is None and self._coded(sum(entry.n for _, entry in entries))
         if coded:
             self._code_keys([entry for _, entry in entries])
