@@ -259,7 +259,7 @@ def make_world(shape, seed: int = 7) -> World:
 
 
 def bench_settings(path: Path, ollama_url: str = "", **env: str):
-    # MUNINN_VECTOR_CACHE_MB / MUNINN_VECTOR_APPROX_MIN from the environment, to compare budgets and paths
+    # MUNINN_VECTOR_CACHE_MB / MUNINN_VECTOR_CODES_MIN from the environment, to compare budgets and paths
     chosen = {key: value for key, value in os.environ.items() if key.startswith("MUNINN_VECTOR_")}
     return load_settings({"MUNINN_DB_PATH": str(path), "OLLAMA_URL": ollama_url, "OLLAMA_EMBED_MODEL": EMBED_MODEL,
                           "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30", **chosen, **env})
@@ -456,53 +456,117 @@ def said_in_busy_channel(conn: Any, info: vectors.IndexInfo, chatter: "SkewWorld
                             vecs=[(vec / np.linalg.norm(vec)).tolist()], now=None)
 
 
+class StepClock:
+    """Wall and thread CPU of the engine's keyword and vector searches (wrapped on its storage,
+    bench-side only): the recall's `timings_ms` are wall time from the event loop, which on
+    shared cores mixes the step's own cost with waiting for a core (and the GIL)."""
+
+    STEPS = ("fts_candidates", "vector_candidates")
+
+    def __init__(self, storage: Any) -> None:
+        self.ms: dict[str, float] = {}
+        for name in self.STEPS:
+            setattr(storage, name, self._timed(name, getattr(storage, name)))
+
+    def _timed(self, name: str, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.ms[f"{name}_wall"] = self.ms.get(f"{name}_wall", 0.0) + (time.perf_counter() - wall) * 1000
+                self.ms[f"{name}_cpu"] = self.ms.get(f"{name}_cpu", 0.0) + (time.thread_time() - cpu) * 1000
+        return timed
+
+    def take(self) -> dict[str, float]:
+        out, self.ms = self.ms, {}
+        return out
+
+
+CLOCKED = {"fts_cpu": "fts_candidates_cpu", "fts_search": "fts_candidates_wall",
+           "vector_cpu": "vector_candidates_cpu", "vector_search": "vector_candidates_wall"}
+
+
+def anchors(path: Path, recalls: list[tuple[str, list[str], np.ndarray]], k: int) -> list[tuple[float, float, int]]:
+    """(best-of-5 ms, from-memory ms, visible count) of the numpy anchor for each recall, in a
+    pass of their own after the recalls: the anchor copies each viewer's visible vectors (983 MB
+    for the busy channel at 1M) and holds all the world's vectors (3 GB at 1M), which between
+    timed recalls evicted and crowded the recalls' own memory (issue 12, round 6)."""
+    conn = db.connect(path, migrate_schema=False)
+    try:
+        matrix, by_key = load_vectors(conn)
+    finally:
+        conn.close()
+    out = []
+    for _, keys, qvec in recalls:
+        idx = np.concatenate([by_key.get(key, np.zeros(0, dtype=np.int64)) for key in keys]).astype(np.int64)
+        visible = np.ascontiguousarray(matrix[idx])
+        out.append((numpy_anchor(visible, qvec, k), numpy_anchor_cold(visible, qvec, k), len(idx)))
+        del visible
+    return out
+
+
 async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: int = 10, talk: bool = True) -> dict:
     """Per viewer class: the product's recall (query vector given, so no embedding call), its
-    steps, and the numpy anchor over exactly that viewer's visible vectors, in one run.
+    steps (wall, and thread CPU of the keyword and vector searches), and the numpy anchor over
+    exactly that viewer's visible vectors, in one run: the recalls first, the anchors in a pass
+    of their own once the engine is closed (`anchors`).
     `talk`: the busy channel stores a new memory (text and vector) before every recall, untimed,
     as a live community does: the vector cache has changes to apply, the keyword index and the
     readers' pages change (without it only the recalls' own touches write)."""
     world = SkewWorld(shape, seed=99)
     chatter = SkewWorld(shape, seed=7_777)
-    out: dict = {}
+    timed: dict[str, list[dict[str, float]]] = {kind: [] for kind in VIEWER_CLASSES}
+    recalls: list[tuple[str, list[str], np.ndarray]] = []
     async with Engine(bench_settings(path)) as engine:
         info = await engine.write(vectors.index_info)
         started = time.perf_counter()
         warm_keys = await engine.warmed()  # a running bot is warm: measure recalls after the start-up load
         print(f"  vector cache warm: {warm_keys} keys, {engine.vector_cache.nbytes / 1e6:.0f} MB, "
-              f"waited {time.perf_counter() - started:.2f} s", flush=True)
-        matrix, by_key = await engine.write(load_vectors)
+              f"waited {time.perf_counter() - started:.2f} s, rss {rss_mb()}", flush=True)
+        clock = StepClock(engine.storage)
         k = engine.settings.recall_limit * 3
         for kind in VIEWER_CLASSES:
-            steps: dict[str, list[float]] = {s: [] for s in ("fts", "vector", "fuse_graph_touch", "total", "numpy",
-                                                             "ratio", "numpy_cold", "ratio_cold", "visible")}
             for i in range(per_class + warm):
                 viewer = world.viewer_of(kind)
                 text, qvec = world.query()
                 if talk:
                     await engine.write(said_in_busy_channel, info, chatter)
+                clock.take()
                 result = await engine.recall(text, viewer, query_vector=qvec.tolist())
-                keys = await engine.read(visible_keys, viewer)
-                parts = [by_key.get(key, np.zeros(0, dtype=np.int64)) for key in keys]
-                idx = np.concatenate(parts).astype(np.int64)
-                visible = np.ascontiguousarray(matrix[idx])
-                anchor = numpy_anchor(visible, qvec, k)
-                anchor_cold = numpy_anchor_cold(visible, qvec, k)
+                steps = clock.take()
                 if i < warm:
                     continue
                 t = result.timings_ms
-                for step in ("fts", "vector", "fuse_graph_touch", "total"):
-                    steps[step].append(t[step])
-                steps["numpy"].append(anchor)
-                steps["ratio"].append(t["vector"] / anchor if anchor > 0 else float("nan"))
-                steps["numpy_cold"].append(anchor_cold)
-                steps["ratio_cold"].append(t["vector"] / anchor_cold if anchor_cold > 0 else float("nan"))
-                steps["visible"].append(len(idx))
-            out[kind] = {name: summary(values) for name, values in steps.items()}
-            print(f"  {kind:>12}: total {out[kind]['total']['median']:.2f} / {out[kind]['total']['p95']:.2f} ms, "
-                  f"vector {out[kind]['vector']['median']:.3f} ms = {out[kind]['ratio']['median']:.1f}x numpy "
-                  f"({out[kind]['ratio_cold']['median']:.1f}x from memory), fts {out[kind]['fts']['median']:.2f} / "
-                  f"{out[kind]['fts']['p95']:.2f} ms, visible {out[kind]['visible']['median']:.0f}", flush=True)
+                timed[kind].append({**{step: t[step] for step in ("fts", "vector", "fuse_graph_touch", "total")},
+                                    **{name: steps.get(source, 0.0) for name, source in CLOCKED.items()}})
+                recalls.append((kind, await engine.read(visible_keys, viewer), qvec))
+            print(f"  {kind:>12} (load {os.getloadavg()[0]:.1f}): total "
+                  f"{summary([r['total'] for r in timed[kind]])['median']:.2f} / "
+                  f"{summary([r['total'] for r in timed[kind]])['p95']:.2f} ms", flush=True)
+        rss = rss_mb()
+    print(f"  rss after the recalls {rss}", flush=True)
+    out: dict = {}
+    measured = anchors(path, recalls, k)
+    for kind in VIEWER_CLASSES:
+        rows = timed[kind]
+        mine = [anchor for (of, _, _), anchor in zip(recalls, measured, strict=True) if of == kind]
+        steps = {name: [row[name] for row in rows] for name in rows[0]}
+        steps["numpy"] = [best for best, _, _ in mine]
+        steps["numpy_cold"] = [cold for _, cold, _ in mine]
+        steps["visible"] = [float(count) for _, _, count in mine]
+        steps["ratio"] = [row["vector"] / best if best > 0 else float("nan")
+                          for row, (best, _, _) in zip(rows, mine, strict=True)]
+        steps["ratio_cold"] = [row["vector"] / cold if cold > 0 else float("nan")
+                               for row, (_, cold, _) in zip(rows, mine, strict=True)]
+        out[kind] = {name: summary(values) for name, values in steps.items()}
+        print(f"  {kind:>12}: total {out[kind]['total']['median']:.2f} / {out[kind]['total']['p95']:.2f} ms, "
+              f"vector {out[kind]['vector']['median']:.3f} / {out[kind]['vector']['p95']:.2f} ms (search cpu "
+              f"{out[kind]['vector_cpu']['median']:.2f} / {out[kind]['vector_cpu']['p95']:.2f}) = "
+              f"{out[kind]['ratio']['median']:.1f}x numpy ({out[kind]['ratio_cold']['median']:.1f}x from memory), "
+              f"fts {out[kind]['fts']['median']:.2f} / {out[kind]['fts']['p95']:.2f} ms (search cpu "
+              f"{out[kind]['fts_cpu']['median']:.2f} / {out[kind]['fts_cpu']['p95']:.2f}), "
+              f"visible {out[kind]['visible']['median']:.0f}", flush=True)
     return out
 
 
@@ -748,6 +812,7 @@ async def run_skew(args) -> list[dict]:
         print(f"size {size}:", flush=True)
         row["cold"] = await measure_cold(path, shape)
         row["classes"] = await measure_classes(path, shape, args.viewers, talk=args.talk)
+        row["load"] = os.getloadavg()
         if args.classes_only:
             rows.append(row)
             continue

@@ -1,4 +1,4 @@
-"""Sign-code shortlists against exact search and the clusters, interleaved in one engine (issue 12).
+"""Sign-code shortlists against exact search, interleaved in one engine (issue 12).
 
     .venv/bin/python -m bench.vector_codes --size 100000                   # on skew-100000-speed.db
     .venv/bin/python -m bench.vector_codes --size 1000000 --label bigkeys  # the 1M world
@@ -7,8 +7,8 @@
 
 One warmed engine; per query the vector step (`vector_candidates`, k = recall_limit x 3) runs
 once per mode, the order rotating query by query, by switching the cache's thresholds between
-calls: `exact` (no shortlist), `clusters` (big_keys.py, keys >= MUNINN_VECTOR_APPROX_MIN),
-`codes` (vector_codes.py, keys >= --codes-min). Wall and thread CPU on the reader thread;
+calls: `exact` (no shortlist), `codes` (vector_codes.py, keys >= --codes-min). (The clusters of
+rounds 4-5, big_keys.py, were deleted in round 6: the codes beat them on every measure.) Wall and thread CPU on the reader thread;
 recall@10 and recall@k of each mode against `exact`. Before each query the busy channel stores
 a new memory (untimed), as in `bench.speed`, so appends and the change log are exercised.
 `--offline`: recall@10 / @30 of the code shortlist on real MiniLM embeddings (LoCoMo turns,
@@ -81,17 +81,15 @@ def offline() -> dict:
 
 
 def peak_rss_mb() -> float:
-    """The process's peak resident memory (VmHWM): a regrouped copy of a big key shows here."""
+    """The process's peak resident memory (VmHWM): a transient copy of a big key shows here."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return round(int(line.split()[1]) / 1024, 1)
     return float("nan")
 
 
-def set_mode(engine: Engine, mode: str, codes_min: int, approx_min: int) -> None:
-    cache = engine.vector_cache
-    cache.codes_min = codes_min if mode == "codes" else 0
-    cache.approx_min = approx_min if mode == "clusters" else 0
+def set_mode(engine: Engine, mode: str, codes_min: int) -> None:
+    engine.vector_cache.codes_min = codes_min if mode == "codes" else 0
 
 
 async def online(args: argparse.Namespace) -> dict:
@@ -108,7 +106,6 @@ async def online(args: argparse.Namespace) -> dict:
         return ([c.memory_id for c in found], (time.perf_counter() - wall) * 1000, (time.thread_time() - cpu) * 1000)
 
     async with Engine(speed.bench_settings(path)) as engine:
-        approx_min = engine.vector_cache.approx_min
         info = await engine.write(vectors.index_info)
         started = time.perf_counter()
         await engine.warmed()
@@ -129,7 +126,7 @@ async def online(args: argparse.Namespace) -> dict:
                 keys = await engine.read(visible_keys, viewer)
                 got: dict[str, list[int]] = {}
                 for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
-                    set_mode(engine, mode, args.codes_min, approx_min)
+                    set_mode(engine, mode, args.codes_min)
                     got[mode], ms, cpu_ms = await engine.read(vector_step, engine, info, qvec.tolist(), keys, k)
                     if i >= args.warm:
                         wall[mode].append(ms)
@@ -147,7 +144,7 @@ async def online(args: argparse.Namespace) -> dict:
                 f"{m} {r['wall_p50']} / {r['wall_p95']} ms, cpu {r['cpu_mean']}, r@10 {r['recall@10']}, "
                 f"r@{k} {r[f'recall@{k}']}" for m, r in row.items()), flush=True)
         out["rss_end"] = {**speed.rss_mb(), "peak": peak_rss_mb()}
-        set_mode(engine, "codes", args.codes_min, approx_min)
+        set_mode(engine, "codes", args.codes_min)
     return out
 
 
@@ -178,7 +175,7 @@ async def concurrency(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Sign-code shortlists vs exact vs clusters (issue 12)")
+    parser = argparse.ArgumentParser(description="Sign-code shortlists vs exact (issue 12)")
     parser.add_argument("--offline", action="store_true", help="recall on MiniLM and random vectors only")
     parser.add_argument("--concurrency", action="store_true", help="20 concurrent recalls, codes off / on, alternating")
     parser.add_argument("--rounds", type=int, default=2)

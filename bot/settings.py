@@ -190,8 +190,7 @@ SETTINGS: dict[str, Spec] = {
     "maintenance_hours": Spec("MUNINN_MAINTENANCE_HOURS", "6", "Hours between automatic maintenance runs in the bot (decay, embeddings, links, consolidation); 0 = never.", _float(0)),
     "db_readers": Spec("MUNINN_DB_READERS", "3", "Database connections that serve recalls beside the one writer (WAL lets readers run while it writes).", _int(1, 32)),
     "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "4096", "Most memory for the vectors kept in RAM for fast search (float32, per visibility key; it takes only what the vectors need: ~3.2 GB for 1M 768-dim vectors, ~390 MB for 100k); keys beyond it are searched inside sqlite-vec, much slower. Lower it on a small host.", _int(0)),
-    "vector_approx_min": Spec("MUNINN_VECTOR_APPROX_MIN", "0", "A visibility key with at least this many vectors, and not searched by code (MUNINN_VECTOR_CODES_MIN), is searched through clusters instead: the nearest ~20 % of its vectors are scored exactly (about 0.94 of the exact top 10 on real embeddings, the codes 0.98); 0 = never (the default: the codes are faster and closer to exact).", _int(0)),
-    "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A visibility key with at least this many vectors is searched by sign-bit codes first (1 bit per dimension), then the best ~2 % of its vectors (at least 256) are scored exactly (about 0.98 of the exact top 10 on real embeddings, measured on 4.4k MiniLM turns, at a fraction of the cost); smaller keys and searches as of a past moment stay exact; 0 = always exact.", _int(0)),
+    "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A viewer who sees at least this many vectors (over all their visibility keys) has them searched by sign-bit codes first (1 bit per dimension), then the best ~2 % of them (at least 256) are scored exactly (about 0.98 of the exact top 10 on real embeddings, measured on 4.4k MiniLM turns, at a fraction of the cost); viewers who see fewer and searches as of a past moment stay exact; 0 = always exact.", _int(0)),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str),
 }
 
@@ -242,7 +241,6 @@ class Settings:
     maintenance_hours: float
     db_readers: int
     vector_cache_mb: int
-    vector_approx_min: int
     vector_codes_min: int
     log_level: str
 

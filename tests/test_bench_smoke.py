@@ -36,6 +36,8 @@ async def test_skewed_speed_benchmark_measures_every_viewer_class(tmp_path):
     assert set(classes) == set(speed.VIEWER_CLASSES)
     assert classes["busy"]["visible"]["median"] > classes["global_only"]["visible"]["median"] >= 600 * 0.01
     assert all(c["ratio"]["n"] == 4 and c["total"]["median"] > 0 for c in classes.values())
+    assert all(0 < c["vector_cpu"]["median"] and 0 < c["fts_search"]["median"] <= c["fts"]["median"]
+               for c in classes.values())  # the searches' own time, clocked on the storage
     concurrency = await speed.measure_concurrency(path, shape, concurrency=4, burst=12)
     assert concurrency["x4"]["latency_ms"]["n"] == 12 and concurrency["p95_ratio"] > 0
     facts = await speed.measure_fact_writes(path, shape, per_kind=2)

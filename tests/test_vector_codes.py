@@ -1,13 +1,13 @@
 """Big keys shortlisted by sign codes, then rescored exactly (bot/memory/vector_codes.py): the
 codes themselves, a recall floor against vec0's exact search, exact distances, exactness below
 the threshold and as of a past moment, and codes that stay in step with every way a key's rows
-change (appends, removals, regrow, compaction, a cluster regrouping)."""
+change (appends, removals, regrow, compaction), packed only for keys searched by code."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bot.memory import big_keys, db, store, vector_cache, vector_codes, vectors
+from bot.memory import db, store, vector_cache, vector_codes, vectors
 from bot.memory.store import NewMemory
 from bot.memory.vector_cache import KeyVectors, VectorCache
 
@@ -46,14 +46,20 @@ def in_step(entry: KeyVectors) -> bool:
     return bool((entry.codes[:, :entry.n] == vector_codes.pack(entry.matrix[:entry.n])).all())
 
 
-def test_hamming_counts_the_dimensions_whose_signs_differ():
+@pytest.mark.parametrize("dim", [DIM, 40, 130, 768])  # 2, 1, 3 and 12 words: the pairs summed as uint8
+def test_hamming_counts_the_dimensions_whose_signs_differ(dim, monkeypatch):
+    monkeypatch.setattr(vector_codes, "SCAN_BLOCK", 128)  # several blocks, the last one partial
     rng = np.random.default_rng(1)
-    matrix = rng.standard_normal((300, DIM)).astype(np.float32)
-    q = rng.standard_normal(DIM).astype(np.float32)
+    matrix = rng.standard_normal((300, dim)).astype(np.float32)
+    q = rng.standard_normal(dim).astype(np.float32)
+    matrix[7] = -q  # every sign differs: the largest distance, no uint8 overflow
     codes = vector_codes.pack(matrix)
     expected = ((matrix > 0) != (q > 0)).sum(axis=1)
+    assert expected[7] == dim
     assert (vector_codes.hamming(codes, 300, vector_codes.pack(q[None])[:, 0]) == expected).all()
     assert (vector_codes.hamming(codes, 120, vector_codes.pack(q[None])[:, 0]) == expected[:120]).all()
+    if dim != DIM:
+        return
     rows = vector_codes.nearest_rows(expected.astype(np.uint16), 40)
     assert len(rows) == 40 and expected[rows].max() <= np.sort(expected)[39]
 
@@ -106,7 +112,7 @@ def test_below_the_threshold_turned_off_or_as_of_the_search_is_exact(world, monk
         assert [ids_of(vectors.knn(cached, info, q.tolist(), [BIG], 10)) for q in queries] == exact
 
 
-def test_codes_stay_in_step_with_appends_removals_regrow_and_regrouping(world, monkeypatch):
+def test_codes_stay_in_step_with_appends_removals_regrow_and_compaction(world):
     cached, plain, cache, info, rng, centres = world
     q = clustered(rng, 1, centres)[0]
     vectors.knn(cached, info, q.tolist(), [BIG], 10)
@@ -132,18 +138,45 @@ def test_codes_stay_in_step_with_appends_removals_regrow_and_regrouping(world, m
                   & set(ids_of(vectors.knn_vec0(plain, info, p.tolist(), [BIG], 10)))) / 10
               for p in clustered(rng, 10, centres)]
     assert np.mean(recall) >= 0.9, recall
-    monkeypatch.setattr(big_keys, "ROWS_PER_LIST", 40)
-    cache.approx_min = 1000
-    assert cache.partition_key(BIG) and entry.approx is not None and in_step(entry)
 
 
-def test_a_key_searched_by_code_is_not_grouped_into_clusters(world):
+def test_codes_are_packed_only_once_a_key_is_searched_by_code(world, monkeypatch):
+    """A key searched exactly holds no codes (they cost ~26 % of a load and memory no search
+    reads); the first search after it grows past the threshold packs them, equal to pack()."""
     cached, plain, cache, info, rng, centres = world
+    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 100)
     vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG], 10)
-    cache.approx_min = 1000
-    assert not cache._wants_partition(BIG)  # the warm would spend seconds of CPU on unused clusters
-    cache.codes_min = 0
-    assert cache._wants_partition(BIG)
+    vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [SMALL], 10)
+    big, small = cache._keys[BIG], cache._keys[SMALL]
+    assert in_step(big) and small.codes is None
+    assert cache.nbytes == big.nbytes + small.nbytes
+    cache.codes_min = 300
+    with plain:  # fewer changes than a reload takes (RELOAD_AFTER_CHANGES): appended to the cached key
+        store.insert_many(plain, [NewMemory(f"more {i}", "global", owner_id=7) for i in range(150)],
+                          base_stability_days=7, vector_info=info, vectors_=clustered(rng, 150, centres).tolist())
+    q = clustered(rng, 1, centres)[0]
+    assert vectors.knn(cached, info, q.tolist(), [SMALL], 10, as_of=5000.0) and small.codes is None  # exact: no codes
+    got = vectors.knn(cached, info, q.tolist(), [SMALL], 10)
+    assert cache._keys[SMALL] is small and small.n == 350 and small.codes is not None and in_step(small)
+    assert cache.nbytes == big.nbytes + small.nbytes
+    exact = vectors.knn_vec0(plain, info, q.tolist(), [SMALL], 10)
+    assert len(set(ids_of(got)) & set(ids_of(exact))) >= 8
+
+
+def test_codes_packed_beside_appends_cover_them_and_a_regrow_voids_them():
+    rng = np.random.default_rng(9)
+    rows = rng.standard_normal((50, DIM)).astype(np.float32)
+    entry = KeyVectors(np.arange(40, dtype=np.int64), np.zeros(40), rows[:40])
+    packed = KeyVectors.pack_codes(entry.matrix, entry.n)
+    entry.add(100, 0.0, rows[40])                                # appended while packing: same arrays
+    entry.install_codes(packed)
+    assert entry.codes is not None and in_step(entry)
+    entry = KeyVectors(np.arange(40, dtype=np.int64), np.zeros(40), rows[:40])
+    packed = KeyVectors.pack_codes(entry.matrix, entry.n)
+    for i in range(10):                                          # past the free rows: the arrays regrow
+        entry.add(200 + i, 0.0, rows[40 + i])
+    entry.install_codes(packed)
+    assert entry.codes is None                                   # codes of the old arrays: dropped
 
 
 def test_a_big_key_loads_with_free_rows_so_the_first_appends_copy_nothing(world, monkeypatch):
@@ -158,3 +191,44 @@ def test_a_big_key_loads_with_free_rows_so_the_first_appends_copy_nothing(world,
                           base_stability_days=7, vector_info=info, vectors_=clustered(rng, 150, centres).tolist())
     vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG], 10)
     assert entry.n == 1650 and entry.matrix is loaded and in_step(entry)
+
+
+def test_keys_seen_together_past_the_threshold_share_one_shortlist(world, monkeypatch):
+    """A viewer whose keys each hold fewer than codes_min vectors but together more (a heavy
+    user in a DM at 1M) gets one shortlist by code over all of them, sized by their total."""
+    cached, plain, cache, info, rng, centres = world
+    cache.codes_min = 1600  # BIG (1,500) and SMALL (200) alone stay exact, together they do not
+    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 1000)  # SMALL is scored whole still
+    q = clustered(rng, 1, centres)[0]
+    assert ids_of(vectors.knn(cached, info, q.tolist(), [BIG], 10)) == ids_of(
+        vectors.knn_vec0(plain, info, q.tolist(), [BIG], 10))
+    assert cache._keys[BIG].codes is None
+    sizes: list[int] = []
+    real = vector_codes.search_many
+    monkeypatch.setattr(vector_codes, "search_many",
+                        lambda parts, *a: sizes.append(sum(part[3] for part in parts)) or real(parts, *a))
+    vectors.knn(cached, info, q.tolist(), [BIG, SMALL], 10)
+    assert sizes.pop() == 1500 and cache._keys[SMALL].codes is None  # under CODES_KEY_MIN: scored whole
+    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 100)
+    recall = []
+    for p in clustered(rng, 10, centres):
+        got = vectors.knn(cached, info, p.tolist(), [BIG, SMALL], 10)
+        recall.append(len(set(ids_of(got)) & set(ids_of(vectors.knn_vec0(plain, info, p.tolist(), [BIG, SMALL], 10)))) / 10)
+    assert sizes == [1700] * 10 and in_step(cache._keys[BIG]) and in_step(cache._keys[SMALL])
+    assert np.mean(recall) >= 0.9, recall
+    assert cache.nbytes == cache._keys[BIG].nbytes + cache._keys[SMALL].nbytes
+
+
+def test_one_shortlist_over_several_keys_ranks_their_rows_together():
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal(DIM).astype(np.float32)
+    q /= np.linalg.norm(q)
+    keys = [rng.standard_normal((n, DIM)).astype(np.float32) for n in (700, 40, 500)]
+    keys[1][3] = q                                              # the nearest row sits in the smallest key
+    parts = [(vector_codes.pack(m), np.arange(n, dtype=np.int64) + 10_000 * i, m, n, False)
+             for i, (m, n) in enumerate((m, len(m)) for m in keys)]
+    got, scores = vector_codes.search_many(parts, q, 10, None)
+    assert len(got) == vector_codes.rerank_count(1240, 10) and 10_003 in got.tolist()
+    assert scores[got.tolist().index(10_003)] == pytest.approx(1.0, abs=1e-5)
+    for ids, score in zip(got.tolist(), scores.tolist(), strict=True):  # exact scores, each from its own key
+        assert score == pytest.approx(float(keys[ids // 10_000][ids % 10_000] @ q), abs=1e-5)

@@ -65,8 +65,7 @@ class Engine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-db")
         self._conn: Connection | None = None
         self._throttle = Throttle()
-        self.vector_cache = VectorCache(settings.vector_cache_mb << 20, approx_min=settings.vector_approx_min,
-                                        codes_min=settings.vector_codes_min)
+        self.vector_cache = VectorCache(settings.vector_cache_mb << 20, codes_min=settings.vector_codes_min)
         self.storage = storage_for(settings, self.vector_cache)  # SQLite, or PostgreSQL (storage.py)
         # Readers need a database that other connections can open; ":memory:" is one per connection.
         self._shared_file = self.storage.shares_readers()

@@ -11,9 +11,10 @@ has not seen (from any connection or process), so it answers like vec0 would. A 
 inside a write transaction may see changes that could still roll back: those are not applied
 to the shared cache but scored exactly for that one search (the overlay). A key is loaded
 whole from vec0's chunk tables (one blob per chunk) under the cache's lock; keys that do not
-fit the memory budget are searched inside vec0 instead (`vectors.knn_vec0`). Keys of at least
-`codes_min` vectors are shortlisted by their sign-bit codes first and only the shortlist is
-scored in float32 (vector_codes.py).
+fit the memory budget are searched inside vec0 instead (`vectors.knn_vec0`). A viewer who sees
+at least `codes_min` vectors over all their keys has them shortlisted by sign-bit codes first
+and only the shortlist is scored in float32 (vector_codes.py); a key's codes are packed the
+first time a search needs them.
 
 The storage reads the cache makes (the change log, one key's vectors, one vector, the
 fallback search) go through a `VectorSource`: SQLiteVectorSource below (vec0), and on
@@ -34,7 +35,7 @@ from typing import Any, Callable, Protocol, Sequence
 import apsw
 import numpy as np
 
-from bot.memory import big_keys, vector_codes, vectors
+from bot.memory import vector_codes, vectors
 from bot.memory.db import get_meta, query_value
 from bot.memory.scope import ACTIVE
 
@@ -51,6 +52,12 @@ INLINE_LOAD_MAX = 5000
 # message in a busy channel after a start copied the whole key (983 MB at 1M) under the cache's
 # lock, every recall waiting. Free rows are not resident until written (np.zeros' lazy pages).
 LOAD_SPARE_SHARE = 1 / 8
+# In a search by code, a key of fewer vectors than this is still scored whole (~1 ms a search at
+# 5,000 x 768): packing a key's codes costs ~1 ms per 1,000 rows once, on its first search by
+# code, and a typical viewer at 1M (global by code, their channels and personal keys whole) paid
+# that on every first recall in a new channel with a floor of 1,000 (+0.4 ms CPU a recall in
+# bench.recall_cpu, bench/README.md round 6). Bigger keys (a heavy user's own, 8-42k at 1M) join.
+CODES_KEY_MIN = 5000
 
 
 def spare_rows(n: int) -> int:
@@ -60,26 +67,52 @@ def spare_rows(n: int) -> int:
 class KeyVectors:
     """One key's vectors in rows [0, n) of preallocated arrays. A removed vector keeps its row
     with id -1 until the next compaction. Appends write past `n` and replacements swap whole
-    arrays, so a search holding an older (arrays, n) view never reads a half-written row."""
-    __slots__ = ("ids", "created", "matrix", "codes", "n", "dead", "row_of", "approx")
+    arrays, so a search holding an older (arrays, n) view never reads a half-written row.
+    `codes`: the rows' sign codes (vector_codes.py), only for a key searched by code (packed at
+    load for a key big enough to be searched by code alone, else by the first search that
+    shortlists it: `pack_codes` / `install_codes`), else None. Packing every key cost ~26 % of
+    a key's load and ~60 MB at 1M memories for codes no search read."""
+    __slots__ = ("ids", "created", "matrix", "codes", "n", "dead", "row_of")
 
-    def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, spare: int = 0):
+    def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, spare: int = 0,
+                 coded: bool = False):
         n = len(ids)
         cap = n + SLACK_ROWS + spare
         self.ids = np.full(cap, -1, dtype=np.int64)
         self.created = np.zeros(cap, dtype=np.float64)
         self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.float32)
         self.ids[:n], self.created[:n], self.matrix[:n] = ids, created, matrix
-        self.codes = vector_codes.empty(matrix.shape[1], cap)  # sign bits of each row (vector_codes.py)
-        self.codes[:, :n] = vector_codes.pack(matrix)
+        self.codes: np.ndarray | None = None
+        if coded:
+            self.codes = vector_codes.empty(matrix.shape[1], cap)
+            self.codes[:, :n] = vector_codes.pack(matrix)
         self.n = n
         self.dead = 0
         self.row_of = {int(mid): i for i, mid in enumerate(ids)}
-        self.approx: big_keys.ListIndex | None = None  # rows grouped by cluster (a very big key)
 
     @property
     def nbytes(self) -> int:
-        return self.matrix.nbytes + self.ids.nbytes + self.created.nbytes + self.codes.nbytes
+        codes = self.codes.nbytes if self.codes is not None else 0
+        return self.matrix.nbytes + self.ids.nbytes + self.created.nbytes + codes
+
+    @staticmethod
+    def pack_codes(matrix: np.ndarray, n: int) -> tuple[np.ndarray, int, np.ndarray]:
+        """Off the lock, given (matrix, n) read under it: (the matrix, n, the codes of its rows
+        [0, n) at its capacity), for `install_codes`. Rows [0, n) are never rewritten in place,
+        so packing them beside appends is safe."""
+        codes = vector_codes.empty(matrix.shape[1], len(matrix))
+        codes[:, :n] = vector_codes.pack(matrix[:n])
+        return matrix, n, codes
+
+    def install_codes(self, packed: tuple[np.ndarray, int, np.ndarray]) -> None:
+        """Under the cache's lock: take codes from `pack_codes`, packing the rows appended since;
+        dropped when the arrays were regrown meanwhile (the next search packs again)."""
+        matrix, rows, codes = packed
+        if self.codes is not None or matrix is not self.matrix:
+            return
+        if self.n > rows:
+            codes[:, rows:self.n] = vector_codes.pack(self.matrix[rows:self.n])
+        self.codes = codes
 
     @property
     def live(self) -> int:
@@ -102,7 +135,8 @@ class KeyVectors:
             self._regrow(int(self.n * GROWTH) + SLACK_ROWS)
         row = self.n
         self.matrix[row] = vector
-        self.codes[:, row] = vector_codes.pack(np.asarray(vector, dtype=np.float32).reshape(1, -1))[:, 0]
+        if self.codes is not None:
+            self.codes[:, row] = vector_codes.pack(np.asarray(vector, dtype=np.float32).reshape(1, -1))[:, 0]
         self.created[row] = created_at
         self.ids[row] = memory_id
         self.row_of[memory_id] = row
@@ -115,12 +149,13 @@ class KeyVectors:
         ids = np.full(capacity, -1, dtype=np.int64)
         created = np.zeros(capacity, dtype=np.float64)
         matrix = np.zeros((capacity, self.matrix.shape[1]), dtype=np.float32)
-        codes = vector_codes.empty(self.matrix.shape[1], capacity)
         ids[:count], created[:count], matrix[:count] = (self.ids[:self.n][alive], self.created[:self.n][alive],
                                                         self.matrix[:self.n][alive])
-        codes[:, :count] = self.codes[:, :self.n][:, alive]
+        codes = None
+        if self.codes is not None:
+            codes = vector_codes.empty(self.matrix.shape[1], capacity)
+            codes[:, :count] = self.codes[:, :self.n][:, alive]
         self.ids, self.created, self.matrix, self.codes, self.n, self.dead = ids, created, matrix, codes, count, 0
-        self.approx = None  # the rows moved: the clusters no longer describe them
         self.row_of = {int(mid): i for i, mid in enumerate(ids[:count])}
 
     def _compact(self) -> None:
@@ -157,16 +192,12 @@ def _empty_key(dim: int) -> KeyVectors:
 class VectorCache:
     """Shared by all connections of one engine (attach with `vectors.attach_cache`)."""
 
-    def __init__(self, budget_bytes: int, source: VectorSource | None = None, approx_min: int = 0,
-                 codes_min: int = 0):
+    def __init__(self, budget_bytes: int, source: VectorSource | None = None, codes_min: int = 0):
         self.budget_bytes = budget_bytes
         self.source: VectorSource = source or SQLiteVectorSource()  # the backend replaces it (storage_for)
-        # Keys of at least this many vectors are shortlisted by sign code, then rescored exactly
-        # (vector_codes.py); 0: never. Checked before the clusters below.
+        # A search over at least this many vectors (all the viewer's keys) shortlists them by sign
+        # code, then rescores exactly (vector_codes.py); 0: never.
         self.codes_min = codes_min
-        # Keys of at least this many vectors are searched through clusters (big_keys.py); 0: never.
-        self.approx_min = approx_min
-        self._partitioning: set[str] = set()  # keys queued for or being partitioned
         self._lock = threading.Lock()
         self._keys: OrderedDict[str, KeyVectors] = OrderedDict()  # least recently used first
         self._key_of: dict[int, str] = {}
@@ -335,7 +366,8 @@ class VectorCache:
             ids, created, matrix = self.source.load_key(conn, info, key)
             # Built off the lock: the copy, the id map and the codes take ~1 s at 320k vectors,
             # and every search waits for the lock.
-            entry = (KeyVectors(ids, created, matrix, spare_rows(len(ids))) if matrix.nbytes <= self.budget_bytes
+            entry = (KeyVectors(ids, created, matrix, spare_rows(len(ids)), coded=self._coded(len(ids)))
+                     if matrix.nbytes <= self.budget_bytes
                      else None)
             with self._lock:
                 if self._generation != generation:
@@ -366,7 +398,7 @@ class VectorCache:
         writes. Stops early when `stop` is set. Returns how many keys it loaded."""
         if not conn.get_autocommit() or self._sync(conn, info) is None:
             return 0
-        per_vector = info.dim * 4 + 16 + info.dim // 8  # matrix row + id + created_at + code
+        per_vector = info.dim * 4 + 16  # matrix row + id + created_at (+ a code in a key searched by code)
         loaded = 0
         with self._lock:
             generation = self._generation
@@ -385,70 +417,36 @@ class VectorCache:
             with self._lock:
                 if key in self._keys or key in self._too_big or key in self._loading:
                     continue
-                if self._bytes + (count + SLACK_ROWS + spare_rows(count)) * per_vector > self.budget_bytes:
+                row_bytes = per_vector + (vector_codes.words_for(info.dim) * 8 if self._coded(count) else 0)
+                if self._bytes + (count + SLACK_ROWS + spare_rows(count)) * row_bytes > self.budget_bytes:
                     continue  # would evict a key already warm
             if self._entry(conn, info, key, may_defer=False) is not None:
                 loaded += 1
-        for key in self.cached_keys():
-            if stop is not None and stop.is_set():
-                break
-            if self._wants_partition(key):
-                self.partition_key(key)
         return loaded
 
-    # -- very big keys (big_keys.py) -----------------------------------------
-
-    def _wants_partition(self, key: str) -> bool:
-        with self._lock:
-            entry = self._keys.get(key)
-            return (entry is not None and 0 < self.approx_min <= entry.n and key not in self._partitioning
-                    and not 0 < self.codes_min <= entry.n  # searched by code: clusters would go unused
-                    and not big_keys.usable(entry.approx, entry.n))
-
-    def partition_key(self, key: str, queued: bool = False) -> bool:
-        """Group a cached big key's rows by cluster (seconds of CPU at 320k vectors, no lock held
-        meanwhile; the regrouped copy needs the key's size again in memory until it is swapped in).
-        False if the key is not cached, not big, or changed shape meanwhile."""
-        with self._lock:
-            entry = self._keys.get(key)
-            if not queued and key in self._partitioning:
-                return False
-            self._partitioning.add(key)
-            if entry is None or not 0 < self.approx_min <= entry.n:
-                self._partitioning.discard(key)
-                return False
-            matrix, rows = entry.matrix, entry.n
-            ids_then = entry.ids[:rows].copy()
-            capacity = max(len(entry.ids), rows + SLACK_ROWS + int(rows * big_keys.SPARE_SHARE))
-        try:
-            part = big_keys.partition(matrix, rows, capacity)
-            rows_then = big_keys.row_map(ids_then, part)
-            with self._lock:
-                if self._keys.get(key) is not entry:
-                    return False
-                before = entry.nbytes
-                done = big_keys.install(entry, matrix, part, rows_then)
-                self._bytes += entry.nbytes - before
-                return done
-        finally:
-            with self._lock:
-                self._partitioning.discard(key)
-
-    def _partition_later(self, key: str) -> None:
-        background = self.background
-        if background is None or not self._wants_partition(key):
-            return
-        with self._lock:
-            if key in self._partitioning:
-                return
-            self._partitioning.add(key)
-        try:
-            background(lambda _conn: self.partition_key(key, queued=True))
-        except Exception:  # the loader is shut down: the key stays exact
-            with self._lock:
-                self._partitioning.discard(key)
-
     # -- search ---------------------------------------------------------------
+
+    def _coded(self, n: int) -> bool:
+        """A search over `n` vectors shortlists them by code (vector_codes.py)."""
+        return 0 < self.codes_min <= n
+
+    def _key_coded(self, n: int) -> bool:
+        """In a search by code, a key of `n` vectors is shortlisted (else scored whole): one big
+        enough to be searched by code alone always is."""
+        return n >= min(CODES_KEY_MIN, self.codes_min)
+
+    def _code_keys(self, entries: list[KeyVectors]) -> None:
+        """Pack the codes of keys searched by code for the first time (once per key, ~1 ms per
+        1,000 rows at 768 dims, off the lock; a key whose arrays regrow meanwhile stays exact)."""
+        for entry in entries:
+            if entry.codes is None and self._key_coded(entry.n):
+                with self._lock:  # the arrays and their row count from one moment (a regrow swaps them)
+                    rows = entry.matrix, entry.n
+                packed = KeyVectors.pack_codes(*rows)
+                with self._lock:
+                    before = entry.nbytes
+                    entry.install_codes(packed)
+                    self._bytes += entry.nbytes - before
 
     def knn(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float], keys: list[str],
             k: int, as_of: float | None = None) -> list[tuple[int, float]]:
@@ -463,25 +461,25 @@ class VectorCache:
                 in_vec0.append(key)
             else:
                 entries.append((key, entry))
-        with self._lock:  # each key's arrays, codes and clusters from one moment (a partition swaps them)
-            views = [(key, entry.view(), entry.approx, entry.codes) for key, entry in entries]
+        # A viewer who sees at least codes_min vectors, over all their keys, gets one shortlist by
+        # code over all of them but the small ones (a heavy user's DM at 1M: 40-80k vectors in
+        # keys of under 20k each, read whole at 7.5 ms of CPU a search). As of a past moment:
+        # exact. A shortlist is chosen before the time filter, which could leave few of its rows
+        # (recall@10 0.62 when 0.2 % of rows qualify).
+        coded = as_of is None and self._coded(sum(entry.n for _, entry in entries))
+        if coded:
+            self._code_keys([entry for _, entry in entries])
+        with self._lock:  # each key's arrays and codes from one moment (a regrow swaps them)
+            views = [(entry.view(), entry.codes, entry.dead > 0) for _, entry in entries]
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
-        exact, scored = [], []
-        for key, view, index, codes in views:
-            # As of a past moment: exact. A shortlist (by code or by cluster) is chosen before the
-            # time filter, which could leave few of its rows (recall@10 0.62 when 0.2 % of rows qualify).
-            if as_of is not None:
-                exact.append(view)
-            elif 0 < self.codes_min <= view[3]:
+        exact, parts = [], []
+        for view, codes, removed in views:
+            if coded and codes is not None and self._key_coded(view[3]):
                 ids, _, matrix, n = view
-                scored += top_scores_of(*vector_codes.search(codes, ids, matrix, n, q, k, skip), k)
-            elif not 0 < self.approx_min <= view[3]:
+                parts.append((codes, ids, matrix, n, removed))
+            else:
                 exact.append(view)
-            elif index is not None and big_keys.usable(index, view[3]):
-                scored += top_scores_of(*big_keys.search(index, *view, q, as_of, skip), k)
-            else:  # exact until its clusters are (re)built on the loader thread
-                self._partition_later(key)
-                exact.append(view)
+        scored = top_scores_of(*vector_codes.search_many(parts, q, k, skip), k) if parts else []
         scored += top_scores_over(exact, q, k, as_of, skip)
         if in_vec0:
             scored += [(1.0 - d * d / 2.0, mid) for mid, d in self.source.search(conn, info, q.tolist(), in_vec0, k, as_of)

@@ -1,11 +1,12 @@
-"""Sign-bit codes of a key's vectors, for searching big keys without reading every float32.
+"""Sign-bit codes of the vectors, for searching what a viewer sees without reading every float32.
 
 A vector's code is the sign of each dimension, one bit each (768 dims: 96 bytes against 3 kB of
 float32). The Hamming distance between two codes tracks the angle between the vectors, so a
-search ranks all of a key's rows by code, then scores only the best `rerank_count` of them
-exactly in float32 and returns exact scores. The code scan reads 1/32 of the bytes the exact
-product reads: for the 100k world's busy channel (31.7k x 768) the Hamming pass takes 0.3-0.6 ms
-and the whole search ~1 ms, against ~7 ms for the exact product (bench/README.md, round 5).
+search ranks all the viewer's rows by code (one shortlist over all their keys: `search_many`),
+then scores only the best `rerank_count` of them exactly in float32 and returns exact scores.
+The code scan reads 1/32 of the bytes the exact product reads: for the 100k world's busy
+channel (31.7k x 768) the Hamming pass takes 0.3-0.6 ms and the whole search ~1 ms, against
+~7 ms for the exact product (bench/README.md, round 5).
 
 Codes are stored column-major, (words, capacity) uint64: a block of rows is one XOR, one
 popcount and one sum over the leading axis, 3-5x faster in numpy than row-major codes, whose
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 PACK_BLOCK = 16384      # rows packed at a time (packbits needs a bool copy of the block)
-SCAN_BLOCK = 8192       # rows per XOR/popcount block: the temporaries stay in the CPU cache
+SCAN_BLOCK = 16384      # rows per XOR/popcount block: the temporaries stay in the CPU cache
 RERANK_SHARE = 0.02     # share of a key's rows rescored exactly
 RERANK_MIN = 256        # ... but at least this many
 RERANK_PER_K = 8        # ... and this many per wanted result
@@ -48,20 +49,28 @@ def pack(matrix: np.ndarray) -> np.ndarray:
     return out
 
 
-def hamming(codes: np.ndarray, n: int, query_code: np.ndarray) -> np.ndarray:
-    """Hamming distance of rows [0, n) of `codes` to `query_code` (words,): uint16 (n,)."""
+def hamming(codes: np.ndarray, n: int, query_code: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Hamming distance of rows [0, n) of `codes` to `query_code` (words,): uint16 (n,).
+    The per-word counts are first added in pairs as uint8 (two words: at most 128 bits), so the
+    widening sum to uint16, the slowest of the passes, reads half as many rows (issue 12, round
+    6: 8.9 -> 5.2 ms of CPU for the 1M world's busy key, 320k x 12 words)."""
     words = codes.shape[0]
-    out = np.empty(n, dtype=np.uint16)
+    pairs = words // 2
+    out = np.empty(n, dtype=np.uint16) if out is None else out
     block = min(SCAN_BLOCK, max(1, n))
     xored = np.empty((words, block), dtype=np.uint64)
     counts = np.empty((words, block), dtype=np.uint8)
+    summed = np.empty((words - pairs, block), dtype=np.uint8)
     q = query_code[:, None]
     for start in range(0, n, block):
         end = min(n, start + block)
         m = end - start
         np.bitwise_xor(codes[:, start:end], q, out=xored[:, :m])
         np.bitwise_count(xored[:, :m], out=counts[:, :m])
-        np.sum(counts[:, :m], axis=0, dtype=np.uint16, out=out[start:end])
+        np.add(counts[:pairs, :m], counts[words - pairs:, :m], out=summed[:pairs, :m])
+        if words % 2:  # the middle word has no partner
+            summed[pairs, :m] = counts[pairs, :m]
+        np.sum(summed[:, :m], axis=0, dtype=np.uint16, out=out[start:end])
     return out
 
 
@@ -82,17 +91,37 @@ def rerank_count(n: int, k: int) -> int:
 
 
 def search(codes: np.ndarray, ids: np.ndarray, matrix: np.ndarray, n: int, q: np.ndarray, k: int,
-           skip: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, exact scores) of the rows shortlisted by code; removed and skipped rows score -inf.
+           skip: np.ndarray | None, removed: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """`search_many` over one key."""
+    return search_many([(codes, ids, matrix, n, removed)], q, k, skip)
+
+
+def search_many(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, bool]], q: np.ndarray, k: int,
+                skip: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, exact scores) of the rows shortlisted by code over several keys' rows, one shortlist
+    for all of them (as big as one key of all their rows would get); removed and skipped rows
+    score -inf. `parts`: per key (codes, ids, matrix, n, removed), `removed`: rows [0, n) may hold
+    removed ones (id -1; False skips looking for them).
     Not for searches as of a past moment (the caller keeps those exact: a time filter could
     leave few of the shortlisted rows)."""
-    distances = hamming(codes, n, pack(q[None])[:, 0])
-    # Removed rows take no place in the shortlist: one past the farthest possible distance (not
-    # uint16's max: nearest_rows' bincount would then count 65,536 bins per search, ~6x its cost).
-    distances[ids[:n] < 0] = codes.shape[0] * 64 + 1
-    rows = nearest_rows(distances, rerank_count(n, k))
-    got_ids = ids[rows]
-    scores = matrix[rows] @ q
+    query_code = pack(q[None])[:, 0]
+    offsets = np.cumsum([0] + [n for _, _, _, n, _ in parts])
+    distances = np.empty(int(offsets[-1]), dtype=np.uint16)
+    for (codes, ids, _, n, removed), start in zip(parts, offsets.tolist(), strict=False):
+        mine = hamming(codes, n, query_code, out=distances[start:start + n])
+        # Removed rows take no place in the shortlist: one past the farthest possible distance (not
+        # uint16's max: nearest_rows' bincount would then count 65,536 bins per search, ~6x its cost).
+        if removed:
+            mine[ids[:n] < 0] = codes.shape[0] * 64 + 1
+    rows = nearest_rows(distances, rerank_count(len(distances), k))
+    bounds = np.searchsorted(rows, offsets).tolist()
+    got, scored = [], []
+    for (_, ids, matrix, _, _), start, lo, hi in zip(parts, offsets.tolist(), bounds, bounds[1:], strict=False):
+        mine = rows[lo:hi] - start
+        got.append(ids[mine])
+        scored.append(matrix[mine] @ q)  # sorted rows: read in order
+    got_ids = np.concatenate(got) if got else np.zeros(0, dtype=np.int64)
+    scores = np.concatenate(scored) if scored else np.zeros(0, dtype=np.float32)
     scores[got_ids < 0] = -np.inf
     if skip is not None:
         scores[np.isin(got_ids, skip)] = -np.inf
