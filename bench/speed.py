@@ -742,24 +742,30 @@ async def run_skew(args) -> list[dict]:
             print(f"built {path} in {row['build']['build_s']} s", flush=True)
         row["db_mb"] = round(db_bytes(path) / 1e6, 1)
         print(f"size {size}:", flush=True)
-        row["cold"] = await measure_cold(path, shape)
-        row["classes"] = await measure_classes(path, shape, args.viewers, talk=args.talk)
+        if not args.concurrency_only:
+            row["cold"] = await measure_cold(path, shape)
+            row["classes"] = await measure_classes(path, shape, args.viewers, talk=args.talk)
         if args.classes_only:
             rows.append(row)
             continue
-        if args.memory:
+        if args.memory and not args.concurrency_only:
             row["memory"] = memory_probe(path)
             print(f"  memory: {row['memory']}", flush=True)
         scratch = Path(args.workdir) / f"scratch-{size}.db"
         for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
             p.unlink(missing_ok=True)
         shutil.copy(path, scratch)
-        row["concurrency"] = await measure_concurrency(scratch, shape)
-        print(f"  20 concurrent: p95 {row['concurrency']['x20']['latency_ms']['p95']:.1f} ms vs one at a time "
-              f"{row['concurrency']['x1']['latency_ms']['p95']:.1f} ms ({row['concurrency']['p95_ratio']}x; floor on "
-              f"{row['concurrency']['cores']} cores {row['concurrency']['p95_ratio_floor']}x)", flush=True)
-        row["fact_writes"] = await measure_fact_writes(scratch, shape)
-        if args.maintenance:
+        load = os.getloadavg()[0]
+        row["concurrency"] = c = await measure_concurrency(scratch, shape)
+        c["load"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+        print(f"  20 concurrent: p95 {c['x20']['latency_ms']['p95']:.1f} ms vs one at a time "
+              f"{c['x1']['latency_ms']['p95']:.1f} ms ({c['p95_ratio']}x; floor on "
+              f"{c['cores']} cores {c['p95_ratio_floor']}x); CPU per recall {c['x1']['cpu_ms_per_recall']} / "
+              f"{c['x20']['cpu_ms_per_recall']} ms, cores used {c['x1']['cores_used']} / {c['x20']['cores_used']}; "
+              f"load {c['load'][0]} -> {c['load'][1]}", flush=True)
+        if not args.concurrency_only:
+            row["fact_writes"] = await measure_fact_writes(scratch, shape)
+        if args.maintenance and not args.concurrency_only:
             row["maintenance"] = await measure_maintenance(scratch, shape)
         for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
             p.unlink(missing_ok=True)
@@ -773,7 +779,7 @@ def print_skew(rows: list[dict]) -> None:
     print("| size | class | visible | fts | vector | x numpy (from memory) | total | cold: first recalls after a restart |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        for kind, c in r["classes"].items():
+        for kind, c in r.get("classes", {}).items():
             cold = r.get("cold", {}).get(kind)
             cold_cell = f"{cold['total']['median']:.2f} / {cold['total']['p95']:.2f}" if cold else ""
             from_memory = f" ({c['ratio_cold']['median']:.1f})" if "ratio_cold" in c else ""
@@ -843,6 +849,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="no new memory in the busy channel between the class recalls (rounds 1-4's protocol)")
     parser.add_argument("--classes-only", action="store_true",
                         help="skew: only the cold and per-class recalls (no concurrency, facts, maintenance, memory)")
+    parser.add_argument("--concurrency-only", action="store_true",
+                        help="skew: only the 20 concurrent recalls (on a scratch copy)")
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--no-writes", dest="writes", action="store_false",
                         help="skip the write and loop-lag measurements (they add memories to the database)")

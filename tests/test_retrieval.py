@@ -2,6 +2,7 @@
 on both storage backends."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -354,6 +355,12 @@ async def test_the_loan_is_what_a_walk_over_every_stored_memory_gives(fts_engine
         want = expected(chosen, as_of)
         assert {c.memory_id: (pytest.approx(c.fused), c.neighbour_of) for c in out} == want
         lent += sum(1 for _, lender in want.values() if lender is not None)
+        # the final order from the rows the neighbour step read (Candidate.vitals) is the one from reading them again
+        now = t0 + 400_000
+        given = await fts_engine.read(fts_engine.storage.final_order, [dataclasses.replace(c) for c in out], now)
+        read = await fts_engine.read(fts_engine.storage.final_order,
+                                     [dataclasses.replace(c, vitals=None) for c in out], now)
+        assert [(c.memory_id, c.fused) for c in given] == [(c.memory_id, c.fused) for c in read]
     assert lent > 20  # the trials exercise the walk, not only its shortcut
 
 

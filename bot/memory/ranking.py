@@ -68,10 +68,13 @@ def final_order(conn: apsw.Connection, candidates: Iterable[Candidate], now: flo
     pool = list(candidates)
     if not pool or (time_weight == 0 and not (date_hints and date_boost)):
         return rank(pool)
-    ids = [c.memory_id for c in pool]
-    rows = conn.execute(
-        "SELECT id, coalesce(last_accessed, created_at), stability, importance, created_at FROM memories "
-        f"WHERE id IN ({','.join('?' * len(ids))})", ids)
+    # what the neighbour step read already (retrieval.lenders), the rest from their rows
+    rows: list[tuple] = [(c.memory_id, *c.vitals) for c in pool if c.vitals is not None]
+    ids = [c.memory_id for c in pool if c.vitals is None]
+    if ids:
+        rows += conn.execute(
+            "SELECT id, coalesce(last_accessed, created_at), stability, importance, created_at FROM memories "
+            f"WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
     factor = {}
     for memory_id, last_seen, stability, importance, created_at in rows:
         named = any(hint.covers(created_at, tz) for hint in date_hints)

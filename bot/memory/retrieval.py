@@ -36,6 +36,9 @@ class Candidate:
     neighbour_of: int | None = None     # the hit stored next to it that lent it score (spread_to_neighbours)
     similarity: float | None = None     # cosine to the query, for what recall returns (ranking.measure_similarity)
     touched: bool | None = None         # counted as recalled (above the touch floor); None = touch was off
+    # (last recalled or created, stability, importance, created_at) as the neighbour step read them,
+    # for ranking.final_order (which then reads no row again); None = not read
+    vitals: tuple[float, float, float, float] | None = field(default=None, repr=False, compare=False)
 
     @property
     def cosine(self) -> float | None:
@@ -213,7 +216,7 @@ def spread_to_neighbours(conn: apsw.Connection, ranked: list[Candidate], keys: l
     # Only a hit with another candidate under its key within the window can lend anything: walk
     # from those alone, the same loans for less (the walk from every hit was ~0.9 ms of CPU per
     # recall at 100k, issue 12; where candidates are spread over months none is walked).
-    ids = lenders(conn, list(by_id), keys)
+    ids = lenders(conn, by_id, keys)
     if not ids:
         return rank(by_id.values())
     marks = ",".join("?" * len(ids))
@@ -236,15 +239,17 @@ def spread_to_neighbours(conn: apsw.Connection, ranked: list[Candidate], keys: l
     return lend_to_neighbours(by_id, conn.execute(sql, params), share)
 
 
-def lenders(conn: apsw.Connection, ids: list[int], keys: list[str]) -> list[int]:
-    """Those of `ids` (under `keys`) that have another of them under the same key stored within
-    NEIGHBOUR_WINDOW_S: the only hits whose neighbour loan can reach a candidate."""
+def lenders(conn: apsw.Connection, by_id: dict[int, Candidate], keys: list[str]) -> list[int]:
+    """Those of the candidates (under `keys`) that have another of them under the same key stored
+    within NEIGHBOUR_WINDOW_S: the only hits whose neighbour loan can reach a candidate. Gives
+    each the `vitals` the final order needs from the same rows."""
     where, key_params = key_filter(keys, "vis_key")
     times: dict[str, list[tuple[float, int]]] = {}
-    for memory_id, vis_key, created_at in conn.execute(
-            f"SELECT id, vis_key, created_at FROM memories WHERE id IN ({','.join('?' * len(ids))}) AND {where}",
-            [*ids, *key_params]):
+    for memory_id, vis_key, created_at, last_seen, stability, importance in conn.execute(
+            "SELECT id, vis_key, created_at, coalesce(last_accessed, created_at), stability, importance FROM memories "
+            f"WHERE id IN ({','.join('?' * len(by_id))}) AND {where}", [*by_id, *key_params]):
         times.setdefault(vis_key, []).append((created_at, memory_id))
+        by_id[memory_id].vitals = (last_seen, stability, importance, created_at)
     out: list[int] = []
     for stored in times.values():
         stored.sort()
