@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.recall_cpu --size 100000                       # this code's steps
     .venv/bin/python -m bench.recall_cpu --size 100000 --base-commit 2b2651d  # A/B against a commit
     .venv/bin/python -m bench.recall_cpu --size 100000 --base-commit 2b2651d --whole   # whole recalls
+    .venv/bin/python -m bench.recall_cpu --size 100000 --base-commit 8a22272 --concurrency  # 1 vs 20 in flight
 
 On a world `bench.speed` built (bench/results/skew-<size>-speed.db). Steps: one recall's steps
 called one after the other on one thread (a read connection and the writer, as the engine
@@ -11,7 +12,10 @@ other sessions on the machine do). `--whole`: `Engine.recall` itself (query vect
 wall time and process CPU per recall (one in flight). With `--base-commit`, the other
 commit's `bot` package is copied out of git as `bot_base` (imports renamed) and both run on the
 same world, alternating which goes first, query by query: the fair comparison on shared cores
-(issue 12). Both touch the same database, so near-ties may rank differently once one engine
+(issue 12). `--concurrency`: bench.speed's concurrency measurement (mixed viewers, one at a
+time, then 20 in flight) for each commit in turn, alternating which goes first, round by round,
+on a scratch copy of the world (`concurrency_rounds`).
+Both touch the same database, so near-ties may rank differently once one engine
 touched what the other did not ("same" counts identical results).
 """
 from __future__ import annotations
@@ -28,6 +32,7 @@ import importlib
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -108,11 +113,90 @@ def recall_steps(pkg: str, engine: Any, reader: Any, writer: Any, text: str, vie
     return [i for i in ids if i in loaded]
 
 
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+async def timed_recall(engine: Any, sem: asyncio.Semaphore, latencies: list[float], who: Any, text: str,
+                       vector: list[float], message_id: int | None) -> None:
+    """One recall when `sem` lets it run (timed), after recording its message if given one."""
+    from bot.conversation import history
+    async with sem:
+        if message_id is not None:
+            await engine.write(history.record, channel_id=who.channel_id or 0, guild_id=who.guild_id,
+                               author_id=who.user_id, author_name="someone", role="user", content=text,
+                               message_id=message_id)
+        started = time.perf_counter()
+        await engine.recall(text, who, query_vector=vector)
+        latencies.append((time.perf_counter() - started) * 1000)
+
+
+async def concurrency_rounds(args: argparse.Namespace, engines: dict[str, tuple[Any, Any, Any, Any]]) -> dict:
+    """For each engine in turn (alternating which goes first, round by round): `args.burst`
+    recalls of a mix of viewers (bench.speed's: typical, busy, dm_heavy) one at a time, then the
+    same recalls `args.level` at a time, touch on. The queries are made before the clock starts
+    (the CPU per recall is the engine's, all threads). `--messages`: each recall first records its
+    message in the history, as the bot does (a writer job and a commit per recall)."""
+    packages = list(engines)
+    world = speed.SkewWorld(speed.SkewShape(args.size), seed=321)
+    raw: dict[str, dict[int, dict[str, list[float]]]] = {
+        pkg: {level: collections.defaultdict(list) for level in (1, args.level)} for pkg in packages}
+    message_id = 1 << 40
+    for round_ in range(args.rounds):
+        queries = [(world.viewer(), *world.query()) for _ in range(args.burst)]
+        for pkg in (packages if round_ % 2 == 0 else packages[::-1]):
+            engine, _, _, viewer_class = engines[pkg]
+            for level in (1, args.level):
+                work = [(viewer_class(v.user_id, channel_id=v.channel_id, guild_id=v.guild_id, dm=v.dm), text,
+                         vector.tolist()) for v, text, vector in queries]
+                sem = asyncio.Semaphore(level)
+                latencies: list[float] = []
+                load = load_average()
+                wall, cpu = time.perf_counter(), time.process_time()
+                await asyncio.gather(*(timed_recall(engine, sem, latencies, *job, message_id + i if args.messages else None)
+                                       for i, job in enumerate(work)))
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                message_id += len(work)
+                got = raw[pkg][level]
+                got["latency_ms"] += latencies
+                got["cpu_ms_per_recall"].append(cpu * 1000 / len(work))
+                got["cores_used"].append(cpu / wall)
+                got["load"].append(load)
+                print(f"round {round_} {pkg} x{level}: p50 {np.median(latencies):.1f} p95 "
+                      f"{np.percentile(latencies, 95):.1f} ms, CPU {cpu * 1000 / len(work):.2f} ms/recall, "
+                      f"cores used {cpu / wall:.2f}, load {load}", flush=True)
+    cores = len(os.sched_getaffinity(0))
+    out: dict = {"cores": cores, "rounds": args.rounds, "burst": args.burst, "messages": args.messages}
+    for pkg in packages:
+        row: dict = {}
+        for level in (1, args.level):
+            got = raw[pkg][level]
+            row[f"x{level}"] = {"latency_ms": speed.summary(got["latency_ms"]),
+                                "cpu_ms_per_recall": round(float(np.mean(got["cpu_ms_per_recall"])), 2),
+                                "cores_used": round(float(np.mean(got["cores_used"])), 2),
+                                "load": [min(got["load"]), max(got["load"])]}
+        single, many = row["x1"], row[f"x{args.level}"]
+        row["p95_ratio"] = round(many["latency_ms"]["p95"] / single["latency_ms"]["p95"], 2)
+        # as bench.speed.measure_concurrency: the last of `level` recalls on `cores` cores waits for
+        # about level / cores recalls' CPU, however they are scheduled
+        row["p95_ratio_floor"] = round(args.level * single["cpu_ms_per_recall"] / cores / single["latency_ms"]["p95"], 2)
+        out[pkg] = row
+        print(f"{pkg}: one at a time p50 {single['latency_ms']['median']:.1f} / p95 {single['latency_ms']['p95']:.1f} ms "
+              f"(CPU {single['cpu_ms_per_recall']} ms); {args.level} in flight p50 {many['latency_ms']['median']:.1f} / "
+              f"p95 {many['latency_ms']['p95']:.1f} ms (CPU {many['cpu_ms_per_recall']} ms, cores used "
+              f"{many['cores_used']}); ratio {row['p95_ratio']}x, floor {row['p95_ratio_floor']}x", flush=True)
+    return out
+
+
 async def run(args: argparse.Namespace) -> dict:
     packages = ["bot"] + ([base_package(args.base_commit)] if args.base_commit else [])
     path = Path(args.workdir) / f"skew-{args.size}-speed.db"
     if not path.exists():
         raise SystemExit(f"no world at {path}: build it with `python -m bench.speed --sizes {args.size}` first")
+    if args.concurrency:  # it writes (touches, messages): on a scratch copy
+        scratch = Path(tempfile.mkdtemp(prefix="muninn-conc-")) / path.name
+        shutil.copy(path, scratch)
+        path = scratch
     world = speed.SkewWorld(speed.SkewShape(args.size), seed=99)
     engines: dict[str, tuple[Any, Any, Any, Any]] = {}
     for pkg in packages:
@@ -124,7 +208,9 @@ async def run(args: argparse.Namespace) -> dict:
                         importlib.import_module(f"{pkg}.memory.scope").Viewer)
     out: dict = {"size": args.size, "per_class": args.per_class, "base_commit": args.base_commit,
                  "whole": args.whole, "classes": {}}
-    for kind in speed.VIEWER_CLASSES:
+    if args.concurrency:
+        out["concurrency"] = await concurrency_rounds(args, engines)
+    for kind in (() if args.concurrency else speed.VIEWER_CLASSES):
         queries = [(world.viewer_of(kind), *world.query()) for _ in range(args.per_class + args.warm)]
         measured: dict[str, Steps] = {pkg: Steps() for pkg in packages}
         same = 0
@@ -156,6 +242,8 @@ async def run(args: argparse.Namespace) -> dict:
         engine.storage.close(reader)
         engine.storage.close(writer)
         await engine.close()
+    if args.concurrency:
+        shutil.rmtree(path.parent, ignore_errors=True)
     return out
 
 
@@ -166,6 +254,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--base-commit", default="", help="A/B against this commit's bot package")
     parser.add_argument("--whole", action="store_true", help="time Engine.recall whole (wall, process CPU)")
+    parser.add_argument("--concurrency", action="store_true", help="one at a time vs --level in flight, per commit")
+    parser.add_argument("--level", type=int, default=20, help="--concurrency: recalls in flight")
+    parser.add_argument("--burst", type=int, default=80, help="--concurrency: recalls per level per round")
+    parser.add_argument("--rounds", type=int, default=4, help="--concurrency: rounds (each runs every commit)")
+    parser.add_argument("--messages", action="store_true",
+                        help="--concurrency: record each recall's message in the history first, as the bot does")
     parser.add_argument("--workdir", default=str(speed.RESULTS))
     parser.add_argument("--out", default=None, help="JSON file to save")
     args = parser.parse_args(argv)

@@ -617,8 +617,10 @@ async def measure_concurrency(path: Path, shape, concurrency: int = 20, burst: i
                     totals.append((time.perf_counter() - t) * 1000)
             t, cpu = time.perf_counter(), time.process_time()
             await asyncio.gather(*(one(sem, world, engine, totals) for _ in range(burst)))
-            out[f"x{level}"] = {"latency_ms": summary(totals), "recalls_per_s": round(burst / (time.perf_counter() - t), 1),
-                                "cpu_ms_per_recall": round((time.process_time() - cpu) * 1000 / burst, 2)}
+            wall, used = time.perf_counter() - t, time.process_time() - cpu
+            # cores_used: the process's CPU over the wall time (2 = both cores busy with this benchmark)
+            out[f"x{level}"] = {"latency_ms": summary(totals), "recalls_per_s": round(burst / wall, 1),
+                                "cpu_ms_per_recall": round(used * 1000 / burst, 2), "cores_used": round(used / wall, 2)}
     cores = len(os.sched_getaffinity(0))
     out["cores"], out["readers"] = cores, readers
     out["p95_ratio"] = round(out[f"x{concurrency}"]["latency_ms"]["p95"] / out["x1"]["latency_ms"]["p95"], 2)
@@ -810,25 +812,31 @@ async def run_skew(args) -> list[dict]:
             print(f"built {path} in {row['build']['build_s']} s", flush=True)
         row["db_mb"] = round(db_bytes(path) / 1e6, 1)
         print(f"size {size}:", flush=True)
-        row["cold"] = await measure_cold(path, shape)
-        row["classes"] = await measure_classes(path, shape, args.viewers, talk=args.talk)
+        if not args.concurrency_only:
+            row["cold"] = await measure_cold(path, shape)
+            row["classes"] = await measure_classes(path, shape, args.viewers, talk=args.talk)
         row["load"] = os.getloadavg()
         if args.classes_only:
             rows.append(row)
             continue
-        if args.memory:
+        if args.memory and not args.concurrency_only:
             row["memory"] = memory_probe(path)
             print(f"  memory: {row['memory']}", flush=True)
         scratch = Path(args.workdir) / f"scratch-{size}.db"
         for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
             p.unlink(missing_ok=True)
         shutil.copy(path, scratch)
-        row["concurrency"] = await measure_concurrency(scratch, shape)
-        print(f"  20 concurrent: p95 {row['concurrency']['x20']['latency_ms']['p95']:.1f} ms vs one at a time "
-              f"{row['concurrency']['x1']['latency_ms']['p95']:.1f} ms ({row['concurrency']['p95_ratio']}x; floor on "
-              f"{row['concurrency']['cores']} cores {row['concurrency']['p95_ratio_floor']}x)", flush=True)
-        row["fact_writes"] = await measure_fact_writes(scratch, shape)
-        if args.maintenance:
+        load = os.getloadavg()[0]
+        row["concurrency"] = c = await measure_concurrency(scratch, shape)
+        c["load"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+        print(f"  20 concurrent: p95 {c['x20']['latency_ms']['p95']:.1f} ms vs one at a time "
+              f"{c['x1']['latency_ms']['p95']:.1f} ms ({c['p95_ratio']}x; floor on "
+              f"{c['cores']} cores {c['p95_ratio_floor']}x); CPU per recall {c['x1']['cpu_ms_per_recall']} / "
+              f"{c['x20']['cpu_ms_per_recall']} ms, cores used {c['x1']['cores_used']} / {c['x20']['cores_used']}; "
+              f"load {c['load'][0]} -> {c['load'][1]}", flush=True)
+        if not args.concurrency_only:
+            row["fact_writes"] = await measure_fact_writes(scratch, shape)
+        if args.maintenance and not args.concurrency_only:
             row["maintenance"] = await measure_maintenance(scratch, shape)
         for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
             p.unlink(missing_ok=True)
@@ -842,7 +850,7 @@ def print_skew(rows: list[dict]) -> None:
     print("| size | class | visible | fts | vector | x numpy (from memory) | total | cold: first recalls after a restart |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        for kind, c in r["classes"].items():
+        for kind, c in r.get("classes", {}).items():
             cold = r.get("cold", {}).get(kind)
             cold_cell = f"{cold['total']['median']:.2f} / {cold['total']['p95']:.2f}" if cold else ""
             from_memory = f" ({c['ratio_cold']['median']:.1f})" if "ratio_cold" in c else ""
@@ -912,6 +920,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="no new memory in the busy channel between the class recalls (rounds 1-4's protocol)")
     parser.add_argument("--classes-only", action="store_true",
                         help="skew: only the cold and per-class recalls (no concurrency, facts, maintenance, memory)")
+    parser.add_argument("--concurrency-only", action="store_true",
+                        help="skew: only the 20 concurrent recalls (on a scratch copy)")
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--no-writes", dest="writes", action="store_false",
                         help="skip the write and loop-lag measurements (they add memories to the database)")

@@ -2,6 +2,7 @@
 on both storage backends."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -298,6 +299,69 @@ async def test_the_loan_reaches_two_places_each_side_and_falls_off(fts_engine):
     # the walk steps over neither the time window nor as_of: a later line is never lent to
     assert hit not in {c.neighbour_of for c in await fts_engine.write(
         spread_to_neighbours, ranked(), keys, 0.5, t0 + 3.5) if c.memory_id in ids[4:]}
+
+
+async def test_the_loan_is_what_a_walk_over_every_stored_memory_gives(fts_engine):
+    """The walk starts only from hits with another candidate near them (retrieval.lenders): the
+    loans must be those of a walk from every hit over all stored memories, in conversations
+    (lines seconds apart, hours between them) under two visible keys and one invisible one,
+    with archived lines stepped over, with and without as_of."""
+    import random
+    rng = random.Random(12)
+    t0 = time.time() - 200_000
+    where = [dict(scope="room", **ROOM), dict(scope="personal", guild_id=100),
+             dict(scope="room", channel_id=11, guild_id=100)]  # Alice does not see room 11
+    new = []
+    for i in range(160):
+        session, place = divmod(i, 16)
+        new.append(NewMemory(f"line {i}", owner_id=1, created_at=t0 + session * 9000 + place * rng.uniform(5, 400),
+                             **where[rng.choice((0, 0, 1, 2))]))
+    ids = await fts_engine.remember_many(new)
+    stored = {mid: m for mid, m in zip(ids, new, strict=True)}
+    archived = set(rng.sample(ids, 15))
+    for mid in archived:
+        await fts_engine.archive(mid, "test")
+    live = [mid for mid in ids if mid not in archived]
+    keys = await fts_engine.read(fts_engine.storage.visible_keys, ALICE)
+    key_of = {mid: m.vis_key for mid, m in stored.items()}
+    active = {key: sorted(mid for mid in ids if key_of[mid] == key and mid not in archived) for key in set(key_of.values())}
+
+    def expected(chosen: dict[int, float], as_of: float | None) -> dict[int, tuple[float, int | None]]:
+        loans: dict[int, tuple[float, int]] = {}
+        for hit, fused in chosen.items():
+            if key_of[hit] not in keys:
+                continue
+            line = active[key_of[hit]]
+            at = line.index(hit)
+            for step in (-1, 1):
+                for places in range(1, retrieval.NEIGHBOUR_REACH + 1):
+                    if not 0 <= at + step * places < len(line):
+                        break
+                    other = line[at + step * places]
+                    t = stored[other].created_at
+                    amount = 0.5 * fused * retrieval.NEIGHBOUR_FALLOFF ** (places - 1)
+                    if (other in chosen and abs(t - stored[hit].created_at) <= retrieval.NEIGHBOUR_WINDOW_S
+                            and (as_of is None or t <= as_of) and amount > loans.get(other, (0.0, 0))[0]):
+                        loans[other] = (amount, hit)
+        return {mid: (fused + loans[mid][0], loans[mid][1]) if mid in loans else (fused, None)
+                for mid, fused in chosen.items()}
+
+    lent = 0
+    for trial in range(8):
+        chosen = {mid: rng.uniform(0.01, 1.0) for mid in rng.sample(live, 30)}  # candidates are active
+        as_of = None if trial % 2 else t0 + rng.uniform(3, 8) * 9000
+        ranked = [Candidate(mid, fts_rank=r, fts_score=-1.0, fused=f) for r, (mid, f) in enumerate(chosen.items(), 1)]
+        out = await fts_engine.read(fts_engine.storage.spread_to_neighbours, ranked, keys, 0.5, as_of)
+        want = expected(chosen, as_of)
+        assert {c.memory_id: (pytest.approx(c.fused), c.neighbour_of) for c in out} == want
+        lent += sum(1 for _, lender in want.values() if lender is not None)
+        # the final order from the rows the neighbour step read (Candidate.vitals) is the one from reading them again
+        now = t0 + 400_000
+        given = await fts_engine.read(fts_engine.storage.final_order, [dataclasses.replace(c) for c in out], now)
+        read = await fts_engine.read(fts_engine.storage.final_order,
+                                     [dataclasses.replace(c, vitals=None) for c in out], now)
+        assert [(c.memory_id, c.fused) for c in given] == [(c.memory_id, c.fused) for c in read]
+    assert lent > 20  # the trials exercise the walk, not only its shortcut
 
 
 async def test_a_changed_embedding_model_is_detected_at_start_and_recall_falls_back(fake_ollama, make_settings,

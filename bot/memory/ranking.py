@@ -68,10 +68,13 @@ def final_order(conn: apsw.Connection, candidates: Iterable[Candidate], now: flo
     pool = list(candidates)
     if not pool or (time_weight == 0 and not (date_hints and date_boost)):
         return rank(pool)
-    ids = [c.memory_id for c in pool]
-    rows = conn.execute(
-        "SELECT id, coalesce(last_accessed, created_at), stability, importance, created_at FROM memories "
-        f"WHERE id IN ({','.join('?' * len(ids))})", ids)
+    # what the neighbour step read already (retrieval.lenders), the rest from their rows
+    rows: list[tuple] = [(c.memory_id, *c.vitals) for c in pool if c.vitals is not None]
+    ids = [c.memory_id for c in pool if c.vitals is None]
+    if ids:
+        rows += conn.execute(
+            "SELECT id, coalesce(last_accessed, created_at), stability, importance, created_at FROM memories "
+            f"WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
     factor = {}
     for memory_id, last_seen, stability, importance, created_at in rows:
         named = any(hint.covers(created_at, tz) for hint in date_hints)
@@ -96,17 +99,20 @@ def keyword_winner_first(ranked: list[Candidate], margin: float = KEYWORD_LEAD) 
 
 
 def measure_similarity(conn: apsw.Connection, query_vector: Sequence[float], candidates: Iterable[Candidate],
-                       info: vectors.IndexInfo | None = None) -> None:
+                       info: vectors.IndexInfo | None = None, *, after_search: bool = False) -> None:
     """Give every candidate its cosine to the query; the vector path's hits know it already,
     the others (keyword hits, graph links) get it from their stored vector (vectors.cosines:
-    the search cache, or vec0 point lookups)."""
+    the search cache, or vec0 point lookups). `after_search`: the vector search has just run on
+    `conn` (and brought the cache up to date): outside a transaction the change log is not read
+    again (two statements per recall)."""
     unknown = {c.memory_id: c for c in candidates if c.cosine is None}
     if not unknown:
         return
     info = info or vectors.index_info(conn)
     if info is None:
         return
-    for memory_id, cosine in vectors.cosines(conn, info, query_vector, list(unknown)).items():
+    synced = after_search and conn.get_autocommit()
+    for memory_id, cosine in vectors.cosines(conn, info, query_vector, list(unknown), synced=synced).items():
         unknown[memory_id].similarity = cosine
 
 

@@ -263,7 +263,7 @@ class SQLiteStorage:
 
     def measure_similarity(self, conn: apsw.Connection, vector: Sequence[float], chosen: list[Candidate],
                            info: IndexInfo | None) -> None:
-        ranking.measure_similarity(conn, vector, chosen, info)
+        ranking.measure_similarity(conn, vector, chosen, info, after_search=True)  # Engine._search_step: just after it
 
     # -- privacy -------------------------------------------------------------------
     def pause(self, conn: apsw.Connection, user_id: int) -> bool:
