@@ -61,17 +61,21 @@ def time_factor(vital: float, weight: float = TIME_WEIGHT) -> float:
     return 1.0 + weight * vital
 
 
+DECAY_COLUMNS = "id, coalesce(last_accessed, created_at), stability, importance, created_at"  # final_order's
+
+
 def final_order(conn: apsw.Connection, candidates: Iterable[Candidate], now: float, *,
                 time_weight: float = TIME_WEIGHT, date_hints: Sequence[DateHint] = (),
-                date_boost: float = DATE_BOOST, tz: tzinfo = UTC) -> list[Candidate]:
-    """Re-rank by relevance x time factor x date factor (see the module doc)."""
+                date_boost: float = DATE_BOOST, tz: tzinfo = UTC,
+                rows: Iterable[tuple[int, float, float, float, float]] | None = None) -> list[Candidate]:
+    """Re-rank by relevance x time factor x date factor (see the module doc). `rows`: the
+    candidates' DECAY_COLUMNS, when the caller has read them (PostgreSQL: with the neighbour walk)."""
     pool = list(candidates)
     if not pool or (time_weight == 0 and not (date_hints and date_boost)):
         return rank(pool)
-    ids = [c.memory_id for c in pool]
-    rows = conn.execute(
-        "SELECT id, coalesce(last_accessed, created_at), stability, importance, created_at FROM memories "
-        f"WHERE id IN ({','.join('?' * len(ids))})", ids)
+    if rows is None:
+        ids = [c.memory_id for c in pool]
+        rows = conn.execute(f"SELECT {DECAY_COLUMNS} FROM memories WHERE id IN ({','.join('?' * len(ids))})", ids)
     factor = {}
     for memory_id, last_seen, stability, importance, created_at in rows:
         named = any(hint.covers(created_at, tz) for hint in date_hints)

@@ -156,11 +156,8 @@ class PostgresStorage:
             _set_meta(conn, vectors.REINDEX_PENDING, "1")
 
     def index_state(self, conn: PgConnection) -> tuple[IndexInfo | None, bool]:
-        values: dict[str, str] = dict(conn.pg.execute("SELECT key, value FROM meta WHERE key IN ('embed_model', 'embed_dim', %s)",
-                                      (vectors.REINDEX_PENDING,)).fetchall())
-        model = values.get("embed_model")
-        info = None if model is None else IndexInfo(model, int(values.get("embed_dim") or 0))
-        return info, values.get(vectors.REINDEX_PENDING) == "1"
+        row = conn.pg.execute(keywords.INDEX_STATE_SQL).fetchone()
+        return keywords.index_state_of(json.loads(row[0]) if row and row[0] else {})
 
     def mark_reindex_done(self, conn: PgConnection) -> None:
         conn.pg.execute("DELETE FROM meta WHERE key = %s", (vectors.REINDEX_PENDING,))
@@ -305,7 +302,7 @@ class PostgresStorage:
         with conn.pg.transaction():  # vectors (logged by trigger), links and source rows go by ON DELETE CASCADE
             _lock_in_order(conn, ids)
             removed = conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
-        keywords.forget_counts()  # a word counted as common may not be any more
+        keywords.forget_counts(removed)  # a word counted as common may not be any more
         return removed
 
     def scrub(self, conn: PgConnection, forgotten: Sequence[str] = SCRUBBED) -> None:
@@ -320,7 +317,7 @@ class PostgresStorage:
                             "WHERE id = %s AND " + ACTIVE,
                             (time.time() if now is None else now, reason, time.time(), memory_id))
             conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))  # logged by trigger
-        keywords.forget_counts()
+        keywords.forget_counts(1)
 
     def restore(self, conn: PgConnection, memory_id: int) -> None:
         now = time.time()
@@ -474,35 +471,45 @@ class PostgresStorage:
 
     def spread_to_neighbours(self, conn: PgConnection, ranked: list[Candidate], keys: list[str], share: float,
                              as_of: float | None) -> list[Candidate]:
-        """retrieval.spread_to_neighbours with PostgreSQL's own statement: the same walk of the
-        (vis_key, id) index, but each neighbour's time read by primary key; the portable one
-        joins the walk to `memories`, and PostgreSQL hashed the whole table for it (a sequential
-        scan of every memory per recall: half the statement's time at 10k, growing with the table)."""
+        """retrieval.spread_to_neighbours with PostgreSQL's own statement: for each hit, its
+        `reach` nearest active memories on either side under its key, one ordered walk of the
+        (vis_key, id) index each (a LATERAL array), of which only those that are candidates
+        themselves are returned: only they can be lent to (retrieval.lend_to_neighbours). Their
+        times are tested here, from the candidates' decay rows that the same statement reads for
+        final_order. (The recursive walk took one max()/min() seek per step and read the time of
+        every neighbour found, 2-4 times this statement's work; the portable one joins the walk
+        to `memories`, which PostgreSQL ran as a hash over every memory.)"""
         reach = retrieval.NEIGHBOUR_REACH
         if share <= 0 or not ranked or reach <= 0:
             return ranked
         by_id = {c.memory_id: c for c in ranked}
-        step = ("(SELECT {agg}(p.id) FROM memories p WHERE p.vis_key = w.vis_key AND p.id {op} w.other "
-                "AND p.archived_at IS NULL)")
-        start = ("SELECT id, vis_key, created_at, {dir}, id, 0 FROM memories "
-                 "WHERE id = ANY(%(ids)s) AND vis_key = ANY(%(keys)s)")
+        side = ("SELECT h.id AS hit, n.other, n.places FROM memories h CROSS JOIN LATERAL unnest(ARRAY(SELECT p.id "
+                "FROM memories p WHERE p.vis_key = h.vis_key AND p.id {op} h.id AND p.archived_at IS NULL "
+                "ORDER BY p.id {order} LIMIT %(reach)s)) WITH ORDINALITY n(other, places) "
+                "WHERE h.id = ANY(%(ids)s) AND h.vis_key = ANY(%(keys)s)")
         rows = conn.pg.execute(
-            ("WITH RECURSIVE walk(hit, vis_key, t, dir, other, places) AS ("
-             f"{start.format(dir=-1)} UNION ALL {start.format(dir=1)} UNION ALL "
-             f"SELECT hit, vis_key, t, dir, CASE WHEN dir < 0 THEN {step.format(agg='max', op='<')} "
-             f"ELSE {step.format(agg='min', op='>')} END, places + 1 FROM walk w "
-             "WHERE places < %(reach)s AND other IS NOT NULL) "
-             "SELECT hit, other, places FROM (SELECT w.hit, w.other, w.places, w.t, "
-             "(SELECT m.created_at FROM memories m WHERE m.id = w.other) AS created FROM walk w "
-             "WHERE w.places > 0 AND w.other IS NOT NULL) x WHERE abs(x.created - x.t) <= %(window)s"
-             + (" AND x.created <= %(as_of)s" if as_of is not None else "")).encode(),
-            {"ids": list(by_id), "keys": keys, "reach": reach, "window": retrieval.NEIGHBOUR_WINDOW_S,
-             "as_of": as_of}).fetchall()
-        return retrieval.lend_to_neighbours(by_id, ((int(h), int(o), int(p)) for h, o, p in rows), share)
+            ("SELECT hit, other, places::int, NULL::float8, NULL::float8, NULL::float8, NULL::float8 FROM ("
+             f"{side.format(op='<', order='DESC')} UNION ALL {side.format(op='>', order='ASC')}) x "
+             "WHERE x.other = ANY(%(ids)s) "
+             # the candidates' decay rows: for final_order next (a round trip less per recall) and their times here
+             f"UNION ALL SELECT {ranking.DECAY_COLUMNS.replace('id, ', 'id, NULL, NULL, ', 1)} "
+             "FROM memories WHERE id = ANY(%(ids)s)").encode(),
+            {"ids": list(by_id), "keys": keys, "reach": reach}).fetchall()
+        decay = [(r[0], *r[3:]) for r in rows if r[1] is None]
+        conn.decay_rows = (frozenset(by_id), decay, time.monotonic())
+        created = {int(r[0]): float(r[4]) for r in decay}
+        walked = [(int(h), int(o), int(p)) for h, o, p, *_ in rows if o is not None
+                  and abs(created[o] - created[h]) <= retrieval.NEIGHBOUR_WINDOW_S
+                  and (as_of is None or created[o] <= as_of)]
+        return retrieval.lend_to_neighbours(by_id, walked, share)
 
     def final_order(self, conn: PgConnection, candidates: list[Candidate], now: float,
                     **options: Any) -> list[Candidate]:
-        return ranking.final_order(conn, candidates, now, **options)  # type: ignore[arg-type]
+        read, conn.decay_rows = conn.decay_rows, None
+        rows = None  # read here, unless the neighbour walk just read them for these very candidates
+        if read is not None and read[0] == {c.memory_id for c in candidates} and time.monotonic() - read[2] < 1.0:
+            rows = read[1]
+        return ranking.final_order(conn, candidates, now, rows=rows, **options)  # type: ignore[arg-type]
 
     def graph_neighbours(self, conn: PgConnection, seeds: list[Candidate], keys: list[str], limit: int,
                          as_of: float | None) -> list[Candidate]:

@@ -49,6 +49,9 @@ class PgConnection:
         self.pg = pg
         self.storage = storage  # the backend it belongs to (storage.storage_of)
         self.filename = ""  # fts.doc_count keys its cache by this (SQLite only)
+        # (candidate ids, their ranking.DECAY_COLUMNS rows, when read): the recall's neighbour
+        # walk reads them for the final order that follows it (postgres/backend.py)
+        self.decay_rows: tuple[frozenset[int], list[Any], float] | None = None
         self._changes = 0
 
     def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor:
