@@ -84,3 +84,14 @@ async def test_the_neighbour_walk_lends_as_the_portable_one(pg_engine):
             assert own == portable
             lenders |= {lender for _, _, lender in own if lender is not None}
     assert len(lenders) >= 5  # loans were made (not all cut by the window, the key or as_of)
+
+
+async def test_one_recalls_touch_and_load_are_one_statement_reading_what_get_many_reads(pg_engine):
+    a, b = await pg_engine.remember_many([NewMemory("alpha", "personal", owner_id=7),
+                                          NewMemory("beta", "personal", owner_id=7)])
+    loaded = await pg_engine.write(pg_engine.storage.touch_and_load, [([a], 1000.0)], [a, b], growth=1.5)
+    assert loaded is not None and loaded == await pg_engine.get_many([a, b])  # a as touched, b as it is
+    assert (loaded[a].access_count, loaded[a].last_accessed, loaded[b].access_count) == (1, 1000.0, 0)
+    # several recalls' touches keep their transaction: touch_many, then get_many
+    assert await pg_engine.write(pg_engine.storage.touch_and_load, [([a], 1.0), ([b], 2.0)], [a, b],
+                                 growth=1.5) is None

@@ -29,7 +29,7 @@ from bot.memory import decay, privacy, ranking, retrieval, store, vectors
 from bot.memory.files import DatabaseError
 from bot.memory.postgres import keywords
 from bot.memory.postgres import scrub as postgres_scrub
-from bot.memory.postgres.connection import PgConnection, connect, where
+from bot.memory.postgres.connection import PgConnection, connect, translate, where
 from bot.memory.postgres.migrations import migrate
 from bot.memory.postgres.vector_source import PostgresVectorSource
 from bot.memory.retrieval import Candidate
@@ -323,6 +323,25 @@ class PostgresStorage:
         now = time.time()
         conn.pg.execute("UPDATE memories SET archived_at = NULL, archive_reason = NULL, last_accessed = %s, "
                         "updated_at = %s WHERE id = %s", (now, now, memory_id))
+
+    def touch_and_load(self, conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]],
+                       wanted: Sequence[int], *, growth: float) -> dict[int, store.Memory] | None:
+        """One recall's touch (touch_many's statement) and the load of `wanted`, in one statement:
+        the touched rows as the UPDATE leaves them (RETURNING), the others read beside it. None
+        when it is not one recall's touch outside a transaction: touch_many, then get_many."""
+        if len(recalls) != 1 or not conn.get_autocommit():
+            return None
+        ids, now = recalls[0]
+        touched = sorted(set(ids))
+        columns = translate(store.COLUMNS)
+        rows = conn.pg.execute(
+            ("WITH touched AS (UPDATE memories SET access_count = access_count + 1, "
+             "last_accessed = greatest(%s, coalesce(last_accessed, 0)), stability = least(stability * %s, %s) "
+             f"WHERE id IN (SELECT id FROM memories WHERE id = ANY(%s) ORDER BY id FOR UPDATE) RETURNING {columns}) "
+             f"SELECT * FROM touched UNION ALL SELECT {columns} FROM memories WHERE id = ANY(%s) "
+             "AND NOT id = ANY(%s)").encode(),
+            (now, growth, decay.MAX_STABILITY_DAYS, touched, list(wanted), touched)).fetchall()
+        return {int(row[0]): store.Memory.from_row(row) for row in rows}
 
     def touch_many(self, conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
         """Several recalls' touches in one transaction (bot/memory/touches.py), each the same
