@@ -95,3 +95,10 @@ async def test_one_recalls_touch_and_load_are_one_statement_reading_what_get_man
     # several recalls' touches keep their transaction: touch_many, then get_many
     assert await pg_engine.write(pg_engine.storage.touch_and_load, [([a], 1.0), ([b], 2.0)], [a, b],
                                  growth=1.5) is None
+
+
+async def test_the_keyword_index_keeps_no_pending_list(pg_engine):
+    # PostgreSQL migration 13: every keyword search read the unsorted list of new words whole
+    options = await pg_engine.read(lambda conn: conn.pg.execute(
+        "SELECT reloptions FROM pg_class WHERE relname = 'memories_text_search'").fetchone()[0])
+    assert "fastupdate=off" in options
