@@ -188,3 +188,14 @@ async def test_each_match_is_checked_in_the_small_key_index(fts_engine):
         return " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN WITH {cte} SELECT id FROM hits", params))
     assert "COVERING INDEX memories_id_vis (id=?)" in await fts_engine.read(plan_of, None)
     assert "memories_id_vis" not in await fts_engine.read(plan_of, time.time())
+
+
+async def test_one_archived_memory_keeps_the_counts_many_forgotten_drop_them(fts_engine):
+    ids = await crowd(fts_engine, "pizza", fts.FORGET_SLACK + 1)
+    fts.forget_counts(None)
+    await fts_engine.write(fts.selective, ["pizza", "salad"])
+    counted = lambda: any("pizza" in counts for counts in fts._counts.values())  # noqa: E731
+    await fts_engine.archive(ids[0], "faded")
+    assert counted()
+    await fts_engine.forget(ids[1:])
+    assert not counted()

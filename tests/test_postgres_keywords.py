@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import pytest
 
+from bot.memory import fts
 from bot.memory.engine import Engine
 from bot.memory.postgres import keywords
 from bot.memory.scope import Viewer
 from bot.memory.store import NewMemory
+from tests.postgres_fixtures import TEMPLATE
 
 ALICE, BOB = 1, 2
 
@@ -73,3 +75,48 @@ async def test_a_word_counted_in_no_memory_still_ranks_a_memory_stored_with_it_s
     assert {h.memory_id for h in hits} == {zebra, *lamps}
     full = await pg_fts_engine.read(_full_ranks, [h.memory_id for h in hits], words)
     assert {h.memory_id: h.fts_score for h in hits} == pytest.approx(full)
+
+
+def _analyse_and_choose(conn, words: list[str]) -> tuple[list[str], int, int]:
+    conn.pg.execute("ANALYZE memories")
+    keywords.forget_counts()
+    limit = fts.common_limit(conn)
+    chosen = keywords.searched_words(conn, words)
+    return chosen, keywords.doc_count(conn, "pizza", limit), limit
+
+
+async def test_a_word_the_statistics_call_very_common_is_not_counted(make_settings, postgres_server, monkeypatch):
+    # ANALYZE's estimate stands in for the count of a word over ESTIMATE_MARGIN x the common limit
+    # (a count scanned its whole GIN entry); rarer words are still counted. A database of its own:
+    # the statistics would outlive the shared test database's TRUNCATE.
+    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", 40)  # common limit 40, estimated past 80
+    url = postgres_server.create_database("muninn_estimates", template=TEMPLATE)
+    try:
+        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
+            await crowd(engine, "Bob ate pizza", 150)
+            await crowd(engine, "Bob cooked pasta", 300)
+            await crowd(engine, "Bob had soup", 60)  # common, yet under the margin: counted
+            chosen, pizza, limit = await engine.read(_analyse_and_choose, ["pasta", "pizza", "soup", "nowhere"])
+            assert pizza == pytest.approx(150, abs=5)  # the estimate: a count stops at the limit + 1
+            assert limit + 1 < 150
+            assert chosen == ["soup", "nowhere"]  # only common words: the rarest, by estimate or count
+            chosen, _, _ = await engine.read(_analyse_and_choose, ["pasta", "pizza", "nowhere"])
+            assert chosen == ["pizza", "nowhere"]  # ordered by their estimates
+    finally:
+        keywords.forget_counts()
+        postgres_server.drop_database("muninn_estimates")
+
+
+def _counted(word: str) -> bool:
+    return any(word in counts for counts in keywords._counts.values())
+
+
+async def test_one_archived_memory_keeps_the_counts_many_forgotten_drop_them(pg_fts_engine):
+    # maintenance archives faded memories one at a time: each dropped every cached count
+    ids = await crowd(pg_fts_engine, "Bob ate pizza", fts.FORGET_SLACK + 1)
+    keywords.forget_counts()
+    await pg_fts_engine.read(keywords.searched_words, ["pizza", "salad"])
+    await pg_fts_engine.archive(ids[0], "faded")
+    assert _counted("pizza")  # one too many for a while: pizza looks a little more common
+    await pg_fts_engine.forget(ids[1:])
+    assert not _counted("pizza")  # FORGET_SLACK memories gone: counted again

@@ -393,6 +393,9 @@ def _copy(source: apsw.Connection, pg: Any, source_id: str, report: Report, batc
             done += totals.get(table.name, 0)
     total = sum(totals.values())
     batches = 0
+    # The keyword index batches its new words while the rows pour in (PostgreSQL migration 13 turns
+    # that off for the bot's one-at-a-time writes); the VACUUM at the end merges them.
+    pg.execute("ALTER INDEX memories_text_search SET (fastupdate = on)")
     for table in TABLES:
         if table.name not in totals:
             continue
@@ -441,6 +444,7 @@ def _copy(source: apsw.Connection, pg: Any, source_id: str, report: Report, batc
     # Fresh statistics and visibility map now, not when autovacuum gets round to it: without
     # them the planner guesses each visibility key's row count.
     on_step("vacuuming and analysing the copied tables")
+    pg.execute("ALTER INDEX memories_text_search SET (fastupdate = off)")
     pg.execute("VACUUM (ANALYZE) memories")
     pg.execute("VACUUM (ANALYZE) memory_vectors")
     on_step("verifying: row counts and key checksums per table")

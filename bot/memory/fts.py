@@ -271,9 +271,24 @@ def visible_at_least(conn, where: str, keys: list[str], cap: int) -> int:
                         "LIMIT ?)", (*keys, cap + 1)).fetchall()[0][0]
 
 
-def forget_counts(conn) -> None:
+# Counts stay cached while fewer than FORGET_SLACK memories have left the index since they were
+# all dropped: a count at most that many too high makes a word look a little more common (its
+# class changes only within FORGET_SLACK of the common limit, 500 or more), for COUNT_TTL_S at
+# most. Maintenance archives faded memories one at a time; each archive dropped every count,
+# and the next recalls counted their words again (a statement of its own on PostgreSQL).
+FORGET_SLACK = 50
+_removed_since_forget = 0
+
+
+def forget_counts(conn, removed: int | None = None) -> None:
     """Memories left the index: a word counted as common may not be any more (on any
-    connection: recalls count on the read connections)."""
+    connection: recalls count on the read connections). `removed`: how many left; the counts
+    stay while FORGET_SLACK is not reached (None: they go now)."""
+    global _removed_since_forget
+    if removed is not None and _removed_since_forget + removed < FORGET_SLACK:
+        _removed_since_forget += removed
+        return
+    _removed_since_forget = 0
     _counts.clear()
 
 

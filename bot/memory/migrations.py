@@ -179,6 +179,11 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX memories_id_vis ON memories (id, vis_key, archived_at);
     """,
+    # 13: nothing for SQLite (FTS5 merges its segments itself). PostgreSQL's migration 13 turns
+    # off its keyword index's pending list.
+    """
+    -- (no statement)
+    """,
 ]
 
 

@@ -61,6 +61,9 @@ def time_factor(vital: float, weight: float = TIME_WEIGHT) -> float:
     return 1.0 + weight * vital
 
 
+DECAY_COLUMNS = "id, coalesce(last_accessed, created_at), stability, importance, created_at"  # Candidate.vitals, keyed
+
+
 def final_order(conn: apsw.Connection, candidates: Iterable[Candidate], now: float, *,
                 time_weight: float = TIME_WEIGHT, date_hints: Sequence[DateHint] = (),
                 date_boost: float = DATE_BOOST, tz: tzinfo = UTC) -> list[Candidate]:
@@ -68,13 +71,12 @@ def final_order(conn: apsw.Connection, candidates: Iterable[Candidate], now: flo
     pool = list(candidates)
     if not pool or (time_weight == 0 and not (date_hints and date_boost)):
         return rank(pool)
-    # what the neighbour step read already (retrieval.lenders), the rest from their rows
+    # what the neighbour step read already (vitals: retrieval.lenders, PostgreSQL's walk), the rest from their rows
     rows: list[tuple] = [(c.memory_id, *c.vitals) for c in pool if c.vitals is not None]
     ids = [c.memory_id for c in pool if c.vitals is None]
     if ids:
-        rows += conn.execute(
-            "SELECT id, coalesce(last_accessed, created_at), stability, importance, created_at FROM memories "
-            f"WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
+        rows += conn.execute(f"SELECT {DECAY_COLUMNS} FROM memories WHERE id IN ({','.join('?' * len(ids))})",
+                             ids).fetchall()
     factor = {}
     for memory_id, last_seen, stability, importance, created_at in rows:
         named = any(hint.covers(created_at, tz) for hint in date_hints)

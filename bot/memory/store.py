@@ -254,7 +254,7 @@ def pairs(ids: Sequence[int]) -> Iterator[tuple[int, int]]:
 def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
     """Hard-delete memories with their FTS rows, vectors and links; returns how many went."""
     ids = list(memory_ids)
-    fts.forget_counts(conn)
+    fts.forget_counts(conn, len(ids))
     with write_transaction(conn):
         vectors.remove(conn, ids)
         removed = 0
@@ -308,7 +308,7 @@ def scrub(conn: apsw.Connection) -> None:
 
 def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
     """Take a memory out of retrieval (its FTS row and vector go; the row stays, restorable)."""
-    fts.forget_counts(conn)
+    fts.forget_counts(conn, 1)
     with write_transaction(conn):
         conn.execute("UPDATE memories SET archived_at = ?, archive_reason = ?, embedded = 0, updated_at = ? "
                      "WHERE id = ? AND " + ACTIVE,

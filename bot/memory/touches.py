@@ -49,10 +49,14 @@ def touch_and_load_all(conn: Connection, storage: Any, requests: Sequence[tuple[
     """On the writer: every request's touch (in order) in one transaction, then all their
     memories in one read."""
     touches = [(touched, now) for touched, _, now in requests if touched]
-    if touches:  # a write transaction: never taken (and waited for) when nothing was recalled
-        storage.touch_many(conn, touches, growth=growth)
     wanted = list(dict.fromkeys(memory_id for _, ids, _ in requests for memory_id in ids))
-    loaded = storage.get_many(conn, wanted)
+    # a backend may touch and load in one statement (PostgreSQL, one recall's touch: a round trip less)
+    together = getattr(storage, "touch_and_load", None)
+    loaded = together(conn, touches, wanted, growth=growth) if together is not None and touches else None
+    if loaded is None:
+        if touches:  # a write transaction: never taken (and waited for) when nothing was recalled
+            storage.touch_many(conn, touches, growth=growth)
+        loaded = storage.get_many(conn, wanted)
     return [{memory_id: loaded[memory_id] for memory_id in ids if memory_id in loaded} for _, ids, _ in requests]
 
 

@@ -33,7 +33,7 @@ from bot.memory import decay, privacy, ranking, retrieval, store, vectors
 from bot.memory.files import DatabaseError
 from bot.memory.postgres import keywords
 from bot.memory.postgres import scrub as postgres_scrub
-from bot.memory.postgres.connection import PgConnection, connect, where
+from bot.memory.postgres.connection import PgConnection, connect, translate, where
 from bot.memory.postgres.migrations import migrate
 from bot.memory.postgres.vector_source import PostgresVectorSource
 from bot.memory.retrieval import Candidate
@@ -217,11 +217,8 @@ class PostgresStorage:
             _set_meta(conn, vectors.REINDEX_PENDING, "1")
 
     def index_state(self, conn: PgConnection) -> tuple[IndexInfo | None, bool]:
-        values: dict[str, str] = dict(conn.pg.execute("SELECT key, value FROM meta WHERE key IN ('embed_model', 'embed_dim', %s)",
-                                      (vectors.REINDEX_PENDING,)).fetchall())
-        model = values.get("embed_model")
-        info = None if model is None else IndexInfo(model, int(values.get("embed_dim") or 0))
-        return info, values.get(vectors.REINDEX_PENDING) == "1"
+        row = conn.pg.execute(keywords.INDEX_STATE_SQL).fetchone()
+        return keywords.index_state_of(json.loads(row[0]) if row and row[0] else {})
 
     def mark_reindex_done(self, conn: PgConnection) -> None:
         conn.pg.execute("DELETE FROM meta WHERE key = %s", (vectors.REINDEX_PENDING,))
@@ -422,7 +419,7 @@ class PostgresStorage:
         with conn.pg.transaction():  # vectors (logged by trigger), links and source rows go by ON DELETE CASCADE
             _lock_in_order(conn, ids)
             removed = conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
-        keywords.forget_counts()  # a word counted as common may not be any more
+        keywords.forget_counts(removed)  # a word counted as common may not be any more
         return removed
 
     def scrub(self, conn: PgConnection, forgotten: Sequence[str] = SCRUBBED) -> None:
@@ -437,12 +434,31 @@ class PostgresStorage:
                             "WHERE id = %s AND " + ACTIVE,
                             (time.time() if now is None else now, reason, time.time(), memory_id))
             conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))  # logged by trigger
-        keywords.forget_counts()
+        keywords.forget_counts(1)
 
     def restore(self, conn: PgConnection, memory_id: int) -> None:
         now = time.time()
         conn.pg.execute("UPDATE memories SET archived_at = NULL, archive_reason = NULL, last_accessed = %s, "
                         "updated_at = %s WHERE id = %s", (now, now, memory_id))
+
+    def touch_and_load(self, conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]],
+                       wanted: Sequence[int], *, growth: float) -> dict[int, store.Memory] | None:
+        """One recall's touch (touch_many's statement) and the load of `wanted`, in one statement:
+        the touched rows as the UPDATE leaves them (RETURNING), the others read beside it. None
+        when it is not one recall's touch outside a transaction: touch_many, then get_many."""
+        if len(recalls) != 1 or not conn.get_autocommit():
+            return None
+        ids, now = recalls[0]
+        touched = sorted(set(ids))
+        columns = translate(store.COLUMNS)
+        rows = conn.pg.execute(
+            ("WITH touched AS (UPDATE memories SET access_count = access_count + 1, "
+             "last_accessed = greatest(%s, coalesce(last_accessed, 0)), stability = least(stability * %s, %s) "
+             f"WHERE id IN (SELECT id FROM memories WHERE id = ANY(%s) ORDER BY id FOR UPDATE) RETURNING {columns}) "
+             f"SELECT * FROM touched UNION ALL SELECT {columns} FROM memories WHERE id = ANY(%s) "
+             "AND NOT id = ANY(%s)").encode(),
+            (now, growth, decay.MAX_STABILITY_DAYS, touched, list(wanted), touched)).fetchall()
+        return {int(row[0]): store.Memory.from_row(row) for row in rows}
 
     def touch_many(self, conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
         """Several recalls' touches in one transaction (bot/memory/touches.py), each the same
@@ -591,31 +607,39 @@ class PostgresStorage:
 
     def spread_to_neighbours(self, conn: PgConnection, ranked: list[Candidate], keys: list[str], share: float,
                              as_of: float | None) -> list[Candidate]:
-        """retrieval.spread_to_neighbours with PostgreSQL's own statement: the same walk of the
-        (vis_key, id) index, but each neighbour's time read by primary key; the portable one
-        joins the walk to `memories`, and PostgreSQL hashed the whole table for it (a sequential
-        scan of every memory per recall: half the statement's time at 10k, growing with the table)."""
+        """retrieval.spread_to_neighbours with PostgreSQL's own statement: for each hit, its
+        `reach` nearest active memories on either side under its key, one ordered walk of the
+        (vis_key, id) index each (a LATERAL array), of which only those that are candidates
+        themselves are returned: only they can be lent to (retrieval.lend_to_neighbours). Their
+        times are tested here, from the candidates' decay rows that the same statement reads for
+        final_order. (The recursive walk took one max()/min() seek per step and read the time of
+        every neighbour found, 2-4 times this statement's work; the portable one joins the walk
+        to `memories`, which PostgreSQL ran as a hash over every memory.)"""
         reach = retrieval.NEIGHBOUR_REACH
         if share <= 0 or not ranked or reach <= 0:
             return ranked
         by_id = {c.memory_id: c for c in ranked}
-        step = ("(SELECT {agg}(p.id) FROM memories p WHERE p.vis_key = w.vis_key AND p.id {op} w.other "
-                "AND p.archived_at IS NULL)")
-        start = ("SELECT id, vis_key, created_at, {dir}, id, 0 FROM memories "
-                 "WHERE id = ANY(%(ids)s) AND vis_key = ANY(%(keys)s)")
+        side = ("SELECT h.id AS hit, n.other, n.places FROM memories h CROSS JOIN LATERAL unnest(ARRAY(SELECT p.id "
+                "FROM memories p WHERE p.vis_key = h.vis_key AND p.id {op} h.id AND p.archived_at IS NULL "
+                "ORDER BY p.id {order} LIMIT %(reach)s)) WITH ORDINALITY n(other, places) "
+                "WHERE h.id = ANY(%(ids)s) AND h.vis_key = ANY(%(keys)s)")
         rows = conn.pg.execute(
-            ("WITH RECURSIVE walk(hit, vis_key, t, dir, other, places) AS ("
-             f"{start.format(dir=-1)} UNION ALL {start.format(dir=1)} UNION ALL "
-             f"SELECT hit, vis_key, t, dir, CASE WHEN dir < 0 THEN {step.format(agg='max', op='<')} "
-             f"ELSE {step.format(agg='min', op='>')} END, places + 1 FROM walk w "
-             "WHERE places < %(reach)s AND other IS NOT NULL) "
-             "SELECT hit, other, places FROM (SELECT w.hit, w.other, w.places, w.t, "
-             "(SELECT m.created_at FROM memories m WHERE m.id = w.other) AS created FROM walk w "
-             "WHERE w.places > 0 AND w.other IS NOT NULL) x WHERE abs(x.created - x.t) <= %(window)s"
-             + (" AND x.created <= %(as_of)s" if as_of is not None else "")).encode(),
-            {"ids": list(by_id), "keys": keys, "reach": reach, "window": retrieval.NEIGHBOUR_WINDOW_S,
-             "as_of": as_of}).fetchall()
-        return retrieval.lend_to_neighbours(by_id, ((int(h), int(o), int(p)) for h, o, p in rows), share)
+            ("SELECT hit, other, places::int, NULL::float8, NULL::float8, NULL::float8, NULL::float8 FROM ("
+             f"{side.format(op='<', order='DESC')} UNION ALL {side.format(op='>', order='ASC')}) x "
+             "WHERE x.other = ANY(%(ids)s) "
+             # the candidates' decay rows (Candidate.vitals: final_order reads none again) and their times here
+             f"UNION ALL SELECT {ranking.DECAY_COLUMNS.replace('id, ', 'id, NULL, NULL, ', 1)} "
+             "FROM memories WHERE id = ANY(%(ids)s)").encode(),
+            {"ids": list(by_id), "keys": keys, "reach": reach}).fetchall()
+        created: dict[int, float] = {}
+        for hit, other, _, last_seen, stability, importance, created_at in rows:
+            if other is None:  # a decay row: for final_order next (Candidate.vitals) and the times here
+                by_id[int(hit)].vitals = (last_seen, stability, importance, created_at)
+                created[int(hit)] = float(created_at)
+        walked = [(int(h), int(o), int(p)) for h, o, p, *_ in rows if o is not None
+                  and abs(created[o] - created[h]) <= retrieval.NEIGHBOUR_WINDOW_S
+                  and (as_of is None or created[o] <= as_of)]
+        return retrieval.lend_to_neighbours(by_id, walked, share)
 
     def final_order(self, conn: PgConnection, candidates: list[Candidate], now: float,
                     **options: Any) -> list[Candidate]:

@@ -2,19 +2,23 @@
 
 Which words are searched: fts.selective's rule (a word in too many memories is left out
 while rarer ones are there), on counts taken here from the GIN index, capped with LIMIT and
-cached per database for a while. How much is ranked: when a searched word is common (over
+cached per database for a while; a word the planner's statistics call very common is not
+counted, its estimate stands in (ESTIMATE_MARGIN: where the choice can differ from SQLite's).
+How much is ranked: when a searched word is common (over
 fts.common_limit), only the newest fts.COMMON_HITS visible matches among the newest
 fts.COMMON_WINDOW memories are ranked, as on SQLite; `ts_rank_cd` over every visible match
 of a word in 30 % of all memories was the keyword step's cost in a busy channel (issue 13).
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-from bot.memory import fts
+from bot.memory import fts, vectors
 from bot.memory.postgres.connection import PgConnection
 from bot.memory.retrieval import Candidate, KeywordHits
+from bot.memory.vectors import IndexInfo
 
 # Per database URL: word -> (count up to its limit, that limit, when counted); as fts._counts.
 _counts: dict[str, dict[str, tuple[int, int, float]]] = {}
@@ -22,8 +26,6 @@ _counts: dict[str, dict[str, tuple[int, int, float]]] = {}
 # the database; a few seconds old only widens the newest-memories window.
 _newest: dict[str, tuple[int, float]] = {}
 NEWEST_TTL_S = 5.0
-_COUNT = ("SELECT count(*) FROM (SELECT 1 FROM memories WHERE archived_at IS NULL "
-          "AND text_search @@ plainto_tsquery('muninn', %s) LIMIT %s) c")
 
 
 def _database(conn: PgConnection) -> str:
@@ -50,47 +52,128 @@ def _cached(cache: dict[str, tuple[int, int, float]], word: str, limit: int, now
 
 
 def doc_count(conn: PgConnection, word: str, limit: int) -> int:
-    """How many active memories contain `word`, exactly up to `limit`; above it, some number > limit."""
+    """How many active memories contain `word`, exactly up to `limit`; above it, some number > limit
+    (for a word the statistics call very common, their estimate: `count_at_once`)."""
     cache = _counts.setdefault(_database(conn), {})
-    now = time.monotonic()
-    known = _cached(cache, word, limit, now)
+    known = _cached(cache, word, limit, time.monotonic())
     if known is not None:
         return known
-    if len(cache) >= fts.COUNT_CACHE_MAX:
-        cache.clear()
-    row = conn.pg.execute(_COUNT, (word, limit + 1)).fetchone()
-    count = int(row[0]) if row else 0
-    cache[word] = (count, limit, now)
-    return count
+    count_at_once(conn, [word], limit)
+    return cache[word][0]
 
 
-def forget_counts() -> None:
+_removed_since_forget = 0
+
+
+def forget_counts(removed: int | None = None) -> None:
+    """Memories left the index: as fts.forget_counts (FORGET_SLACK), the statistics' estimates
+    and the newest id with the counts."""
+    global _removed_since_forget
+    if removed is not None and _removed_since_forget + removed < fts.FORGET_SLACK:
+        _removed_since_forget += removed
+        return
+    _removed_since_forget = 0
     _counts.clear()
     _newest.clear()
+    _estimates.clear()
+
+
+# A word whose estimate (the planner's statistics: the share of memories holding its stem in
+# ANALYZE's sample, times the table's rows) is over ESTIMATE_MARGIN x the common limit is common
+# without a count: counting it was a scan of its whole GIN entry, up to COMMON_EXACT when a query
+# held only common words (13-47 ms at 100k, the typical class's tail: issue 13). Its estimate
+# stands in for the exact count that orders common words (fts.selective); capped at COMMON_EXACT
+# + 1 (past it words tie and the longer wins, as on SQLite). Rarer words, words of several stems
+# and databases never analysed are counted as before. ANALYZE samples 30,000 rows: a word in
+# 2 x 1,500 memories of 100k is estimated within a few per cent, far above the limit.
+ESTIMATE_MARGIN = 2
+# Per database URL: (stem -> estimated memories holding it, when read); read again after
+# fts.COUNT_TTL_S (autovacuum's ANALYZE renews the statistics as the table changes).
+_estimates: dict[str, tuple[dict[str, int], float]] = {}
+_STATS = ("SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples FROM pg_class c "
+          "JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_stats s ON s.schemaname = n.nspname "
+          "AND s.tablename = c.relname AND s.attname = 'text_search' WHERE c.oid = 'memories'::regclass")
+# One row per word: its stems, and its count up to the limit unless it is one stem estimated as
+# common (a CASE branch not taken is never run).
+_WORD_ROW = ("SELECT %(i{n})s::int, w.stems, CASE WHEN cardinality(w.stems) = 1 AND w.stems[1] = ANY(%(common)s) "
+             "THEN NULL ELSE (SELECT count(*) FROM (SELECT 1 FROM memories WHERE archived_at IS NULL "
+             "AND text_search @@ plainto_tsquery('muninn', %(w{n})s) LIMIT %(limit)s) c) END "
+             "FROM (SELECT tsvector_to_array(to_tsvector('muninn', %(w{n})s)) AS stems) w")
+
+
+def estimates(conn: PgConnection) -> dict[str, int]:
+    """The most common stems of memories.text_search and how many memories hold each, by the
+    statistics (empty before the first ANALYZE), read at most every fts.COUNT_TTL_S per database."""
+    where, now = _database(conn), time.monotonic()
+    hit = _estimates.get(where)
+    if hit is None or now - hit[1] >= fts.COUNT_TTL_S:
+        row = conn.pg.execute(_STATS).fetchone()
+        found: dict[str, int] = {}
+        if row is not None and row[0] is not None and row[1] is not None:
+            rows = max(float(row[2] or 0), 0.0)
+            found = {stem: round(share * rows) for stem, share in zip(row[0], row[1], strict=False)}
+        hit = (found, now)
+        _estimates[where] = hit
+    return hit[0]
 
 
 def count_at_once(conn: PgConnection, words: list[str], limit: int) -> None:
     """Count the words not counted yet in one statement (a round trip each was 3-4 per recall),
-    into the cache that doc_count answers from."""
+    into the cache that doc_count answers from; a word the statistics estimate as very common
+    is not counted (ESTIMATE_MARGIN)."""
     cache = _counts.setdefault(_database(conn), {})
     now = time.monotonic()
     wanted = [w for w in dict.fromkeys(words) if _cached(cache, w, limit, now) is None]
-    if len(wanted) < 2:
-        return  # doc_count reads a single word itself
+    if not wanted:
+        return
     if len(cache) + len(wanted) >= fts.COUNT_CACHE_MAX:
         cache.clear()
-    row = conn.pg.execute(f"SELECT {', '.join([f'({_COUNT})'] * len(wanted))}".encode(),
-                          [value for w in wanted for value in (w, limit + 1)]).fetchone()
-    assert row is not None
-    for word, count in zip(wanted, row, strict=True):
-        cache[word] = (int(count), limit, now)
+    estimated = estimates(conn)
+    floor = ESTIMATE_MARGIN * fts.common_limit(conn, newest_id(conn))
+    params: dict[str, Any] = {"common": [stem for stem, n in estimated.items() if n >= floor], "limit": limit + 1}
+    for n, word in enumerate(wanted):
+        params[f"i{n}"], params[f"w{n}"] = n, word
+    # Prepared after a few runs (psycopg), so planned once for any word: right for what is counted
+    # now, words under ESTIMATE_MARGIN x the limit (the GIN entry first). Before the estimates a
+    # generic plan also counted the most common words from the GIN side, which the newest rows
+    # did faster.
+    sql = " UNION ALL ".join(f"({_WORD_ROW.format(n=n)})" for n in range(len(wanted))) + " ORDER BY 1"
+    rows = conn.pg.execute(sql.encode(), params).fetchall()
+    for word, (_, stems, count) in zip(wanted, rows, strict=True):
+        if count is None:  # one stem, estimated as common
+            cache[word] = (min(estimated[stems[0]], fts.COMMON_EXACT + 1), fts.COMMON_EXACT, now)
+        else:
+            cache[word] = (int(count), limit, now)
 
 
 def searched_words(conn: PgConnection, words: list[str], limit: int | None = None) -> list[str]:
     limit = fts.common_limit(conn, newest_id(conn)) if limit is None else limit
     if len(words) > 1:
         count_at_once(conn, words, limit)
+        found = [w for w in words if doc_count(conn, w, limit) > 0]
+        if found and all(doc_count(conn, w, limit) > limit for w in found):
+            # only common words: fts.selective orders them by counts up to COMMON_EXACT (those
+            # not estimated: counted here at once, not one statement each)
+            count_at_once(conn, found, fts.COMMON_EXACT)
     return fts.selective(conn, words, count=doc_count, limit=limit)
+
+
+# The vector index's state (PostgresStorage.index_state): the meta rows, as one JSON object.
+INDEX_STATE_SQL = ("SELECT json_object_agg(key, value)::text FROM meta "
+                   f"WHERE key IN ('embed_model', 'embed_dim', '{vectors.REINDEX_PENDING}')")
+
+
+def index_state_of(values: dict[str, str]) -> tuple[IndexInfo | None, bool]:
+    """(the index, whether a re-index is pending) from INDEX_STATE_SQL's meta rows."""
+    model = values.get("embed_model")
+    info = None if model is None else IndexInfo(model, int(values.get("embed_dim") or 0))
+    return info, values.get(vectors.REINDEX_PENDING) == "1"
+
+
+class PgKeywordHits(KeywordHits):
+    """KeywordHits with the vector index's state, read in the keyword statement (None: not read):
+    the recall's fts step needs it next, and a statement of its own was a round trip per recall."""
+    index_state: tuple[IndexInfo | None, bool] | None = None
 
 
 def _tsquery(words: list[str]) -> str:
@@ -149,11 +232,15 @@ def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
     # then may settle on one generic plan for every viewer and word, while whether the GIN match,
     # the newest ids or the (vis_key, id) index should lead depends on these very values.
     # Planning each time costs ~0.3 ms; the generic plan cost a busy viewer 40 ms (issue 13).
+    # The last row, id NULL, carries the index state (INDEX_STATE_SQL): one round trip less.
     rows = conn.pg.execute(
-        f"SELECT h.id, -{score} AS score FROM ({hits}) h ORDER BY score ASC, h.id DESC LIMIT %s".encode(),
+        f"(SELECT h.id, -{score} AS score, NULL::text FROM ({hits}) h ORDER BY score ASC, h.id DESC LIMIT %s) "
+        f"UNION ALL (SELECT NULL, NULL, ({INDEX_STATE_SQL}))".encode(),
         [*score_params, *hit_params, limit], prepare=False).fetchall()
+    state = rows.pop()
     # score: negated so that lower is better, as bm25's (ranking.keyword_winner_first compares them)
-    found = KeywordHits(Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
-                        for rank, row in enumerate(rows, start=1))
+    found = PgKeywordHits(Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
+                          for rank, row in enumerate(rows, start=1))
+    found.index_state = index_state_of(json.loads(state[2]) if state[2] else {})
     found.searched = words  # the name re-rank needs them: not chosen a second time (subqueries.py)
     return found
