@@ -190,12 +190,24 @@ async def test_each_match_is_checked_in_the_small_key_index(fts_engine):
     assert "memories_id_vis" not in await fts_engine.read(plan_of, time.time())
 
 
-async def test_one_archived_memory_keeps_the_counts_many_forgotten_drop_them(fts_engine):
+async def test_one_archived_memory_keeps_the_common_counts_many_forgotten_drop_them(fts_engine, monkeypatch):
+    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", fts.FORGET_SLACK - 10)  # pizza is common
     ids = await crowd(fts_engine, "pizza", fts.FORGET_SLACK + 1)
     fts.forget_counts(None)
     await fts_engine.write(fts.selective, ["pizza", "salad"])
-    counted = lambda: any("pizza" in counts for counts in fts._counts.values())  # noqa: E731
+    counted = lambda word: any(word in counts for counts in fts._counts.values())  # noqa: E731
+    assert counted("salad")
     await fts_engine.archive(ids[0], "faded")
-    assert counted()
+    assert counted("pizza") and not counted("salad")  # a rare word's count goes at once
     await fts_engine.forget(ids[1:])
-    assert not counted()
+    assert not counted("pizza")
+
+
+async def test_a_forgotten_rare_word_is_counted_again(fts_engine):
+    # its count kept, zebulon (in no memory now) would be searched alone as the rarest word
+    await crowd(fts_engine, "pizza", 600)
+    rex = await fts_engine.remember(NewMemory("Alice has a dog named zebulon", "personal", owner_id=ALICE))
+    fts.forget_counts(None)
+    assert await fts_engine.write(fts.selective, ["zebulon", "pizza"]) == ["zebulon"]
+    await fts_engine.forget([rex])
+    assert await fts_engine.write(fts.selective, ["zebulon", "pizza"]) == ["zebulon", "pizza"]

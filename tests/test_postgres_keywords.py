@@ -111,12 +111,26 @@ def _counted(word: str) -> bool:
     return any(word in counts for counts in keywords._counts.values())
 
 
-async def test_one_archived_memory_keeps_the_counts_many_forgotten_drop_them(pg_fts_engine):
+async def test_one_archived_memory_keeps_the_common_counts_many_forgotten_drop_them(pg_fts_engine, monkeypatch):
     # maintenance archives faded memories one at a time: each dropped every cached count
+    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", fts.FORGET_SLACK - 10)  # pizza is common
     ids = await crowd(pg_fts_engine, "Bob ate pizza", fts.FORGET_SLACK + 1)
     keywords.forget_counts()
     await pg_fts_engine.read(keywords.searched_words, ["pizza", "salad"])
+    assert _counted("salad")
     await pg_fts_engine.archive(ids[0], "faded")
     assert _counted("pizza")  # one too many for a while: pizza looks a little more common
+    assert not _counted("salad")  # a rare word's count goes at once
     await pg_fts_engine.forget(ids[1:])
     assert not _counted("pizza")  # FORGET_SLACK memories gone: counted again
+
+
+async def test_a_forgotten_rare_word_is_counted_again(pg_fts_engine, monkeypatch):
+    # its count kept, zebulon (in no memory now) would be searched alone as the rarest word
+    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", 40)
+    await crowd(pg_fts_engine, "Bob ate pizza", 60)
+    rex = await pg_fts_engine.remember(NewMemory("Alice has a dog named zebulon", "personal", owner_id=1))
+    keywords.forget_counts()
+    assert await pg_fts_engine.read(keywords.searched_words, ["zebulon", "pizza"]) == ["zebulon"]
+    await pg_fts_engine.forget([rex])
+    assert await pg_fts_engine.read(keywords.searched_words, ["zebulon", "pizza"]) == ["zebulon", "pizza"]

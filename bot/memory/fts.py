@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -271,25 +272,59 @@ def visible_at_least(conn, where: str, keys: list[str], cap: int) -> int:
                         "LIMIT ?)", (*keys, cap + 1)).fetchall()[0][0]
 
 
-# Counts stay cached while fewer than FORGET_SLACK memories have left the index since they were
-# all dropped: a count at most that many too high makes a word look a little more common (its
-# class changes only within FORGET_SLACK of the common limit, 500 or more), for COUNT_TTL_S at
-# most. Maintenance archives faded memories one at a time; each archive dropped every count,
-# and the next recalls counted their words again (a statement of its own on PostgreSQL).
+# Common words' counts stay cached while fewer than FORGET_SLACK memories have left a database
+# since its counts were all dropped: a count at most that many too high makes a word in more than
+# COMMON_MIN_DOCS memories look a little more common (its class changes only within FORGET_SLACK
+# of the common limit, 500 or more), for COUNT_TTL_S at most. Rarer words' counts go at once: a
+# word whose only memory left would keep count 1 and be searched alone as the rarest word.
+# Maintenance archives faded memories one at a time; each archive dropped every count, and the
+# next recalls counted their common words again (a scan of thousands of entries each).
 FORGET_SLACK = 50
-_removed_since_forget = 0
+_slack_lock = threading.Lock()
+_removed_since_forget: dict[str, int] = {}  # per database: memories gone since its counts were dropped
+
+
+def slack_left(database: str, removed: int | None) -> bool:
+    """Whether `database`'s common words' counts may stay now that `removed` more memories left
+    it (None: no). False resets its tally: the caller drops all its counts."""
+    with _slack_lock:
+        total = _removed_since_forget.get(database, 0) + (removed if removed is not None else FORGET_SLACK)
+        if total < FORGET_SLACK:
+            _removed_since_forget[database] = total
+            return True
+        _removed_since_forget.pop(database, None)
+        return False
+
+
+def reset_slack(databases: list[str]) -> None:
+    """Start these databases' tallies again (their counts were all dropped)."""
+    with _slack_lock:
+        for database in databases:
+            _removed_since_forget.pop(database, None)
+
+
+def keep_common_counts(cache: dict[str, tuple[int, int, float]]) -> None:
+    """Drop the counts of words in COMMON_MIN_DOCS memories or fewer (cheap to count again) from
+    one database's cache; the common ones stay (FORGET_SLACK)."""
+    for word, hit in list(cache.items()):  # list(): recalls on other threads add counts meanwhile
+        if hit[0] <= COMMON_MIN_DOCS:
+            cache.pop(word, None)
 
 
 def forget_counts(conn, removed: int | None = None) -> None:
-    """Memories left the index: a word counted as common may not be any more (on any
-    connection: recalls count on the read connections). `removed`: how many left; the counts
-    stay while FORGET_SLACK is not reached (None: they go now)."""
-    global _removed_since_forget
-    if removed is not None and _removed_since_forget + removed < FORGET_SLACK:
-        _removed_since_forget += removed
+    """Memories left `conn`'s database: a word counted as common may not be any more (on any
+    connection: recalls count on the read connections). `removed`: how many left; the common
+    words' counts stay while FORGET_SLACK is not reached (None: all go now). conn None: every
+    database's counts go."""
+    if conn is None:
+        reset_slack(list(_counts))
+        _counts.clear()
         return
-    _removed_since_forget = 0
-    _counts.clear()
+    database = _database(conn)
+    if slack_left(database, removed):
+        keep_common_counts(_counts.get(database, {}))
+    else:
+        _counts.pop(database, None)
 
 
 # Document counts, counted up to the limit only (a full count of a common word costs as much
@@ -300,9 +335,13 @@ COUNT_TTL_S = 600.0
 COUNT_CACHE_MAX = 50_000
 
 
+def _database(conn) -> str:
+    return conn.filename or str(id(conn))
+
+
 def doc_count(conn, word: str, limit: int) -> int:
     """How many memories contain `word`, exactly up to `limit`; above it, some number > limit."""
-    cache = _counts.setdefault(conn.filename or str(id(conn)), {})
+    cache = _counts.setdefault(_database(conn), {})
     now = time.monotonic()
     hit = cache.get(word)
     if hit is not None and now - hit[2] < COUNT_TTL_S and (hit[0] <= hit[1] or hit[1] >= limit):

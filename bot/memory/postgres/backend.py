@@ -419,7 +419,7 @@ class PostgresStorage:
         with conn.pg.transaction():  # vectors (logged by trigger), links and source rows go by ON DELETE CASCADE
             _lock_in_order(conn, ids)
             removed = conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
-        keywords.forget_counts(removed)  # a word counted as common may not be any more
+        keywords.forget_counts(conn, removed)  # a word counted as common may not be any more
         return removed
 
     def scrub(self, conn: PgConnection, forgotten: Sequence[str] = SCRUBBED) -> None:
@@ -434,7 +434,7 @@ class PostgresStorage:
                             "WHERE id = %s AND " + ACTIVE,
                             (time.time() if now is None else now, reason, time.time(), memory_id))
             conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))  # logged by trigger
-        keywords.forget_counts(1)
+        keywords.forget_counts(conn, 1)
 
     def restore(self, conn: PgConnection, memory_id: int) -> None:
         now = time.time()

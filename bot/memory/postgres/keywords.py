@@ -62,20 +62,21 @@ def doc_count(conn: PgConnection, word: str, limit: int) -> int:
     return cache[word][0]
 
 
-_removed_since_forget = 0
-
-
-def forget_counts(removed: int | None = None) -> None:
-    """Memories left the index: as fts.forget_counts (FORGET_SLACK), the statistics' estimates
-    and the newest id with the counts."""
-    global _removed_since_forget
-    if removed is not None and _removed_since_forget + removed < fts.FORGET_SLACK:
-        _removed_since_forget += removed
+def forget_counts(conn: PgConnection | None = None, removed: int | None = None) -> None:
+    """Memories left `conn`'s database: as fts.forget_counts (FORGET_SLACK: the common words'
+    counts may stay), else its counts, the statistics' estimates and the newest id go (conn
+    None: every database's)."""
+    if conn is None:
+        fts.reset_slack([*_counts, *_estimates])
+        for cache in (_counts, _newest, _estimates):
+            cache.clear()
         return
-    _removed_since_forget = 0
-    _counts.clear()
-    _newest.clear()
-    _estimates.clear()
+    database = _database(conn)
+    if fts.slack_left(database, removed):
+        fts.keep_common_counts(_counts.get(database, {}))
+        return
+    for cache in (_counts, _newest, _estimates):
+        cache.pop(database, None)
 
 
 # A word whose estimate (the planner's statistics: the share of memories holding its stem in
