@@ -107,6 +107,37 @@ async def test_a_word_the_statistics_call_very_common_is_not_counted(make_settin
         postgres_server.drop_database("muninn_estimates")
 
 
+def _choose_after(conn, words: list[str], analyse: bool) -> list[str]:
+    if analyse:
+        conn.pg.execute("ANALYZE memories")
+    keywords.forget_counts()
+    return keywords.searched_words(conn, words)
+
+
+@pytest.mark.parametrize("how", ["archived_then_analysed", "deleted_since_analyse"])
+async def test_estimates_are_not_used_when_many_rows_are_archived_or_gone(make_settings, postgres_server,
+                                                                           monkeypatch, how):
+    # ANALYZE samples archived rows too, and a mass delete outdates it: 140 of 150 pizza memories
+    # gone, its estimate (~150) would make it common and drop it for soup (60)
+    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", 40)
+    url = postgres_server.create_database("muninn_drift_" + how, template=TEMPLATE)
+    try:
+        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
+            pizza = await crowd(engine, "Bob ate pizza", 150)
+            await crowd(engine, "Bob cooked pasta", 300)
+            await crowd(engine, "Bob had soup", 60)
+            assert await engine.read(_choose_after, ["pizza", "soup"], True) == ["soup"]  # both common
+            if how == "archived_then_analysed":
+                for memory_id in pizza[:140]:
+                    await engine.archive(memory_id, "faded")
+            else:
+                await engine.forget(pizza[:140])
+            assert await engine.read(_choose_after, ["pizza", "soup"], how == "archived_then_analysed") == ["pizza"]
+    finally:
+        keywords.forget_counts()
+        postgres_server.drop_database("muninn_drift_" + how)
+
+
 def _counted(word: str) -> bool:
     return any(word in counts for counts in keywords._counts.values())
 

@@ -91,9 +91,21 @@ ESTIMATE_MARGIN = 2
 # Per database URL: (stem -> estimated memories holding it, when read); read again after
 # fts.COUNT_TTL_S (autovacuum's ANALYZE renews the statistics as the table changes).
 _estimates: dict[str, tuple[dict[str, int], float]] = {}
-_STATS = ("SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples FROM pg_class c "
+_STATS = ("SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples, "
+          "(SELECT a.null_frac FROM pg_stats a WHERE a.schemaname = n.nspname AND a.tablename = c.relname "
+          "AND a.attname = 'archived_at'), "
+          "(SELECT count(*) FROM memories WHERE archived_at IS NULL) FROM pg_class c "
           "JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_stats s ON s.schemaname = n.nspname "
           "AND s.tablename = c.relname AND s.attname = 'text_search' WHERE c.oid = 'memories'::regclass")
+# ANALYZE samples every row, archived ones too, while the counts (and the GIN index's partial
+# use) are of active memories: with more than STATS_DRIFT of the sampled rows archived then
+# (archived_at's null_frac), or fewer active memories now than (1 - STATS_DRIFT) x the rows it saw
+# (a mass delete or archive since), the estimates would call words common that are not: none are
+# used then, every word is counted. The active memories are counted (the partial index
+# memories_active_vis, once per fts.COUNT_TTL_S), not taken from pg_stat_user_tables'
+# n_mod_since_analyze: every recall's touch is an UPDATE there, which would turn the estimates
+# off in a live bot long before autovacuum's ANALYZE (10 % of the rows changed).
+STATS_DRIFT = 0.05
 # One row per word: its stems, and its count up to the limit unless it is one stem estimated as
 # common (a CASE branch not taken is never run).
 _WORD_ROW = ("SELECT %(i{n})s::int, w.stems, CASE WHEN cardinality(w.stems) = 1 AND w.stems[1] = ANY(%(common)s) "
@@ -104,14 +116,17 @@ _WORD_ROW = ("SELECT %(i{n})s::int, w.stems, CASE WHEN cardinality(w.stems) = 1 
 
 def estimates(conn: PgConnection) -> dict[str, int]:
     """The most common stems of memories.text_search and how many memories hold each, by the
-    statistics (empty before the first ANALYZE), read at most every fts.COUNT_TTL_S per database."""
+    statistics (empty before the first ANALYZE and while they are off: STATS_DRIFT), read at most
+    every fts.COUNT_TTL_S per database."""
     where, now = _database(conn), time.monotonic()
     hit = _estimates.get(where)
     if hit is None or now - hit[1] >= fts.COUNT_TTL_S:
         row = conn.pg.execute(_STATS).fetchone()
         found: dict[str, int] = {}
-        if row is not None and row[0] is not None and row[1] is not None:
-            rows = max(float(row[2] or 0), 0.0)
+        rows = max(float(row[2] or 0), 0.0) if row is not None else 0.0
+        if (row is not None and row[0] is not None and row[1] is not None
+                and 1.0 - float(row[3] if row[3] is not None else 1.0) <= STATS_DRIFT
+                and float(row[4] or 0) >= (1.0 - STATS_DRIFT) * rows):
             found = {stem: round(share * rows) for stem, share in zip(row[0], row[1], strict=False)}
         hit = (found, now)
         _estimates[where] = hit
