@@ -110,6 +110,9 @@ def _keyword_statement(words: list[str], keys: list[str], *, all_words: bool, li
             [keys, *words, *([] if all_words else words), limit])
 
 
+# A recall's touch of its memories (parameters: now, growth, decay.MAX_STABILITY_DAYS).
+_TOUCH_SET = ("access_count = access_count + 1, last_accessed = greatest(%s, coalesce(last_accessed, 0)), "
+              "stability = least(stability * %s, %s)")
 _INSERT_MEMORY = ("INSERT INTO memories (text, scope, owner_id, channel_id, guild_id, vis_key, importance, "
                   "stability, created_at, updated_at, source_message_ids, external_id, embedded) "
                   "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
@@ -443,17 +446,18 @@ class PostgresStorage:
 
     def touch_and_load(self, conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]],
                        wanted: Sequence[int], *, growth: float) -> dict[int, store.Memory] | None:
-        """One recall's touch (touch_many's statement) and the load of `wanted`, in one statement:
-        the touched rows as the UPDATE leaves them (RETURNING), the others read beside it. None
-        when it is not one recall's touch outside a transaction: touch_many, then get_many."""
+        """One recall's touch (touch_many's UPDATE) and the load of `wanted`, in one statement
+        outside a transaction, its rows locked in id order by its subquery (BEGIN, the lock, the
+        UPDATE and COMMIT were four round trips on every recall's path): the touched rows as the
+        UPDATE leaves them (RETURNING), the others read beside it. None when it is not one
+        recall's touch outside a transaction: touch_many, then get_many."""
         if len(recalls) != 1 or not conn.get_autocommit():
             return None
         ids, now = recalls[0]
         touched = sorted(set(ids))
         columns = translate(store.COLUMNS)
         rows = conn.pg.execute(
-            ("WITH touched AS (UPDATE memories SET access_count = access_count + 1, "
-             "last_accessed = greatest(%s, coalesce(last_accessed, 0)), stability = least(stability * %s, %s) "
+            (f"WITH touched AS (UPDATE memories SET {_TOUCH_SET} "
              f"WHERE id IN (SELECT id FROM memories WHERE id = ANY(%s) ORDER BY id FOR UPDATE) RETURNING {columns}) "
              f"SELECT * FROM touched UNION ALL SELECT {columns} FROM memories WHERE id = ANY(%s) "
              "AND NOT id = ANY(%s)").encode(),
@@ -461,26 +465,14 @@ class PostgresStorage:
         return {int(row[0]): store.Memory.from_row(row) for row in rows}
 
     def touch_many(self, conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
-        """Several recalls' touches in one transaction (bot/memory/touches.py), each the same
-        UPDATE with its own time, in order: each memory ends as if each had been its own.
-        One recall's touch (the usual batch) is one statement outside a transaction, its rows
-        locked in id order by its subquery: BEGIN, the lock, the UPDATE and COMMIT were four
-        round trips on every recall's path."""
-        if len(recalls) == 1 and conn.get_autocommit():
-            ids, now = recalls[0]
-            conn.pg.execute(
-                "UPDATE memories SET access_count = access_count + 1, "
-                "last_accessed = greatest(%s, coalesce(last_accessed, 0)), stability = least(stability * %s, %s) "
-                "WHERE id IN (SELECT id FROM memories WHERE id = ANY(%s) ORDER BY id FOR UPDATE)",
-                (now, growth, decay.MAX_STABILITY_DAYS, sorted(set(ids))))
-            return
+        """Several recalls' touches in one transaction (bot/memory/touches.py; one recall's alone
+        is touch_and_load's), each the same UPDATE with its own time, in order: each memory ends
+        as if each had been its own."""
         with conn.pg.transaction():
             _lock_in_order(conn, sorted({memory_id for ids, _ in recalls for memory_id in ids}))
             for ids, now in recalls:
-                conn.pg.execute(
-                    "UPDATE memories SET access_count = access_count + 1, "
-                    "last_accessed = greatest(%s, coalesce(last_accessed, 0)), stability = least(stability * %s, %s) "
-                    "WHERE id = ANY(%s)", (now, growth, decay.MAX_STABILITY_DAYS, sorted(set(ids))))
+                conn.pg.execute(f"UPDATE memories SET {_TOUCH_SET} WHERE id = ANY(%s)",
+                                (now, growth, decay.MAX_STABILITY_DAYS, sorted(set(ids))))
 
     def forget_sources(self, conn: PgConnection, message_ids: Sequence[int]) -> list[int]:
         wanted = [str(m) for m in message_ids]
