@@ -304,3 +304,42 @@ def test_a_fact_write_waiting_for_its_key_sees_what_the_holder_stored(postgres_u
     finally:
         storage.close(holder)
         storage.close(waiter)
+
+
+def test_a_fact_write_waiting_for_its_key_across_a_reset_index_sees_the_new_index(postgres_url):
+    """begin_fact_write reads the index after the key locks (Storage.begin_fact_write's order):
+    read before them, a writer that waited while the index was reset for another model would
+    store its vector under the old one's model and size."""
+    import threading
+    import time
+
+    storage = PostgresStorage(postgres_url)
+    holder, waiter, resetter = storage.open_writer(), storage.open_writer(), storage.open_writer()
+    key = NewMemory("Alice keeps bees", "global").vis_key
+    try:
+        assert storage.index_for(holder, "m", 3) is not None
+        seen: dict = {}
+
+        def wait_for_the_key() -> None:
+            with waiter.transaction():
+                seen["start"] = storage.begin_fact_write(waiter, [key], "m", 3, None, [], 50)
+        with holder.transaction():
+            storage.begin_fact_write(holder, [key], "m", 3, None, [], 50)
+            other = threading.Thread(target=wait_for_the_key)
+            other.start()
+            with psycopg.connect(postgres_url, autocommit=True) as watch:
+                for _ in range(200):  # until the other writer waits for the key's lock
+                    if watch.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                     "AND NOT granted").fetchone()[0]:
+                        break
+                    time.sleep(0.02)
+                else:
+                    raise AssertionError("the second writer never waited for the key")
+            storage.reset_index(resetter, "m2", 4)
+        other.join(10)
+        info, _, _ = seen["start"]
+        assert info is None  # the index is m2's now: the write stores no vector of m's
+    finally:
+        storage.close(holder)
+        storage.close(waiter)
+        storage.close(resetter)

@@ -363,8 +363,8 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
     rolls back all of it. Vectors go in the embedding model's index (created on the first
     embedding); when they do not fit it, the facts are stored without them. The thresholds and
     the stability constants come from `settings`. `searched`: each fact's `nearest(...,
-    [its vis_key], FACT_NEIGHBOURS)` made by the planning step at `storage.change_mark`
-    `searched_mark`; reused when no vector was stored or removed since."""
+    [its vis_key], FACT_NEIGHBOURS)` made by the planning step at `storage.plan_state`'s
+    mark `searched_mark`; reused when no vector was stored or removed since."""
     out = WriteOutcome()
     storage = storage_of(conn)
     probes = [(m.vis_key, fts.tokens(m.text)) for m in memories]

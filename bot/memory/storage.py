@@ -97,17 +97,9 @@ class Storage(Protocol):
         """The k nearest active memories under `keys`: [(id, L2 distance)], nearest first."""
     def similar_to_memory(self, conn: Connection, info: IndexInfo, memory_id: int, keys: list[str],
                           k: int) -> list[tuple[int, float]]: ...
-    def change_mark(self, conn: Connection) -> Any:
-        """Where the vector changes stand now, for `unchanged_since`."""
     def plan_state(self, conn: Connection, model: str) -> tuple[Any, IndexInfo | None]:
-        """(change_mark, current_index(model)) as of one moment: what planning a fact write reads
-        first (PostgreSQL: one round trip)."""
-    def unchanged_since(self, conn: Connection, mark: Any) -> bool:
-        """No vector was stored or removed since `change_mark` gave `mark` (a search made then
-        still holds), counting changes committed since by other processes in any order."""
-    def lock_keys(self, conn: Connection, keys: Sequence[str]) -> None:
-        """Inside a write transaction: until it ends, no other process stores facts under these
-        visibility keys, so a duplicate check and the insert after it see each other's facts."""
+        """(a change mark: where the vector changes stand now, current_index(model)) as of one
+        moment: what planning a fact write reads first (PostgreSQL: one round trip)."""
     def keyword_search(self, conn: Connection, words: list[str], keys: list[str], *, all_words: bool,
                        limit: int) -> list[tuple[int, str]]:
         """Active memories under `keys` holding every word (oldest first) or any word (most
@@ -115,10 +107,13 @@ class Storage(Protocol):
     def begin_fact_write(self, conn: Connection, keys: Sequence[str], model: str, dim: int | None, mark: Any,
                          probes: Sequence[tuple[str, list[str]]], same_text_limit: int
                          ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:
-        """The start of a fact write, inside its transaction, in this order: lock_keys(keys);
-        index_for(model, dim) (None when `dim` is None); unchanged_since(mark) (False when `mark`
-        is None); for each (vis_key, words) of `probes`, keyword_search(words, [vis_key],
-        all_words=True, limit=same_text_limit) ([] without words). Everything after the locks
+        """The start of a fact write, inside its transaction, in this order: lock `keys` (until
+        the transaction ends, no other process stores facts under these visibility keys, so a
+        duplicate check and the insert after it see each other's facts); index_for(model, dim)
+        (None when `dim` is None); whether no vector was stored or removed since plan_state gave
+        `mark`, counting changes committed since by other processes in any order (False when
+        `mark` is None: a search made then still holds); for each (vis_key, words) of `probes`,
+        keyword_search(words, [vis_key], all_words=True, limit=same_text_limit) ([] without words). Everything after the locks
         sees the facts of whoever held them before. PostgreSQL: one round trip."""
     def reinforce(self, conn: Connection, memory_id: int, *, importance: float, sources: list[str],
                   growth: float, now: float) -> None: ...

@@ -34,6 +34,7 @@ from bot.memory.files import DatabaseError
 from bot.memory.postgres import keywords
 from bot.memory.postgres import scrub as postgres_scrub
 from bot.memory.postgres.connection import PgConnection, connect, translate, where
+from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
 from bot.memory.postgres.migrations import migrate
 from bot.memory.postgres.vector_source import PostgresVectorSource
 from bot.memory.retrieval import Candidate
@@ -220,8 +221,8 @@ class PostgresStorage:
             _set_meta(conn, vectors.REINDEX_PENDING, "1")
 
     def index_state(self, conn: PgConnection) -> tuple[IndexInfo | None, bool]:
-        row = conn.pg.execute(keywords.INDEX_STATE_SQL).fetchone()
-        return keywords.index_state_of(json.loads(row[0]) if row and row[0] else {})
+        row = conn.pg.execute(INDEX_STATE_SQL).fetchone()
+        return index_state_of(row[0] if row else None)
 
     def mark_reindex_done(self, conn: PgConnection) -> None:
         conn.pg.execute("DELETE FROM meta WHERE key = %s", (vectors.REINDEX_PENDING,))
@@ -273,11 +274,10 @@ class PostgresStorage:
         return str(row[0])
 
     def plan_state(self, conn: PgConnection, model: str) -> tuple[str, IndexInfo | None]:
-        row = conn.pg.execute("SELECT pg_current_snapshot()::text, (SELECT value FROM meta WHERE key = 'embed_model'), "
-                              "(SELECT value FROM meta WHERE key = 'embed_dim')").fetchone()
+        row = conn.pg.execute(f"SELECT pg_current_snapshot()::text, ({INDEX_STATE_SQL})").fetchone()
         assert row is not None
-        info = IndexInfo(str(row[1]), int(row[2] or 0)) if row[1] is not None and row[1] == model else None
-        return str(row[0]), info
+        info, _ = index_state_of(row[1])
+        return str(row[0]), info if info is not None and info.model == model else None
 
     def unchanged_since(self, conn: PgConnection, mark: str) -> bool:
         row = conn.pg.execute(_UNCHANGED_SINCE, (mark, mark)).fetchone()
@@ -305,14 +305,16 @@ class PostgresStorage:
         statement is prepared), run by the server in order, each with its own snapshot (READ
         COMMITTED): the checks after the locks see every fact committed by the lock's last holder.
         Before, the locks, two index reads, the change check and each duplicate check were a
-        round trip each, all but the first with the key's lock held."""
+        round trip each, all but the first with the key's lock held. The index is read after the
+        locks: a writer that waited across a reset_index sees the new model and size."""
         if not conn.pg.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
             raise RuntimeError("begin_fact_write runs inside a write transaction")
-        parts: list[str] = ["SELECT key, value FROM meta WHERE key IN ('embed_model', 'embed_dim')"]
+        parts: list[str] = []
         params: list[Any] = []
         for key in sorted(set(keys)):  # sorted: two writers never wait for each other crosswise
             parts.append("SELECT pg_advisory_xact_lock(%s, hashtext(%s))")
             params += [FACT_KEY_LOCK, key]
+        parts.append(INDEX_STATE_SQL)
         if mark is not None:
             parts.append(_UNCHANGED_SINCE)
             params += [mark, mark]
@@ -324,9 +326,10 @@ class PostgresStorage:
                 params += more
         cursor = psycopg.ClientCursor(conn.pg)
         cursor.execute(";\n".join(parts).encode(), params)
-        values = {str(k): str(v) for k, v in cursor.fetchall()}
-        for _ in sorted(set(keys)):
+        for _ in sorted(set(keys)):  # the locks' results, then the index's
             cursor.nextset()
+        state = cursor.fetchone()
+        stored, _ = index_state_of(state[0] if state else None)
         unchanged = False
         if mark is not None:
             cursor.nextset()
@@ -341,11 +344,10 @@ class PostgresStorage:
                 hits.append([])
         info: IndexInfo | None = None
         if dim is not None:
-            stored = values.get("embed_model")
             if stored is None:  # the first embedding ever: index_for creates the index (its own lock)
                 info = self.index_for(conn, model, dim)
-            elif stored == model and int(values.get("embed_dim") or 0) == dim:
-                info = IndexInfo(stored, dim)
+            elif stored == IndexInfo(model, dim):
+                info = stored
         return info, unchanged, hits
 
     def reinforce(self, conn: PgConnection, memory_id: int, *, importance: float, sources: list[str],

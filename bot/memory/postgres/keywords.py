@@ -15,8 +15,9 @@ import json
 import time
 from typing import Any
 
-from bot.memory import fts, vectors
+from bot.memory import fts
 from bot.memory.postgres.connection import PgConnection
+from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
 from bot.memory.retrieval import Candidate, KeywordHits
 from bot.memory.vectors import IndexInfo
 
@@ -172,18 +173,6 @@ def searched_words(conn: PgConnection, words: list[str], limit: int | None = Non
             # not estimated: counted here at once, not one statement each)
             count_at_once(conn, found, fts.COMMON_EXACT)
     return fts.selective(conn, words, count=doc_count, limit=limit)
-
-
-# The vector index's state (PostgresStorage.index_state): the meta rows, as one JSON object.
-INDEX_STATE_SQL = ("SELECT json_object_agg(key, value)::text FROM meta "
-                   f"WHERE key IN ('embed_model', 'embed_dim', '{vectors.REINDEX_PENDING}')")
-
-
-def index_state_of(values: dict[str, str]) -> tuple[IndexInfo | None, bool]:
-    """(the index, whether a re-index is pending) from INDEX_STATE_SQL's meta rows."""
-    model = values.get("embed_model")
-    info = None if model is None else IndexInfo(model, int(values.get("embed_dim") or 0))
-    return info, values.get(vectors.REINDEX_PENDING) == "1"
 
 
 class PgKeywordHits(KeywordHits):
