@@ -98,6 +98,9 @@ def test_interrupted_copy_resumes_without_duplicates(source, postgres_url, capsy
         copy_database(settings.db_path, postgres_url, batch=4, stop_after_batches=3)
     partial = rows(postgres_url, "SELECT count(*) FROM memories")[0][0]
     assert partial == 12  # three committed batches of four
+    # the copy turns the keyword index's fastupdate on; interrupted, it is off again (migration 13)
+    assert rows(postgres_url, "SELECT reloptions FROM pg_class WHERE relname = 'memories_text_search'") == [
+        (["fastupdate=off"],)]
     code = main(["migrate", "--db", str(settings.db_path), "--to", postgres_url, "--batch", "4"])
     out = capsys.readouterr()
     assert code == 0, out.err

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import struct
 import sys
 import time
@@ -34,6 +35,8 @@ import apsw
 from bot.memory import db, vectors
 from bot.memory.files import DatabaseError, explain
 from bot.memory.migrations import MIGRATIONS as SQLITE_MIGRATIONS
+
+log = logging.getLogger(__name__)
 
 BATCH = 2000
 SOURCE_KEY = "migrate.source"       # target meta: which SQLite file this database is a copy of
@@ -396,61 +399,73 @@ def _copy(source: apsw.Connection, pg: Any, source_id: str, report: Report, batc
     # The keyword index batches its new words while the rows pour in (PostgreSQL migration 13 turns
     # that off for the bot's one-at-a-time writes); the VACUUM at the end merges them.
     pg.execute("ALTER INDEX memories_text_search SET (fastupdate = on)")
-    for table in TABLES:
-        if table.name not in totals:
-            continue
-        cursor_key = CURSOR_PREFIX + table.name
-        raw = _target_meta(pg, cursor_key)
-        if raw == "done":
-            continue
-        after: list[Any] | None = json.loads(raw) if raw else None
-        sql = _insert_sql(table)
-        copied = 0
-        while True:
-            if table.name == "memory_vectors":
-                assert info is not None
-                rows: list[tuple] = [(mid, key, created, Float32Vector(blob, info.dim))
-                                     for mid, key, created, blob in _vector_rows(source, info, after, batch)]
-            else:
-                rows = _source_rows(source, table, after, batch, report)
-            if not rows:
-                break
-            last = [rows[-1][table.columns.index(k)] for k in table.key]
-            with pg.transaction():
-                with pg.cursor() as cursor:
-                    cursor.executemany(sql, rows)
-                _set_target_meta(pg, cursor_key, json.dumps(last))
-            after = last
-            copied += len(rows)
-            done += len(rows)
-            batches += 1
-            if on_progress:
-                on_progress(min(done, total), total)
-            if stop_after_batches is not None and batches >= stop_after_batches:
-                raise Interrupted(f"stopped after {batches} batches")
-        _finish_table(pg, source, table)  # also on a resumed copy: it always ends here
-        _set_target_meta(pg, cursor_key, "done")
-        report.copied[table.name] = copied
-    if info is not None:
-        # The backend's own index_for records the model (no approximate index: migration 9).
-        on_step(f"recording the embedding model ({info.dim} dimensions)")
-        # The trigger logged each copied vector for the vector caches (migration 8); no cache has
-        # seen this database yet, and index_for starts a new epoch: the log is not needed.
-        pg.execute("TRUNCATE vector_changes")
-        try:
-            target.storage.index_for(target, info.model, info.dim)
-        except psycopg.Error as exc:
-            raise MigrationError(f"recording the embedding model failed: {exc}") from exc
+    try:
+        for table in TABLES:
+            if table.name not in totals:
+                continue
+            cursor_key = CURSOR_PREFIX + table.name
+            raw = _target_meta(pg, cursor_key)
+            if raw == "done":
+                continue
+            after: list[Any] | None = json.loads(raw) if raw else None
+            sql = _insert_sql(table)
+            copied = 0
+            while True:
+                if table.name == "memory_vectors":
+                    assert info is not None
+                    rows: list[tuple] = [(mid, key, created, Float32Vector(blob, info.dim))
+                                         for mid, key, created, blob in _vector_rows(source, info, after, batch)]
+                else:
+                    rows = _source_rows(source, table, after, batch, report)
+                if not rows:
+                    break
+                last = [rows[-1][table.columns.index(k)] for k in table.key]
+                with pg.transaction():
+                    with pg.cursor() as cursor:
+                        cursor.executemany(sql, rows)
+                    _set_target_meta(pg, cursor_key, json.dumps(last))
+                after = last
+                copied += len(rows)
+                done += len(rows)
+                batches += 1
+                if on_progress:
+                    on_progress(min(done, total), total)
+                if stop_after_batches is not None and batches >= stop_after_batches:
+                    raise Interrupted(f"stopped after {batches} batches")
+            _finish_table(pg, source, table)  # also on a resumed copy: it always ends here
+            _set_target_meta(pg, cursor_key, "done")
+            report.copied[table.name] = copied
+        if info is not None:
+            # The backend's own index_for records the model (no approximate index: migration 9).
+            on_step(f"recording the embedding model ({info.dim} dimensions)")
+            # The trigger logged each copied vector for the vector caches (migration 8); no cache has
+            # seen this database yet, and index_for starts a new epoch: the log is not needed.
+            pg.execute("TRUNCATE vector_changes")
+            try:
+                target.storage.index_for(target, info.model, info.dim)
+            except psycopg.Error as exc:
+                raise MigrationError(f"recording the embedding model failed: {exc}") from exc
+    finally:  # an interrupted or failed copy must not leave it on for the bot's writes
+        _fastupdate_off(pg)
     # Fresh statistics and visibility map now, not when autovacuum gets round to it: without
     # them the planner guesses each visibility key's row count.
     on_step("vacuuming and analysing the copied tables")
-    pg.execute("ALTER INDEX memories_text_search SET (fastupdate = off)")
     pg.execute("VACUUM (ANALYZE) memories")
     pg.execute("VACUUM (ANALYZE) memory_vectors")
     on_step("verifying: row counts and key checksums per table")
     verify(source, pg, report, info)
     if report.ok:
         _set_target_meta(pg, DONE_KEY, repr(time.time()))
+
+
+def _fastupdate_off(pg: Any) -> None:
+    """The keyword index back to migration 13's setting; on a broken connection the copy's own
+    error is the one to report (the next migrate turns it off at its end)."""
+    import psycopg
+    try:
+        pg.execute("ALTER INDEX memories_text_search SET (fastupdate = off)")
+    except psycopg.Error as exc:
+        log.warning("could not turn the keyword index's fastupdate off: %s", exc)
 
 
 def _move_identity(pg: Any, source: apsw.Connection) -> None:
