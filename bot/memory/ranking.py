@@ -39,7 +39,7 @@ import apsw
 
 from bot.memory import decay, vectors
 from bot.memory.dates import DateHint
-from bot.memory.retrieval import Candidate, rank
+from bot.memory.retrieval import VITALS_COLUMNS, Candidate, rank
 
 TIME_WEIGHT = 0.02
 DATE_BOOST = 1.0
@@ -61,7 +61,7 @@ def time_factor(vital: float, weight: float = TIME_WEIGHT) -> float:
     return 1.0 + weight * vital
 
 
-DECAY_COLUMNS = "id, coalesce(last_accessed, created_at), stability, importance, created_at"  # Candidate.vitals, keyed
+DECAY_COLUMNS = "id, " + VITALS_COLUMNS  # Candidate.vitals, keyed
 
 
 def final_order(conn: apsw.Connection, candidates: Iterable[Candidate], now: float, *,

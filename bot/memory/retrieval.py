@@ -22,6 +22,9 @@ MODE_HYBRID = "hybrid"
 MODE_FTS = "fts-only"
 MODE_VECTOR = "vector-only"
 
+# Candidate.vitals as a memories row gives them (the columns of ranking.DECAY_COLUMNS after id).
+VITALS_COLUMNS = "coalesce(last_accessed, created_at), stability, importance, created_at"
+
 
 @dataclass
 class Candidate:
@@ -245,8 +248,8 @@ def lenders(conn: apsw.Connection, by_id: dict[int, Candidate], keys: list[str])
     each the `vitals` the final order needs from the same rows."""
     where, key_params = key_filter(keys, "vis_key")
     times: dict[str, list[tuple[float, int]]] = {}
-    for memory_id, vis_key, created_at, last_seen, stability, importance in conn.execute(
-            "SELECT id, vis_key, created_at, coalesce(last_accessed, created_at), stability, importance FROM memories "
+    for memory_id, last_seen, stability, importance, created_at, vis_key in conn.execute(
+            f"SELECT id, {VITALS_COLUMNS}, vis_key FROM memories "
             f"WHERE id IN ({','.join('?' * len(by_id))}) AND {where}", [*by_id, *key_params]):
         times.setdefault(vis_key, []).append((created_at, memory_id))
         by_id[memory_id].vitals = (last_seen, stability, importance, created_at)

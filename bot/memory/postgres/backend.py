@@ -37,7 +37,7 @@ from bot.memory.postgres.connection import PgConnection, connect, translate, whe
 from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
 from bot.memory.postgres.migrations import migrate
 from bot.memory.postgres.vector_source import PostgresVectorSource
-from bot.memory.retrieval import Candidate
+from bot.memory.retrieval import VITALS_COLUMNS, Candidate
 from bot.memory.scope import ACTIVE, Viewer, visible_keys
 from bot.memory.storage import SCRUBBED
 from bot.memory.vector_cache import VectorCache
@@ -622,7 +622,7 @@ class PostgresStorage:
              f"{side.format(op='<', order='DESC')} UNION ALL {side.format(op='>', order='ASC')}) x "
              "WHERE x.other = ANY(%(ids)s) "
              # the candidates' decay rows (Candidate.vitals: final_order reads none again) and their times here
-             f"UNION ALL SELECT {ranking.DECAY_COLUMNS.replace('id, ', 'id, NULL, NULL, ', 1)} "
+             f"UNION ALL SELECT id, NULL, NULL, {VITALS_COLUMNS} "
              "FROM memories WHERE id = ANY(%(ids)s)").encode(),
             {"ids": list(by_id), "keys": keys, "reach": reach}).fetchall()
         created: dict[int, float] = {}
