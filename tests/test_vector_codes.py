@@ -232,3 +232,26 @@ def test_one_shortlist_over_several_keys_ranks_their_rows_together():
     assert scores[got.tolist().index(10_003)] == pytest.approx(1.0, abs=1e-5)
     for ids, score in zip(got.tolist(), scores.tolist(), strict=True):  # exact scores, each from its own key
         assert score == pytest.approx(float(keys[ids // 10_000][ids % 10_000] @ q), abs=1e-5)
+
+
+@pytest.mark.parametrize("meanwhile", ["evicted", "reset"])
+def test_codes_packed_for_a_key_that_left_the_cache_meanwhile_count_no_bytes(world, monkeypatch, meanwhile):
+    """The key is dropped (evicted, or the cache starts over) while its codes are packed off the
+    lock: they are not installed, and the cache's size stays the sum of the keys it holds."""
+    cached, plain, cache, info, rng, centres = world
+    cache.codes_min = 0
+    q = clustered(rng, 1, centres)[0]
+    vectors.knn(cached, info, q.tolist(), [BIG, SMALL], 10)  # both loaded, searched whole: no codes
+    entry = cache._keys[BIG]
+    real = KeyVectors.pack_codes
+
+    def packing_while_the_key_goes(matrix, n):
+        with cache._lock:
+            cache._drop(BIG) if meanwhile == "evicted" else cache._reset()
+        return real(matrix, n)
+    monkeypatch.setattr(KeyVectors, "pack_codes", staticmethod(packing_while_the_key_goes))
+    cache.codes_min = 1000
+    got = vectors.knn(cached, info, q.tolist(), [BIG], 10)
+    assert entry.codes is None and BIG not in cache.cached_keys()
+    assert cache.nbytes == sum(cache._keys[key].nbytes for key in cache.cached_keys())
+    assert ids_of(got) == ids_of(vectors.knn_vec0(plain, info, q.tolist(), [BIG], 10))  # scored whole

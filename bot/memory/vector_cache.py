@@ -435,15 +435,21 @@ class VectorCache:
         enough to be searched by code alone always is."""
         return n >= min(CODES_KEY_MIN, self.codes_min)
 
-    def _code_keys(self, entries: list[KeyVectors]) -> None:
+    def _code_keys(self, entries: list[tuple[str, KeyVectors]]) -> None:
         """Pack the codes of keys searched by code for the first time (once per key, ~1 ms per
-        1,000 rows at 768 dims, off the lock; a key whose arrays regrow meanwhile stays exact)."""
-        for entry in entries:
-            if entry.codes is None and self._key_coded(entry.n):
-                with self._lock:  # the arrays and their row count from one moment (a regrow swaps them)
-                    rows = entry.matrix, entry.n
-                packed = KeyVectors.pack_codes(*rows)
-                with self._lock:
+        1,000 rows at 768 dims, off the lock; a key whose arrays regrow meanwhile stays exact).
+        The codes and their bytes count only while the key still holds this entry (not evicted,
+        reloaded or reset meanwhile)."""
+        for key, entry in entries:
+            if entry.codes is not None or not self._key_coded(entry.n):
+                continue
+            with self._lock:  # the arrays and their row count from one moment (a regrow swaps them)
+                if self._keys.get(key) is not entry:
+                    continue
+                rows = entry.matrix, entry.n
+            packed = KeyVectors.pack_codes(*rows)
+            with self._lock:
+                if self._keys.get(key) is entry:
                     before = entry.nbytes
                     entry.install_codes(packed)
                     self._bytes += entry.nbytes - before
@@ -468,7 +474,7 @@ class VectorCache:
         # (recall@10 0.62 when 0.2 % of rows qualify).
         coded = as_of is None and self._coded(sum(entry.n for _, entry in entries))
         if coded:
-            self._code_keys([entry for _, entry in entries])
+            self._code_keys(entries)
         with self._lock:  # each key's arrays and codes from one moment (a regrow swaps them)
             views = [(entry.view(), entry.codes, entry.dead > 0) for _, entry in entries]
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
