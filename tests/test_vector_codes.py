@@ -4,6 +4,8 @@ the threshold and as of a past moment, and codes that stay in step with every wa
 change (appends, removals, regrow, compaction), packed only for keys searched by code."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -255,3 +257,48 @@ def test_codes_packed_for_a_key_that_left_the_cache_meanwhile_count_no_bytes(wor
     assert entry.codes is None and BIG not in cache.cached_keys()
     assert cache.nbytes == sum(cache._keys[key].nbytes for key in cache.cached_keys())
     assert ids_of(got) == ids_of(vectors.knn_vec0(plain, info, q.tolist(), [BIG], 10))  # scored whole
+
+
+def test_one_thread_packs_a_key_and_searches_meanwhile_score_it_whole(world, monkeypatch, tmp_path):
+    """Four first searches by code at once: one packs the key's codes, the others find it being
+    packed and score it exactly meanwhile (they packed it four times)."""
+    cached, plain, cache, info, rng, centres = world
+    cache.codes_min = 1600  # BIG (1,500) is loaded without codes; with SMALL (200, scored whole) searched by code
+    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 1000)
+    entered, release = threading.Event(), threading.Event()
+    packed: list[int] = []
+    real = KeyVectors.pack_codes
+
+    def slow_pack(matrix, n):
+        packed.append(n)
+        if len(packed) == 1:  # only the first packer waits: a second one fails fast below
+            entered.set()
+            assert release.wait(10)
+        return real(matrix, n)
+    monkeypatch.setattr(KeyVectors, "pack_codes", staticmethod(slow_pack))
+    queries = clustered(rng, 4, centres)
+    vectors.knn(cached, info, queries[0].tolist(), [SMALL], 10)  # the cache's mark set: no first sync races
+    found: dict[int, list[int]] = {}
+
+    def search(i: int) -> None:
+        conn = db.connect(tmp_path / "v.db")
+        vectors.attach_cache(conn, cache)
+        try:
+            found[i] = ids_of(vectors.knn(conn, info, queries[i].tolist(), [BIG, SMALL], 10))
+        finally:
+            conn.close()
+    first = threading.Thread(target=search, args=(0,))
+    first.start()
+    assert entered.wait(10)
+    others = [threading.Thread(target=search, args=(i,)) for i in (1, 2, 3)]
+    for thread in others:
+        thread.start()
+    for thread in others:
+        thread.join(10)
+    assert packed == [1500] and cache._keys[BIG].codes is None
+    for i in (1, 2, 3):  # scored whole while the key was being packed
+        assert found[i] == ids_of(vectors.knn_vec0(plain, info, queries[i].tolist(), [BIG, SMALL], 10))
+    release.set()
+    first.join(10)
+    assert 0 in found and packed == [1500] and in_step(cache._keys[BIG])
+    assert cache.nbytes == sum(cache._keys[key].nbytes for key in cache.cached_keys())

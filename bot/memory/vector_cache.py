@@ -203,6 +203,7 @@ class VectorCache:
         self._key_of: dict[int, str] = {}
         self._too_big: set[str] = set()
         self._loading: set[str] = set()  # keys a thread is loading now (outside the lock)
+        self._packing: set[str] = set()  # keys whose codes a thread is packing now (outside the lock)
         # Keys that held vectors when a warm listed them, and keys given a vector since (applied
         # changes): once a warm has listed them, a key in neither is empty and needs no read
         # (a viewer's own personal keys mostly are: two reads each, per recall; issue 12).
@@ -439,20 +440,26 @@ class VectorCache:
         """Pack the codes of keys searched by code for the first time (once per key, ~1 ms per
         1,000 rows at 768 dims, off the lock; a key whose arrays regrow meanwhile stays exact).
         The codes and their bytes count only while the key still holds this entry (not evicted,
-        reloaded or reset meanwhile)."""
+        reloaded or reset meanwhile). One thread packs a key: a search that finds it being packed
+        scores it whole meanwhile (four first searches at once packed it four times)."""
         for key, entry in entries:
             if entry.codes is not None or not self._key_coded(entry.n):
                 continue
             with self._lock:  # the arrays and their row count from one moment (a regrow swaps them)
-                if self._keys.get(key) is not entry:
+                if self._keys.get(key) is not entry or key in self._packing:
                     continue
+                self._packing.add(key)
                 rows = entry.matrix, entry.n
-            packed = KeyVectors.pack_codes(*rows)
-            with self._lock:
-                if self._keys.get(key) is entry:
-                    before = entry.nbytes
-                    entry.install_codes(packed)
-                    self._bytes += entry.nbytes - before
+            packed = None
+            try:
+                packed = KeyVectors.pack_codes(*rows)
+            finally:
+                with self._lock:
+                    self._packing.discard(key)
+                    if packed is not None and self._keys.get(key) is entry:
+                        before = entry.nbytes
+                        entry.install_codes(packed)
+                        self._bytes += entry.nbytes - before
 
     def knn(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float], keys: list[str],
             k: int, as_of: float | None = None) -> list[tuple[int, float]]:
