@@ -302,3 +302,36 @@ def test_one_thread_packs_a_key_and_searches_meanwhile_score_it_whole(world, mon
     first.join(10)
     assert 0 in found and packed == [1500] and in_step(cache._keys[BIG])
     assert cache.nbytes == sum(cache._keys[key].nbytes for key in cache.cached_keys())
+
+
+def test_packed_codes_keep_the_cache_within_its_budget(world):
+    """Codes packed on a first search by code add bytes: the least recently used other keys
+    are evicted for them, as for a load."""
+    cached, plain, cache, info, rng, centres = world
+    cache.codes_min = 0
+    q = clustered(rng, 1, centres)[0]
+    vectors.knn(cached, info, q.tolist(), [SMALL, BIG], 10)  # loaded whole, SMALL the least recent
+    cache.budget_bytes = cache.nbytes + 1000  # less than BIG's codes (1,504 rows x 16 bytes)
+    cache.codes_min = 1000
+    got = vectors.knn(cached, info, q.tolist(), [BIG], 10)
+    assert cache.cached_keys() == [BIG] and in_step(cache._keys[BIG])
+    assert cache.nbytes == cache._keys[BIG].nbytes <= cache.budget_bytes
+    assert len(set(ids_of(got)) & set(ids_of(vectors.knn_vec0(plain, info, q.tolist(), [BIG], 10)))) >= 8
+
+
+def test_warm_leaves_room_for_the_codes_a_search_by_code_packs(world, monkeypatch, tmp_path):
+    """A key under codes_min is loaded without codes but packs them on a search by code over
+    the viewer's keys together (CODES_KEY_MIN): warm counts them, so that search evicts no key
+    it warmed and keeps the budget."""
+    cached, plain, cache, info, rng, centres = world
+    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 100)
+    row, code = DIM * 4 + 16, vector_codes.words_for(DIM) * 8
+    warm = VectorCache((1504 + 204) * row + 1000, codes_min=1600)  # both fit without codes, not with
+    conn = db.connect(tmp_path / "v.db")
+    vectors.attach_cache(conn, warm)
+    assert warm.warm(conn, info) == 1 and warm.cached_keys() == [BIG]
+    assert warm.nbytes + 1504 * code <= warm.budget_bytes
+    vectors.knn(conn, info, clustered(rng, 1, centres)[0].tolist(), [BIG, SMALL], 10)
+    assert BIG in warm.cached_keys() and in_step(warm._keys[BIG])
+    assert warm.nbytes == sum(warm._keys[key].nbytes for key in warm.cached_keys()) <= warm.budget_bytes
+    conn.close()

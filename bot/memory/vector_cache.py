@@ -314,6 +314,12 @@ class VectorCache:
                 self._bytes += entry.nbytes - before
                 self._key_of[memory_id] = state[0]
 
+    def _evict_beside(self, key: str) -> None:
+        """Under the lock, after `key` grew or arrived: drop the least recently used other keys
+        until the cache fits its budget again (`key` stays, even alone over the budget)."""
+        while self._bytes > self.budget_bytes and len(self._keys) > 1:
+            self._drop(next(other for other in self._keys if other != key))
+
     def _drop(self, key: str) -> None:
         entry = self._keys.pop(key)
         self._bytes -= entry.nbytes
@@ -385,8 +391,7 @@ class VectorCache:
                     # right there (applying them again left a dead row and a copy behind)
                     changed = self.source.changed_between(conn, seq, self._seq)
                     self._apply(conn, info, {i for i in changed if self._key_of.get(i, key) == key})
-                while self._bytes > self.budget_bytes and len(self._keys) > 1:
-                    self._drop(next(iter(self._keys)))
+                self._evict_beside(key)
                 return self._keys.get(key)
         finally:
             with self._lock:
@@ -418,7 +423,9 @@ class VectorCache:
             with self._lock:
                 if key in self._keys or key in self._too_big or key in self._loading:
                     continue
-                row_bytes = per_vector + (vector_codes.words_for(info.dim) * 8 if self._coded(count) else 0)
+                # with its codes if a search by code may pack them (_code_keys), not only when its
+                # load does: else those searches pushed the cache over its budget, evicting keys
+                row_bytes = per_vector + (vector_codes.words_for(info.dim) * 8 if self._may_code(count) else 0)
                 if self._bytes + (count + SLACK_ROWS + spare_rows(count)) * row_bytes > self.budget_bytes:
                     continue  # would evict a key already warm
             if self._entry(conn, info, key, may_defer=False) is not None:
@@ -436,12 +443,17 @@ class VectorCache:
         enough to be searched by code alone always is."""
         return n >= min(CODES_KEY_MIN, self.codes_min)
 
+    def _may_code(self, n: int) -> bool:
+        """A key of `n` vectors may get codes, at its load or on a search by code."""
+        return self.codes_min > 0 and self._key_coded(n)
+
     def _code_keys(self, entries: list[tuple[str, KeyVectors]]) -> None:
         """Pack the codes of keys searched by code for the first time (once per key, ~1 ms per
         1,000 rows at 768 dims, off the lock; a key whose arrays regrow meanwhile stays exact).
         The codes and their bytes count only while the key still holds this entry (not evicted,
         reloaded or reset meanwhile). One thread packs a key: a search that finds it being packed
-        scores it whole meanwhile (four first searches at once packed it four times)."""
+        scores it whole meanwhile (four first searches at once packed it four times). Installed
+        codes evict other keys, least recently used first, as a load does (the budget holds)."""
         for key, entry in entries:
             if entry.codes is not None or not self._key_coded(entry.n):
                 continue
@@ -460,6 +472,7 @@ class VectorCache:
                         before = entry.nbytes
                         entry.install_codes(packed)
                         self._bytes += entry.nbytes - before
+                        self._evict_beside(key)
 
     def knn(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float], keys: list[str],
             k: int, as_of: float | None = None) -> list[tuple[int, float]]:
