@@ -461,12 +461,14 @@ class StepClock:
     bench-side only): the recall's `timings_ms` are wall time from the event loop, which on
     shared cores mixes the step's own cost with waiting for a core (and the GIL)."""
 
-    STEPS = ("fts_candidates", "vector_candidates")
+    # the engine's keyword step: keyword_step (hits and index state), fts_candidates before it
+    STEPS = {"fts_candidates": ("keyword_step", "fts_candidates"), "vector_candidates": ("vector_candidates",)}
 
     def __init__(self, storage: Any) -> None:
         self.ms: dict[str, float] = {}
-        for name in self.STEPS:
-            setattr(storage, name, self._timed(name, getattr(storage, name)))
+        for label, names in self.STEPS.items():
+            name = next(name for name in names if hasattr(storage, name))
+            setattr(storage, name, self._timed(label, getattr(storage, name)))
 
     def _timed(self, name: str, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:

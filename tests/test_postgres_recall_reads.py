@@ -20,8 +20,14 @@ async def pg_engine(fake_ollama, make_settings, postgres_url):
 
 
 def _states(conn, storage) -> tuple:
-    hits = keywords.fts_candidates(conn, "zebra zoo", ["g"], 10, None)
-    return hits.index_state, storage.index_state(conn)
+    hits, carried = keywords.keyword_step(conn, "zebra zoo", ["g"], 10, None)  # read in the keyword statement
+    alone = storage.fts_candidates(conn, "zebra zoo", ["g"], 10, None)
+    assert hits and [hit.memory_id for hit in hits] == [hit.memory_id for hit in alone]
+    assert storage.keyword_step(conn, "zebra zoo", ["g"], 10, None)[1] == carried
+    # no word to search: no keyword statement ran, the storage reads the state itself
+    assert keywords.keyword_step(conn, "the", ["g"], 10, None) == ([], None)
+    assert storage.keyword_step(conn, "the", ["g"], 10, None) == ([], storage.index_state(conn))
+    return carried, storage.index_state(conn)
 
 
 async def test_the_keyword_statement_reads_the_index_state_its_own_read_does(pg_engine):

@@ -140,14 +140,15 @@ async def test_candidates_are_limit_times_three(engine, fake_ollama, monkeypatch
         real = getattr(engine.storage, name)
 
         def wrapped(*args):
-            hits = real(*args)
-            asked[name] = (args[3] if name == "fts_candidates" else args[4], len(hits))
-            return hits
+            out = real(*args)
+            hits = out[0] if name == "keyword_step" else out  # (hits, the index state)
+            asked[name] = (args[3] if name == "keyword_step" else args[4], len(hits))
+            return out
         monkeypatch.setattr(engine.storage, name, wrapped)
-    spy("fts_candidates")
+    spy("keyword_step")
     spy("vector_candidates")
     result = await engine.recall("deployment pipeline", ALICE, limit=5)
-    assert asked == {"fts_candidates": (15, 15), "vector_candidates": (15, 15)}
+    assert asked == {"keyword_step": (15, 15), "vector_candidates": (15, 15)}
     assert len(result.memories) == 5
 
 

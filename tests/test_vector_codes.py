@@ -4,6 +4,8 @@ the threshold and as of a past moment, and codes that stay in step with every wa
 change (appends, removals, regrow, compaction), packed only for keys searched by code."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -232,3 +234,104 @@ def test_one_shortlist_over_several_keys_ranks_their_rows_together():
     assert scores[got.tolist().index(10_003)] == pytest.approx(1.0, abs=1e-5)
     for ids, score in zip(got.tolist(), scores.tolist(), strict=True):  # exact scores, each from its own key
         assert score == pytest.approx(float(keys[ids // 10_000][ids % 10_000] @ q), abs=1e-5)
+
+
+@pytest.mark.parametrize("meanwhile", ["evicted", "reset"])
+def test_codes_packed_for_a_key_that_left_the_cache_meanwhile_count_no_bytes(world, monkeypatch, meanwhile):
+    """The key is dropped (evicted, or the cache starts over) while its codes are packed off the
+    lock: they are not installed, and the cache's size stays the sum of the keys it holds."""
+    cached, plain, cache, info, rng, centres = world
+    cache.codes_min = 0
+    q = clustered(rng, 1, centres)[0]
+    vectors.knn(cached, info, q.tolist(), [BIG, SMALL], 10)  # both loaded, searched whole: no codes
+    entry = cache._keys[BIG]
+    real = KeyVectors.pack_codes
+
+    def packing_while_the_key_goes(matrix, n):
+        with cache._lock:
+            cache._drop(BIG) if meanwhile == "evicted" else cache._reset()
+        return real(matrix, n)
+    monkeypatch.setattr(KeyVectors, "pack_codes", staticmethod(packing_while_the_key_goes))
+    cache.codes_min = 1000
+    got = vectors.knn(cached, info, q.tolist(), [BIG], 10)
+    assert entry.codes is None and BIG not in cache.cached_keys()
+    assert cache.nbytes == sum(cache._keys[key].nbytes for key in cache.cached_keys())
+    assert ids_of(got) == ids_of(vectors.knn_vec0(plain, info, q.tolist(), [BIG], 10))  # scored whole
+
+
+def test_one_thread_packs_a_key_and_searches_meanwhile_score_it_whole(world, monkeypatch, tmp_path):
+    """Four first searches by code at once: one packs the key's codes, the others find it being
+    packed and score it exactly meanwhile (they packed it four times)."""
+    cached, plain, cache, info, rng, centres = world
+    cache.codes_min = 1600  # BIG (1,500) is loaded without codes; with SMALL (200, scored whole) searched by code
+    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 1000)
+    entered, release = threading.Event(), threading.Event()
+    packed: list[int] = []
+    real = KeyVectors.pack_codes
+
+    def slow_pack(matrix, n):
+        packed.append(n)
+        if len(packed) == 1:  # only the first packer waits: a second one fails fast below
+            entered.set()
+            assert release.wait(10)
+        return real(matrix, n)
+    monkeypatch.setattr(KeyVectors, "pack_codes", staticmethod(slow_pack))
+    queries = clustered(rng, 4, centres)
+    vectors.knn(cached, info, queries[0].tolist(), [SMALL], 10)  # the cache's mark set: no first sync races
+    found: dict[int, list[int]] = {}
+
+    def search(i: int) -> None:
+        conn = db.connect(tmp_path / "v.db")
+        vectors.attach_cache(conn, cache)
+        try:
+            found[i] = ids_of(vectors.knn(conn, info, queries[i].tolist(), [BIG, SMALL], 10))
+        finally:
+            conn.close()
+    first = threading.Thread(target=search, args=(0,))
+    first.start()
+    assert entered.wait(10)
+    others = [threading.Thread(target=search, args=(i,)) for i in (1, 2, 3)]
+    for thread in others:
+        thread.start()
+    for thread in others:
+        thread.join(10)
+    assert packed == [1500] and cache._keys[BIG].codes is None
+    for i in (1, 2, 3):  # scored whole while the key was being packed
+        assert found[i] == ids_of(vectors.knn_vec0(plain, info, queries[i].tolist(), [BIG, SMALL], 10))
+    release.set()
+    first.join(10)
+    assert 0 in found and packed == [1500] and in_step(cache._keys[BIG])
+    assert cache.nbytes == sum(cache._keys[key].nbytes for key in cache.cached_keys())
+
+
+def test_packed_codes_keep_the_cache_within_its_budget(world):
+    """Codes packed on a first search by code add bytes: the least recently used other keys
+    are evicted for them, as for a load."""
+    cached, plain, cache, info, rng, centres = world
+    cache.codes_min = 0
+    q = clustered(rng, 1, centres)[0]
+    vectors.knn(cached, info, q.tolist(), [SMALL, BIG], 10)  # loaded whole, SMALL the least recent
+    cache.budget_bytes = cache.nbytes + 1000  # less than BIG's codes (1,504 rows x 16 bytes)
+    cache.codes_min = 1000
+    got = vectors.knn(cached, info, q.tolist(), [BIG], 10)
+    assert cache.cached_keys() == [BIG] and in_step(cache._keys[BIG])
+    assert cache.nbytes == cache._keys[BIG].nbytes <= cache.budget_bytes
+    assert len(set(ids_of(got)) & set(ids_of(vectors.knn_vec0(plain, info, q.tolist(), [BIG], 10)))) >= 8
+
+
+def test_warm_leaves_room_for_the_codes_a_search_by_code_packs(world, monkeypatch, tmp_path):
+    """A key under codes_min is loaded without codes but packs them on a search by code over
+    the viewer's keys together (CODES_KEY_MIN): warm counts them, so that search evicts no key
+    it warmed and keeps the budget."""
+    cached, plain, cache, info, rng, centres = world
+    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 100)
+    row, code = DIM * 4 + 16, vector_codes.words_for(DIM) * 8
+    warm = VectorCache((1504 + 204) * row + 1000, codes_min=1600)  # both fit without codes, not with
+    conn = db.connect(tmp_path / "v.db")
+    vectors.attach_cache(conn, warm)
+    assert warm.warm(conn, info) == 1 and warm.cached_keys() == [BIG]
+    assert warm.nbytes + 1504 * code <= warm.budget_bytes
+    vectors.knn(conn, info, clustered(rng, 1, centres)[0].tolist(), [BIG, SMALL], 10)
+    assert BIG in warm.cached_keys() and in_step(warm._keys[BIG])
+    assert warm.nbytes == sum(warm._keys[key].nbytes for key in warm.cached_keys()) <= warm.budget_bytes
+    conn.close()

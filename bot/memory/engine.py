@@ -390,9 +390,7 @@ class Engine:
 
     def _fts_step(self, conn, query, viewer, candidates, as_of):
         keys = self.storage.visible_keys(conn, viewer)
-        hits = self.storage.fts_candidates(conn, query, keys, candidates, as_of)
-        # PostgreSQL reads the index state in its keyword statement (postgres/keywords.py)
-        state = getattr(hits, "index_state", None) or self.storage.index_state(conn)
+        hits, state = self.storage.keyword_step(conn, query, keys, candidates, as_of)
         # names the plain query left out as too common re-rank its hits (bot/memory/subqueries.py)
         hits = subqueries.fuse_keyword_lists(hits, subqueries.name_hits(conn, query, hits), candidates)
         return (keys, hits, *state)

@@ -242,6 +242,10 @@ class SQLiteStorage:
                        as_of: float | None) -> list[Candidate]:
         return retrieval.fts_candidates(conn, query, keys, limit, as_of)
 
+    def keyword_step(self, conn: apsw.Connection, query: str, keys: list[str], limit: int,
+                     as_of: float | None) -> tuple[list[Candidate], tuple[IndexInfo | None, bool]]:
+        return self.fts_candidates(conn, query, keys, limit, as_of), self.index_state(conn)
+
     def searched_words(self, conn: apsw.Connection, words: list[str]) -> list[str]:
         return fts.selective(conn, words)
 

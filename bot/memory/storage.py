@@ -159,6 +159,10 @@ class Storage(Protocol):
     def visible_keys(self, conn: Connection, viewer: Viewer) -> list[str]: ...
     def fts_candidates(self, conn: Connection, query: str, keys: list[str], limit: int,
                        as_of: float | None) -> list[Candidate]: ...
+    def keyword_step(self, conn: Connection, query: str, keys: list[str], limit: int,
+                     as_of: float | None) -> tuple[list[Candidate], tuple[IndexInfo | None, bool]]:
+        """A recall's keyword hits (fts_candidates) and the vector index's state (index_state) that
+        its search step reads next: PostgreSQL reads both in one statement."""
     def searched_words(self, conn: Connection, words: list[str]) -> list[str]:
         """Which of the query's words the keyword path searches (SQLite leaves out common ones)."""
     def vector_candidates(self, conn: Connection, info: IndexInfo, vector: list[float], keys: list[str],

@@ -203,6 +203,7 @@ class VectorCache:
         self._key_of: dict[int, str] = {}
         self._too_big: set[str] = set()
         self._loading: set[str] = set()  # keys a thread is loading now (outside the lock)
+        self._packing: set[str] = set()  # keys whose codes a thread is packing now (outside the lock)
         # Keys that held vectors when a warm listed them, and keys given a vector since (applied
         # changes): once a warm has listed them, a key in neither is empty and needs no read
         # (a viewer's own personal keys mostly are: two reads each, per recall; issue 12).
@@ -313,6 +314,12 @@ class VectorCache:
                 self._bytes += entry.nbytes - before
                 self._key_of[memory_id] = state[0]
 
+    def _evict_beside(self, key: str) -> None:
+        """Under the lock, after `key` grew or arrived: drop the least recently used other keys
+        until the cache fits its budget again (`key` stays, even alone over the budget)."""
+        while self._bytes > self.budget_bytes and len(self._keys) > 1:
+            self._drop(next(other for other in self._keys if other != key))
+
     def _drop(self, key: str) -> None:
         entry = self._keys.pop(key)
         self._bytes -= entry.nbytes
@@ -384,8 +391,7 @@ class VectorCache:
                     # right there (applying them again left a dead row and a copy behind)
                     changed = self.source.changed_between(conn, seq, self._seq)
                     self._apply(conn, info, {i for i in changed if self._key_of.get(i, key) == key})
-                while self._bytes > self.budget_bytes and len(self._keys) > 1:
-                    self._drop(next(iter(self._keys)))
+                self._evict_beside(key)
                 return self._keys.get(key)
         finally:
             with self._lock:
@@ -417,7 +423,9 @@ class VectorCache:
             with self._lock:
                 if key in self._keys or key in self._too_big or key in self._loading:
                     continue
-                row_bytes = per_vector + (vector_codes.words_for(info.dim) * 8 if self._coded(count) else 0)
+                # with its codes if a search by code may pack them (_code_keys), not only when its
+                # load does: else those searches pushed the cache over its budget, evicting keys
+                row_bytes = per_vector + (vector_codes.words_for(info.dim) * 8 if self._may_code(count) else 0)
                 if self._bytes + (count + SLACK_ROWS + spare_rows(count)) * row_bytes > self.budget_bytes:
                     continue  # would evict a key already warm
             if self._entry(conn, info, key, may_defer=False) is not None:
@@ -435,18 +443,36 @@ class VectorCache:
         enough to be searched by code alone always is."""
         return n >= min(CODES_KEY_MIN, self.codes_min)
 
-    def _code_keys(self, entries: list[KeyVectors]) -> None:
+    def _may_code(self, n: int) -> bool:
+        """A key of `n` vectors may get codes, at its load or on a search by code."""
+        return self.codes_min > 0 and self._key_coded(n)
+
+    def _code_keys(self, entries: list[tuple[str, KeyVectors]]) -> None:
         """Pack the codes of keys searched by code for the first time (once per key, ~1 ms per
-        1,000 rows at 768 dims, off the lock; a key whose arrays regrow meanwhile stays exact)."""
-        for entry in entries:
-            if entry.codes is None and self._key_coded(entry.n):
-                with self._lock:  # the arrays and their row count from one moment (a regrow swaps them)
-                    rows = entry.matrix, entry.n
+        1,000 rows at 768 dims, off the lock; a key whose arrays regrow meanwhile stays exact).
+        The codes and their bytes count only while the key still holds this entry (not evicted,
+        reloaded or reset meanwhile). One thread packs a key: a search that finds it being packed
+        scores it whole meanwhile (four first searches at once packed it four times). Installed
+        codes evict other keys, least recently used first, as a load does (the budget holds)."""
+        for key, entry in entries:
+            if entry.codes is not None or not self._key_coded(entry.n):
+                continue
+            with self._lock:  # the arrays and their row count from one moment (a regrow swaps them)
+                if self._keys.get(key) is not entry or key in self._packing:
+                    continue
+                self._packing.add(key)
+                rows = entry.matrix, entry.n
+            packed = None
+            try:
                 packed = KeyVectors.pack_codes(*rows)
+            finally:
                 with self._lock:
-                    before = entry.nbytes
-                    entry.install_codes(packed)
-                    self._bytes += entry.nbytes - before
+                    self._packing.discard(key)
+                    if packed is not None and self._keys.get(key) is entry:
+                        before = entry.nbytes
+                        entry.install_codes(packed)
+                        self._bytes += entry.nbytes - before
+                        self._evict_beside(key)
 
     def knn(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float], keys: list[str],
             k: int, as_of: float | None = None) -> list[tuple[int, float]]:
@@ -468,7 +494,7 @@ class VectorCache:
         # (recall@10 0.62 when 0.2 % of rows qualify).
         coded = as_of is None and self._coded(sum(entry.n for _, entry in entries))
         if coded:
-            self._code_keys([entry for _, entry in entries])
+            self._code_keys(entries)
         with self._lock:  # each key's arrays and codes from one moment (a regrow swaps them)
             views = [(entry.view(), entry.codes, entry.dead > 0) for _, entry in entries]
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None

@@ -569,6 +569,11 @@ class PostgresStorage:
                        as_of: float | None) -> list[Candidate]:
         return keywords.fts_candidates(conn, query, keys, limit, as_of)
 
+    def keyword_step(self, conn: PgConnection, query: str, keys: list[str], limit: int,
+                     as_of: float | None) -> tuple[list[Candidate], tuple[IndexInfo | None, bool]]:
+        hits, state = keywords.keyword_step(conn, query, keys, limit, as_of)  # the state read in its statement
+        return hits, state if state is not None else self.index_state(conn)
+
     def vector_candidates(self, conn: PgConnection, info: IndexInfo, vector: list[float], keys: list[str],
                           limit: int, as_of: float | None) -> list[Candidate]:
         return [Candidate(memory_id, vector_rank=rank, distance=distance)

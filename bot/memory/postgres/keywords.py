@@ -175,12 +175,6 @@ def searched_words(conn: PgConnection, words: list[str], limit: int | None = Non
     return fts.selective(conn, words, count=doc_count, limit=limit)
 
 
-class PgKeywordHits(KeywordHits):
-    """KeywordHits with the vector index's state, read in the keyword statement (None: not read):
-    the recall's fts step needs it next, and a statement of its own was a round trip per recall."""
-    index_state: tuple[IndexInfo | None, bool] | None = None
-
-
 def _tsquery(words: list[str]) -> str:
     return " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
 
@@ -198,12 +192,15 @@ def _score(words: list[str], counts: dict[str, int]) -> tuple[str, list[Any]]:
             f"ELSE ts_rank_cd(h.text_search, {_tsquery(present)}) END", [*absent, *words, *present])
 
 
-def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
-                   as_of: float | None) -> KeywordHits:
+def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
+                 as_of: float | None) -> tuple[KeywordHits, tuple[IndexInfo | None, bool] | None]:
+    """The keyword hits, and the vector index's state (INDEX_STATE_SQL) read in the same statement:
+    the recall's fts step needs it next, and a statement of its own was a round trip per recall.
+    The state is None when no statement ran (no word to search, no key)."""
     common_limit = fts.common_limit(conn, newest_id(conn))
     words = searched_words(conn, fts.tokens(query), common_limit)
     if not words or not keys:
-        return KeywordHits()
+        return KeywordHits(), None
     counts = {w: doc_count(conn, w, common_limit) for w in words}
     match = _tsquery(words)
     since = " AND m.created_at <= %s" if as_of is not None else ""
@@ -244,8 +241,12 @@ def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
         [*score_params, *hit_params, limit], prepare=False).fetchall()
     state = rows.pop()
     # score: negated so that lower is better, as bm25's (ranking.keyword_winner_first compares them)
-    found = PgKeywordHits(Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
-                          for rank, row in enumerate(rows, start=1))
-    found.index_state = index_state_of(json.loads(state[2]) if state[2] else {})
+    found = KeywordHits(Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
+                        for rank, row in enumerate(rows, start=1))
     found.searched = words  # the name re-rank needs them: not chosen a second time (subqueries.py)
-    return found
+    return found, index_state_of(json.loads(state[2]) if state[2] else {})
+
+
+def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
+                   as_of: float | None) -> KeywordHits:
+    return keyword_step(conn, query, keys, limit, as_of)[0]
