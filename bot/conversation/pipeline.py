@@ -240,18 +240,24 @@ class Pipeline:
         wait for extraction they never are; the next maintenance scrubs them from the files).
         New words of a message Muninn answered are extracted as a new message's would be ("I moved
         to Oslo" corrected to "Bergen" teaches Bergen); `private` as for a new message (Incoming)."""
+        received = time.monotonic()
         edit = await self.engine.write(history.edit_and_take_back, message_id, content, edited_at,
                                        self.settings.history_limit, what="record an edit")
+        if edit.taken_back:
+            log.info("message %s was edited: %d memories learned from its old words alone were taken back",
+                     message_id, len(edit.taken_back))
         if edit.kind is not history.Edit.SAME_WORDS and self.extractor is not None:
             self.extractor.forget_messages([message_id])
         if edit.message is not None and edit.reply is not None:
-            await self._extract_edited(edit.message, edit.reply, edit.before, private)
+            await self._extract_edited(edit.message, edit.reply, edit.before, private, received)
         return edit.kind is not history.Edit.UNKNOWN
 
     async def _extract_edited(self, message: history.HistoryMessage, reply: history.HistoryMessage,
-                              before: tuple[history.HistoryMessage, ...], private: bool) -> None:
+                              before: tuple[history.HistoryMessage, ...], private: bool, received: float) -> None:
         if self.extractor is None or await self.engine.memory_paused(message.author_id):
             return
+        if self._forgotten_since(message.author_id, received):
+            return  # /memory forget-all ran during the edit: its new words are not learned either
         author = Incoming(channel_id=message.channel_id, guild_id=message.guild_id, author_id=message.author_id,
                           author_name=message.author_name, content=message.content, created_at=message.created_at,
                           message_id=message.id, dm=message.guild_id is None, private=private)
