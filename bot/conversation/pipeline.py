@@ -269,13 +269,11 @@ class Pipeline:
 
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
         """A person deleted messages: mark them in the history, and take back what Muninn
-        learned from them alone (and what it was about to learn)."""
+        learned from them alone (and what it was about to learn), in one transaction."""
         if self.extractor is not None:
             self.extractor.forget_messages(message_ids)
-        removed = await self.engine.write(history.delete, list(message_ids), deleted_at,
-                                          what=f"mark {len(message_ids)} deleted messages")
-        await self.engine.forget_sources(message_ids)
-        return removed
+        return await self.engine.write(history.delete_and_take_back, list(message_ids), deleted_at,
+                                       what=f"mark {len(message_ids)} deleted messages")
 
     async def is_own_message(self, message_id: int) -> bool:
         return await self.engine.read(history.is_assistant_message, message_id)
