@@ -109,9 +109,13 @@ def edit_and_take_back(conn: apsw.Connection, message_id: int, content: str, edi
     taught facts). For new words of a message Muninn answered, it returns what extracting them
     again needs (the message, the reply, `context` messages before it): the pipeline queues them
     as it queues a new message. An edit of a message Muninn never stored and that taught nothing
-    takes no write lock."""
+    takes no write lock.
+
+    With no old words to compare, a message the history no longer holds is taken back from only
+    for a real edit (`edited_at` given): Discord also sends updates for pins, link previews and
+    threads, which must not erase what an old message taught."""
     known = query_one(conn, "SELECT 1 FROM messages WHERE id = ? AND deleted_at IS NULL", (message_id,))
-    if known is None and not taught_anything(conn, [message_id]):
+    if known is None and (edited_at is None or not taught_anything(conn, [message_id])):
         return Edited(Edit.UNKNOWN)
     with write_transaction(conn):
         kind = edit(conn, message_id, content, edited_at)
