@@ -13,7 +13,7 @@ from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.extractor import Extractor
 from tests.fakes.ollama import FakeOllama
 from tests.test_edit_extraction import MOVES, alices_memories
-from tests.test_pipeline import ALICE, RecordingOutlet, said
+from tests.test_pipeline import ALICE, RecordingOutlet, facts_reply, said
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -86,3 +86,22 @@ async def test_a_same_words_update_during_the_extraction_keeps_it(learning, engi
     assert await pipeline.edited(moved.message_id, moved.content, time.time())  # a link preview arrived
     await extractor.drain()
     assert [m.text for m in await alices_memories(engine)] == ["Alice lives in Oslo"]
+
+
+async def test_the_authors_other_messages_in_that_batch_are_extracted_again(engine, fake_ollama):
+    fake_ollama.default_chat_reply = facts_reply(("Oslo", "Alice lives in Oslo"), ("cat", "Alice has a cat"))
+    fake_ollama.delay = 1.0
+    extractor = Extractor(engine, batch_delay=0.3)  # both messages in one batch
+    pipeline = Pipeline(engine, extractor)
+    try:
+        moved, cat = said("I moved to Oslo last month"), said("I have a cat called Mons")
+        fake_ollama.chat_replies = [fake_ollama.default_chat_reply] * 2 + [FakeOllama.TIMEOUT]
+        await pipeline.respond(moved, RecordingOutlet([]))
+        await pipeline.respond(cat, RecordingOutlet([]))
+        await extracting(fake_ollama, 1)
+        await pipeline.deleted([moved.message_id])
+        await extractor.drain()
+        assert [m.text for m in await alices_memories(engine)] == ["Alice has a cat"]
+        assert sum(1 for r in fake_ollama.chat_requests() if r.get("format")) == 2  # the cat, extracted again
+    finally:
+        await extractor.close()
