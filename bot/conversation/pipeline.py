@@ -134,7 +134,8 @@ class ExchangeSink(Protocol):
         """Drop that person's queued and in-flight work (their forget-all ran)."""
 
     def forget_messages(self, message_ids: Iterable[int]) -> None:
-        """Drop queued exchanges that came from these messages (they were deleted)."""
+        """These messages were deleted or their words edited: drop their queued exchanges, and
+        make a batch already extracting them store nothing of them."""
 
     async def close(self) -> None:
         """Finish queued work, then stop."""
