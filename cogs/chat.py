@@ -170,11 +170,11 @@ class Chat(commands.Cog):
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
-        if "content" not in payload.data or payload.message.author.bot:
-            return
         message = payload.message
-        edited = message.edited_at
-        await self.pipeline.edited(payload.message_id, message.clean_content, edited.timestamp() if edited else None,
+        # Pins, link previews and new threads also send updates: only an edit carries edited_at.
+        if "content" not in payload.data or message.author.bot or message.edited_at is None:
+            return
+        await self.pipeline.edited(payload.message_id, message.clean_content, message.edited_at.timestamp(),
                                    private=is_private_channel(message.channel, guild_of(payload), message.guild))
 
     @commands.Cog.listener()

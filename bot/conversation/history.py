@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import apsw
 
 from bot.memory.db import query_one, query_value, write_transaction
-from bot.memory.storage import MESSAGES_PENDING, mark_pending, storage_of
+from bot.memory.storage import MESSAGES_PENDING, mark_pending, take_back
 from bot.memory.store import taught_anything
 
 ROLES = ("user", "assistant")
@@ -109,18 +109,19 @@ def edit_and_take_back(conn: apsw.Connection, message_id: int, content: str, edi
     taught facts). For new words of a message Muninn answered, it returns what extracting them
     again needs (the message, the reply, `context` messages before it): the pipeline queues them
     as it queues a new message. An edit of a message Muninn never stored and that taught nothing
-    takes no write lock."""
-    storage = storage_of(conn)
+    takes no write lock.
+
+    With no old words to compare, a message the history no longer holds is taken back from only
+    for a real edit (`edited_at` given): Discord also sends updates for pins, link previews and
+    threads, which must not erase what an old message taught."""
     known = query_one(conn, "SELECT 1 FROM messages WHERE id = ? AND deleted_at IS NULL", (message_id,))
-    if known is None and not taught_anything(conn, [message_id]):
+    if known is None and (edited_at is None or not taught_anything(conn, [message_id])):
         return Edited(Edit.UNKNOWN)
     with write_transaction(conn):
         kind = edit(conn, message_id, content, edited_at)
         if kind is Edit.SAME_WORDS:
             return Edited(kind)
-        taken_back = storage.forget_sources(conn, [message_id])
-        if taken_back:
-            mark_pending(conn)  # the facts' words leave the files at the next maintenance
+        taken_back = take_back(conn, [message_id])
         message = get(conn, message_id) if kind is Edit.NEW_WORDS else None
         if message is None:
             return Edited(kind, tuple(taken_back))
@@ -150,6 +151,25 @@ def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
         if changed:
             mark_pending(conn, MESSAGES_PENDING)
     return changed
+
+
+def delete_and_take_back(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
+                         deleted_at: float | None = None) -> int:
+    """`delete`, and in the same transaction take back what those messages alone taught (also
+    for messages the history no longer holds): a crash between the two cannot leave a deleted
+    message's facts behind. Returns how many history rows were marked. Messages Muninn never
+    stored and that taught nothing take no write lock."""
+    ids = [int(i) for i in message_ids]
+    if not ids:
+        return 0
+    known = query_value(conn, f"SELECT count(*) FROM messages WHERE id IN ({','.join('?' * len(ids))}) "
+                        "AND deleted_at IS NULL", ids)
+    if not known and not taught_anything(conn, ids):
+        return 0
+    with write_transaction(conn):
+        removed = delete(conn, ids, deleted_at)
+        take_back(conn, ids)
+    return removed
 
 
 def forget_author(conn: apsw.Connection, author_id: int) -> int:

@@ -134,7 +134,8 @@ class ExchangeSink(Protocol):
         """Drop that person's queued and in-flight work (their forget-all ran)."""
 
     def forget_messages(self, message_ids: Iterable[int]) -> None:
-        """Drop queued exchanges that came from these messages (they were deleted)."""
+        """These messages were deleted or their words edited: drop their queued exchanges, and
+        make a batch already extracting them store nothing of them."""
 
     async def close(self) -> None:
         """Finish queued work, then stop."""
@@ -240,18 +241,24 @@ class Pipeline:
         wait for extraction they never are; the next maintenance scrubs them from the files).
         New words of a message Muninn answered are extracted as a new message's would be ("I moved
         to Oslo" corrected to "Bergen" teaches Bergen); `private` as for a new message (Incoming)."""
+        received = time.monotonic()
         edit = await self.engine.write(history.edit_and_take_back, message_id, content, edited_at,
                                        self.settings.history_limit, what="record an edit")
+        if edit.taken_back:
+            log.info("message %s was edited: %d memories learned from its old words alone were taken back",
+                     message_id, len(edit.taken_back))
         if edit.kind is not history.Edit.SAME_WORDS and self.extractor is not None:
             self.extractor.forget_messages([message_id])
         if edit.message is not None and edit.reply is not None:
-            await self._extract_edited(edit.message, edit.reply, edit.before, private)
+            await self._extract_edited(edit.message, edit.reply, edit.before, private, received)
         return edit.kind is not history.Edit.UNKNOWN
 
     async def _extract_edited(self, message: history.HistoryMessage, reply: history.HistoryMessage,
-                              before: tuple[history.HistoryMessage, ...], private: bool) -> None:
+                              before: tuple[history.HistoryMessage, ...], private: bool, received: float) -> None:
         if self.extractor is None or await self.engine.memory_paused(message.author_id):
             return
+        if self._forgotten_since(message.author_id, received):
+            return  # /memory forget-all ran during the edit: its new words are not learned either
         author = Incoming(channel_id=message.channel_id, guild_id=message.guild_id, author_id=message.author_id,
                           author_name=message.author_name, content=message.content, created_at=message.created_at,
                           message_id=message.id, dm=message.guild_id is None, private=private)
@@ -263,13 +270,11 @@ class Pipeline:
 
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
         """A person deleted messages: mark them in the history, and take back what Muninn
-        learned from them alone (and what it was about to learn)."""
+        learned from them alone (and what it was about to learn), in one transaction."""
         if self.extractor is not None:
             self.extractor.forget_messages(message_ids)
-        removed = await self.engine.write(history.delete, list(message_ids), deleted_at,
-                                          what=f"mark {len(message_ids)} deleted messages")
-        await self.engine.forget_sources(message_ids)
-        return removed
+        return await self.engine.write(history.delete_and_take_back, list(message_ids), deleted_at,
+                                       what=f"mark {len(message_ids)} deleted messages")
 
     async def is_own_message(self, message_id: int) -> bool:
         return await self.engine.read(history.is_assistant_message, message_id)

@@ -45,6 +45,7 @@ class Extractor:
         self._queue: list[list[Exchange]] = []
         self._worker: asyncio.Task | None = None
         self._forgotten: dict[int, float] = {}   # user id -> when forget() was called
+        self._gone: dict[int, float] = {}        # message id -> when forget_messages() was called
         self._in_flight: list[float] = []        # when each batch being processed was taken
         self._closed = False
         self.processed = 0       # batches finished (for tests and stats)
@@ -80,8 +81,13 @@ class Extractor:
         self._drop_waiting(lambda exchange: exchange.author_id == user_id)
 
     def forget_messages(self, message_ids: Iterable[int]) -> None:
-        """Messages were deleted before their facts were extracted: never extract them."""
+        """Messages were deleted (or their words edited) before their facts were stored: never
+        extract them, and make a batch already extracting them store nothing of them (as
+        `forget` does for a person). An edit's new words, submitted after this, are extracted."""
         gone = set(message_ids)
+        if self._in_flight:  # only a running batch needs to know; pruned like `_forgotten`
+            now = _clock()
+            self._gone.update((message_id, now) for message_id in gone)
         self._drop_waiting(lambda exchange: exchange.user_message_id in gone)
 
     def _drop_waiting(self, unwanted: Callable[[Exchange], bool]) -> None:
@@ -95,6 +101,10 @@ class Extractor:
 
     def _forgotten_since(self, user_id: int | None, taken_at: float) -> bool:
         at = self._forgotten.get(user_id) if user_id is not None else None
+        return at is not None and at >= taken_at
+
+    def _gone_since(self, exchange: Exchange, taken_at: float) -> bool:
+        at = self._gone.get(exchange.user_message_id) if exchange.user_message_id is not None else None
         return at is not None and at >= taken_at
 
     async def _debounce(self, channel: int) -> None:
@@ -167,20 +177,42 @@ class Extractor:
             batch = usable(batch)
             ids: list[int] = []
             for author_id, own in by_author(batch).items():
-                if self._forgotten_since(author_id, taken_at):
+                own = [e for e in own if not self._gone_since(e, taken_at)]
+                if not own or self._forgotten_since(author_id, taken_at):
                     continue
                 facts = await extract_author_facts(self.engine, own, batch)
                 if self._forgotten_since(author_id, taken_at):
                     continue
+                if self._resubmit_if_gone(own, taken_at):
+                    continue
 
-                def keep(author_id: int = author_id) -> bool:   # on the database thread
+                refused: list[bool] = []
+
+                def keep(author_id: int = author_id, own: list[Exchange] = own,
+                         refused: list[bool] = refused) -> bool:  # on the database thread
+                    if any(self._gone_since(e, taken_at) for e in own):
+                        refused.append(True)
+                        return False
                     return not self._forgotten_since(author_id, taken_at)
                 ids += await store_facts(self.engine, facts, own, keep=keep)
+                if refused:  # a message went right before the write: the rest is extracted again
+                    self._resubmit_if_gone(own, taken_at)
             return ids
         finally:
             self._in_flight.remove(taken_at)
             oldest = min(self._in_flight, default=math.inf)
             self._forgotten = {uid: at for uid, at in self._forgotten.items() if at >= oldest}
+            self._gone = {message_id: at for message_id, at in self._gone.items() if at >= oldest}
+
+    def _resubmit_if_gone(self, own: list[Exchange], taken_at: float) -> bool:
+        """Some of these messages went while their facts were extracted: the facts (each drawn
+        from all of them) are not stored, and the messages still there are extracted again."""
+        if not any(self._gone_since(e, taken_at) for e in own):
+            return False
+        for exchange in own:
+            if not self._gone_since(exchange, taken_at):
+                self.submit(exchange)
+        return True
 
     async def drain(self) -> None:
         """Flush every waiting batch now and wait until all work is done."""

@@ -33,7 +33,7 @@ from bot.memory import dates, db, ranking, retrieval, store, subqueries, touches
 from bot.memory.files import DatabaseBusy, DatabaseError
 from bot.memory.retrieval import VectorStatus
 from bot.memory.scope import Viewer
-from bot.memory.storage import Connection, mark_pending, storage_for
+from bot.memory.storage import Connection, mark_pending, storage_for, take_back
 from bot.memory.vector_cache import VectorCache
 from bot.settings import Settings
 from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
@@ -493,13 +493,7 @@ class Engine:
                                 what=f"take back what was learned from {len(message_ids)} deleted messages")
 
     def _forget_sources_and_mark(self, conn: Connection, message_ids: list[int]) -> list[int]:
-        if not store.taught_anything(conn, message_ids):  # read first: no write lock for what taught nothing
-            return []
-        with transactions.write_transaction(conn):  # their words leave the files at the next maintenance
-            forgotten = self.storage.forget_sources(conn, message_ids)
-            if forgotten:
-                mark_pending(conn)
-        return forgotten
+        return take_back(conn, message_ids)  # their words leave the files at the next maintenance
 
     async def stats(self) -> dict:
         return await self._run(self.storage.stats)

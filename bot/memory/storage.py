@@ -19,6 +19,7 @@ from typing import Any, Protocol, Sequence
 from bot.memory import store
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import Viewer
+from bot.memory.transactions import write_transaction
 from bot.memory.vectors import IndexInfo
 from bot.settings import Settings
 
@@ -211,3 +212,18 @@ def storage_for(settings: Settings, vector_cache: Any) -> Storage:
         return PostgresStorage(settings.database_url, vector_cache)
     from bot.memory.sqlite_backend import SQLiteStorage
     return SQLiteStorage(settings.db_path, vector_cache)
+
+
+def take_back(conn: Connection, message_ids: Sequence[int]) -> list[int]:
+    """Messages were deleted or their words edited: take back what was learned from them alone
+    (`Storage.forget_sources`) and leave their facts' words for maintenance to scrub. Runs inside
+    the caller's transaction (a savepoint there), so the history's change and the take-back land
+    together; returns the deleted memory ids. Read first: no write lock for what taught nothing."""
+    ids = list(message_ids)
+    if not store.taught_anything(conn, ids):
+        return []
+    with write_transaction(conn):
+        forgotten = storage_of(conn).forget_sources(conn, ids)
+        if forgotten:
+            mark_pending(conn)
+    return forgotten
