@@ -13,8 +13,8 @@ wall time and process CPU per recall (one in flight). With `--base-commit`, the 
 commit's `bot` package is copied out of git as `bot_base` (imports renamed) and both run on the
 same world, alternating which goes first, query by query: the fair comparison on shared cores
 (issue 12). `--concurrency`: bench.speed's concurrency measurement (mixed viewers, one at a
-time, then 20 in flight) for each commit in turn, alternating which goes first, round by round,
-on a scratch copy of the world (`concurrency_rounds`).
+time and 20 in flight, each recall's message recorded first) for each commit in turn, alternating
+which goes first and which level, round by round, on a scratch copy of the world (`concurrency_rounds`).
 Both touch the same database, so near-ties may rank differently once one engine
 touched what the other did not ("same" counts identical results).
 """
@@ -133,22 +133,28 @@ async def timed_recall(engine: Any, sem: asyncio.Semaphore, latencies: list[floa
 
 async def concurrency_rounds(args: argparse.Namespace, engines: dict[str, tuple[Any, Any, Any, Any]]) -> dict:
     """For each engine in turn (alternating which goes first, round by round): `args.burst`
-    recalls of a mix of viewers (bench.speed's: typical, busy, dm_heavy) one at a time, then the
-    same recalls `args.level` at a time, touch on. The queries are made before the clock starts
-    (the CPU per recall is the engine's, all threads). `--messages`: each recall first records its
-    message in the history, as the bot does (a writer job and a commit per recall)."""
+    recalls of a mix of viewers (bench.speed's: typical, busy, dm_heavy) one at a time and
+    `args.level` at a time, touch on, the level order alternating round by round too. Each level
+    of a round has queries of its own (the same for every engine: the A/B stays query for query),
+    and every run starts with that engine's word counts forgotten (`speed.forget_word_counts`):
+    a run after another would otherwise find every count the earlier one made. The queries are
+    made before the clock starts (the CPU per recall is the engine's, all threads). Messages (on
+    unless --no-messages): each recall first records its message in the history, as the bot does
+    (a writer job and a commit per recall, beside the other recalls in flight)."""
     packages = list(engines)
     world = speed.SkewWorld(speed.SkewShape(args.size), seed=321)
     raw: dict[str, dict[int, dict[str, list[float]]]] = {
         pkg: {level: collections.defaultdict(list) for level in (1, args.level)} for pkg in packages}
     message_id = 1 << 40
     for round_ in range(args.rounds):
-        queries = [(world.viewer(), *world.query()) for _ in range(args.burst)]
+        levels = (1, args.level) if round_ % 2 == 0 else (args.level, 1)
+        queries = {level: [(world.viewer(), *world.query()) for _ in range(args.burst)] for level in levels}
         for pkg in (packages if round_ % 2 == 0 else packages[::-1]):
             engine, _, _, viewer_class = engines[pkg]
-            for level in (1, args.level):
+            for level in levels:
                 work = [(viewer_class(v.user_id, channel_id=v.channel_id, guild_id=v.guild_id, dm=v.dm), text,
-                         vector.tolist()) for v, text, vector in queries]
+                         vector.tolist()) for v, text, vector in queries[level]]
+                speed.forget_word_counts(pkg)
                 sem = asyncio.Semaphore(level)
                 latencies: list[float] = []
                 load = load_average()
@@ -258,8 +264,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--level", type=int, default=20, help="--concurrency: recalls in flight")
     parser.add_argument("--burst", type=int, default=80, help="--concurrency: recalls per level per round")
     parser.add_argument("--rounds", type=int, default=4, help="--concurrency: rounds (each runs every commit)")
-    parser.add_argument("--messages", action="store_true",
-                        help="--concurrency: record each recall's message in the history first, as the bot does")
+    parser.add_argument("--no-messages", dest="messages", action="store_false",
+                        help="--concurrency: recall without recording each recall's message in the history first "
+                             "(the bot records every message)")
     parser.add_argument("--workdir", default=str(speed.RESULTS))
     parser.add_argument("--out", default=None, help="JSON file to save")
     args = parser.parse_args(argv)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bench import quality, shared_world, speed
-from bot.memory import store
+from bot.memory import db, store
 from tests.fakes.ollama import FakeOllama
 
 
@@ -28,7 +28,22 @@ async def test_speed_benchmark_on_500_memories(tmp_path):
     assert lag["recalls_per_s"] > 0 and lag["lag_max_ms"] >= lag["lag_p99_ms"] >= 0
 
 
-async def test_skewed_speed_benchmark_measures_every_viewer_class(tmp_path):
+def counted_calls(monkeypatch, module, name: str) -> list[int]:
+    calls: list[int] = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args, **kwargs: (calls.append(1), real(*args, **kwargs))[1])
+    return calls
+
+
+def memories_in(path) -> int:
+    conn = db.connect(path, migrate_schema=False)
+    try:
+        return int(conn.execute("SELECT count(*) FROM memories").fetchall()[0][0])
+    finally:
+        conn.close()
+
+
+async def test_skewed_speed_benchmark_measures_every_viewer_class(tmp_path, monkeypatch):
     shape = speed.SkewShape(600, users=40, channels=12, guilds=3, vocab=2000)
     path = tmp_path / "skew.db"
     await speed.build(path, shape)
@@ -38,8 +53,12 @@ async def test_skewed_speed_benchmark_measures_every_viewer_class(tmp_path):
     assert all(c["ratio"]["n"] == 4 and c["total"]["median"] > 0 for c in classes.values())
     assert all(0 < c["vector_cpu"]["median"] and 0 < c["fts_search"]["median"] <= c["fts"]["median"]
                for c in classes.values())  # the searches' own time, clocked on the storage
+    forgotten = counted_calls(monkeypatch, speed, "forget_word_counts")
+    before = memories_in(path)
     concurrency = await speed.measure_concurrency(path, shape, concurrency=4, burst=12)
     assert concurrency["x4"]["latency_ms"]["n"] == 12 and concurrency["p95_ratio"] > 0
+    assert concurrency["x1"]["latency_ms"]["n"] == 24 and len(concurrency["x1_p95_runs"]) == 2  # before and after
+    assert forgotten == [1, 1, 1] and memories_in(path) == before + 36   # a busy-channel message before each
     facts = await speed.measure_fact_writes(path, shape, per_kind=2)
     assert facts["busy_room"]["write_ms"]["n"] == 2
     upkeep = await speed.measure_maintenance(path, shape, added=20)

@@ -53,7 +53,7 @@ def test_fix_clamps_values_lists_grants_it_leaves_and_says_what_it_cannot_do(doc
         assert not healthy and not found["stored values"]["ok"] and not found["permissions"]["ok"]
         assert f"{READER} may read memories" in found["permissions"]["detail"]
         assert "PUBLIC may read messages" in found["permissions"]["detail"]
-        assert f'REVOKE SELECT ON memories, messages FROM PUBLIC, "{READER}"' in found["permissions"]["fix"]
+        assert f'REVOKE SELECT ON memories, messages, memory_vectors FROM PUBLIC, "{READER}"' in found["permissions"]["fix"]
         assert "--fix on PostgreSQL" not in found                       # said only when asked to fix
 
         healthy, found = doctor("--fix")
@@ -72,6 +72,33 @@ def test_fix_clamps_values_lists_grants_it_leaves_and_says_what_it_cannot_do(doc
     finally:
         sql(backend, f"REVOKE ALL ON memories FROM {READER}", "REVOKE ALL ON messages FROM PUBLIC",
             f"DROP ROLE IF EXISTS {READER}")
+
+
+def test_grants_on_vectors_or_columns_and_members_of_pg_read_all_data_are_readers(doctor, backend):
+    """Embeddings can be inverted back to text, a column grant reads the words as well as a
+    table's, and pg_read_all_data reads every table without any grant."""
+    assert cli.main(["stats"]) == 0
+    columns, everything = f"{READER}_columns", f"{READER}_all"
+    sql(backend, f"CREATE ROLE {READER}", f"CREATE ROLE {columns}", f"CREATE ROLE {everything}",
+        f"GRANT SELECT ON memory_vectors TO {READER}", f"GRANT SELECT (id, text) ON memories TO {columns}",
+        f"GRANT SELECT (role) ON messages TO {columns}", f"GRANT pg_read_all_data TO {everything}")
+    try:
+        healthy, found = doctor()
+        assert not healthy and not found["permissions"]["ok"]
+        detail, fix = found["permissions"]["detail"], found["permissions"]["fix"]
+        assert f"{READER} may read memory_vectors;" in detail
+        assert f"{columns} may read memories (id, text), messages (role)" in detail
+        assert f"{everything} may read every table (a member of pg_read_all_data)" in detail
+        assert f'REVOKE SELECT ON memories, messages, memory_vectors FROM "{READER}", "{columns}"' in fix
+        assert f'REVOKE pg_read_all_data FROM "{everything}"' in fix
+
+        for statement in fix.removeprefix("if they should not: ").split("; ")[:2]:  # the fix it names works
+            sql(backend, statement.split(" (as ")[0])
+        healthy, found = doctor()
+        assert healthy and "only the owner" in found["permissions"]["detail"], found["permissions"]
+    finally:
+        sql(backend, f"REVOKE ALL ON memories, messages, memory_vectors FROM {READER}, {columns}",
+            f"DROP ROLE IF EXISTS {READER}", f"DROP ROLE IF EXISTS {columns}", f"DROP ROLE IF EXISTS {everything}")
 
 
 def test_doctor_names_a_dead_maintenance_run_that_still_holds_the_lease(doctor, backend):

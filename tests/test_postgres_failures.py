@@ -125,3 +125,5 @@ def test_each_whole_database_error_has_its_line_and_one_transactions_errors_none
     for error in (errors.DeadlockDetected, errors.SerializationFailure, errors.LockNotAvailable,
                   errors.QueryCanceled, errors.UniqueViolation, errors.PipelineAborted):
         assert files.explain(error("x")) is None, error
+    lookalike = type("OperationalError", (Exception,), {"__module__": "psycopg2.errors"})
+    assert files.explain(lookalike("server closed the connection")) is None   # another driver's error is not psycopg's

@@ -110,27 +110,81 @@ def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
 POSTGRES_FIX_LIMITS = ("--fix clamped stored values only: on PostgreSQL it changes no grants (who may read the "
                        "memories is the server's roles: see permissions), creates no extension and does not migrate, "
                        "embed or reindex; run the fix each failed check names")
-PRIVATE_TABLES = ("memories", "messages")   # the people's words
+# The people's words: their text, and their vectors (an embedding can be inverted back to
+# much of its text).
+PRIVATE_TABLES = ("memories", "messages", "memory_vectors")
+
+# Who besides the tables' owner may read them: SELECT granted on a table or on some of its
+# columns (to a role, or to every role: PUBLIC), and members of pg_read_all_data (PostgreSQL 14+;
+# to_regrole is NULL before it), which read every table without any grant. Superusers and
+# members of the owner role can read them anyway: that is the server's administration, not listed.
+_READERS_SQL = """
+SELECT coalesce(r.rolname, 'PUBLIC'), c.relname, NULL, false
+FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%(tables)s)
+  AND a.grantee <> c.relowner AND a.privilege_type = 'SELECT'
+UNION ALL
+SELECT coalesce(r.rolname, 'PUBLIC'), c.relname, att.attname::text, false
+FROM pg_class c JOIN pg_attribute att ON att.attrelid = c.oid AND att.attnum > 0 AND NOT att.attisdropped
+CROSS JOIN LATERAL aclexplode(att.attacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%(tables)s)
+  AND a.grantee <> c.relowner AND a.privilege_type = 'SELECT'
+UNION ALL
+SELECT m.rolname, c.relname, NULL, true
+FROM pg_class c JOIN pg_roles m ON pg_has_role(m.oid, to_regrole('pg_read_all_data'), 'MEMBER')
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%(tables)s)
+  AND NOT m.rolsuper AND m.oid <> c.relowner AND m.oid <> to_regrole('pg_read_all_data')
+ORDER BY 1, 2, 3
+"""
 
 
 def grants_check(conn) -> Check:
-    """PostgreSQL's counterpart of the file modes: roles other than the tables' owner (or every
-    role: PUBLIC) granted SELECT on the tables holding people's words. Superusers and members of
-    the owner role can read them anyway; that is the server's administration, not listed."""
-    rows = conn.pg.execute(
-        "SELECT coalesce(r.rolname, 'PUBLIC'), string_agg(c.relname, ', ' ORDER BY c.relname) "
-        "FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee "
-        "WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%s) "
-        "AND a.grantee <> c.relowner AND a.privilege_type = 'SELECT' GROUP BY 1 ORDER BY 1",
-        (list(PRIVATE_TABLES),)).fetchall()
+    """PostgreSQL's counterpart of the file modes: the roles other than the tables' owner that may
+    read the people's words (_READERS_SQL), with the statements that take it away."""
+    rows = conn.pg.execute(_READERS_SQL, {"tables": list(PRIVATE_TABLES)}).fetchall()
     if not rows:
-        return Check("permissions", True, "only the owner of Muninn's tables may read the memories and messages "
-                                          "(and the server's superusers)")
-    found = "; ".join(f"{role} may read {tables}" for role, tables in rows)
-    return Check("permissions", False, f"other roles can read your memories: {found}",
-                 "if they should not: REVOKE SELECT ON memories, messages FROM " + ", ".join(
-                     role if role == "PUBLIC" else f'"{role}"' for role, _ in rows) +
-                 " (as the tables' owner); --fix changes no grants on PostgreSQL")
+        return Check("permissions", True, "only the owner of Muninn's tables may read the memories, their vectors "
+                                          "and the messages (and the server's superusers)")
+    return Check("permissions", False, f"other roles can read your memories: {describe_readers(rows)}",
+                 revoke_readers(rows) + "; --fix changes no grants on PostgreSQL")
+
+
+def describe_readers(rows: list[tuple[str, str, str | None, bool]]) -> str:
+    """'PUBLIC may read messages; "x" may read memories (content), memory_vectors; "y" may read
+    every table (a member of pg_read_all_data)', from _READERS_SQL's rows."""
+    tables: dict[str, dict[str, list[str]]] = {}   # role -> table -> its granted columns ([]: all of it)
+    everything: set[str] = set()
+    for role, table, column, read_all in rows:
+        if read_all:
+            everything.add(role)
+            continue
+        columns = tables.setdefault(role, {}).setdefault(table, [])
+        if column is None:
+            columns.insert(0, "")   # the whole table: its column grants add nothing
+        elif not columns or columns[0] != "":
+            columns.append(column)
+    said = []
+    for role in sorted(tables.keys() | everything):
+        if role in everything:
+            said.append(f"{role} may read every table (a member of pg_read_all_data)")
+            continue
+        said.append(f"{role} may read " + ", ".join(
+            table if cols[0] == "" else f"{table} ({', '.join(cols)})" for table, cols in tables[role].items()))
+    return "; ".join(said)
+
+
+def revoke_readers(rows: list[tuple[str, str, str | None, bool]]) -> str:
+    """The REVOKEs that take the reading away (revoking SELECT on a table revokes its column grants too)."""
+    def quoted(roles: set[str]) -> str:
+        return ", ".join(role if role == "PUBLIC" else f'"{role}"' for role in sorted(roles))
+    granted = {role for role, _, _, read_all in rows if not read_all}
+    members = {role for role, _, _, read_all in rows if read_all}
+    fixes = []
+    if granted:
+        fixes.append(f"REVOKE SELECT ON {', '.join(PRIVATE_TABLES)} FROM {quoted(granted)} (as the tables' owner)")
+    if members:
+        fixes.append(f"REVOKE pg_read_all_data FROM {quoted(members)} (as a role that may: a superuser)")
+    return "if they should not: " + "; ".join(fixes)
 
 
 def vector_check(settings: Settings, info: vectors.IndexInfo | None, missing: int) -> Check:

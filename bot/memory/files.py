@@ -38,7 +38,8 @@ def explain(exc: BaseException) -> str | None:
     long; PostgreSQL: bot/memory/postgres/errors.py)."""
     if isinstance(exc, DatabaseError):
         return str(exc)
-    if "psycopg" in sys.modules and type(exc).__module__.startswith("psycopg"):  # optional: never imported here
+    psycopg = sys.modules.get("psycopg")   # optional: never imported here; none of its errors exist before it is
+    if psycopg is not None and isinstance(exc, psycopg.Error):
         from bot.memory.postgres.errors import explain as explain_postgres
         return explain_postgres(exc)
     if isinstance(exc, apsw.FullError):

@@ -17,6 +17,7 @@ the logs can name its holder, and it maps one to one onto the PostgreSQL backend
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -46,15 +47,19 @@ def new_holder() -> str:
 _HOLDER = re.compile(r"^(?P<host>.*):(?P<pid>\d+):[0-9a-f]{6}@(?P<place>[0-9a-f]{8})$")
 
 
+@functools.cache  # one boot, one pid namespace per process: read /proc once
 def _place() -> str:
     """This boot of this machine and this pid namespace (a container sharing the host name has its
-    own pids: a pid of another namespace is never judged from here)."""
+    own pids: a pid of another namespace is never judged from here). What cannot be read (no
+    /proc) is a random value of this process, so an unknown place matches no other process's:
+    two containers sharing the host name and kernel would otherwise match, and a live holder of
+    the other one could be taken for dead."""
     parts = [socket.gethostname()]
     for where in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
         try:
             parts.append(Path(where).read_text().strip() if "boot_id" in where else str(os.stat(where).st_ino))
         except OSError:
-            parts.append("")
+            parts.append(uuid.uuid4().hex)
     return hashlib.sha1(":".join(parts).encode()).hexdigest()[:8]
 
 
