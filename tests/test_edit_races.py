@@ -11,21 +11,13 @@ import pytest
 
 from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.extractor import Extractor
+from tests import test_edit_extraction
 from tests.fakes.ollama import FakeOllama
 from tests.test_edit_extraction import MOVES, alices_memories
 from tests.test_pipeline import ALICE, RecordingOutlet, facts_reply, said
 
 pytestmark = pytest.mark.usefixtures("backend")
-
-
-@pytest.fixture
-async def learning(engine, fake_ollama):
-    fake_ollama.default_chat_reply = MOVES
-    extractor = Extractor(engine, batch_delay=0.01)
-    try:
-        yield Pipeline(engine, extractor), extractor
-    finally:
-        await extractor.close()
+learning = test_edit_extraction.learning  # the same fixture: Alice moves, a pipeline and its extractor
 
 
 async def test_a_forget_all_during_an_edit_keeps_its_new_words_from_being_learned(learning, engine):

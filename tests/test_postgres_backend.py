@@ -261,13 +261,23 @@ def test_a_vector_change_committed_after_a_newer_one_still_counts_as_a_change(po
         storage.close(conn)
 
 
+def until_a_writer_waits_for_a_key(postgres_url: str) -> None:
+    """Returns once another connection waits for a key's advisory lock (fails after ~4 s)."""
+    import time
+    with psycopg.connect(postgres_url, autocommit=True) as watch:
+        for _ in range(200):
+            if watch.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone()[0]:
+                return
+            time.sleep(0.02)
+    raise AssertionError("the second writer never waited for the key")
+
+
 def test_a_fact_write_waiting_for_its_key_sees_what_the_holder_stored(postgres_url):
     """begin_fact_write sends the key lock and the checks after it as one round trip: the server
     runs them in order, each with its own snapshot, so a writer that waited for the key sees the
     fact and the vector its holder committed (one snapshot for all would see neither, and both
     processes would store the fact)."""
     import threading
-    import time
 
     from bot.memory import fts
     storage = PostgresStorage(postgres_url)
@@ -290,14 +300,7 @@ def test_a_fact_write_waiting_for_its_key_sees_what_the_holder_stored(postgres_u
                                        now=None, info=info)
             other = threading.Thread(target=wait_for_the_key)
             other.start()
-            with psycopg.connect(postgres_url, autocommit=True) as watch:
-                for _ in range(200):  # until the other writer waits for the key's lock
-                    if watch.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                     "AND NOT granted").fetchone()[0]:
-                        break
-                    time.sleep(0.02)
-                else:
-                    raise AssertionError("the second writer never waited for the key")
+            until_a_writer_waits_for_a_key(postgres_url)
         other.join(10)
         info, unchanged, hits = seen["start"]
         assert info is not None and not unchanged and hits == [[(stored, "Alice keeps bees")]]
@@ -311,7 +314,6 @@ def test_a_fact_write_waiting_for_its_key_across_a_reset_index_sees_the_new_inde
     read before them, a writer that waited while the index was reset for another model would
     store its vector under the old one's model and size."""
     import threading
-    import time
 
     storage = PostgresStorage(postgres_url)
     holder, waiter, resetter = storage.open_writer(), storage.open_writer(), storage.open_writer()
@@ -327,14 +329,7 @@ def test_a_fact_write_waiting_for_its_key_across_a_reset_index_sees_the_new_inde
             storage.begin_fact_write(holder, [key], "m", 3, None, [], 50)
             other = threading.Thread(target=wait_for_the_key)
             other.start()
-            with psycopg.connect(postgres_url, autocommit=True) as watch:
-                for _ in range(200):  # until the other writer waits for the key's lock
-                    if watch.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                     "AND NOT granted").fetchone()[0]:
-                        break
-                    time.sleep(0.02)
-                else:
-                    raise AssertionError("the second writer never waited for the key")
+            until_a_writer_waits_for_a_key(postgres_url)
             storage.reset_index(resetter, "m2", 4)
         other.join(10)
         info, _, _ = seen["start"]
