@@ -9,7 +9,7 @@ import pytest
 
 from bot.memory import retrieval
 from bot.memory.engine import Engine
-from bot.memory.retrieval import Candidate, fuse, spread_to_neighbours
+from bot.memory.retrieval import NEIGHBOUR_FALLOFF, Candidate, fuse, lend_to_neighbours, spread_to_neighbours
 from bot.memory.scope import Viewer
 from bot.memory.store import NewMemory
 
@@ -376,3 +376,14 @@ async def test_a_changed_embedding_model_is_detected_at_start_and_recall_falls_b
             result = await engine.recall("GPU server", ALICE)
     assert result.mode == "fts-only" and result.vector_status == "model-mismatch"
     assert result.ids[0] == ids["gpu"]
+
+
+def test_an_equal_loan_goes_to_the_nearer_hit_whatever_the_row_order():
+    # two hits lend memory 5 exactly as much (0.1): the one place away wins, in either row order
+    # (SQLite's and PostgreSQL's walks return their rows in different orders)
+    def lent(rows: list[tuple[int, int, int]]) -> tuple[int | None, float]:
+        by_id = {4: Candidate(4, fused=1.0), 3: Candidate(3, fused=1.0 / NEIGHBOUR_FALLOFF), 5: Candidate(5, fused=0.0)}
+        out = {c.memory_id: c for c in lend_to_neighbours(by_id, rows, 0.1)}
+        return out[5].neighbour_of, out[5].fused
+    rows = [(4, 5, 1), (3, 5, 2)]
+    assert lent(rows) == lent(rows[::-1]) == (4, 0.1)

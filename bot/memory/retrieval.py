@@ -268,17 +268,18 @@ def lend_to_neighbours(by_id: dict[int, Candidate], found: Iterable[tuple[int, i
                        share: float) -> list[Candidate]:
     """spread_to_neighbours' arithmetic over its walk's rows (hit, neighbour, places away):
     PostgreSQL walks with a statement of its own (postgres/backend.py)."""
-    lent: dict[int, float] = {}
-    lender: dict[int, int] = {}
+    # the largest loan wins; an equal one goes to the nearer, then the newer hit, whatever order
+    # the walk's rows came in (SQLite's and PostgreSQL's statements order them differently)
+    best: dict[int, tuple[float, int, int]] = {}
     for hit, other, places in found:
         amount = share * by_id[hit].fused * NEIGHBOUR_FALLOFF ** (places - 1)
-        if other in by_id and amount > lent.get(other, 0.0):
-            lent[other], lender[other] = amount, hit
-    for other, amount in lent.items():
-        cand = by_id.get(other)
-        if cand is not None:
-            cand.fused += amount
-            cand.neighbour_of = lender[other]
+        offer = (amount, -places, hit)
+        if other in by_id and amount > 0.0 and offer > best.get(other, (0.0, 0, 0)):
+            best[other] = offer
+    for other, (amount, _, hit) in best.items():
+        cand = by_id[other]
+        cand.fused += amount
+        cand.neighbour_of = hit
     return rank(by_id.values())
 
 
