@@ -44,13 +44,19 @@ async def extracting(fake_ollama: FakeOllama, count: int) -> None:
     raise AssertionError("the extraction never started")
 
 
-async def test_old_words_being_extracted_when_the_edit_lands_are_not_stored(learning, engine, fake_ollama):
-    pipeline, extractor = learning
+async def answered_and_being_extracted(pipeline, fake_ollama):
+    """Alice's "I moved to Oslo" answered, its extraction running (the fake Ollama takes 1 s)."""
     fake_ollama.delay = 1.0
     fake_ollama.chat_replies = [MOVES, FakeOllama.TIMEOUT]  # the answer, then a slow extraction of Oslo
     moved = said("I moved to Oslo last month")
     await pipeline.respond(moved, RecordingOutlet([]))
     await extracting(fake_ollama, 1)
+    return moved
+
+
+async def test_old_words_being_extracted_when_the_edit_lands_are_not_stored(learning, engine, fake_ollama):
+    pipeline, extractor = learning
+    moved = await answered_and_being_extracted(pipeline, fake_ollama)
     assert await pipeline.edited(moved.message_id, "I moved to Bergen last month", time.time())
     await extractor.drain()
     assert [m.text for m in await alices_memories(engine)] == ["Alice lives in Bergen"]
@@ -58,11 +64,7 @@ async def test_old_words_being_extracted_when_the_edit_lands_are_not_stored(lear
 
 async def test_a_delete_during_its_extraction_stores_nothing(learning, engine, fake_ollama):
     pipeline, extractor = learning
-    fake_ollama.delay = 1.0
-    fake_ollama.chat_replies = [MOVES, FakeOllama.TIMEOUT]
-    moved = said("I moved to Oslo last month")
-    await pipeline.respond(moved, RecordingOutlet([]))
-    await extracting(fake_ollama, 1)
+    moved = await answered_and_being_extracted(pipeline, fake_ollama)
     await pipeline.deleted([moved.message_id])
     await extractor.drain()
     assert await alices_memories(engine) == []
@@ -70,11 +72,7 @@ async def test_a_delete_during_its_extraction_stores_nothing(learning, engine, f
 
 async def test_a_same_words_update_during_the_extraction_keeps_it(learning, engine, fake_ollama):
     pipeline, extractor = learning
-    fake_ollama.delay = 1.0
-    fake_ollama.chat_replies = [MOVES, FakeOllama.TIMEOUT]
-    moved = said("I moved to Oslo last month")
-    await pipeline.respond(moved, RecordingOutlet([]))
-    await extracting(fake_ollama, 1)
+    moved = await answered_and_being_extracted(pipeline, fake_ollama)
     assert await pipeline.edited(moved.message_id, moved.content, time.time())  # a link preview arrived
     await extractor.drain()
     assert [m.text for m in await alices_memories(engine)] == ["Alice lives in Oslo"]
