@@ -48,6 +48,9 @@ class QuietSink:
     def forget_messages(self, message_ids) -> None:
         pass
 
+    def mark_gone(self, message_ids) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 

@@ -38,6 +38,9 @@ class Handoff:
     def forget_messages(self, message_ids) -> None:
         self.forgotten_messages += list(message_ids)
 
+    def mark_gone(self, message_ids) -> None:
+        pass  # forget_messages, called after, records the ids
+
     async def close(self) -> None:
         pass
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from datetime import datetime, timedelta, timezone
 
 import discord
 import pytest
@@ -26,14 +27,14 @@ UNCACHED_GUILD = 777 * 10**15
 
 
 def update(world: World, *, guild_id: int | None, channel_id: int, bot: bool = False, content: str = "new words",
-           edited: bool = True) -> discord.RawMessageUpdateEvent:
+           edited: bool = True, edited_at: str = "2026-01-01T10:05:00+00:00") -> discord.RawMessageUpdateEvent:
     """A MESSAGE_UPDATE as the gateway sends it, parsed as discord.py's ConnectionState does."""
     data: dict = {
         "id": str(next(_ids)), "channel_id": str(channel_id), "content": content, "type": 0, "tts": False,
         "author": {"id": str(world.alice.id), "username": "alice", "discriminator": "0", "avatar": None,
                    "global_name": "Alice", "bot": bot},
         "timestamp": "2026-01-01T10:00:00+00:00",
-        "edited_timestamp": "2026-01-01T10:05:00+00:00" if edited else None,
+        "edited_timestamp": edited_at if edited else None,
         "mention_everyone": False, "mentions": [], "mention_roles": [], "attachments": [], "embeds": [],
         "pinned": not edited}
     if guild_id is not None:
@@ -99,11 +100,22 @@ async def test_pinning_an_old_message_keeps_what_it_taught(world, edits):
                                                     source_message_ids=[pinned.message_id]))  # pruned since
     await chat(world).on_raw_message_edit(pinned)
     assert list(await world.engine.get_many([learned])) == [learned]
-    edited = update(world, guild_id=world.guild.id, channel_id=world.general.id, content="I moved to Bergen")
-    learned_too = await world.engine.remember(NewMemory("Alice lives in Bergen", "personal", owner_id=world.alice.id,
-                                                        source_message_ids=[edited.message_id]))
-    await chat(world).on_raw_message_edit(edited)  # a real edit of a pruned message: its facts go
-    assert await world.engine.get_many([learned_too]) == {}
+    # edited in January, learned from since, pruned, pinned now: the update carries January's edit time
+    edited_long_ago = update(world, guild_id=world.guild.id, channel_id=world.general.id, content="I moved to Bergen")
+    learned_since = await world.engine.remember(NewMemory("Alice lives in Bergen", "personal", owner_id=world.alice.id,
+                                                          source_message_ids=[edited_long_ago.message_id]))
+    await chat(world).on_raw_message_edit(edited_long_ago)
+    assert list(await world.engine.get_many([learned_since])) == [learned_since]
+
+
+async def test_a_real_edit_of_a_pruned_message_takes_back_what_its_old_words_taught(world, edits):
+    just_now = datetime.now(timezone.utc) + timedelta(seconds=5)
+    edited = update(world, guild_id=world.guild.id, channel_id=world.general.id, content="I moved to Bergen",
+                    edited_at=just_now.isoformat())
+    learned = await world.engine.remember(NewMemory("Alice lives in Oslo", "personal", owner_id=world.alice.id,
+                                                    source_message_ids=[edited.message_id]))  # pruned since
+    await chat(world).on_raw_message_edit(edited)
+    assert await world.engine.get_many([learned]) == {}
 
 
 async def test_an_update_without_edited_at_of_a_pruned_message_keeps_its_facts(engine):

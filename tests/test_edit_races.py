@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from bot.conversation import history
 from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.extractor import Extractor
 from tests import test_edit_extraction
@@ -95,3 +96,21 @@ async def test_the_authors_other_messages_in_that_batch_are_extracted_again(engi
         assert sum(1 for r in fake_ollama.chat_requests() if r.get("format")) == 2  # the cat, extracted again
     finally:
         await extractor.close()
+
+
+async def test_old_words_extracted_while_the_edit_is_being_written_are_not_stored(learning, engine, fake_ollama,
+                                                                                 monkeypatch):
+    """The extraction ends while the edit's writer job runs: its fact write, queued behind that
+    job, must already see the message as gone (marked inside the job, not after it returns)."""
+    pipeline, extractor = learning
+    real = history.edit_and_take_back
+
+    def slow(conn, *args, **kwargs):
+        time.sleep(0.8)  # the extraction (1 s in the fake Ollama) ends and queues its write meanwhile
+        return real(conn, *args, **kwargs)
+    monkeypatch.setattr(history, "edit_and_take_back", slow)
+    moved = await answered_and_being_extracted(pipeline, fake_ollama)
+    await asyncio.sleep(0.5)
+    assert await pipeline.edited(moved.message_id, "I moved to Bergen last month", time.time())
+    await extractor.drain()
+    assert [m.text for m in await alices_memories(engine)] == ["Alice lives in Bergen"]

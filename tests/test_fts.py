@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from bot.memory import fts, store
+from bot.memory import db, fts, store
 from bot.memory.scope import Viewer, visible_keys
 from bot.memory.store import NewMemory
 
@@ -46,6 +46,25 @@ async def test_a_common_word_dropped_from_a_long_query_returns_after_a_forget(ft
     await fts_engine.forget(crowd_ids)
     assert "pizza" in await fts_engine.write(fts.selective, words)  # no longer common
     assert (await fts_engine.recall("pizza lunch salad", Viewer(ALICE, dm=True))).ids == [mine]
+
+
+async def test_a_forgotten_rare_word_is_counted_again(fts_engine, monkeypatch):
+    # its count kept, zebulon (in no memory now) would be searched alone as the rarest word; also
+    # when a recall counted it while the delete was being written (counts go after the commit)
+    await crowd(fts_engine, "pizza", 600)
+    rare = await fts_engine.remember(NewMemory("Alice has a dog named zebulon", "personal", owner_id=ALICE))
+    fts.forget_counts(None)
+    assert await fts_engine.write(fts.selective, ["zebulon", "pizza"]) == ["zebulon"]
+    reader = db.connect(fts_engine.settings.db_path)
+    real = store.vectors.remove
+
+    def remove(conn, ids):  # inside the delete's transaction, a recall on a read connection counts
+        fts.doc_count(reader, "zebulon", 1000)
+        return real(conn, ids)
+    monkeypatch.setattr(store.vectors, "remove", remove)
+    await fts_engine.forget([rare])
+    assert await fts_engine.write(fts.selective, ["zebulon", "pizza"]) == ["zebulon", "pizza"]
+    reader.close()
 
 
 @pytest.mark.parametrize("query", ['"', "(", ")", "*", "^", ":", "NEAR(", "AND", "OR NOT", "\x00", "🦜"])
@@ -201,13 +220,3 @@ async def test_one_archived_memory_keeps_the_common_counts_many_forgotten_drop_t
     assert counted("pizza") and not counted("salad")  # a rare word's count goes at once
     await fts_engine.forget(ids[1:])
     assert not counted("pizza")
-
-
-async def test_a_forgotten_rare_word_is_counted_again(fts_engine):
-    # its count kept, zebulon (in no memory now) would be searched alone as the rarest word
-    await crowd(fts_engine, "pizza", 600)
-    rex = await fts_engine.remember(NewMemory("Alice has a dog named zebulon", "personal", owner_id=ALICE))
-    fts.forget_counts(None)
-    assert await fts_engine.write(fts.selective, ["zebulon", "pizza"]) == ["zebulon"]
-    await fts_engine.forget([rex])
-    assert await fts_engine.write(fts.selective, ["zebulon", "pizza"]) == ["zebulon", "pizza"]

@@ -112,16 +112,18 @@ def edit_and_take_back(conn: apsw.Connection, message_id: int, content: str, edi
     takes no write lock.
 
     With no old words to compare, a message the history no longer holds is taken back from only
-    for a real edit (`edited_at` given): Discord also sends updates for pins, link previews and
-    threads, which must not erase what an old message taught."""
+    for an edit (`edited_at` given), and only what was learned before `edited_at`: Discord also
+    sends updates for pins, link previews and threads, carrying the message's last edit time, and
+    what was learned after that edit came from the words it still has."""
     known = query_one(conn, "SELECT 1 FROM messages WHERE id = ? AND deleted_at IS NULL", (message_id,))
-    if known is None and (edited_at is None or not taught_anything(conn, [message_id])):
+    learned_before = None if known is not None else edited_at
+    if known is None and (edited_at is None or not taught_anything(conn, [message_id], learned_before)):
         return Edited(Edit.UNKNOWN)
     with write_transaction(conn):
         kind = edit(conn, message_id, content, edited_at)
         if kind is Edit.SAME_WORDS:
             return Edited(kind)
-        taken_back = take_back(conn, [message_id])
+        taken_back = take_back(conn, [message_id], learned_before)
         message = get(conn, message_id) if kind is Edit.NEW_WORDS else None
         if message is None:
             return Edited(kind, tuple(taken_back))
@@ -160,12 +162,8 @@ def delete_and_take_back(conn: apsw.Connection, message_ids: list[int] | tuple[i
     message's facts behind. Returns how many history rows were marked. Messages Muninn never
     stored and that taught nothing take no write lock."""
     ids = [int(i) for i in message_ids]
-    if not ids:
-        return 0
-    known = query_value(conn, f"SELECT count(*) FROM messages WHERE id IN ({','.join('?' * len(ids))}) "
-                        "AND deleted_at IS NULL", ids)
-    if not known and not taught_anything(conn, ids):
-        return 0
+    if not taught_anything(conn, ids):
+        return delete(conn, ids, deleted_at)  # it reads first too: no write lock for what it never stored
     with write_transaction(conn):
         removed = delete(conn, ids, deleted_at)
         take_back(conn, ids)

@@ -137,6 +137,9 @@ class ExchangeSink(Protocol):
         """These messages were deleted or their words edited: drop their queued exchanges, and
         make a batch already extracting them store nothing of them."""
 
+    def mark_gone(self, message_ids: Iterable[int]) -> None:
+        """Only the second half of `forget_messages`, safe on the database thread."""
+
     async def close(self) -> None:
         """Finish queued work, then stop."""
 
@@ -242,13 +245,21 @@ class Pipeline:
         New words of a message Muninn answered are extracted as a new message's would be ("I moved
         to Oslo" corrected to "Bergen" teaches Bergen); `private` as for a new message (Incoming)."""
         received = time.monotonic()
-        edit = await self.engine.write(history.edit_and_take_back, message_id, content, edited_at,
+        extractor = self.extractor
+
+        def edit_job(conn, *args) -> history.Edited:
+            edit = history.edit_and_take_back(conn, *args)
+            if edit.kind is not history.Edit.SAME_WORDS and extractor is not None:
+                # on the database thread: a fact write of the old words queued behind this job sees it
+                extractor.mark_gone([message_id])
+            return edit
+        edit = await self.engine.write(edit_job, message_id, content, edited_at,
                                        self.settings.history_limit, what="record an edit")
         if edit.taken_back:
             log.info("message %s was edited: %d memories learned from its old words alone were taken back",
                      message_id, len(edit.taken_back))
-        if edit.kind is not history.Edit.SAME_WORDS and self.extractor is not None:
-            self.extractor.forget_messages([message_id])
+        if edit.kind is not history.Edit.SAME_WORDS and extractor is not None:
+            extractor.forget_messages([message_id])  # and never extract the old words still waiting
         if edit.message is not None and edit.reply is not None:
             await self._extract_edited(edit.message, edit.reply, edit.before, private, received)
         return edit.kind is not history.Edit.UNKNOWN

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from typing import Callable, Iterable, Sequence, TypeVar
 
@@ -46,6 +47,7 @@ class Extractor:
         self._worker: asyncio.Task | None = None
         self._forgotten: dict[int, float] = {}   # user id -> when forget() was called
         self._gone: dict[int, float] = {}        # message id -> when forget_messages() was called
+        self._gone_lock = threading.Lock()       # an edit marks its message gone on the database thread
         self._in_flight: list[float] = []        # when each batch being processed was taken
         self._closed = False
         self.processed = 0       # batches finished (for tests and stats)
@@ -85,10 +87,17 @@ class Extractor:
         extract them, and make a batch already extracting them store nothing of them (as
         `forget` does for a person). An edit's new words, submitted after this, are extracted."""
         gone = set(message_ids)
+        self.mark_gone(gone)
+        self._drop_waiting(lambda exchange: exchange.user_message_id in gone)
+
+    def mark_gone(self, message_ids: Iterable[int]) -> None:
+        """Make a batch already extracting these messages store nothing of them. Safe on the
+        database thread: an edit calls it inside its own write job, so a fact write queued behind
+        that job already sees the mark (called after the job returned, it would not)."""
         if self._in_flight:  # only a running batch needs to know; pruned like `_forgotten`
             now = _clock()
-            self._gone.update((message_id, now) for message_id in gone)
-        self._drop_waiting(lambda exchange: exchange.user_message_id in gone)
+            with self._gone_lock:
+                self._gone.update((message_id, now) for message_id in message_ids)
 
     def _drop_waiting(self, unwanted: Callable[[Exchange], bool]) -> None:
         for channel in list(self._pending):
@@ -202,7 +211,8 @@ class Extractor:
             self._in_flight.remove(taken_at)
             oldest = min(self._in_flight, default=math.inf)
             self._forgotten = {uid: at for uid, at in self._forgotten.items() if at >= oldest}
-            self._gone = {message_id: at for message_id, at in self._gone.items() if at >= oldest}
+            with self._gone_lock:
+                self._gone = {message_id: at for message_id, at in self._gone.items() if at >= oldest}
 
     def _resubmit_if_gone(self, own: list[Exchange], taken_at: float) -> bool:
         """Some of these messages went while their facts were extracted: the facts (each drawn

@@ -33,7 +33,7 @@ from bot.memory import dates, db, ranking, retrieval, store, subqueries, touches
 from bot.memory.files import DatabaseBusy, DatabaseError
 from bot.memory.retrieval import VectorStatus
 from bot.memory.scope import Viewer
-from bot.memory.storage import Connection, mark_pending, storage_for, take_back
+from bot.memory.storage import Connection, mark_pending, storage_for
 from bot.memory.vector_cache import VectorCache
 from bot.settings import Settings
 from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
@@ -486,14 +486,6 @@ class Engine:
 
     async def existing_external_ids(self, ids: Sequence[str]) -> set[str]:
         return await self._run(self.storage.existing_external_ids, list(ids))
-
-    async def forget_sources(self, message_ids: Sequence[int]) -> list[int]:
-        """Messages were deleted: forget what was learned from them alone (see store.forget_sources)."""
-        return await self.write(self._forget_sources_and_mark, list(message_ids),
-                                what=f"take back what was learned from {len(message_ids)} deleted messages")
-
-    def _forget_sources_and_mark(self, conn: Connection, message_ids: list[int]) -> list[int]:
-        return take_back(conn, message_ids)  # their words leave the files at the next maintenance
 
     async def stats(self) -> dict:
         return await self._run(self.storage.stats)

@@ -198,8 +198,9 @@ class SQLiteStorage:
         """Several recalls' touches in one transaction (bot/memory/touches.py)."""
         store.touch_many(conn, recalls, growth=growth)
 
-    def forget_sources(self, conn: apsw.Connection, message_ids: Sequence[int]) -> list[int]:
-        return store.forget_sources(conn, message_ids)
+    def forget_sources(self, conn: apsw.Connection, message_ids: Sequence[int],
+                       learned_before: float | None = None) -> list[int]:
+        return store.forget_sources(conn, message_ids, learned_before)
 
     def add_link(self, conn: apsw.Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
                  now: float | None = None) -> bool:

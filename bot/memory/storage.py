@@ -139,7 +139,8 @@ class Storage(Protocol):
     def touch_many(self, conn: Connection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
         """Several recalls' touches (their ids, their time) in one transaction, in order; each
         memory ends as if each touch had been its own (bot/memory/touches.py)."""
-    def forget_sources(self, conn: Connection, message_ids: Sequence[int]) -> list[int]: ...
+    def forget_sources(self, conn: Connection, message_ids: Sequence[int],
+                       learned_before: float | None = None) -> list[int]: ...
     def add_link(self, conn: Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
                  now: float | None = None) -> bool:
         """store.add_link's rule: never between two people's personal memories (False)."""
@@ -214,16 +215,17 @@ def storage_for(settings: Settings, vector_cache: Any) -> Storage:
     return SQLiteStorage(settings.db_path, vector_cache)
 
 
-def take_back(conn: Connection, message_ids: Sequence[int]) -> list[int]:
+def take_back(conn: Connection, message_ids: Sequence[int], learned_before: float | None = None) -> list[int]:
     """Messages were deleted or their words edited: take back what was learned from them alone
-    (`Storage.forget_sources`) and leave their facts' words for maintenance to scrub. Runs inside
-    the caller's transaction (a savepoint there), so the history's change and the take-back land
-    together; returns the deleted memory ids. Read first: no write lock for what taught nothing."""
+    (`Storage.forget_sources`; only memories learned before `learned_before`, when given) and
+    leave their facts' words for maintenance to scrub. Runs inside the caller's transaction (a
+    savepoint there), so the history's change and the take-back land together; returns the
+    deleted memory ids. Read first: no write lock for what taught nothing."""
     ids = list(message_ids)
-    if not store.taught_anything(conn, ids):
+    if not store.taught_anything(conn, ids, learned_before):
         return []
     with write_transaction(conn):
-        forgotten = storage_of(conn).forget_sources(conn, ids)
+        forgotten = storage_of(conn).forget_sources(conn, ids, learned_before)
         if forgotten:
             mark_pending(conn)
     return forgotten

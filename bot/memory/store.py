@@ -254,38 +254,49 @@ def pairs(ids: Sequence[int]) -> Iterator[tuple[int, int]]:
 def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
     """Hard-delete memories with their FTS rows, vectors and links; returns how many went."""
     ids = list(memory_ids)
-    fts.forget_counts(conn, len(ids))
     with write_transaction(conn):
         vectors.remove(conn, ids)
         removed = 0
         for memory_id in ids:  # links and source rows go by ON DELETE CASCADE, the FTS row by trigger
             conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
             removed += conn.changes()
+    # after the commit (of this transaction; inside a caller's, before its commit): a recall that
+    # counted a word meanwhile still saw the deleted rows and would cache the old count
+    fts.forget_counts(conn, removed)
     return removed
 
 
-def taught_anything(conn: Any, message_ids: Sequence[int]) -> bool:
-    """Whether a memory was learned from any of these messages (portable SQL, both backends): read
-    before a take-back takes the write lock, which most deleted or edited messages never need."""
+def taught_anything(conn: Any, message_ids: Sequence[int], learned_before: float | None = None) -> bool:
+    """Whether a memory was learned from any of these messages (before `learned_before`, when
+    given; portable SQL, both backends): read before a take-back takes the write lock, which most
+    deleted or edited messages never need."""
     wanted = [str(m) for m in message_ids]
     if not wanted:
         return False
-    rows = conn.execute(f"SELECT 1 FROM memory_sources WHERE message_id IN ({','.join('?' * len(wanted))}) LIMIT 1",
-                        wanted).fetchall()
+    marks = ",".join("?" * len(wanted))
+    if learned_before is None:
+        rows = conn.execute(f"SELECT 1 FROM memory_sources WHERE message_id IN ({marks}) LIMIT 1", wanted).fetchall()
+    else:
+        rows = conn.execute("SELECT 1 FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
+                            f"WHERE s.message_id IN ({marks}) AND m.created_at < ? LIMIT 1",
+                            [*wanted, learned_before]).fetchall()
     return bool(rows)
 
 
-def forget_sources(conn: apsw.Connection, message_ids: Sequence[int]) -> list[int]:
-    """Messages were deleted: take them out of the memories learned from them, and delete the
-    memories that were learned from nothing else (a retraction). Returns the deleted ids."""
+def forget_sources(conn: apsw.Connection, message_ids: Sequence[int], learned_before: float | None = None) -> list[int]:
+    """Messages were deleted: take them out of the memories learned from them (before
+    `learned_before`, when given), and delete the memories that were learned from nothing else
+    (a retraction). Returns the deleted ids."""
     wanted = [str(m) for m in message_ids]
     if not wanted:
         return []
     marks = ",".join("?" * len(wanted))
+    before = "" if learned_before is None else " AND m.created_at < ?"
     with write_transaction(conn):
         rows: list[Any] = conn.execute(
             "SELECT DISTINCT m.id, m.source_message_ids FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
-            f"WHERE s.message_id IN ({marks})", wanted).fetchall()
+            f"WHERE s.message_id IN ({marks}){before}",
+            wanted if learned_before is None else [*wanted, learned_before]).fetchall()
         emptied: list[int] = []
         for memory_id, sources in rows:
             left = [s for s in json.loads(sources) if str(s) not in wanted]
@@ -308,12 +319,12 @@ def scrub(conn: apsw.Connection) -> None:
 
 def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
     """Take a memory out of retrieval (its FTS row and vector go; the row stays, restorable)."""
-    fts.forget_counts(conn, 1)
     with write_transaction(conn):
         conn.execute("UPDATE memories SET archived_at = ?, archive_reason = ?, embedded = 0, updated_at = ? "
                      "WHERE id = ? AND " + ACTIVE,
                      (time.time() if now is None else now, reason, time.time(), memory_id))
         vectors.remove(conn, [memory_id])
+    fts.forget_counts(conn, 1)  # after the commit, as in `delete`
 
 
 def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> None:

@@ -476,15 +476,17 @@ class PostgresStorage:
                 conn.pg.execute(f"UPDATE memories SET {_TOUCH_SET} WHERE id = ANY(%s)",
                                 (now, growth, decay.MAX_STABILITY_DAYS, sorted(set(ids))))
 
-    def forget_sources(self, conn: PgConnection, message_ids: Sequence[int]) -> list[int]:
+    def forget_sources(self, conn: PgConnection, message_ids: Sequence[int],
+                       learned_before: float | None = None) -> list[int]:
         wanted = [str(m) for m in message_ids]
         if not wanted:
             return []
         with conn.pg.transaction():
             rows = conn.pg.execute(
                 "SELECT m.id, m.source_message_ids FROM memories m WHERE m.id IN "
-                "(SELECT memory_id FROM memory_sources WHERE message_id = ANY(%s)) ORDER BY m.id FOR UPDATE",
-                (wanted,)).fetchall()
+                "(SELECT memory_id FROM memory_sources WHERE message_id = ANY(%s)) "
+                "AND (%s::float8 IS NULL OR m.created_at < %s) ORDER BY m.id FOR UPDATE",
+                (wanted, learned_before, learned_before)).fetchall()
             emptied: list[int] = []
             for memory_id, sources in rows:
                 left = [s for s in store._id_list(sources) if str(s) not in wanted]
