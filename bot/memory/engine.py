@@ -29,7 +29,7 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import dates, db, ranking, retrieval, store, subqueries, touches, transactions, vectors
+from bot.memory import dates, db, gc_pauses, ranking, retrieval, store, subqueries, touches, transactions, vectors
 from bot.memory.files import DatabaseBusy, DatabaseError
 from bot.memory.retrieval import VectorStatus
 from bot.memory.scope import Viewer
@@ -78,6 +78,7 @@ class Engine:
         self._touches = touches.TouchBatcher(self._touch_batch, self._load_untouched)  # concurrent recalls share one writer job
         self._warm_stop = threading.Event()
         self._warming: asyncio.Future | None = None
+        self._frozen = gc_pauses.FrozenWhileWarm()  # full GC collections skip the warm cache
         # One thread of its own loads the vector cache (the start-up warm, then big cold keys a
         # recall met: vector_cache.INLINE_LOAD_MAX), so the readers stay free for recalls.
         self._loader = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-vecload")
@@ -108,6 +109,8 @@ class Engine:
             return 0
         log.debug("vector cache warm: %d keys, %.1f MB in %.2f s", loaded, self.vector_cache.nbytes / 1e6,
                   time.perf_counter() - started)
+        if not self._warm_stop.is_set():
+            self._frozen.warm()
         return loaded
 
     def _load_in_background(self, job: Callable[[apsw.Connection], object]) -> None:
@@ -142,6 +145,7 @@ class Engine:
                 readers, self._reader_conns = self._reader_conns, []
             for reader in readers:  # idle now: closing from this thread is safe
                 self.storage.close(reader)
+        self._frozen.release()
 
     async def __aenter__(self) -> "Engine":
         return await self.start()

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import threading
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ContextManager, Sequence
 
 import apsw
 
 from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, store, vector_keys, vectors
+from bot.memory.checkpoints import Checkpoints
 from bot.memory.db import write_transaction
 from bot.memory.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, visible_keys
@@ -27,12 +29,18 @@ class SQLiteStorage:
     def __init__(self, path: Path | str, vector_cache: VectorCache | None) -> None:
         self.path = path
         self.vector_cache = vector_cache
+        self.checkpoints: Checkpoints | None = None  # the writer's WAL checkpoints (checkpoints.py)
+        self._writer: apsw.Connection | None = None
 
     # -- connections -------------------------------------------------------------
     def open_writer(self) -> apsw.Connection:
         conn = db.connect(self.path)
         if self.vector_cache is not None:
             vectors.attach_cache(conn, self.vector_cache)
+            # on the engine's loader thread, not in the writer's commits
+            self.checkpoints = Checkpoints(self.vector_cache.background)
+            self.checkpoints.install(conn)
+            self._writer = conn
         return conn
 
     def open_reader(self) -> apsw.Connection:
@@ -49,6 +57,9 @@ class SQLiteStorage:
         return conn
 
     def close(self, conn: apsw.Connection) -> None:
+        if conn is self._writer and self.checkpoints is not None:
+            self.checkpoints.close(conn)  # a checkpoint queued or running ends first: the file is left tidy
+            self._writer = None
         conn.close()
 
     def lost(self, conn: apsw.Connection, error: BaseException) -> bool:
@@ -175,18 +186,25 @@ class SQLiteStorage:
         return store.delete(conn, memory_ids)
 
     def scrub(self, conn: apsw.Connection, forgotten: Sequence[str] = SCRUBBED) -> None:
-        store.scrub(conn)  # secure_delete zeroed the pages already; FTS5 segments and the WAL remain: all of it, cheap
+        with self._own_checkpoint():
+            store.scrub(conn)  # secure_delete zeroed the pages already; FTS5 segments and the WAL remain: all of it, cheap
 
     def finish_scrub(self, conn: apsw.Connection) -> bool:
         marks = pending_marks(conn, (SCRUB_PENDING, MESSAGES_PENDING))
         if not marks:
             return False
-        if SCRUB_PENDING in marks:
-            store.scrub(conn)
-        else:  # the history's words only: `messages` has no FTS index (optimize: ~180 ms at 100k under
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the write lock); secure_delete zeroed the pages
+        with self._own_checkpoint():
+            if SCRUB_PENDING in marks:
+                store.scrub(conn)
+            else:  # the history's words only: `messages` has no FTS index (optimize: ~180 ms at 100k under
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the write lock); secure_delete zeroed the pages
         clear_marks(conn, marks)  # only once it worked: a failed scrub is retried next time
         return True
+
+    def _own_checkpoint(self) -> ContextManager[None]:
+        """The writer's TRUNCATE checkpoint must not meet a background one (it would find the
+        checkpoint lock taken and leave the forgotten words in the WAL)."""
+        return self.checkpoints.paused() if self.checkpoints is not None else nullcontext()
 
     def archive(self, conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
         store.archive(conn, memory_id, reason, now)

@@ -1,0 +1,159 @@
+"""WAL checkpoints off the commit path.
+
+SQLite's automatic checkpoint runs inside the commit that pushes the WAL past 1,000 pages, on
+the writer's thread: 11-25 ms each at 100k memories (the first after opening ~300 ms), and a
+recall whose touch was that commit waited for all of it (issue 12). Here the writer stops
+checkpointing (`wal_autocheckpoint` off; our WAL hook takes its place) and, once the WAL has
+grown another `EVERY_PAGES` pages since the last one was asked for, a PASSIVE checkpoint (it
+never waits for readers or the writer) is queued on the engine's background thread, at most
+one at a time. A checkpoint copies committed pages into the file: a failed one loses nothing
+(the pages stay in the WAL) and the next one tries again.
+
+Other processes on the same file checkpoint their own commits; a reader of any process that
+still uses old pages only makes a PASSIVE checkpoint stop short of them (the next one goes on).
+
+`MUNINN_WAL_CHECKPOINT=inline` (an A/B switch for bench/tail.py, not a setting) runs the same
+checkpoint inside the commit, as SQLite's automatic checkpoint does, and records it alike.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import apsw
+
+log = logging.getLogger(__name__)
+
+EVERY_PAGES = 1000  # SQLite's own automatic checkpoint threshold
+HISTORY = 256       # checkpoints remembered for the benchmarks and tests
+
+# Runs `job(connection)` on another thread, later (the engine's loader, Engine._load_in_background)
+Background = Callable[[Callable[[apsw.Connection], object]], None]
+
+
+def inline_wanted() -> bool:
+    return os.environ.get("MUNINN_WAL_CHECKPOINT", "").strip().lower() == "inline"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint that ran: where, when (perf_counter), and SQLite's answer."""
+    thread: str
+    started: float
+    ended: float
+    wal_pages: int     # frames in the WAL (-1: the connection was not in WAL mode)
+    copied_pages: int  # of them, copied into the database file
+
+
+class Checkpoints:
+    """The WAL hook of one writer connection and the checkpoints it queues."""
+
+    def __init__(self, background: Background | None, *, every_pages: int | None = None,
+                 inline: bool | None = None) -> None:
+        self.every_pages = EVERY_PAGES if every_pages is None else every_pages
+        self.inline = inline_wanted() if inline is None else inline
+        self._background = background
+        self._lock = threading.Condition()
+        self._asked_at = 0        # WAL pages when the last checkpoint was asked for
+        self._queued = False      # one waits on the background thread
+        self._running = False
+        self._paused = 0          # the writer runs a checkpoint of its own (pause)
+        self._closed = False
+        self.history: deque[Checkpoint] = deque(maxlen=HISTORY)
+        self.skipped = 0          # commits past the threshold while one was queued or running
+
+    def install(self, conn: apsw.Connection) -> None:
+        """Take over the writer's checkpoints (the pragma first: setting it replaces the hook)."""
+        if self._background is None and not self.inline:
+            return  # nowhere to run them: SQLite's automatic checkpoint stays
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.set_wal_hook(self._committed)
+
+    def _committed(self, conn: apsw.Connection, name: str, pages: int) -> int:
+        """SQLite's WAL hook, on the writer's thread after each commit: cheap, and never raises
+        (an exception here would make a commit that has happened look failed)."""
+        try:
+            if self._due(pages):
+                if self.inline:
+                    self._run(conn, name)
+                else:
+                    assert self._background is not None
+                    self._background(lambda reader: self._run_queued(reader, name))
+        except Exception:  # the write is committed; a checkpoint can wait
+            log.exception("could not start a WAL checkpoint; the writes are safe in the WAL")
+            with self._lock:
+                self._queued = False
+        return apsw.SQLITE_OK
+
+    def _due(self, pages: int) -> bool:
+        with self._lock:
+            if pages < self._asked_at:
+                self._asked_at = 0  # the WAL started over after a complete checkpoint
+            if self._closed or pages - self._asked_at < self.every_pages:
+                return False
+            if self._queued or self._running or self._paused:
+                self.skipped += 1
+                return False
+            self._asked_at = pages
+            self._queued = not self.inline
+            return True
+
+    def _run_queued(self, conn: apsw.Connection, name: str) -> None:
+        with self._lock:
+            if not self._queued or self._closed:  # the writer's close ran it already
+                return
+            while self._paused:
+                self._lock.wait()
+            self._queued = False
+            self._running = True
+        try:
+            self._run(conn, name)
+        finally:
+            with self._lock:
+                self._running = False
+                self._lock.notify_all()
+
+    def _run(self, conn: apsw.Connection, name: str) -> None:
+        started = time.perf_counter()
+        try:
+            wal, copied = conn.wal_checkpoint(name, apsw.SQLITE_CHECKPOINT_PASSIVE)
+        except apsw.BusyError:  # another connection (of any process) is checkpointing right now
+            log.debug("WAL checkpoint skipped: another connection is running one")
+            return
+        except apsw.Error as exc:
+            log.warning("could not checkpoint the WAL (%s); the writes are safe in the WAL and the next "
+                        "checkpoint tries again", exc)
+            return
+        self.history.append(Checkpoint(threading.current_thread().name, started, time.perf_counter(), wal, copied))
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No background checkpoint runs inside the block: the writer's own TRUNCATE checkpoint
+        (store.scrub) would find the checkpoint lock taken and silently leave the WAL as it is."""
+        with self._lock:
+            self._paused += 1
+            while self._running:
+                self._lock.wait()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused -= 1
+                self._lock.notify_all()
+
+    def close(self, conn: apsw.Connection) -> None:
+        """The writer closes: wait for a checkpoint that is running, run one still queued here
+        (the engine's background thread skips jobs once it closes), so the file is left tidy."""
+        with self._lock:
+            self._closed = True
+            while self._running:
+                self._lock.wait()
+            queued, self._queued = self._queued, False
+        if queued:
+            self._run(conn, "main")

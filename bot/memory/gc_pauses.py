@@ -1,0 +1,58 @@
+"""Keep Python's full garbage collections from walking the warm vector cache.
+
+A full (generation 2) collection visits every tracked object: with the cache of 100k memories
+warm that was ~51k objects and 33 ms, holding the GIL, so a recall that met one waited for it
+(issue 12). The cache lives as long as its engine and holds no garbage cycles, so once it is
+warm everything alive is moved out of the collector's sight (`gc.freeze`); the last engine to
+close gives it back (`gc.unfreeze`). Freezing is process-wide, hence the count of engines.
+
+No `gc.collect()` before freezing: in a process that opens many engines (the tests) each one
+would pay a full collection; the few cycles that are garbage at that moment are only kept until
+the last engine closes.
+
+`MUNINN_GC_FREEZE=off` (an A/B switch for bench/tail.py, not a setting) leaves the collector alone.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+_lock = threading.Lock()
+_holders = 0  # engines whose warm cache is frozen
+
+
+def freeze_wanted() -> bool:
+    return os.environ.get("MUNINN_GC_FREEZE", "").strip().lower() not in ("off", "0", "false", "no")
+
+
+def holders() -> int:
+    with _lock:
+        return _holders
+
+
+class FrozenWhileWarm:
+    """One engine's share of the freeze: `warm()` once its cache is loaded, `release()` at close."""
+
+    def __init__(self) -> None:
+        self._holding = False
+
+    def warm(self) -> None:
+        global _holders
+        if not freeze_wanted():
+            return
+        with _lock:
+            gc.freeze()  # also for an engine that holds already: what it loaded since joins
+            if not self._holding:
+                self._holding = True
+                _holders += 1
+
+    def release(self) -> None:
+        global _holders
+        with _lock:
+            if not self._holding:
+                return
+            self._holding = False
+            _holders -= 1
+            if _holders == 0:
+                gc.unfreeze()

@@ -1,0 +1,149 @@
+"""WAL checkpoints run on the engine's loader thread, never inside the writer's commits
+(bot/memory/checkpoints.py); at most one waits; closing leaves none behind; a reader that holds
+old pages (another process) only makes one stop short; recall sees every write throughout."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from bot.memory import checkpoints, db, store
+from bot.memory.engine import Engine
+from bot.memory.scope import Viewer
+from tests.helpers import until
+
+pytestmark = pytest.mark.sqlite_only("SQLite's WAL and its checkpoints")
+
+EVERY = 40  # pages: a handful of commits of the text below
+VIEWER = Viewer(user_id=7, channel_id=1, guild_id=1)
+
+
+@pytest.fixture(autouse=True)
+def small_threshold(monkeypatch):
+    monkeypatch.setattr(checkpoints, "EVERY_PAGES", EVERY)
+    monkeypatch.delenv("MUNINN_WAL_CHECKPOINT", raising=False)
+
+
+def bulky(i: int) -> store.NewMemory:
+    """A global memory of ~3 KB with a word of its own (`word{i}x`): a few WAL pages per commit."""
+    filler = " ".join(f"filler{i}n{j}" for j in range(300))
+    return store.NewMemory(f"word{i}x {filler}", "global", owner_id=1)
+
+
+async def write_burst(engine: Engine, count: int, start: int = 0) -> list[int]:
+    return [await engine.remember(bulky(i)) for i in range(start, start + count)]
+
+
+def ran(engine: Engine) -> list[checkpoints.Checkpoint]:
+    assert engine.storage.checkpoints is not None  # type: ignore[attr-defined]
+    return list(engine.storage.checkpoints.history)  # type: ignore[attr-defined]
+
+
+def block_loader(engine: Engine) -> threading.Event:
+    """Keep the engine's loader thread busy until the returned event is set."""
+    release = threading.Event()
+    engine.vector_cache.background(lambda conn: release.wait(30))  # type: ignore[misc]
+    return release
+
+
+async def test_a_burst_of_writes_checkpoints_on_the_loader_thread_not_in_the_commits(make_settings):
+    async with Engine(make_settings()) as engine:
+        assert await engine.write(lambda conn: db.query_value(conn, "PRAGMA wal_autocheckpoint")) == 0
+        await write_burst(engine, 60)
+        await until(lambda: len(ran(engine)) >= 2, "checkpointed twice")
+        done = ran(engine)
+        assert {c.thread.split("_")[0] for c in done} == {"muninn-vecload"}
+        assert all(c.copied_pages > 0 for c in done)
+
+
+async def test_at_most_one_checkpoint_waits_while_the_loader_is_busy(make_settings):
+    async with Engine(make_settings()) as engine:
+        release = block_loader(engine)
+        try:
+            await write_burst(engine, 60)  # the WAL passes the threshold several times over
+            checks = engine.storage.checkpoints  # type: ignore[attr-defined]
+            assert checks.skipped > 0 and ran(engine) == []
+        finally:
+            release.set()
+        await until(lambda: len(ran(engine)) == 1, "checkpointed once")
+        await asyncio.sleep(0.2)
+        assert len(ran(engine)) == 1  # the skipped ones were not queued behind it
+
+
+async def test_close_runs_the_queued_checkpoint_so_the_file_is_left_tidy(make_settings):
+    engine = await Engine(make_settings()).start()
+    release = block_loader(engine)
+    await write_burst(engine, 20)
+    checks = engine.storage.checkpoints  # type: ignore[attr-defined]
+    assert ran(engine) == [] and checks._queued
+
+
+    def release_once_checkpointed() -> None:  # close() waits for the loader, blocking the event loop
+        for _ in range(3000):
+            if checks.history:
+                break
+            threading.Event().wait(0.01)
+        release.set()
+    releaser = threading.Thread(target=release_once_checkpointed)
+    releaser.start()
+    await engine.close()
+    releaser.join()
+    last = checks.history[-1]
+    assert last.thread.startswith("muninn-db") and last.copied_pages == last.wal_pages > 0
+    assert len(checks.history) == 1  # the loader skipped its copy of the job
+
+
+async def test_a_reader_holding_old_pages_stops_a_checkpoint_short_and_loses_nothing(make_settings):
+    settings = make_settings()
+    async with Engine(settings) as engine:
+        ids = await write_burst(engine, 3)
+        checks = engine.storage.checkpoints  # type: ignore[attr-defined]
+        await until(lambda: not (checks._queued or checks._running), "done with the checkpoint of those")
+        other = db.connect(settings.db_path, migrate_schema=False)  # another process's reader, mid-read
+        other.execute("BEGIN")
+        assert db.query_value(other, "SELECT count(*) FROM memories") == 3
+        before = len(ran(engine))
+        ids += await write_burst(engine, 40, start=3)
+        await until(lambda: len(ran(engine)) > before, "checkpointed")
+        assert all(c.copied_pages < c.wal_pages for c in ran(engine)[before:])  # stopped short of its pages
+        other.execute("COMMIT")
+        seen = len(ran(engine))
+        ids += await write_burst(engine, 40, start=43)
+        await until(lambda: any(c.copied_pages == c.wal_pages for c in ran(engine)[seen:]), "checkpointed all")
+        assert db.query_value(other, "SELECT count(*) FROM memories") == len(ids) == 83
+        other.close()
+        assert set(await engine.read(lambda c: [r[0] for r in c.execute("SELECT id FROM memories")])) == set(ids)
+
+
+async def test_recall_sees_every_write_while_checkpoints_run(make_settings):
+    async with Engine(make_settings()) as engine:
+        for i in range(60):
+            memory_id = await engine.remember(bulky(i))
+            result = await engine.recall(f"word{i}x", VIEWER)
+            assert memory_id in result.ids, i
+        assert len(ran(engine)) >= 1
+
+
+async def test_inline_switch_checkpoints_in_the_commit(make_settings, monkeypatch):
+    """The A/B switch of bench/tail.py: as SQLite's automatic checkpoint, on the writer's thread."""
+    monkeypatch.setenv("MUNINN_WAL_CHECKPOINT", "inline")
+    async with Engine(make_settings()) as engine:
+        await write_burst(engine, 30)
+        assert ran(engine) and {c.thread.split("_")[0] for c in ran(engine)} == {"muninn-db"}
+
+
+async def test_a_scrub_waits_for_a_running_checkpoint(make_settings):
+    """forget(scrub=True) truncates the WAL itself: a background checkpoint holding the checkpoint
+    lock would make it leave the forgotten words there, silently."""
+    async with Engine(make_settings()) as engine:
+        checks = engine.storage.checkpoints  # type: ignore[attr-defined]
+        with checks._lock:
+            checks._running = True  # as while the loader's checkpoint runs
+        scrub = asyncio.create_task(engine.forget([await engine.remember(bulky(0))], scrub=True))
+        await asyncio.sleep(0.3)
+        assert not scrub.done()
+        with checks._lock:
+            checks._running = False
+            checks._lock.notify_all()
+        assert await scrub == 1
