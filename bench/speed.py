@@ -948,7 +948,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--shape", choices=("skew", "uniform"), default="skew",
                         help="skew: the realistic shape of issue 12 (default); uniform: round 1's")
-    parser.add_argument("--viewers", type=int, default=120, help="recalls per viewer class (uniform: in all); 40-60 let p95 move 4-9 ms between identical runs")
+    parser.add_argument("--viewers", type=int, default=120,
+                        help="recalls per viewer class (uniform: in all); with 40 a class, p95 moved 4-9 ms between runs")
     parser.add_argument("--chunk-size", type=int, default=vectors.DEFAULT_CHUNK_SIZE)
     parser.add_argument("--workdir", default=str(RESULTS))
     parser.add_argument("--no-maintenance", dest="maintenance", action="store_false")

@@ -246,11 +246,12 @@ def summarise(blocks: list[Block]) -> dict[str, Any]:
             "ckpt_ms_in_recalls": round(sum(r["ckpt_ms"] for r in rows), 1),
             "gc_ms_in_recalls": round(sum(r["gc_ms"] for r in rows), 1)}
     ckpts = [c for b in blocks for c in b.checkpoints]
-    by_thread: dict[str, list[float]] = {}
+    by_thread: dict[str, list[dict[str, Any]]] = {}
     for c in ckpts:
-        by_thread.setdefault(c["thread"], []).append(c["ms"])
-    out["checkpoints"] = {thread: {"n": len(ms), "p50_ms": round(percentile(ms, 50), 2),
-                                   "max_ms": round(max(ms), 2)} for thread, ms in by_thread.items()}
+        by_thread.setdefault(c["thread"], []).append(c)
+    out["checkpoints"] = {thread: {"n": len(done), "p50_ms": round(percentile([c["ms"] for c in done], 50), 2),
+                                   "max_ms": round(max(c["ms"] for c in done), 2),
+                                   "wal_pages_max": max(c["wal"] for c in done)} for thread, done in by_thread.items()}
     out["gc_collect_ms"] = [round(b.full_collect_ms, 2) for b in blocks]
     full = [ms for b in blocks for ms in b.full_gcs_ms]
     out["full_gcs"] = {"n": len(full), "p50_ms": round(percentile(full, 50), 2) if full else 0.0,

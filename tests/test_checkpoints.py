@@ -116,6 +116,18 @@ async def test_a_reader_holding_old_pages_stops_a_checkpoint_short_and_loses_not
         assert set(await engine.read(lambda c: [r[0] for r in c.execute("SELECT id FROM memories")])) == set(ids)
 
 
+async def test_a_long_burst_of_writes_does_not_grow_the_wal_without_end(make_settings):
+    """Back to back, each write begins before the checkpoint of the one before ends, so the WAL
+    never started over by itself (SQLite restarts it at a write that finds it all copied)."""
+    async with Engine(make_settings()) as engine:
+        await asyncio.gather(*(engine.remember(bulky(i)) for i in range(100)))  # ~50 pages each
+        await until(lambda: not (engine.storage.checkpoints._queued  # type: ignore[attr-defined]
+                                 or engine.storage.checkpoints._running), "done")  # type: ignore[attr-defined]
+        assert engine.storage.checkpoints.restarts >= 1  # type: ignore[attr-defined]
+        longest = max(c.wal_pages for c in ran(engine))
+        assert longest < checkpoints.RESTART_AFTER * EVERY * 3, longest
+
+
 async def test_recall_sees_every_write_while_checkpoints_run(make_settings):
     async with Engine(make_settings()) as engine:
         for i in range(60):

@@ -9,6 +9,14 @@ never waits for readers or the writer) is queued on the engine's background thre
 one at a time. A checkpoint copies committed pages into the file: a failed one loses nothing
 (the pages stay in the WAL) and the next one tries again.
 
+SQLite starts the WAL over at a write that begins once every page in it has been copied. Inside
+the commit that was always so; from another thread, during a burst of writes (an import,
+maintenance), the next write has begun before the checkpoint ends and the WAL grew without end
+(~50 pages a message at 100k). So a background checkpoint that caught up with a WAL longer than
+RESTART_AFTER x EVERY_PAGES asks for a RESTART checkpoint without waiting (busy timeout 0): it
+takes the write lock for the few pages written meanwhile, or, when the writer or a reader is busy,
+gives up at once until the next one.
+
 Other processes on the same file checkpoint their own commits; a reader of any process that
 still uses old pages only makes a PASSIVE checkpoint stop short of them (the next one goes on).
 
@@ -28,9 +36,12 @@ from typing import Callable, Iterator
 
 import apsw
 
+from bot.memory.db import BUSY_TIMEOUT_MS
+
 log = logging.getLogger(__name__)
 
 EVERY_PAGES = 1000  # SQLite's own automatic checkpoint threshold
+RESTART_AFTER = 8   # x EVERY_PAGES: a WAL this long is started over once a checkpoint has caught up
 HISTORY = 256       # checkpoints remembered for the benchmarks and tests
 
 # Runs `job(connection)` on another thread, later (the engine's loader, Engine._load_in_background)
@@ -67,6 +78,7 @@ class Checkpoints:
         self._closed = False
         self.history: deque[Checkpoint] = deque(maxlen=HISTORY)
         self.skipped = 0          # commits past the threshold while one was queued or running
+        self.restarts = 0         # RESTART checkpoints that succeeded
 
     def install(self, conn: apsw.Connection) -> None:
         """Take over the writer's checkpoints (the pragma first: setting it replaces the hook)."""
@@ -84,7 +96,7 @@ class Checkpoints:
                     self._run(conn, name)
                 else:
                     assert self._background is not None
-                    self._background(lambda reader: self._run_queued(reader, name))
+                    self._background(lambda reader: self._run_queued(reader, name, restart=True))
         except Exception:  # the write is committed; a checkpoint can wait
             log.exception("could not start a WAL checkpoint; the writes are safe in the WAL")
             with self._lock:
@@ -104,7 +116,7 @@ class Checkpoints:
             self._queued = not self.inline
             return True
 
-    def _run_queued(self, conn: apsw.Connection, name: str) -> None:
+    def _run_queued(self, conn: apsw.Connection, name: str, *, restart: bool = False) -> None:
         with self._lock:
             if not self._queued or self._closed:  # the writer's close ran it already
                 return
@@ -113,16 +125,18 @@ class Checkpoints:
             self._queued = False
             self._running = True
         try:
-            self._run(conn, name)
+            self._run(conn, name, restart=restart)
         finally:
             with self._lock:
                 self._running = False
                 self._lock.notify_all()
 
-    def _run(self, conn: apsw.Connection, name: str) -> None:
+    def _run(self, conn: apsw.Connection, name: str, *, restart: bool = False) -> None:
         started = time.perf_counter()
         try:
             wal, copied = conn.wal_checkpoint(name, apsw.SQLITE_CHECKPOINT_PASSIVE)
+            if restart and copied == wal >= RESTART_AFTER * self.every_pages:
+                wal, copied = self._restart(conn, name, wal, copied)
         except apsw.BusyError:  # another connection (of any process) is checkpointing right now
             log.debug("WAL checkpoint skipped: another connection is running one")
             return
@@ -131,6 +145,17 @@ class Checkpoints:
                         "checkpoint tries again", exc)
             return
         self.history.append(Checkpoint(threading.current_thread().name, started, time.perf_counter(), wal, copied))
+
+    def _restart(self, conn: apsw.Connection, name: str, wal: int, copied: int) -> tuple[int, int]:
+        conn.set_busy_timeout(0)
+        try:
+            wal, copied = conn.wal_checkpoint(name, apsw.SQLITE_CHECKPOINT_RESTART)
+            self.restarts += 1
+        except apsw.BusyError:  # the writer is in a transaction or a reader still reads the WAL: next time
+            pass
+        finally:
+            conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        return wal, copied
 
     @contextmanager
     def paused(self) -> Iterator[None]:
