@@ -1,21 +1,21 @@
 """WAL checkpoints off the commit path.
 
 SQLite's automatic checkpoint runs inside the commit that pushes the WAL past 1,000 pages, on
-the writer's thread: 11-25 ms each at 100k memories (the first after opening ~300 ms), and a
-recall whose touch was that commit waited for all of it (issue 12). Here the writer stops
-checkpointing (`wal_autocheckpoint` off; our WAL hook takes its place) and, once the WAL has
-grown another `EVERY_PAGES` pages since the last one was asked for, a PASSIVE checkpoint (it
-never waits for readers or the writer) is queued on the engine's background thread, at most
-one at a time. A checkpoint copies committed pages into the file: a failed one loses nothing
-(the pages stay in the WAL) and the next one tries again.
+the writer's thread: median 9-20 ms at 100k memories, the longest 180-780 ms (bench/README.md,
+round 7), and whatever waited for the writer (a recall's touch) waited for it too (issue 12).
+Here the writer stops checkpointing (`wal_autocheckpoint` off; our WAL hook takes its place)
+and, once the WAL has grown another `EVERY_PAGES` pages past what the last checkpoint saw, a
+PASSIVE checkpoint (it never waits for readers or the writer) is queued on the engine's
+background thread, at most one at a time. A checkpoint copies committed pages into the file: a
+failed one loses nothing (the pages stay in the WAL) and the next one tries again.
 
 SQLite starts the WAL over at a write that begins once every page in it has been copied. Inside
-the commit that was always so; from another thread, during a burst of writes (an import,
-maintenance), the next write has begun before the checkpoint ends and the WAL grew without end
-(~50 pages a message at 100k). So a background checkpoint that caught up with a WAL longer than
-RESTART_AFTER x EVERY_PAGES asks for a RESTART checkpoint without waiting (busy timeout 0): it
-takes the write lock for the few pages written meanwhile, or, when the writer or a reader is busy,
-gives up at once until the next one.
+the commit that was always so; from another thread, in a burst of writes the next write has
+begun before the checkpoint ends, and the WAL grew without end (1,957 pages after 100 writes in
+a test, where the automatic checkpoint kept it near 1,000). So a background checkpoint that
+caught up with a WAL longer than RESTART_AFTER x EVERY_PAGES asks for a RESTART checkpoint
+without waiting (busy timeout 0): it takes the write lock for the few pages written meanwhile,
+or, when the writer or a reader is busy, gives up at once and is tried again after the next commit.
 
 Other processes on the same file checkpoint their own commits; a reader of any process that
 still uses old pages only makes a PASSIVE checkpoint stop short of them (the next one goes on).
@@ -41,7 +41,7 @@ from bot.memory.db import BUSY_TIMEOUT_MS
 log = logging.getLogger(__name__)
 
 EVERY_PAGES = 1000  # SQLite's own automatic checkpoint threshold
-RESTART_AFTER = 8   # x EVERY_PAGES: a WAL this long is started over once a checkpoint has caught up
+RESTART_AFTER = 2   # x EVERY_PAGES: a WAL this long is started over once a checkpoint has caught up (inline: ~1x)
 HISTORY = 256       # checkpoints remembered for the benchmarks and tests
 
 # Runs `job(connection)` on another thread, later (the engine's loader, Engine._load_in_background)
@@ -79,6 +79,7 @@ class Checkpoints:
         self.history: deque[Checkpoint] = deque(maxlen=HISTORY)
         self.skipped = 0          # commits past the threshold while one was queued or running
         self.restarts = 0         # RESTART checkpoints that succeeded
+        self._restart_wanted = False  # one found the writer or a reader busy: try again after the next commit
 
     def install(self, conn: apsw.Connection) -> None:
         """Take over the writer's checkpoints (the pragma first: setting it replaces the hook)."""
@@ -107,7 +108,9 @@ class Checkpoints:
         with self._lock:
             if pages < self._asked_at:
                 self._asked_at = 0  # the WAL started over after a complete checkpoint
-            if self._closed or pages - self._asked_at < self.every_pages:
+                self._restart_wanted = False
+            grown = pages - self._asked_at >= self.every_pages
+            if self._closed or not (grown or self._restart_wanted):
                 return False
             if self._queued or self._running or self._paused:
                 self.skipped += 1
@@ -144,6 +147,8 @@ class Checkpoints:
             log.warning("could not checkpoint the WAL (%s); the writes are safe in the WAL and the next "
                         "checkpoint tries again", exc)
             return
+        with self._lock:  # the next one when the WAL has grown another every_pages past what this one saw
+            self._asked_at = max(self._asked_at, wal)
         self.history.append(Checkpoint(threading.current_thread().name, started, time.perf_counter(), wal, copied))
 
     def _restart(self, conn: apsw.Connection, name: str, wal: int, copied: int) -> tuple[int, int]:
@@ -151,8 +156,9 @@ class Checkpoints:
         try:
             wal, copied = conn.wal_checkpoint(name, apsw.SQLITE_CHECKPOINT_RESTART)
             self.restarts += 1
-        except apsw.BusyError:  # the writer is in a transaction or a reader still reads the WAL: next time
-            pass
+            self._restart_wanted = False
+        except apsw.BusyError:  # the writer is in a transaction or a reader still reads the WAL: after the next commit
+            self._restart_wanted = True
         finally:
             conn.set_busy_timeout(BUSY_TIMEOUT_MS)
         return wal, copied

@@ -44,7 +44,10 @@ class SQLiteStorage:
         return conn
 
     def open_reader(self) -> apsw.Connection:
-        conn = db.connect(self.path, migrate_schema=False)
+        # not while a background checkpoint writes pages into the file: the check of its header
+        # before opening (files.check_before_open) could find it shorter than the header says
+        with self._own_checkpoint():
+            conn = db.connect(self.path, migrate_schema=False)
         conn.execute("PRAGMA query_only = 1")
         # No memory map on the readers. After any commit (each recall's touch is one) a reader
         # drops its map with its page cache and maps the file again at its next statement, and
@@ -202,8 +205,9 @@ class SQLiteStorage:
         return True
 
     def _own_checkpoint(self) -> ContextManager[None]:
-        """The writer's TRUNCATE checkpoint must not meet a background one (it would find the
-        checkpoint lock taken and leave the forgotten words in the WAL)."""
+        """Waits for a background checkpoint and keeps new ones from starting meanwhile: the
+        writer's TRUNCATE checkpoint would find the checkpoint lock taken and leave the forgotten
+        words in the WAL; a reader opening would find the file mid-copy."""
         return self.checkpoints.paused() if self.checkpoints is not None else nullcontext()
 
     def archive(self, conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
