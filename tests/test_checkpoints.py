@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import apsw
 import pytest
@@ -40,6 +42,19 @@ async def write_burst(engine: Engine, count: int, start: int = 0) -> list[int]:
 async def small_write(engine: Engine) -> None:
     """A commit of a page or two: far from another EVERY pages."""
     await engine.write(lambda conn: db.set_meta(conn, "small", str(time.perf_counter_ns())))  # a new value: a page written
+
+
+@contextmanager
+def loader_checkpointing(checks: checkpoints.Checkpoints) -> Iterator[None]:
+    """As while a checkpoint runs on the loader thread (the engine's own code waits on this state)."""
+    with checks._lock:
+        checks._running = True
+    try:
+        yield
+    finally:
+        with checks._lock:
+            checks._running = False
+            checks._lock.notify_all()
 
 
 def ran(engine: Engine) -> list[checkpoints.Checkpoint]:
@@ -176,12 +191,22 @@ async def test_a_scrub_waits_for_a_running_checkpoint(make_settings):
     lock would make it leave the forgotten words there, silently."""
     async with Engine(make_settings()) as engine:
         checks = engine.storage.checkpoints  # type: ignore[attr-defined]
-        with checks._lock:
-            checks._running = True  # as while the loader's checkpoint runs
-        scrub = asyncio.create_task(engine.forget([await engine.remember(bulky(0))], scrub=True))
-        await asyncio.sleep(0.3)
-        assert not scrub.done()
-        with checks._lock:
-            checks._running = False
-            checks._lock.notify_all()
+        memory_id = await engine.remember(bulky(0))
+        await until(lambda: not (checks._queued or checks._running), "done with the checkpoint of that write")
+        with loader_checkpointing(checks):
+            scrub = asyncio.create_task(engine.forget([memory_id], scrub=True))
+            await asyncio.sleep(0.3)
+            assert not scrub.done()
         assert await scrub == 1
+
+
+async def test_a_read_connection_opens_between_background_checkpoints(make_settings):
+    """Opening checks the file's header against its size (files.check_before_open); mid-copy, a
+    checkpoint has written page 1 before extending the file, and the check saw it "truncated"."""
+    async with Engine(make_settings()) as engine:
+        checks = engine.storage.checkpoints  # type: ignore[attr-defined]
+        with loader_checkpointing(checks):
+            first_read = asyncio.create_task(engine.read(lambda conn: db.query_value(conn, "SELECT 1")))
+            await asyncio.sleep(0.3)
+            assert not first_read.done()
+        assert await first_read == 1
