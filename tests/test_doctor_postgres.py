@@ -53,7 +53,8 @@ def test_fix_clamps_values_lists_grants_it_leaves_and_says_what_it_cannot_do(doc
         assert not healthy and not found["stored values"]["ok"] and not found["permissions"]["ok"]
         assert f"{READER} may read memories" in found["permissions"]["detail"]
         assert "PUBLIC may read messages" in found["permissions"]["detail"]
-        assert f'REVOKE SELECT ON memories, messages, memory_vectors, memory_pauses FROM PUBLIC, "{READER}"' in found["permissions"]["fix"]
+        revoke = f'REVOKE SELECT ON memories, messages, memory_vectors, memory_pauses FROM PUBLIC, "{READER}"'
+        assert revoke in found["permissions"]["fix"]
         assert "--fix on PostgreSQL" not in found                       # said only when asked to fix
 
         healthy, found = doctor("--fix")
