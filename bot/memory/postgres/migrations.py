@@ -19,6 +19,8 @@ import logging
 
 import psycopg
 
+from bot.memory.files import DatabaseError
+
 log = logging.getLogger(__name__)
 
 # Serialises concurrent migrators (two processes starting at once) inside the transaction.
@@ -284,6 +286,13 @@ MIGRATIONS: list[str] = [
 ]
 
 
+# Extensions a migration creates besides pgvector (which the backend names itself), and what to
+# install when the server lacks one: said in one line instead of psycopg's error.
+EXTENSIONS_NEEDED = {14: "btree_gin"}
+CONTRIB_FIX = ("install PostgreSQL's contrib modules on the server (btree_gin is one; e.g. the postgresql-contrib "
+               "package), or have an administrator run CREATE EXTENSION btree_gin in this database")
+
+
 def schema_version(conn: psycopg.Connection) -> int:
     row = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()
     if row is None or not row[0]:
@@ -308,7 +317,14 @@ def migrate(conn: psycopg.Connection) -> int:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             if schema_version(conn) >= number:
                 continue  # another process applied it while we waited for the lock
-            conn.execute(MIGRATIONS[number - 1].encode())  # our own constant SQL (bytes: psycopg accepts a non-literal query)
+            try:
+                conn.execute(MIGRATIONS[number - 1].encode())  # our own constant SQL (bytes: psycopg accepts a non-literal query)
+            except (psycopg.errors.UndefinedFile, psycopg.errors.FeatureNotSupported,
+                    psycopg.errors.InsufficientPrivilege) as exc:
+                if number not in EXTENSIONS_NEEDED or "extension" not in str(exc):
+                    raise
+                raise DatabaseError(f"PostgreSQL has no {EXTENSIONS_NEEDED[number]} extension, which Muninn's "
+                                    f"migration {number} needs ({str(exc).strip().splitlines()[0]}): {CONTRIB_FIX}") from exc
             conn.execute("DELETE FROM schema_version")
             conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (number,))
     if current == 0:
