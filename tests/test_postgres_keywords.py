@@ -297,3 +297,25 @@ async def test_a_forgotten_rare_word_is_counted_again(pg_fts_engine, monkeypatch
     assert await pg_fts_engine.read(keywords.searched_words, ["zebulon", "pizza"]) == ["zebulon"]
     await pg_fts_engine.forget([rex])
     assert await pg_fts_engine.read(keywords.searched_words, ["zebulon", "pizza"]) == ["zebulon", "pizza"]
+
+
+async def test_estimates_read_while_memories_left_are_not_kept(make_settings, postgres_server, monkeypatch):
+    # a background read that began before a mass delete may have counted the memories it removed:
+    # the delete's forget wins, and the next recall reads them again
+    url = postgres_server.create_database("muninn_estimate_race", template=TEMPLATE)
+    try:
+        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
+            await crowd(engine, "Bob cooked pasta", keywords.ESTIMATE_MIN)
+            await engine.read(lambda conn: conn.pg.execute("ANALYZE memories"))
+            read = keywords.read_estimates
+
+            def read_then_forget(conn):
+                found = read(conn)
+                keywords.forget_counts(conn)  # as a delete committing meanwhile does
+                return found
+            monkeypatch.setattr(keywords, "read_estimates", read_then_forget)
+            assert (await engine.read(keywords.refresh_estimates))["pasta"] == keywords.ESTIMATE_MIN
+            assert url not in keywords._estimates
+    finally:
+        keywords.forget_counts()
+        postgres_server.drop_database("muninn_estimate_race")
