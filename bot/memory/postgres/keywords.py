@@ -250,21 +250,6 @@ def count_at_once(conn: PgConnection, words: list[str], limit: int) -> None:
             cache[word] = (int(count), limit, now)
 
 
-# A common word (over fts.common_limit) in at most this many memories takes its hits from the
-# (vis_key, text_search) index (keyword_step); past it the newest ids are walked per key, which
-# stops at the COMMON_HITS-th visible match, sooner the more common the word.
-MATCH_FIRST_MAX = 10_000
-
-
-def _known_size(conn: PgConnection, word: str) -> int | None:
-    """How many active memories hold `word` when known up to MATCH_FIRST_MAX (counted that far,
-    exact, or estimated), else None: not counted again for this."""
-    hit = _counts.get(_database(conn), {}).get(word)
-    if hit is not None and (hit[0] <= hit[1] or hit[1] >= MATCH_FIRST_MAX):
-        return hit[0]
-    return None
-
-
 def searched_words(conn: PgConnection, words: list[str], limit: int | None = None) -> list[str]:
     limit = fts.common_limit(conn, newest_id(conn)) if limit is None else limit
     if len(words) > 1:
@@ -307,23 +292,7 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
     match = _tsquery(words)
     since = " AND m.created_at <= %s" if as_of is not None else ""
     after: list[Any] = [as_of] if as_of is not None else []
-    common = max(counts.values()) > common_limit
-    size = max(_known_size(conn, w) or 0 for w in words) if common else 0
-    if common and 0 < size <= MATCH_FIRST_MAX:
-        # A common word of at most MATCH_FIRST_MAX memories: the viewer's matches straight from
-        # the (vis_key, text_search) GIN index (migration 14: the keys' entries and the word's
-        # intersected, no row of another viewer read), the newest COMMON_HITS of them in the
-        # window ranked. Walking the newest ids per key matched every visible tsvector down to
-        # the COMMON_HITS-th match: up to COMMON_WINDOW rows for a word in 2-10 % of memories.
-        window, after = "", [as_of] if as_of is not None else []
-        if as_of is None:
-            window = (" AND m.id > (SELECT coalesce(max((SELECT max(n.id) FROM memories n WHERE n.vis_key = v.key "
-                      "AND n.archived_at IS NULL)), 0) FROM unnest(%s::text[]) v(key)) - %s")
-            after = [keys, fts.COMMON_WINDOW]
-        hits = (f"SELECT m.id, m.text_search FROM memories m WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) "
-                f"AND m.text_search @@ ({match}){window}{since} ORDER BY m.id DESC LIMIT %s")
-        hit_params = [keys, *words, *after, fts.COMMON_HITS]
-    elif common:
+    if max(counts.values()) > common_limit:
         # A common word: the newest COMMON_HITS visible matches, walked newest first per visibility
         # key in the (vis_key, id) index that carries text_search (migration 11; `id > 0` selects
         # it), so only the viewer's own rows are matched and no heap page is read. Walking all ids
