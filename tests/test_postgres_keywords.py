@@ -177,7 +177,7 @@ async def test_estimates_are_of_active_memories_and_off_after_a_mass_delete(make
 def _stale_estimates(conn) -> None:
     conn.pg.execute("ANALYZE memories")
     keywords.forget_counts()
-    keywords._estimates[keywords._database(conn)] = ({}, time.monotonic() - fts.COUNT_TTL_S, {})
+    keywords._estimates[keywords._database(conn)] = ({}, time.monotonic() - fts.COUNT_TTL_S, [])
 
 
 async def test_a_recall_uses_the_last_estimates_and_the_loader_reads_new_ones(make_settings, postgres_server):

@@ -15,7 +15,6 @@ import json
 import logging
 import threading
 import time
-import unicodedata
 from typing import Any
 
 import psycopg
@@ -106,9 +105,9 @@ ESTIMATE_MIN = 250
 # Per database URL: (stem -> estimated active memories holding it, when read). Read again
 # after fts.COUNT_TTL_S (autovacuum's ANALYZE renews the statistics as the table changes) in
 # the background (`refresh_estimates` on the engine's loader thread): a recall uses the last
-# read and never waits for one (it took ~65 ms at 100k, 190-340 ms at 1M, inside one recall
+# read and never waits for one (it took 10-65 ms at 100k, 190-340 ms at 1M, inside one recall
 # per 10 minutes). Until the first read, and while the statistics are off, every word is counted.
-_estimates: dict[str, tuple[dict[str, int], float, dict[str, list[str]]]] = {}
+_estimates: dict[str, tuple[dict[str, int], float, list[str]]] = {}  # + the stems not counted
 _refreshing: dict[str, float] = {}  # database -> when its read was handed to the loader
 _generation: dict[str, int] = {}    # database -> estimates dropped so far (forget_counts)
 _refresh_lock = threading.Lock()
@@ -120,7 +119,7 @@ REFRESH_STUCK_S = 60.0  # a read handed over this long ago never ran (its engine
 # index memories_active_vis): a mass delete or archive since the ANALYZE (fewer active now than
 # (1 - STATS_DRIFT) x then) would make the estimates call words common that are not: none are
 # used then. Not pg_stat_user_tables' n_mod_since_analyze: every recall's touch is an UPDATE
-# there, and an archive is an UPDATE alike. The count is off the recall (background), ~55 ms at
+# there, and an archive is an UPDATE alike. The count is off the recall (background), 13-55 ms at
 # 100k once per fts.COUNT_TTL_S.
 STATS_DRIFT = 0.05
 _STATS = ("SELECT e.most_common_elems::text::text[], e.most_common_elem_freqs, e.null_frac, c.reltuples, "
@@ -154,13 +153,10 @@ def refresh_estimates(conn: PgConnection) -> dict[str, int]:
     generation = _generation.get(where, 0)
     try:
         found = read_estimates(conn)
-        by_prefix: dict[str, list[str]] = {}
-        for stem, n in found.items():
-            if n >= ESTIMATE_MIN:
-                by_prefix.setdefault(stem[:STEM_PREFIX], []).append(stem)
+        not_counted = [stem for stem, n in found.items() if n >= ESTIMATE_MIN]
         with _refresh_lock:
             if _generation.get(where, 0) == generation:
-                _estimates[where] = (found, time.monotonic(), by_prefix)
+                _estimates[where] = (found, time.monotonic(), not_counted)
         return found
     finally:
         with _refresh_lock:
@@ -200,27 +196,14 @@ def estimates(conn: PgConnection) -> dict[str, int]:
     return _last_estimates(conn)[0]
 
 
-def _last_estimates(conn: PgConnection) -> tuple[dict[str, int], float, dict[str, list[str]]]:
+def _last_estimates(conn: PgConnection) -> tuple[dict[str, int], float, list[str]]:
     where = _database(conn)
     hit = _estimates.get(where)
     if hit is None or time.monotonic() - hit[1] >= fts.COUNT_TTL_S:
         if not _refresh_later(conn):
             refresh_estimates(conn)
             hit = _estimates.get(where, hit)
-    return hit if hit is not None else ({}, 0.0, {})
-
-
-# The stems estimated at ESTIMATE_MIN or more that the count statement is told of: only those
-# sharing their first STEM_PREFIX letters with a word counted (english stems begin as their
-# word does; a stem left out is only counted instead). All ~300 of them at 100k made every
-# count statement 0.3 ms slower (p50), and listing them per statement cost Python as much.
-STEM_PREFIX = 3
-
-
-def _estimated_stems(by_prefix: dict[str, list[str]], words: list[str]) -> list[str]:
-    prefixes = {unicodedata.normalize("NFKD", w)[:STEM_PREFIX + 2].encode("ascii", "ignore").decode()[:STEM_PREFIX]
-                for w in words}
-    return [stem for prefix in prefixes for stem in by_prefix.get(prefix, ())]
+    return hit if hit is not None else ({}, 0.0, [])
 
 
 def count_at_once(conn: PgConnection, words: list[str], limit: int) -> None:
@@ -234,8 +217,8 @@ def count_at_once(conn: PgConnection, words: list[str], limit: int) -> None:
         return
     if len(cache) + len(wanted) >= fts.COUNT_CACHE_MAX:
         cache.clear()
-    estimated, _, by_prefix = _last_estimates(conn)
-    params: dict[str, Any] = {"common": _estimated_stems(by_prefix, wanted), "limit": limit + 1}
+    estimated, _, not_counted = _last_estimates(conn)
+    params: dict[str, Any] = {"common": not_counted, "limit": limit + 1}
     for n, word in enumerate(wanted):
         params[f"i{n}"], params[f"w{n}"] = n, word
     # Prepared after a few runs (psycopg), so planned once for any word: right for what is counted
