@@ -66,7 +66,7 @@ MIGRATE_FIX = "muninn stats (any Muninn command that opens the database applies 
 
 def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
     """The same findings for a PostgreSQL database (MUNINN_DATABASE_URL): reachable and migrated,
-    pgvector present, sane stored values (repair.RULES, as on SQLite; --fix clamps them), vectors
+    pgvector and btree_gin present, sane stored values (repair.RULES, as on SQLite; --fix clamps them), vectors
     for every active memory, which roles may read the people's words (the counterpart of the file
     modes), who maintains it. A check changes nothing else: it opens a plain connection, never
     the writer's, so it does not migrate; it says what to run instead. `fix` clamps the stored
@@ -85,6 +85,9 @@ def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
         vector = conn.pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
         checks = [Check("pgvector", vector is not None, f"pgvector {vector[0] if vector else 'missing'}",
                         "" if vector else "CREATE EXTENSION vector (as a superuser), or install pgvector")]
+        gin = conn.pg.execute("SELECT (SELECT extversion FROM pg_extension WHERE extname = 'btree_gin'), "
+                              "EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'btree_gin')").fetchone()
+        checks.append(btree_gin_check(gin[0] if gin else None, bool(gin and gin[1])))
         version, latest = pg_schema_version(conn.pg), len(PG_MIGRATIONS)
         described = f"{storage.where()}: PostgreSQL {server[0] if server else '?'}, schema {version}/{latest}"
         if version > latest:
@@ -105,6 +108,17 @@ def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
     if fix:
         checks.append(Check("--fix on PostgreSQL", True, POSTGRES_FIX_LIMITS))
     return checks
+
+
+def btree_gin_check(installed: str | None, available: bool) -> Check:
+    """btree_gin: the keyword index is GIN over (vis_key, text_search) (PostgreSQL migration 14),
+    which a plain column in a GIN index needs. A server whose contrib modules are missing lacks it."""
+    from bot.memory.postgres.migrations import CONTRIB_FIX
+    if installed is not None:
+        return Check("btree_gin", True, f"btree_gin {installed}")
+    if available:
+        return Check("btree_gin", True, "btree_gin available on the server (Muninn's migration 14 creates it)")
+    return Check("btree_gin", False, "btree_gin missing on the server (Muninn's keyword index needs it)", CONTRIB_FIX)
 
 
 # What `muninn doctor --fix` cannot do on PostgreSQL, said once at the end of its report.
