@@ -30,7 +30,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Protocol, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import apsw
 import numpy as np
@@ -162,13 +163,19 @@ class KeyVectors:
         self._regrow(self.n - self.dead + SLACK_ROWS)
 
 
+# A changed memory as the change log's read saw it: id -> (vis_key, created_at, its vector (None:
+# not read with it)) for an active memory with a vector; id -> None for one without (removed).
+Changed = dict[int, "tuple[str, float, np.ndarray | None] | None"]
+
+
 class VectorSource(Protocol):
     """The storage reads of the cache, per backend. A mark is opaque to the cache: where in the
     change log it has read up to."""
 
-    def poll(self, conn: Any, mark: Any) -> tuple[str | None, list[int], Any, bool]:
+    def poll(self, conn: Any, mark: Any) -> tuple[str | None, list[int], Any, bool, Changed | None]:
         """(the index's epoch, ids changed since `mark` (None: none, just the current mark), the
-        mark after them, False when the log was pruned past `mark`)."""
+        mark after them, False when the log was pruned past `mark`, and the changed memories as
+        of that mark when the same read gives them (else None: `_apply` reads them))."""
     def changed_between(self, conn: Any, older: Any, newer: Any) -> set[int]: ...
     def key_size_at_least(self, conn: Any, key: str, cap: int) -> int: ...
     def load_key(self, conn: Any, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
@@ -216,6 +223,20 @@ class VectorCache:
         self._seq: Any = 0  # the source's mark: SQLite's last applied seq, PostgreSQL's snapshot
         self._applied = 0  # how many polls' changes were applied (_sync: did one land meanwhile?)
         self._bytes = 0
+        self._reads = threading.local()  # one_log_read: this thread's block, and whether it read the log
+
+    @contextmanager
+    def one_log_read(self) -> Iterator[None]:
+        """Within the block, this thread's searches read the change log once (the first one):
+        the searches of one fact write's planning (2-3, each a round trip on PostgreSQL) answer
+        as of that read; the write checks against its plan's mark whether any vector changed since."""
+        outer = getattr(self._reads, "active", False)
+        self._reads.active = True
+        try:
+            yield
+        finally:
+            if not outer:
+                self._reads.active = self._reads.synced = False
 
     # -- bookkeeping --------------------------------------------------------
 
@@ -245,6 +266,15 @@ class VectorCache:
         the read began, so applying it is what one read under the lock would have done (another
         thread that only moved the mark found no change, and so nothing this read missed). Else it
         is read again from the new mark; after SYNC_TRIES such races, under the lock as before."""
+        once = getattr(self._reads, "active", False) and conn.get_autocommit()
+        if once and getattr(self._reads, "synced", False):
+            return set()  # one_log_read: read already in this block
+        overlay = self._read_log(conn, info)
+        if once and overlay is not None:
+            self._reads.synced = True
+        return overlay
+
+    def _read_log(self, conn: apsw.Connection, info: vectors.IndexInfo) -> set[int] | None:
         for _ in range(SYNC_TRIES):
             with self._lock:
                 if self._identity is None:
@@ -258,10 +288,10 @@ class VectorCache:
             fresh = self._identity is None
             return self._take(conn, info, self.source.poll(conn, None if fresh else self._seq), fresh=fresh)
 
-    def _take(self, conn: apsw.Connection, info: vectors.IndexInfo, polled: tuple[str | None, list[int], Any, bool],
-              *, fresh: bool) -> set[int] | None:
+    def _take(self, conn: apsw.Connection, info: vectors.IndexInfo,
+              polled: tuple[str | None, list[int], Any, bool, Changed | None], *, fresh: bool) -> set[int] | None:
         """_sync under the lock: apply `polled`, read from the current mark (from none: `fresh`)."""
-        epoch, changed, mark, complete = polled
+        epoch, changed, mark, complete, states = polled
         identity = (epoch, info.model, info.dim)
         if identity != self._identity:
             if not conn.get_autocommit():
@@ -279,15 +309,21 @@ class VectorCache:
         if not complete or len(changed) > MAX_APPLY:
             self._reset()
         elif changed:
-            self._apply(conn, info, set(changed))
+            self._apply(conn, info, set(changed), states)
             self._applied += 1
         self._seq = mark
         return set()
 
-    def _apply(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int]) -> None:
-        marks = ",".join("?" * len(ids))
-        now = {row[0]: row[1:] for row in conn.execute(
-            f"SELECT id, vis_key, created_at, embedded FROM memories WHERE id IN ({marks}) AND {ACTIVE}", tuple(ids))}
+    def _apply(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int],
+               states: Changed | None = None) -> None:
+        """Apply the changes of `ids`; `states`: what the log's read gave of them (PostgreSQL: their
+        keys and vectors in the same round trip; two more were a round trip each per write)."""
+        if states is not None:
+            now = {mid: (state[0], state[1], 1) for mid, state in states.items() if state is not None}
+        else:
+            marks = ",".join("?" * len(ids))
+            now = {row[0]: row[1:] for row in conn.execute(
+                f"SELECT id, vis_key, created_at, embedded FROM memories WHERE id IN ({marks}) AND {ACTIVE}", tuple(ids))}
         per_key: dict[str, int] = {}
         for memory_id in ids:
             old_key = self._key_of.pop(memory_id, None)
@@ -303,7 +339,12 @@ class VectorCache:
             self._too_big.discard(key)
         wanted = [memory_id for memory_id in ids
                   if (state := now.get(memory_id)) is not None and state[2] and state[0] in self._keys]
-        found = self.source.read_vectors(conn, info, wanted)
+        found: dict[int, np.ndarray] = {}
+        if states is not None:
+            found = {mid: vector for mid in wanted if (vector := _read_with(states, mid, info.dim)) is not None}
+        missing = [memory_id for memory_id in wanted if memory_id not in found]
+        if missing:
+            found.update(self.source.read_vectors(conn, info, missing))
         for memory_id in wanted:
             state = now[memory_id]
             vector = found.get(memory_id)
@@ -583,6 +624,13 @@ class VectorCache:
         return out
 
 
+def _read_with(states: Changed, memory_id: int, dim: int) -> np.ndarray | None:
+    """The vector the log's read gave for `memory_id`, if it has the index's size."""
+    state = states.get(memory_id)
+    vector = state[2] if state is not None else None
+    return vector if vector is not None and len(vector) == dim else None
+
+
 def unit(vector: Sequence[float]) -> np.ndarray:
     q = np.asarray(vector, dtype=np.float32)
     norm = float(np.sqrt(q @ q))
@@ -687,15 +735,15 @@ class SQLiteVectorSource:
     """The cache's reads on SQLite: vec0's chunk tables, and the log by `seq` (one writer at a
     time, so seq order is commit order and a rollback reuses its numbers)."""
 
-    def poll(self, conn: apsw.Connection, mark: int | None) -> tuple[str | None, list[int], int, bool]:
+    def poll(self, conn: apsw.Connection, mark: int | None) -> tuple[str | None, list[int], int, bool, None]:
         epoch = get_meta(conn, "vec_epoch")
         if mark is None:
-            return epoch, [], int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")), True
+            return epoch, [], int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")), True, None
         rows: list[tuple[int, int]] = [(int(seq), int(mid)) for seq, mid in conn.execute(
             "SELECT seq, memory_id FROM vector_changes WHERE seq > ? ORDER BY seq", (mark,))]
         if not rows:
-            return epoch, [], mark, True
-        return epoch, [memory_id for _, memory_id in rows], rows[-1][0], rows[0][0] == mark + 1
+            return epoch, [], mark, True, None
+        return epoch, [memory_id for _, memory_id in rows], rows[-1][0], rows[0][0] == mark + 1, None
 
     def changed_between(self, conn: apsw.Connection, older: int, newer: int) -> set[int]:
         return {int(mid) for (mid,) in conn.execute(

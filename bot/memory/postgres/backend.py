@@ -22,14 +22,14 @@ import logging
 import struct
 import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any, ContextManager, Iterator, Sequence
 
 import psycopg
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
-from bot.memory import decay, privacy, ranking, retrieval, store, vectors
+from bot.memory import decay, privacy, ranking, removals, retrieval, store, vectors
 from bot.memory.files import DatabaseError
 from bot.memory.postgres import keywords
 from bot.memory.postgres import scrub as postgres_scrub
@@ -39,7 +39,7 @@ from bot.memory.postgres.migrations import migrate
 from bot.memory.postgres.vector_source import PostgresVectorSource
 from bot.memory.retrieval import VITALS_COLUMNS, Candidate
 from bot.memory.scope import ACTIVE, Viewer, visible_keys
-from bot.memory.storage import SCRUBBED
+from bot.memory.storage import SCRUBBED, PlanState
 from bot.memory.vector_cache import VectorCache
 from bot.memory.vectors import IndexInfo, VectorSizeError
 
@@ -110,6 +110,12 @@ def _keyword_statement(words: list[str], keys: list[str], *, all_words: bool, li
             f"AND m.text_search @@ ({match}) ORDER BY {order} LIMIT %s",
             [keys, *words, *([] if all_words else words), limit])
 
+
+# One person's personal keys, in key order (scope.personal_keys' statement; parameters: the owner, twice).
+_KEY_STEP = ("SELECT min(vis_key) FROM memories WHERE owner_id = %s AND scope = 'personal' AND archived_at IS NULL "
+             "AND vis_key > ")
+_PERSONAL_KEYS = (f"ARRAY(WITH RECURSIVE k(key) AS ({_KEY_STEP}'' UNION ALL SELECT ({_KEY_STEP}k.key) FROM k "
+                  "WHERE k.key IS NOT NULL) SELECT key FROM k WHERE key IS NOT NULL)")
 
 # A recall's touch of its memories (parameters: now, growth, decay.MAX_STABILITY_DAYS).
 _TOUCH_SET = ("access_count = access_count + 1, last_accessed = greatest(%s, coalesce(last_accessed, 0)), "
@@ -273,11 +279,35 @@ class PostgresStorage:
         assert row is not None
         return str(row[0])
 
-    def plan_state(self, conn: PgConnection, model: str) -> tuple[str, IndexInfo | None]:
-        row = conn.pg.execute(f"SELECT pg_current_snapshot()::text, ({INDEX_STATE_SQL})").fetchone()
+    def plan_state(self, conn: PgConnection, model: str, owners: Sequence[int] = (),
+                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0) -> PlanState:
+        """One round trip: the snapshot, the index, each owner's personal keys (scope.personal_keys'
+        loose index scan, an array per owner) and each probe's exact-text check (keyword_search's
+        statement, its rows as JSON): these were a round trip each per fact. Never prepared (as
+        keyword_search: one generic plan for every key and word would not do)."""
+        people = list(dict.fromkeys(owners))
+        columns = [f"{_PERSONAL_KEYS}" for _ in people]
+        params: list[Any] = [owner for owner in people for _ in range(2)]
+        searched = [bool(words) for _, words in probes]
+        for vis_key, words in probes:
+            if words:
+                query, more = _keyword_statement(words, [vis_key], all_words=True, limit=same_text_limit)
+                columns.append(f"(SELECT json_agg(json_build_array(s.id, s.text))::text FROM ({query}) s)")
+                params += more
+        extra = "".join(f", {column}" for column in columns)
+        row = conn.pg.execute(f"SELECT pg_current_snapshot()::text, ({INDEX_STATE_SQL}){extra}".encode(), params,
+                              prepare=False).fetchone()
         assert row is not None
         info, _ = index_state_of(row[1])
-        return str(row[0]), info if info is not None and info.model == model else None
+        found = iter(row[2 + len(people):])
+        same_words = [[(int(mid), str(text)) for mid, text in json.loads(next(found) or "[]")] if was_searched else []
+                      for was_searched in searched]
+        return PlanState(str(row[0]), info if info is not None and info.model == model else None,
+                         {owner: [str(key) for key in keys] for owner, keys in zip(people, row[2:], strict=False)},
+                         same_words)
+
+    def one_log_read(self, conn: PgConnection) -> ContextManager[None]:
+        return self.vector_cache.one_log_read() if self.vector_cache is not None else nullcontext()
 
     def unchanged_since(self, conn: PgConnection, mark: str) -> bool:
         row = conn.pg.execute(_UNCHANGED_SINCE, (mark, mark)).fetchone()
@@ -425,7 +455,13 @@ class PostgresStorage:
             _lock_in_order(conn, ids)
             removed = conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
         keywords.forget_counts(conn, removed)  # a word counted as common may not be any more
+        self._count_removed(conn, removed)
         return removed
+
+    def _count_removed(self, conn: PgConnection, removed: int) -> None:
+        """Other processes' word counts (removals.py): after the commit, in a statement of its own
+        (inside the transaction every removal would wait for the one meta row)."""
+        removals.seen_own(keywords._database(conn), removals.add(conn, removed), removed)
 
     def scrub(self, conn: PgConnection, forgotten: Sequence[str] = SCRUBBED) -> None:
         postgres_scrub.scrub(conn, forgotten)  # a rewrite: VACUUM leaves the bytes in the files
@@ -435,11 +471,13 @@ class PostgresStorage:
 
     def archive(self, conn: PgConnection, memory_id: int, reason: str, now: float | None = None) -> None:
         with conn.pg.transaction():
-            conn.pg.execute("UPDATE memories SET archived_at = %s, archive_reason = %s, embedded = 0, updated_at = %s "
-                            "WHERE id = %s AND " + ACTIVE,
-                            (time.time() if now is None else now, reason, time.time(), memory_id))
+            archived = conn.pg.execute(
+                "UPDATE memories SET archived_at = %s, archive_reason = %s, embedded = 0, updated_at = %s "
+                "WHERE id = %s AND " + ACTIVE, (time.time() if now is None else now, reason, time.time(), memory_id)
+            ).rowcount
             conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))  # logged by trigger
         keywords.forget_counts(conn, 1)
+        self._count_removed(conn, max(archived, 0))
 
     def restore(self, conn: PgConnection, memory_id: int) -> None:
         now = time.time()
