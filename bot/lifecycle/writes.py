@@ -379,7 +379,8 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
         # check, in one step (PostgreSQL: one round trip; the lock is held from here to COMMIT).
         info, unchanged, same_words = storage.begin_fact_write(
             conn, [m.vis_key for m in memories], settings.embed_model, len(vecs[0]) if vecs else None,
-            searched_mark if any(s is not None for s in searched) else None, probes, SAME_TEXT_LIMIT)
+            searched_mark if any(s is not None for s in searched) else None, probes, SAME_TEXT_LIMIT,
+            [memory_id for near in searched if near for memory_id, _ in near])
         added: list[tuple[str, int, str]] = []   # (vis_key, id, text) stored by this write
         archived: set[int] = set()
         for index, memory in enumerate(memories):

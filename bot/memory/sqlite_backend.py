@@ -131,9 +131,9 @@ class SQLiteStorage:
         """Nothing to do: a write transaction begins IMMEDIATE, holding the file's one write lock."""
 
     def begin_fact_write(self, conn: apsw.Connection, keys: Sequence[str], model: str, dim: int | None, mark: Any,
-                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int
+                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int, searched: Sequence[int] = ()
                          ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:
-        self.lock_keys(conn, keys)
+        self.lock_keys(conn, keys)  # (one writer: any change since `mark` counts; a search costs no round trip)
         info = vectors.index_for(conn, model, dim) if dim is not None else None
         unchanged = mark is not None and self.unchanged_since(conn, mark)
         return info, unchanged, [self.keyword_search(conn, words, [key], all_words=True, limit=same_text_limit)

@@ -122,16 +122,18 @@ class Storage(Protocol):
         """Active memories under `keys` holding every word (oldest first) or any word (most
         relevant first): [(id, text)]. `words` are fts.tokens, never raw user text."""
     def begin_fact_write(self, conn: Connection, keys: Sequence[str], model: str, dim: int | None, mark: Any,
-                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int
+                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int, searched: Sequence[int] = ()
                          ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:
         """The start of a fact write, inside its transaction, in this order: lock `keys` (until
         the transaction ends, no other process stores facts under these visibility keys, so a
         duplicate check and the insert after it see each other's facts); index_for(model, dim)
-        (None when `dim` is None); whether no vector was stored or removed since plan_state gave
-        `mark`, counting changes committed since by other processes in any order (False when
-        `mark` is None: a search made then still holds); for each (vis_key, words) of `probes`,
-        keyword_search(words, [vis_key], all_words=True, limit=same_text_limit) ([] without words). Everything after the locks
-        sees the facts of whoever held them before. PostgreSQL: one round trip."""
+        (None when `dim` is None); whether the searches of `keys` made when plan_state gave
+        `mark` still hold, counting changes committed since by other processes in any order
+        (False when `mark` is None): no vector stored or removed since (a backend may count only
+        the changes under `keys` and those of the `searched` ids, what those searches found); for
+        each (vis_key, words) of `probes`, keyword_search(words, [vis_key], all_words=True,
+        limit=same_text_limit) ([] without words). Everything after the locks sees the facts of
+        whoever held them before. PostgreSQL: one round trip."""
     def reinforce(self, conn: Connection, memory_id: int, *, importance: float, sources: list[str],
                   growth: float, now: float) -> None: ...
 

@@ -31,7 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import apsw
 import numpy as np
@@ -168,6 +168,15 @@ class KeyVectors:
 Changed = dict[int, "tuple[str, float, np.ndarray | None] | None"]
 
 
+class Overlay(set):
+    """Ids changed since the cache's mark, seen inside a transaction (their changes may still
+    roll back): scored for that search alone. `states`: what the log's read gave of them."""
+
+    def __init__(self, ids: Iterable[int], states: Changed | None) -> None:
+        super().__init__(ids)
+        self.states = states
+
+
 class VectorSource(Protocol):
     """The storage reads of the cache, per backend. A mark is opaque to the cache: where in the
     change log it has read up to."""
@@ -301,7 +310,7 @@ class VectorCache:
             self._seq = mark if fresh else self.source.poll(conn, None)[2]
             return set()
         if not conn.get_autocommit():
-            return set(changed)  # maybe uncommitted: scored for this search only, the mark stays
+            return Overlay(changed, states)  # maybe uncommitted: scored for this search only, the mark stays
         # Start over when the log was pruned past us, even if nothing is left to read: on
         # PostgreSQL a long transaction's change can commit after newer ones and be pruned
         # before we saw it (skipping it would keep a vector under its old key for good).
@@ -583,12 +592,28 @@ class VectorCache:
 
     def _overlay_scores(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int], keys: set[str],
                         q: np.ndarray, as_of: float | None) -> list[tuple[float, int]]:
+        states = ids.states if isinstance(ids, Overlay) else None
+        scored: list[tuple[float, int]] = []
+        if states is not None:  # the log's read gave them (PostgreSQL): no more round trips
+            left = set()
+            for memory_id in ids:
+                state = states.get(memory_id)
+                vector = _read_with(states, memory_id, info.dim)
+                if state is None:
+                    continue  # removed
+                if vector is None:
+                    left.add(memory_id)
+                elif state[0] in keys and (as_of is None or state[1] <= as_of):
+                    scored.append((float(vector @ q), memory_id))
+            ids = left
+            if not ids:
+                return scored
         marks = ",".join("?" * len(ids))
         wanted = [memory_id for memory_id, vis_key, created_at in conn.execute(
                   f"SELECT id, vis_key, created_at FROM memories WHERE id IN ({marks}) AND embedded = 1 AND {ACTIVE}",
                   tuple(ids)) if vis_key in keys and (as_of is None or created_at <= as_of)]
         found = self.source.read_vectors(conn, info, wanted)
-        return [(float(found[memory_id] @ q), memory_id) for memory_id in wanted if memory_id in found]
+        return scored + [(float(found[memory_id] @ q), memory_id) for memory_id in wanted if memory_id in found]
 
     def neighbours(self, conn: apsw.Connection, info: vectors.IndexInfo, items: Sequence[tuple[int, str]],
                    k: int, block_bytes: int = 64 << 20) -> dict[int, list[tuple[int, float]]]:

@@ -99,6 +99,16 @@ _UNCHANGED_SINCE = ("SELECT NOT EXISTS (SELECT 1 FROM vector_changes WHERE xid >
                     "AND NOT pg_visible_in_snapshot(xid, %s::pg_snapshot))")
 
 
+# Whether the k nearest under some keys, searched at a mark, still hold: no vector logged since
+# (as _UNCHANGED_SINCE) of a memory now under those keys (stored, re-embedded or moved in) or among
+# the ids that search found (removed or moved out); a removed memory the search did not return
+# changes nothing. Checked globally, four writers of their own keys re-searched each other's
+# facts under the key's lock: 3 more round trips there (the log, the changed rows, their vectors).
+_UNCHANGED_UNDER = ("SELECT NOT EXISTS (SELECT 1 FROM vector_changes c LEFT JOIN memories m ON m.id = c.memory_id "
+                    "WHERE c.xid >= pg_snapshot_xmin(%s::pg_snapshot) AND NOT pg_visible_in_snapshot(c.xid, %s::pg_snapshot) "
+                    "AND (m.vis_key = ANY(%s::text[]) OR c.memory_id = ANY(%s::bigint[])))")
+
+
 def _keyword_statement(words: list[str], keys: list[str], *, all_words: bool, limit: int) -> tuple[str, list[Any]]:
     """keyword_search's statement and parameters (the fact write's duplicate and update checks)."""
     match = (" && " if all_words else " || ").join(["plainto_tsquery('muninn', %s)"] * len(words))
@@ -329,7 +339,7 @@ class PostgresStorage:
         return [(int(r[0]), str(r[1])) for r in rows]
 
     def begin_fact_write(self, conn: PgConnection, keys: Sequence[str], model: str, dim: int | None, mark: Any,
-                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int
+                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int, searched: Sequence[int] = ()
                          ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:
         """One round trip: the statements go as one simple query (client-side binding, so no
         statement is prepared), run by the server in order, each with its own snapshot (READ
@@ -346,8 +356,8 @@ class PostgresStorage:
             params += [FACT_KEY_LOCK, key]
         parts.append(INDEX_STATE_SQL)
         if mark is not None:
-            parts.append(_UNCHANGED_SINCE)
-            params += [mark, mark]
+            parts.append(_UNCHANGED_UNDER)
+            params += [mark, mark, sorted(set(keys)), sorted(set(searched))]
         searched = [bool(words) for _, words in probes]
         for vis_key, words in probes:
             if words:
