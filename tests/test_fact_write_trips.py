@@ -100,3 +100,26 @@ def test_plan_state_reads_the_personal_keys_and_the_exact_text_checks(postgres_u
         assert state.info is None and state.mark
     finally:
         storage.close(conn)
+
+
+def test_plan_state_reads_the_change_log_for_the_planning_searches(pg_pair):  # noqa: F811
+    cached, conn, plain, other = pg_pair
+    rng = np.random.default_rng(5)
+    info = fill(plain, other, rng, 30)
+    q = random_unit(rng)
+    cached.knn(conn, info, q, KEYS, 5)                                 # every key loaded, the log read
+    (added,) = plain.insert(other, [memory_for("g", 97)], base_stability_days=7, model="m", vecs=[q], now=None)
+    cache = cached.vector_cache
+    assert isinstance(cache, VectorCache)
+    source = cache.source
+    polls: list[object] = []
+    poll = source.poll
+
+    def counted(*args: object) -> object:
+        polls.append(args)
+        return poll(*args)  # type: ignore[misc]
+    source.poll = counted  # type: ignore[method-assign]
+    with cached.one_log_read(conn):
+        state = cached.plan_state(conn, "m")
+        assert cached.knn(conn, info, q, ["g"], 3)[0][0] == added     # the change applied from plan_state's read
+    assert not polls and state.info == info and cached.unchanged_since(conn, state.mark)

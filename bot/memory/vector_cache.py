@@ -265,6 +265,29 @@ class VectorCache:
         self._given.clear()
         self._bytes = 0
 
+    def read_ahead(self, conn: apsw.Connection) -> tuple[Any, int, int] | None:
+        """In a one_log_read block that has not read the log yet, outside a transaction: where to
+        read it from, for a caller that reads it in a statement of its own (storage.plan_state)
+        and hands it to `take_read_ahead`; None: the searches read it themselves."""
+        if not getattr(self._reads, "active", False) or getattr(self._reads, "synced", False) \
+                or not conn.get_autocommit():
+            return None
+        with self._lock:
+            return None if self._identity is None else (self._seq, self._applied, self._generation)
+
+    def take_read_ahead(self, conn: apsw.Connection, info: vectors.IndexInfo, ahead: tuple[Any, int, int],
+                        polled: tuple[str | None, list[int], Any, bool, Changed | None]) -> None:
+        """The log read from `ahead`'s mark (read_ahead): applied as a search's own read would be
+        (_sync), unless another thread applied changes or started over meanwhile: then the
+        block's first search reads it again."""
+        _, applied, generation = ahead
+        with self._lock:
+            if self._applied != applied or self._generation != generation:
+                return
+            overlay = self._take(conn, info, polled, fresh=False)
+        if overlay is not None:
+            self._reads.synced = True
+
     def _sync(self, conn: apsw.Connection, info: vectors.IndexInfo) -> set[int] | None:
         """Apply committed changes; returns the ids changed in `conn`'s open transaction (if any),
         to be scored exactly by the caller instead; None when the cache cannot answer now (the

@@ -292,11 +292,13 @@ class PostgresStorage:
     def plan_state(self, conn: PgConnection, model: str, owners: Sequence[int] = (),
                    probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0) -> PlanState:
         """One round trip: the snapshot, the index, each owner's personal keys (scope.personal_keys'
-        loose index scan, an array per owner) and each probe's exact-text check (keyword_search's
-        statement, its rows as JSON): these were a round trip each per fact. Never prepared (as
-        keyword_search: one generic plan for every key and word would not do)."""
+        loose index scan, an array per owner), each probe's exact-text check (keyword_search's
+        statement, its rows as JSON) and, in a one_log_read block, the vector cache's read of the
+        change log (the rows it needs: vector_source.poll_beside): these were a round trip each
+        per fact. Never prepared (as keyword_search: one generic plan for every key and word
+        would not do)."""
         people = list(dict.fromkeys(owners))
-        columns = [f"{_PERSONAL_KEYS}" for _ in people]
+        columns = [f"({INDEX_STATE_SQL})", *(_PERSONAL_KEYS for _ in people)]
         params: list[Any] = [owner for owner in people for _ in range(2)]
         searched = [bool(words) for _, words in probes]
         for vis_key, words in probes:
@@ -304,16 +306,26 @@ class PostgresStorage:
                 query, more = _keyword_statement(words, [vis_key], all_words=True, limit=same_text_limit)
                 columns.append(f"(SELECT json_agg(json_build_array(s.id, s.text))::text FROM ({query}) s)")
                 params += more
-        extra = "".join(f", {column}" for column in columns)
-        row = conn.pg.execute(f"SELECT pg_current_snapshot()::text, ({INDEX_STATE_SQL}){extra}".encode(), params,
-                              prepare=False).fetchone()
-        assert row is not None
-        info, _ = index_state_of(row[1])
-        found = iter(row[2 + len(people):])
-        same_words = [[(int(mid), str(text)) for mid, text in json.loads(next(found) or "[]")] if was_searched else []
+        cache = self.vector_cache
+        ahead = (cache.read_ahead(conn)  # type: ignore[arg-type]
+                 if cache is not None and isinstance(cache.source, PostgresVectorSource) else None)
+        if cache is not None and ahead is not None:
+            polled, row = cache.source.poll_beside(conn, ahead[0], columns, params)  # type: ignore[attr-defined]
+            mark = polled[2][0]  # the statement's snapshot: the plan's mark and the cache's are one
+            stored, _ = index_state_of(row[0])
+            if stored is not None:
+                cache.take_read_ahead(conn, stored, ahead, polled)  # type: ignore[arg-type]
+        else:
+            found = conn.pg.execute(f"SELECT pg_current_snapshot()::text, {', '.join(columns)}".encode(), params,
+                                    prepare=False).fetchone()
+            assert found is not None
+            mark, row = str(found[0]), tuple(found[1:])
+            stored, _ = index_state_of(row[0])
+        hits = iter(row[1 + len(people):])
+        same_words = [[(int(mid), str(text)) for mid, text in json.loads(next(hits) or "[]")] if was_searched else []
                       for was_searched in searched]
-        return PlanState(str(row[0]), info if info is not None and info.model == model else None,
-                         {owner: [str(key) for key in keys] for owner, keys in zip(people, row[2:], strict=False)},
+        return PlanState(mark, stored if stored is not None and stored.model == model else None,
+                         {owner: [str(key) for key in keys] for owner, keys in zip(people, row[1:], strict=False)},
                          same_words)
 
     def one_log_read(self, conn: PgConnection) -> ContextManager[None]:
