@@ -68,9 +68,3 @@ def seen_own(database: str, added: int | None, removed: int) -> None:
     with _lock:
         if _seen.get(database) == added - removed:
             _seen[database] = added
-
-
-def reset() -> None:
-    """Forget every value seen (tests that rebuild a database)."""
-    with _lock:
-        _seen.clear()
