@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from bot.memory import fts
+from bot.memory import fts, removals
 from bot.memory.postgres.connection import PgConnection
 from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
 from bot.memory.retrieval import Candidate, KeywordHits
@@ -309,12 +309,14 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
         f"(SELECT h.id, -{score} AS score, NULL::text FROM ({hits}) h ORDER BY score ASC, h.id DESC LIMIT %s) "
         f"UNION ALL (SELECT NULL, NULL, ({INDEX_STATE_SQL}))".encode(),
         [*score_params, *hit_params, limit], prepare=False).fetchall()
-    state = rows.pop()
+    state = json.loads(rows.pop()[2] or "{}")
+    # memories other processes removed: their words' counts go, for the next recall (removals.py)
+    removals.observe(_database(conn), state.get(removals.KEY), lambda removed: forget_counts(conn, removed))
     # score: negated so that lower is better, as bm25's (ranking.keyword_winner_first compares them)
     found = KeywordHits(Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
                         for rank, row in enumerate(rows, start=1))
     found.searched = words  # the name re-rank needs them: not chosen a second time (subqueries.py)
-    return found, index_state_of(json.loads(state[2]) if state[2] else {})
+    return found, index_state_of(state)
 
 
 def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
