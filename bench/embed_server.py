@@ -8,6 +8,10 @@ is exactly the one users run against a real Ollama. Two backends:
   hash    deterministic pseudo-random unit vectors from a hash of the text (any
           dimension, no model). Used by the speed benchmark's write measurements.
 
+`--latency-ms N` makes each /api/embed answer N ms late (an asyncio sleep: requests wait side
+by side, none holds another), as a real Ollama's embedding call takes 10-50 ms of its own host's
+time, during which the bot's writer holds no lock and uses no CPU (bench/pg_write_table.py).
+
 Run it on its own (`python -m bench.embed_server --backend minilm --port 11435`) or
 start it from a benchmark with `EmbedServerProcess` (a child process, so encoding
 never competes with the benchmark's event loop for the GIL).
@@ -15,6 +19,7 @@ never competes with the benchmark's event loop for the GIL).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import os
 import socket
@@ -92,7 +97,7 @@ class Lazy:
         return self.embedder(texts)
 
 
-def make_app(embedder, model_name: str, disk: DiskCache | None = None) -> web.Application:
+def make_app(embedder, model_name: str, disk: DiskCache | None = None, latency_ms: float = 0.0) -> web.Application:
     disk = disk or DiskCache(None)
     cache = disk.vectors  # the model is deterministic: repeated texts (and runs, with a file) skip encoding
 
@@ -104,6 +109,8 @@ def make_app(embedder, model_name: str, disk: DiskCache | None = None) -> web.Ap
         if todo:
             cache.update(zip(todo, embedder(todo).tolist(), strict=True))
             disk.save()
+        if latency_ms > 0:  # the model's time on its own host: this process's CPU stays free
+            await asyncio.sleep(latency_ms / 1000)
         return web.json_response({"model": body.get("model", model_name), "embeddings": [cache[t] for t in texts]})
 
     async def tags(request: web.Request) -> web.Response:
@@ -128,8 +135,10 @@ def free_port() -> int:
 class EmbedServerProcess:
     """The server in a child process: `with EmbedServerProcess("hash", dim=768) as url: ...`."""
 
-    def __init__(self, backend: str, *, dim: int = 768, startup_timeout: float = 180.0, cache: str | None = None):
+    def __init__(self, backend: str, *, dim: int = 768, startup_timeout: float = 180.0, cache: str | None = None,
+                 latency_ms: float = 0.0):
         self.backend, self.dim, self.startup_timeout, self.cache = backend, dim, startup_timeout, cache
+        self.latency_ms = latency_ms
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -141,7 +150,8 @@ class EmbedServerProcess:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.embed_server", "--backend", self.backend,
                                       "--dim", str(self.dim), "--port", str(self.port)]
-                                     + (["--cache", self.cache] if self.cache else []), env=env)
+                                     + (["--cache", self.cache] if self.cache else [])
+                                     + (["--latency-ms", str(self.latency_ms)] if self.latency_ms else []), env=env)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -169,10 +179,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=768, help="dimension for the hash backend")
     parser.add_argument("--port", type=int, default=11435)
     parser.add_argument("--cache", default=None, help="an .npz file of vectors by text, read and extended")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="answer each /api/embed this many ms late (a real model's time; requests wait side by side)")
     args = parser.parse_args(argv)
     embedder = Lazy(MiniLMEmbedder) if args.backend == "minilm" else HashEmbedder(args.dim)
     name = MINILM_NAME if args.backend == "minilm" else "hash-embed"
-    web.run_app(make_app(embedder, name, DiskCache(args.cache)), host="127.0.0.1", port=args.port, print=None)
+    web.run_app(make_app(embedder, name, DiskCache(args.cache), args.latency_ms), host="127.0.0.1", port=args.port, print=None)
 
 
 if __name__ == "__main__":

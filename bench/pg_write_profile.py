@@ -1,7 +1,7 @@
 """Where one fact write's time goes (bench/README.md, issue 13):
 
     python -m bench.pg_write_profile postgresql://.../a_scratch_copy_of_a_world 100 [--mode own|shared]
-                                     [--writers N] [--sample]
+                                     [--writers N] [--sample] [--cprofile] [--embed-latency-ms MS] [--json FILE]
 
 `writers` processes (default 1) each store `count` new facts the way the bot does
 (`fact_store.store_facts`, embedding from the bench's hash embed server), after 5 warm-up facts,
@@ -22,12 +22,18 @@ personal facts; `shared`: the busy channel and three shared users). Prints facts
 A first argument that is not a postgresql:// URL is a SQLite file (a scratch copy: it is written).
 `--sample`: also where the (single) writer's Python spends its time, sampling every thread's
 stack each millisecond (cProfile sees only the event loop's thread; the jobs run on others).
+`--cprofile`: cProfile of the (single) writer, one profiler per thread (the event loop's, and the
+planning and write jobs' on theirs), merged: the functions by their own time per fact.
+`--embed-latency-ms`: the embed server answers this late (default 0: the database path alone;
+bench.speed's writers use pg_speed.EMBED_LATENCY_MS). `--json`: the numbers into a file.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import collections
+import cProfile
+import json
 import multiprocessing
 import os
 import sys
@@ -47,6 +53,8 @@ totals: dict[str, float] = collections.defaultdict(float)
 statements: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
 recording = [False]
 _here = threading.local()  # the job running on this thread: its round trips
+profilers: list[cProfile.Profile] = []  # --cprofile: one per thread that ran a job, and the loop's
+profiling = [False]
 
 
 def postmaster_pid(url: str) -> int:
@@ -175,9 +183,14 @@ def instrument() -> None:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             _here.trips, _here.trip_wall, _here.job, _here.locked_at = 0, 0.0, name, None
             started, cpu = time.perf_counter(), time.thread_time()
+            profiler = _thread_profiler() if profiling[0] and recording[0] else None
+            if profiler is not None:
+                profiler.enable()
             try:
                 return function(*args, **kwargs)
             finally:
+                if profiler is not None:
+                    profiler.disable()
                 if recording[0]:
                     ended = time.perf_counter()
                     totals[f"{name}_job"] += ended - started
@@ -245,6 +258,30 @@ def instrument() -> None:
     psycopg.Connection.execute = timed_execute  # type: ignore[method-assign]
 
 
+def _thread_profiler() -> cProfile.Profile:
+    """This thread's profiler (cProfile profiles only the thread that enables it)."""
+    profiler = getattr(_here, "profiler", None)
+    if profiler is None:
+        profiler = _here.profiler = cProfile.Profile()
+        profilers.append(profiler)
+    return profiler
+
+
+def report_cprofile(count: int, top: int = 25) -> None:
+    import io
+    import pstats
+    stream = io.StringIO()
+    stats = pstats.Stats(*profilers, stream=stream) if profilers else None
+    if stats is None:
+        return
+    stats.sort_stats("tottime").print_stats(top)
+    print(f"  cProfile, every thread, {count} facts (own time, cumulative), seconds for all of them:")
+    lines = stream.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
+    for line in lines[start:start + top + 1]:
+        print("    " + line)
+
+
 def _settings_env(target: str, embed_url: str) -> dict[str, str]:
     pg = target.startswith("postgresql://")
     return {"MUNINN_DB_PATH": "/nonexistent.db" if pg else target, "MUNINN_DATABASE_URL": target if pg else "",
@@ -267,8 +304,13 @@ async def profile(target: str, embed_url: str, count: int, mode: str, seed: int,
             at_start()
         wall, cpu = time.perf_counter(), time.process_time()
         recording[0] = True
+        loop_profiler = _thread_profiler() if profiling[0] else None
+        if loop_profiler is not None:
+            loop_profiler.enable()
         for fact in facts[5:]:
             await fact_store.store_facts(engine, [fact])
+        if loop_profiler is not None:
+            loop_profiler.disable()
         recording[0] = False
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"wall": wall, "cpu": cpu, "totals": dict(totals), "statements": dict(statements)}
@@ -279,11 +321,13 @@ def _one_writer(target: str, embed_url: str, count: int, mode: str, seed: int, s
     results.put(asyncio.run(profile(target, embed_url, count, mode, seed, start_at)))
 
 
-def run(target: str, count: int, mode: str, writers: int, sample: bool) -> dict:
+def run(target: str, count: int, mode: str, writers: int, sample: bool, *, embed_latency_ms: float = 0.0,
+        cprofile: bool = False) -> dict:
     """Profile `writers` processes at once (1: in this process); print and return the breakdown."""
     pg = target.startswith("postgresql://")
     server = postmaster_pid(target) if pg else None
-    embed = EmbedServerProcess("hash", dim=768)
+    embed = EmbedServerProcess("hash", dim=768, latency_ms=embed_latency_ms)
+    profiling[0] = cprofile and writers == 1
     at: dict[str, float] = {}
 
     def at_start() -> None:
@@ -323,6 +367,7 @@ def run(target: str, count: int, mode: str, writers: int, sample: bool) -> dict:
             merged[key] += value
     per = {key: merged[key] / facts * (1 if key.endswith("trips") else 1000) for key in COUNTERS}
     out = {"backend": "postgresql" if pg else "sqlite", "mode": mode, "writers": writers, "facts": facts,
+           "embed_latency_ms": embed_latency_ms,
            "facts_per_s": round(facts / span, 1), "load": round(os.getloadavg()[0], 2),
            "wall_ms": round(sum(r["wall"] for r in results) / facts * 1000, 2),
            "client_cpu_ms": round(sum(r["cpu"] for r in results) / facts * 1000, 2),
@@ -348,6 +393,10 @@ def run(target: str, count: int, mode: str, writers: int, sample: bool) -> dict:
         print("  statements (wall in the client, round trip included):")
         for text, (calls, seconds) in sorted(merged_statements.items(), key=lambda item: -item[1][1])[:12]:
             print(f"    {calls / facts:4.1f} per fact {seconds / facts * 1000:6.2f} ms per fact  {text}")
+        out["statements"] = {text: [round(calls / facts, 2), round(seconds / facts * 1000, 3)]
+                             for text, (calls, seconds) in merged_statements.items()}
+    if profiling[0]:
+        report_cprofile(facts)
     return out
 
 
@@ -358,8 +407,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--mode", choices=("own", "shared"), default="own")
     parser.add_argument("--writers", type=int, default=1)
     parser.add_argument("--sample", action="store_true", help="sample the stacks (one writer only)")
+    parser.add_argument("--cprofile", action="store_true", help="cProfile every thread (one writer only)")
+    parser.add_argument("--embed-latency-ms", type=float, default=0.0, help="the embed server answers this late")
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the numbers to FILE")
     args = parser.parse_args(argv)
-    run(args.target, args.count, args.mode, args.writers, args.sample)
+    out = run(args.target, args.count, args.mode, args.writers, args.sample, embed_latency_ms=args.embed_latency_ms,
+              cprofile=args.cprofile)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(out, handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -969,6 +969,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--database-url", default="", metavar="postgresql://...",
                         help="SQLite and PostgreSQL side by side (bench/pg_speed.py): recall per class, writer processes")
     parser.add_argument("--writes-per-process", type=int, default=150, help="with --database-url: facts per writer")
+    parser.add_argument("--embed-latency-ms", type=float, default=None, metavar="MS",
+                        help="with --database-url: the hash embed server answers this late (default "
+                             "pg_speed.EMBED_LATENCY_MS, a real model's time; 0: at once, CPU-bound)")
     args = parser.parse_args(argv)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     if args.database_url:

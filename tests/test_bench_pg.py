@@ -58,4 +58,4 @@ def test_write_profile_splits_a_fact_and_its_transaction_is_four_round_trips(pos
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("JSON"))[5:])
     assert out["facts"] == 3 and out["facts_per_s"] > 0 and out["write_trips"] == 4.0
-    assert out["lock_held"] > 0 and out["plan_trips"] >= 3 and out["server_cpu_ms"] is not None
+    assert out["lock_held"] > 0 and out["plan_trips"] >= 1 and out["server_cpu_ms"] is not None

@@ -239,10 +239,19 @@ def test_doctor_on_postgresql_checks_without_migrating_and_says_what_to_run(cli,
         database = next(c for c in json.loads(out)["checks"] if c["check"] == "database")
         assert code == 1 and not database["ok"] and "schema 0/" in database["detail"]
         assert "no Muninn tables yet" in database["detail"] and database["fix"].startswith("muninn stats")
+        gin = next(c for c in json.loads(out)["checks"] if c["check"] == "btree_gin")
+        assert gin["ok"] and "available" in gin["detail"]  # migration 14 will create it
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT to_regclass('memories')").fetchone() == (None,)  # the check made nothing
         assert cli("stats")[0] == 0                                                        # what it said to run
         code, out, _ = cli("doctor")
-        assert code == 0 and "FAIL" not in out
+        assert code == 0 and "FAIL" not in out and "btree_gin 1." in out
     finally:
         postgres_server.drop_database("muninn_doctor_fresh")
+
+
+def test_doctor_says_what_to_install_for_a_server_without_btree_gin():
+    from bot.cli.doctor import btree_gin_check
+    missing = btree_gin_check(None, False)
+    assert not missing.ok and "contrib" in missing.fix and "CREATE EXTENSION btree_gin" in missing.fix
+    assert btree_gin_check(None, True).ok and btree_gin_check("1.3", False).ok

@@ -31,6 +31,19 @@ def ollama_answers(request: dict) -> str:
 
 
 
+async def stop(bot: MuninnBot, task: asyncio.Task) -> None:
+    """Close the bot, then let the events discord.py dispatched while closing run: left pending,
+    the test's loop closed under them ("coroutine 'Client._run_event' was never awaited")."""
+    await bot.close()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    for _ in range(10):
+        events = [t for t in asyncio.all_tasks() if t.get_name().startswith("discord.py: ") and not t.done()]
+        if not events:
+            return
+        await asyncio.wait(events, timeout=1)
+
+
 async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, fake_ollama, make_settings):
     fake, alice, guild = discord_world
     general = guild["channels"][0]
@@ -92,9 +105,7 @@ async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, f
         response = await fake.wait_for_interaction_response(listing)
         assert response["ephemeral"] and "Ylva" not in response["data"]["content"]
     finally:
-        await bot.close()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 5)
+        await stop(bot, task)
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the race is in the adapter, not the database
@@ -124,9 +135,7 @@ async def test_a_message_just_before_a_mention_is_in_its_context_however_long_it
         said = [m["content"] for m in fake_ollama.chat_requests()[-1]["messages"][1:]]
         assert len(said) == 2 and said[0].endswith("Alice: the boat is called Freya"), said
     finally:
-        await bot.close()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 5)
+        await stop(bot, task)
 
 
 @pytest.fixture

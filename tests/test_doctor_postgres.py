@@ -53,7 +53,8 @@ def test_fix_clamps_values_lists_grants_it_leaves_and_says_what_it_cannot_do(doc
         assert not healthy and not found["stored values"]["ok"] and not found["permissions"]["ok"]
         assert f"{READER} may read memories" in found["permissions"]["detail"]
         assert "PUBLIC may read messages" in found["permissions"]["detail"]
-        assert f'REVOKE SELECT ON memories, messages, memory_vectors FROM PUBLIC, "{READER}"' in found["permissions"]["fix"]
+        revoke = f'REVOKE SELECT ON memories, messages, memory_vectors, memory_pauses FROM PUBLIC, "{READER}"'
+        assert revoke in found["permissions"]["fix"]
         assert "--fix on PostgreSQL" not in found                       # said only when asked to fix
 
         healthy, found = doctor("--fix")
@@ -89,8 +90,8 @@ def test_grants_on_vectors_or_columns_and_members_of_pg_read_all_data_are_reader
         assert f"{READER} may read memory_vectors;" in detail
         assert f"{columns} may read memories (id, text), messages (role)" in detail
         assert f"{everything} may read every table (a member of pg_read_all_data)" in detail
-        assert f'REVOKE SELECT ON memories, messages, memory_vectors FROM "{READER}", "{columns}"' in fix
-        assert f'REVOKE pg_read_all_data FROM "{everything}"' in fix
+        assert f'REVOKE SELECT ON memories, messages, memory_vectors, memory_pauses FROM "{READER}", "{columns}"' in fix
+        assert f'REVOKE "pg_read_all_data" FROM "{everything}"' in fix
 
         for statement in fix.removeprefix("if they should not: ").split("; ")[:2]:  # the fix it names works
             sql(backend, statement.split(" (as ")[0])
@@ -99,6 +100,39 @@ def test_grants_on_vectors_or_columns_and_members_of_pg_read_all_data_are_reader
     finally:
         sql(backend, f"REVOKE ALL ON memories, messages, memory_vectors FROM {READER}, {columns}",
             f"DROP ROLE IF EXISTS {READER}", f"DROP ROLE IF EXISTS {columns}", f"DROP ROLE IF EXISTS {everything}")
+
+
+def test_members_of_the_owner_role_default_privileges_and_who_paused_are_readers(doctor, backend):
+    """`GRANT owner TO x` reads every table the owner reads; default privileges make the tables of a
+    future migration readable; the list of people who paused Muninn is theirs too. Each is named with
+    a statement that takes it away, and running those statements leaves the doctor content."""
+    assert cli.main(["stats"]) == 0
+    member, later, pauses = f"{READER}_member", f"{READER}_later", f"{READER}_pauses"
+    with psycopg.connect(backend) as conn:
+        row = conn.execute("SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = 'memories'::regclass").fetchone()
+        assert row is not None
+        owner = row[0]
+    sql(backend, f"CREATE ROLE {member}", f"CREATE ROLE {later}", f"CREATE ROLE {pauses}",
+        f'GRANT "{owner}" TO {member}', f"ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO {later}",
+        f"GRANT SELECT ON memory_pauses TO {pauses}")
+    try:
+        healthy, found = doctor()
+        assert not healthy and not found["permissions"]["ok"]
+        detail, fix = found["permissions"]["detail"], found["permissions"]["fix"]
+        assert f'{member} may read every table (a member of the tables\' owner role "{owner}")' in detail
+        assert f"{pauses} may read memory_pauses" in detail
+        assert f'{later} will read the tables created from now on (default privileges of "{owner}"' in detail
+        assert f'REVOKE "{owner}" FROM "{member}"' in fix
+        assert f'ALTER DEFAULT PRIVILEGES FOR ROLE "{owner}" REVOKE SELECT ON TABLES FROM "{later}"' in fix
+
+        for statement in fix.removeprefix("if they should not: ").split("; ")[:3]:  # the fixes it names work
+            sql(backend, statement.split(" (as ")[0])
+        healthy, found = doctor()
+        assert healthy and "only the owner" in found["permissions"]["detail"], found["permissions"]
+    finally:
+        sql(backend, f"ALTER DEFAULT PRIVILEGES REVOKE ALL ON TABLES FROM {later}",
+            f"REVOKE ALL ON memory_pauses FROM {pauses}", f'REVOKE "{owner}" FROM {member}',
+            *(f"DROP ROLE IF EXISTS {role}" for role in (member, later, pauses)))
 
 
 def test_doctor_names_a_dead_maintenance_run_that_still_holds_the_lease(doctor, backend):

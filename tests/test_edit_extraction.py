@@ -82,6 +82,9 @@ async def test_an_edit_is_learned_from_only_where_a_new_message_would_be(learnin
     assert await alices_memories(engine) == []           # Oslo taken back, Bergen not learned while paused
     extractions = [r["messages"][-1]["content"] for r in fake_ollama.chat_requests() if r.get("format")]
     assert oslo.text == "Alice lives in Oslo" and not any("Bergen" in said_text for said_text in extractions)
+    kept = await engine.read(history.get, paused.message_id)   # nor kept in the history: the message goes
+    assert kept is not None and kept.content == ""
+    assert paused.message_id not in [m.id for m in await engine.read(history.recent, GENERAL, 10)]
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # apsw's commit hook counts the transactions

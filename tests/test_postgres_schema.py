@@ -146,3 +146,67 @@ def test_migration_10_makes_vectors_follow_their_memory_key(postgres_server):
                                 ).fetchone() == (1,)
     finally:
         postgres_server.drop_database("muninn_before_10")
+
+
+def _keyword_index(conn: psycopg.Connection) -> str:
+    row = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'memories_text_search'").fetchone()
+    return str(row[0]) if row else ""
+
+
+def _keyword_plan(conn: psycopg.Connection) -> str:
+    conn.execute("SET enable_seqscan = off")
+    plan = conn.execute("EXPLAIN SELECT id FROM memories WHERE archived_at IS NULL AND vis_key = ANY(ARRAY['g']) "
+                        "AND text_search @@ plainto_tsquery('muninn', 'otter')").fetchall()
+    conn.execute("RESET enable_seqscan")
+    return "\n".join(row[0] for row in plan)
+
+
+def test_migration_14_indexes_key_and_words_together_and_keeps_active_word_statistics(postgres_url):
+    with psycopg.connect(postgres_url) as conn:
+        assert "gin (vis_key, text_search)" in _keyword_index(conn)
+        assert "WHERE (archived_at IS NULL)" in _keyword_index(conn)
+        assert conn.execute("SELECT extname FROM pg_extension WHERE extname = 'btree_gin'").fetchone()
+        assert "vis_key = ANY" in _keyword_plan(conn).split("Index Cond:")[1]  # both columns from the index
+        assert conn.execute("SELECT stxname FROM pg_statistic_ext").fetchall() == [("memories_active_words",)]
+        assert conn.execute("SELECT stxstattarget FROM pg_statistic_ext").fetchone() == (400,)
+
+
+def test_migration_14_on_a_database_with_memories(postgres_server, monkeypatch):
+    """A version-13 database with active and archived memories: the new index finds the active
+    ones by key and word, and the statistics count only the active ones."""
+    url = postgres_server.create_database("muninn_before_14")
+    try:
+        with psycopg.connect(url) as conn:
+            monkeypatch.setattr("bot.memory.postgres.migrations.MIGRATIONS", MIGRATIONS[:13])
+            assert migrate(conn) == 13
+            assert "gin (text_search)" in _keyword_index(conn)
+            otters = [_insert(conn, f"an otter swims in river {i}") for i in range(30)]
+            for i in range(10):
+                _insert(conn, f"an archived otter {i}", archived=5.0)
+            conn.commit()
+            monkeypatch.undo()
+            assert migrate(conn) == len(MIGRATIONS) >= 14
+            assert "gin (vis_key, text_search)" in _keyword_index(conn)
+            found = conn.execute("SELECT id FROM memories WHERE archived_at IS NULL AND vis_key = ANY(ARRAY['g']) "
+                                 "AND text_search @@ plainto_tsquery('muninn', 'otter') ORDER BY id").fetchall()
+            assert [row[0] for row in found] == otters
+            stats = conn.execute("SELECT most_common_elems::text::text[], most_common_elem_freqs, null_frac "
+                                 "FROM pg_stats_ext_exprs WHERE statistics_name = 'memories_active_words'").fetchone()
+            otter = dict(zip(stats[0], stats[1], strict=False))["otter"]
+            assert (otter, stats[2]) == (pytest.approx(1.0), pytest.approx(0.25))  # in all 30 active, of 40 rows
+    finally:
+        postgres_server.drop_database("muninn_before_14")
+
+
+def test_a_server_without_btree_gin_gets_one_line_saying_what_to_install(postgres_server, monkeypatch):
+    from bot.memory.files import DatabaseError
+    url = postgres_server.create_database("muninn_no_btree_gin")
+    try:
+        with psycopg.connect(url) as conn:
+            lacking = [*MIGRATIONS[:13], "CREATE EXTENSION IF NOT EXISTS muninn_no_such_extension;"]
+            monkeypatch.setattr("bot.memory.postgres.migrations.MIGRATIONS", lacking)
+            with pytest.raises(DatabaseError, match="no btree_gin extension.*contrib"):
+                migrate(conn)
+            assert schema_version(conn) == 13
+    finally:
+        postgres_server.drop_database("muninn_no_btree_gin")

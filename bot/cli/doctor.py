@@ -1,6 +1,7 @@
 """`muninn doctor`: check each part Muninn depends on and say what to run to fix it."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,7 @@ MIGRATE_FIX = "muninn stats (any Muninn command that opens the database applies 
 
 def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
     """The same findings for a PostgreSQL database (MUNINN_DATABASE_URL): reachable and migrated,
-    pgvector present, sane stored values (repair.RULES, as on SQLite; --fix clamps them), vectors
+    pgvector and btree_gin present, sane stored values (repair.RULES, as on SQLite; --fix clamps them), vectors
     for every active memory, which roles may read the people's words (the counterpart of the file
     modes), who maintains it. A check changes nothing else: it opens a plain connection, never
     the writer's, so it does not migrate; it says what to run instead. `fix` clamps the stored
@@ -84,6 +85,9 @@ def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
         vector = conn.pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
         checks = [Check("pgvector", vector is not None, f"pgvector {vector[0] if vector else 'missing'}",
                         "" if vector else "CREATE EXTENSION vector (as a superuser), or install pgvector")]
+        gin = conn.pg.execute("SELECT (SELECT extversion FROM pg_extension WHERE extname = 'btree_gin'), "
+                              "EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'btree_gin')").fetchone()
+        checks.append(btree_gin_check(gin[0] if gin else None, bool(gin and gin[1])))
         version, latest = pg_schema_version(conn.pg), len(PG_MIGRATIONS)
         described = f"{storage.where()}: PostgreSQL {server[0] if server else '?'}, schema {version}/{latest}"
         if version > latest:
@@ -106,57 +110,97 @@ def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
     return checks
 
 
+def btree_gin_check(installed: str | None, available: bool) -> Check:
+    """btree_gin: the keyword index is GIN over (vis_key, text_search) (PostgreSQL migration 14),
+    which a plain column in a GIN index needs. A server whose contrib modules are missing lacks it."""
+    from bot.memory.postgres.migrations import CONTRIB_FIX
+    if installed is not None:
+        return Check("btree_gin", True, f"btree_gin {installed}")
+    if available:
+        return Check("btree_gin", True, "btree_gin available on the server (Muninn's migration 14 creates it)")
+    return Check("btree_gin", False, "btree_gin missing on the server (Muninn's keyword index needs it)", CONTRIB_FIX)
+
+
 # What `muninn doctor --fix` cannot do on PostgreSQL, said once at the end of its report.
 POSTGRES_FIX_LIMITS = ("--fix clamped stored values only: on PostgreSQL it changes no grants (who may read the "
                        "memories is the server's roles: see permissions), creates no extension and does not migrate, "
                        "embed or reindex; run the fix each failed check names")
-# The people's words: their text, and their vectors (an embedding can be inverted back to
-# much of its text).
-PRIVATE_TABLES = ("memories", "messages", "memory_vectors")
+# The people's words: their text, their vectors (an embedding can be inverted back to much of
+# its text), and who asked Muninn to stop remembering them.
+PRIVATE_TABLES = ("memories", "messages", "memory_vectors", "memory_pauses")
 
-# Who besides the tables' owner may read them: SELECT granted on a table or on some of its
-# columns (to a role, or to every role: PUBLIC), and members of pg_read_all_data (PostgreSQL 14+;
-# to_regrole is NULL before it), which read every table without any grant. Superusers and
-# members of the owner role can read them anyway: that is the server's administration, not listed.
+# Who besides the tables' owner may read them, one row each (role, table, column or NULL, how):
+# SELECT granted on a table or on some of its columns (to a role, or to every role: PUBLIC;
+# how NULL); members of pg_read_all_data (PostgreSQL 14+; to_regrole is NULL before it), which
+# read every table without any grant; members of the owner role itself (`GRANT owner TO x`:
+# x reads whatever the owner reads, by inheritance or SET ROLE). Superusers and the role Muninn
+# connects as are the server's administration and Muninn itself: not listed.
 _READERS_SQL = """
-SELECT coalesce(r.rolname, 'PUBLIC'), c.relname, NULL, false
+SELECT coalesce(r.rolname, 'PUBLIC'), c.relname, NULL, NULL
 FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
 WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%(tables)s)
   AND a.grantee <> c.relowner AND a.privilege_type = 'SELECT'
 UNION ALL
-SELECT coalesce(r.rolname, 'PUBLIC'), c.relname, att.attname::text, false
+SELECT coalesce(r.rolname, 'PUBLIC'), c.relname, att.attname::text, NULL
 FROM pg_class c JOIN pg_attribute att ON att.attrelid = c.oid AND att.attnum > 0 AND NOT att.attisdropped
 CROSS JOIN LATERAL aclexplode(att.attacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
 WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%(tables)s)
   AND a.grantee <> c.relowner AND a.privilege_type = 'SELECT'
 UNION ALL
-SELECT m.rolname, c.relname, NULL, true
+SELECT m.rolname, c.relname, NULL, 'pg_read_all_data'
 FROM pg_class c JOIN pg_roles m ON pg_has_role(m.oid, to_regrole('pg_read_all_data'), 'MEMBER')
 WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%(tables)s)
   AND NOT m.rolsuper AND m.oid <> c.relowner AND m.oid <> to_regrole('pg_read_all_data')
+UNION ALL
+SELECT m.rolname, c.relname, NULL, pg_get_userbyid(c.relowner)::text
+FROM pg_class c JOIN pg_roles m ON pg_has_role(m.oid, c.relowner, 'MEMBER')
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%(tables)s)
+  AND NOT m.rolsuper AND m.oid <> c.relowner AND m.rolname <> current_user
 ORDER BY 1, 2, 3
 """
+# Default privileges of the owner role that grant SELECT on tables created later (every schema,
+# or Muninn's): the tables a future migration creates would be readable as soon as they exist.
+# One row each: (grantee, owner, schema or NULL for every schema).
+_DEFAULT_READERS_SQL = """
+SELECT coalesce(r.rolname, 'PUBLIC'), pg_get_userbyid(d.defaclrole)::text, n.nspname::text
+FROM pg_default_acl d CROSS JOIN LATERAL aclexplode(d.defaclacl) a
+LEFT JOIN pg_roles r ON r.oid = a.grantee LEFT JOIN pg_namespace n ON n.oid = d.defaclnamespace
+WHERE d.defaclobjtype = 'r' AND a.privilege_type = 'SELECT' AND a.grantee <> d.defaclrole
+  AND (d.defaclnamespace = 0 OR d.defaclnamespace = current_schema()::regnamespace)
+  AND d.defaclrole = (SELECT relowner FROM pg_class WHERE oid = 'memories'::regclass)
+ORDER BY 1, 3
+"""
+
+Reader = tuple[str, str, str | None, str | None]      # role, table, column, how (_READERS_SQL)
+DefaultReader = tuple[str, str, str | None]           # role, owner, schema (_DEFAULT_READERS_SQL)
 
 
 def grants_check(conn) -> Check:
     """PostgreSQL's counterpart of the file modes: the roles other than the tables' owner that may
-    read the people's words (_READERS_SQL), with the statements that take it away."""
+    read the people's words now (_READERS_SQL) or in the tables created later
+    (_DEFAULT_READERS_SQL), with the statements that take it away."""
     rows = conn.pg.execute(_READERS_SQL, {"tables": list(PRIVATE_TABLES)}).fetchall()
-    if not rows:
+    later = conn.pg.execute(_DEFAULT_READERS_SQL).fetchall()
+    if not rows and not later:
         return Check("permissions", True, "only the owner of Muninn's tables may read the memories, their vectors "
                                           "and the messages (and the server's superusers)")
-    return Check("permissions", False, f"other roles can read your memories: {describe_readers(rows)}",
-                 revoke_readers(rows) + "; --fix changes no grants on PostgreSQL")
+    said = "; ".join(part for part in (describe_readers(rows), describe_default_readers(later)) if part)
+    return Check("permissions", False, f"other roles can read your memories: {said}",
+                 revoke_readers(rows, later) + "; --fix changes no grants on PostgreSQL")
 
 
-def describe_readers(rows: list[tuple[str, str, str | None, bool]]) -> str:
+def _quoted(role: str) -> str:
+    return role if role == "PUBLIC" else f'"{role}"'
+
+
+def describe_readers(rows: Sequence[Reader]) -> str:
     """'PUBLIC may read messages; "x" may read memories (content), memory_vectors; "y" may read
     every table (a member of pg_read_all_data)', from _READERS_SQL's rows."""
     tables: dict[str, dict[str, list[str]]] = {}   # role -> table -> its granted columns ([]: all of it)
-    everything: set[str] = set()
-    for role, table, column, read_all in rows:
-        if read_all:
-            everything.add(role)
+    through: dict[str, str] = {}                   # role -> the role it reads every table as a member of
+    for role, table, column, how in rows:
+        if how is not None:
+            through.setdefault(role, how)
             continue
         columns = tables.setdefault(role, {}).setdefault(table, [])
         if column is None:
@@ -164,26 +208,43 @@ def describe_readers(rows: list[tuple[str, str, str | None, bool]]) -> str:
         elif not columns or columns[0] != "":
             columns.append(column)
     said = []
-    for role in sorted(tables.keys() | everything):
-        if role in everything:
-            said.append(f"{role} may read every table (a member of pg_read_all_data)")
+    for role in sorted(tables.keys() | through.keys()):
+        if role in through:
+            how = through[role]
+            what = "pg_read_all_data" if how == "pg_read_all_data" else f'the tables\' owner role "{how}"'
+            said.append(f"{role} may read every table (a member of {what})")
             continue
         said.append(f"{role} may read " + ", ".join(
             table if cols[0] == "" else f"{table} ({', '.join(cols)})" for table, cols in tables[role].items()))
     return "; ".join(said)
 
 
-def revoke_readers(rows: list[tuple[str, str, str | None, bool]]) -> str:
-    """The REVOKEs that take the reading away (revoking SELECT on a table revokes its column grants too)."""
+def describe_default_readers(rows: Sequence[DefaultReader]) -> str:
+    roles = sorted({role for role, _, _ in rows})
+    if not roles:
+        return ""
+    owner = rows[0][1]
+    return (f"{', '.join(roles)} will read the tables created from now on "
+            f'(default privileges of "{owner}": a future migration\'s tables)')
+
+
+def revoke_readers(rows: Sequence[Reader], later: Sequence[DefaultReader] = ()) -> str:
+    """The statements that take the reading away (revoking SELECT on a table revokes its column
+    grants too; a membership is revoked from the role that grants it)."""
     def quoted(roles: set[str]) -> str:
-        return ", ".join(role if role == "PUBLIC" else f'"{role}"' for role in sorted(roles))
-    granted = {role for role, _, _, read_all in rows if not read_all}
-    members = {role for role, _, _, read_all in rows if read_all}
+        return ", ".join(_quoted(role) for role in sorted(roles))
+    granted = {role for role, _, _, how in rows if how is None}
     fixes = []
     if granted:
         fixes.append(f"REVOKE SELECT ON {', '.join(PRIVATE_TABLES)} FROM {quoted(granted)} (as the tables' owner)")
-    if members:
-        fixes.append(f"REVOKE pg_read_all_data FROM {quoted(members)} (as a role that may: a superuser)")
+    for how in sorted({how for _, _, _, how in rows if how is not None}):
+        members = {role for role, _, _, h in rows if h == how}
+        fixes.append(f"REVOKE {_quoted(how)} FROM {quoted(members)} (as a role that may: a superuser)")
+    for owner, schema in sorted({(owner, schema or "") for _, owner, schema in later}):
+        roles = {role for role, o, s in later if (o, s or "") == (owner, schema)}
+        where = f" IN SCHEMA {schema}" if schema else ""
+        fixes.append(f"ALTER DEFAULT PRIVILEGES FOR ROLE {_quoted(owner)}{where} REVOKE SELECT ON TABLES "
+                     f"FROM {quoted(roles)} (as that role or a superuser)")
     return "if they should not: " + "; ".join(fixes)
 
 

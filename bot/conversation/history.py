@@ -73,23 +73,35 @@ class Edit(enum.Enum):
     UNKNOWN = "unknown"        # not in the history, or deleted: nothing changed
     SAME_WORDS = "same words"  # Discord also sends edits of embeds and pins: only edited_at moved
     NEW_WORDS = "new words"
+    WORDS_DROPPED = "words dropped"  # new words of someone who paused Muninn's memory: not kept, the old go
 
 
 def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float | None = None) -> Edit:
     """Replace the text of a message we know (not of a deleted one). The old text goes as a
     deleted message's does: out of the files too, at the next maintenance (`storage.mark_pending`:
-    the row's old version stays in SQLite's WAL and in PostgreSQL's table file until a scrub)."""
+    the row's old version stays in SQLite's WAL and in PostgreSQL's table file until a scrub).
+    A message of someone who paused Muninn's memory keeps neither: the old words were taken back
+    by the edit, and the new ones are said while Muninn keeps nothing of what they say (as their
+    new messages are never recorded), so the message goes as a deleted one does."""
     content = storable(content)
+    when = time.time() if edited_at is None else edited_at
     with write_transaction(conn):
-        old = query_one(conn, "SELECT content FROM messages WHERE id = ? AND deleted_at IS NULL", (message_id,))
+        old = query_one(conn, "SELECT m.content, p.user_id FROM messages m LEFT JOIN memory_pauses p "
+                        "ON p.user_id = m.author_id WHERE m.id = ? AND m.deleted_at IS NULL", (message_id,))
         if old is None:
             return Edit.UNKNOWN
-        conn.execute("UPDATE messages SET content = ?, edited_at = ? WHERE id = ?",
-                     (content, time.time() if edited_at is None else edited_at, message_id))
         if old[0] == content:
+            conn.execute("UPDATE messages SET edited_at = ? WHERE id = ?", (when, message_id))
             return Edit.SAME_WORDS
+        if old[1] is not None:
+            conn.execute("UPDATE messages SET content = '', edited_at = ?, deleted_at = ? WHERE id = ?",
+                         (when, when, message_id))
+            kind = Edit.WORDS_DROPPED
+        else:
+            conn.execute("UPDATE messages SET content = ?, edited_at = ? WHERE id = ?", (content, when, message_id))
+            kind = Edit.NEW_WORDS
         mark_pending(conn, MESSAGES_PENDING)  # facts learned from the old words mark their own (forget_sources)
-    return Edit.NEW_WORDS
+    return kind
 
 
 @dataclass(frozen=True)

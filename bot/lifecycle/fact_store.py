@@ -13,6 +13,7 @@ from bot.lifecycle import writes
 from bot.lifecycle.facts import Fact
 from bot.llm.answers import ask_json
 from bot.llm.ollama import OllamaClient
+from bot.memory import fts
 from bot.memory.engine import Engine
 from bot.memory.storage import storage_of
 from bot.memory.store import NewMemory
@@ -84,19 +85,28 @@ def _plan_updates(conn: apsw.Connection, model: str, memories: list[NewMemory],
                   ) -> tuple[list[list[tuple[int, str]]], list[list[tuple[int, float]] | None], Any]:
     """For each fact that is not a plain duplicate: the older memories the LLM should judge;
     and each fact's search of its own key with the change mark it was made at (the write
-    reuses it if no vector changed meanwhile). Read-only: the index is created by the write."""
-    mark, info = storage_of(conn).plan_state(conn, model)  # one round trip on PostgreSQL (were two)
-    info = info if vecs else None
-    out: list[list[tuple[int, str]]] = []
-    searched: list[list[tuple[int, float]] | None] = []
-    for index, memory in enumerate(memories):
-        vector = vecs[index] if vecs is not None and info is not None and len(vecs[index]) == info.dim else None
-        near = writes.nearest(conn, info, vector, [memory.vis_key], writes.FACT_NEIGHBOURS)
-        searched.append(near if vector is not None else None)
-        duplicate = writes.find_duplicate(conn, info, memory, vector, settings.dedup_cosine, near=near)
-        if duplicate is not None:
-            out.append([])
-            continue
-        out.append(writes.update_candidates(conn, info, memory, vector, threshold=settings.update_cosine,
-                                               subject_name=names[index], near=near))
-    return out, searched, mark
+    reuses it if no vector changed meanwhile). Read-only: the index is created by the write.
+    On PostgreSQL the mark, the index, the owners' personal keys and the exact-text checks are
+    one round trip (were 2 + one per fact), and the vector cache reads its change log once for
+    all the searches (was once per search: 1-2 per fact)."""
+    storage = storage_of(conn)
+    owners = [m.owner_id for m in memories if m.scope == "personal" and m.owner_id is not None]
+    probes = [(m.vis_key, fts.tokens(m.text)) for m in memories]
+    with storage.one_log_read(conn):
+        state = storage.plan_state(conn, model, owners, probes, writes.SAME_TEXT_LIMIT)
+        info = state.info if vecs else None
+        out: list[list[tuple[int, str]]] = []
+        searched: list[list[tuple[int, float]] | None] = []
+        for index, memory in enumerate(memories):
+            vector = vecs[index] if vecs is not None and info is not None and len(vecs[index]) == info.dim else None
+            near = writes.nearest(conn, info, vector, [memory.vis_key], writes.FACT_NEIGHBOURS)
+            searched.append(near if vector is not None else None)
+            duplicate = writes.find_duplicate(conn, info, memory, vector, settings.dedup_cosine, near=near,
+                                              same_words=state.same_words[index])
+            if duplicate is not None:
+                out.append([])
+                continue
+            out.append(writes.update_candidates(conn, info, memory, vector, threshold=settings.update_cosine,
+                                                subject_name=names[index], near=near,
+                                                keys=writes.subject_keys(conn, memory, state.personal)))
+    return out, searched, state.mark

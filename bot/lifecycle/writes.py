@@ -184,11 +184,14 @@ def _as_int(value: Any) -> int | None:
 
 # -- database side -------------------------------------------------------------
 
-def subject_keys(conn: apsw.Connection, memory: store.NewMemory | store.Memory) -> list[str]:
-    """Visibility keys holding memories about the same subject as `memory`."""
+def subject_keys(conn: apsw.Connection, memory: store.NewMemory | store.Memory,
+                 personal: dict[int, list[str]] | None = None) -> list[str]:
+    """Visibility keys holding memories about the same subject as `memory`. `personal`: owners'
+    personal_keys read already (storage.plan_state)."""
     keys = [memory.vis_key]
     if memory.scope == "personal" and memory.owner_id is not None:
-        keys += [key for key in personal_keys(conn, memory.owner_id) if key != memory.vis_key]
+        owned = personal[memory.owner_id] if personal is not None else personal_keys(conn, memory.owner_id)
+        keys += [key for key in owned if key != memory.vis_key]
     return keys
 
 
@@ -260,12 +263,14 @@ def find_duplicate(conn: apsw.Connection, info: vectors.IndexInfo | None, memory
 def update_candidates(conn: apsw.Connection, info: vectors.IndexInfo | None, memory: store.NewMemory,
                       vector: Sequence[float] | None, *, threshold: float, subject_name: str | None = None,
                       exclude: Sequence[int] = (), limit: int = UPDATE_CANDIDATES,
-                      near: Sequence[tuple[int, float]] | None = None) -> list[tuple[int, str]]:
+                      near: Sequence[tuple[int, float]] | None = None,
+                      keys: list[str] | None = None) -> list[tuple[int, str]]:
     """Older active memories of the same subject that the new fact might update: the vector
     neighbours above `threshold`, or without vectors the keyword matches on its content words
     (the subject's name left out, since every memory about Alice contains "Alice"). `near`: the
-    caller's `nearest(..., [memory.vis_key], k)`, used when that key is the subject's only one."""
-    keys = subject_keys(conn, memory)
+    caller's `nearest(..., [memory.vis_key], k)`, used when that key is the subject's only one.
+    `keys`: subject_keys(conn, memory) when the caller has read them (storage.plan_state)."""
+    keys = subject_keys(conn, memory) if keys is None else keys
     if info is not None and vector is not None:
         wanted = limit + len(exclude)
         if near is None or keys != [memory.vis_key] or len(near) < wanted:
@@ -374,7 +379,8 @@ def write_facts(conn: apsw.Connection, memories: Sequence[store.NewMemory],
         # check, in one step (PostgreSQL: one round trip; the lock is held from here to COMMIT).
         info, unchanged, same_words = storage.begin_fact_write(
             conn, [m.vis_key for m in memories], settings.embed_model, len(vecs[0]) if vecs else None,
-            searched_mark if any(s is not None for s in searched) else None, probes, SAME_TEXT_LIMIT)
+            searched_mark if any(s is not None for s in searched) else None, probes, SAME_TEXT_LIMIT,
+            [memory_id for near in searched if near for memory_id, _ in near])
         added: list[tuple[str, int, str]] = []   # (vis_key, id, text) stored by this write
         archived: set[int] = set()
         for index, memory in enumerate(memories):

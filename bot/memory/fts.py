@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import apsw
 
+from bot.memory import removals
+
 MAX_TOKENS = 24
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -166,6 +168,8 @@ def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
     defining `hits(id, relevance)` (bm25: lower is better) among the active memories under
     `keys`, with its parameters (None when nothing is searchable).
     `max(id)` is read once here (it sets both the common limit and the window)."""
+    # memories other processes removed since the last plan: their words' counts go (removals.py)
+    removals.observe(_database(conn), removals.read(conn), lambda removed: forget_counts(conn, removed))
     newest = newest_id(conn)
     limit = common_limit(conn, newest)
     words = selective(conn, tokens(text), limit=limit)
@@ -337,6 +341,9 @@ COUNT_CACHE_MAX = 50_000
 
 def _database(conn) -> str:
     return conn.filename or str(id(conn))
+
+
+database_of = _database  # the name other modules key this database's counts by (removals.py)
 
 
 def doc_count(conn, word: str, limit: int) -> int:

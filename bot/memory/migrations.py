@@ -184,6 +184,11 @@ MIGRATIONS: list[str] = [
     """
     -- (no statement)
     """,
+    # 14: nothing for SQLite. PostgreSQL's migration 14 indexes (vis_key, text_search) in one GIN
+    # index and keeps word statistics of active memories (its keyword path's estimates).
+    """
+    -- (no statement)
+    """,
 ]
 
 

@@ -16,8 +16,8 @@ from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, stor
 from bot.memory.checkpoints import Checkpoints
 from bot.memory.db import write_transaction
 from bot.memory.retrieval import Candidate
-from bot.memory.scope import ACTIVE, Viewer, key_filter, visible_keys
-from bot.memory.storage import MESSAGES_PENDING, SCRUB_PENDING, SCRUBBED, clear_marks, pending_marks
+from bot.memory.scope import ACTIVE, Viewer, key_filter, personal_keys, visible_keys
+from bot.memory.storage import MESSAGES_PENDING, SCRUB_PENDING, SCRUBBED, PlanState, clear_marks, pending_marks
 from bot.memory.vector_cache import VectorCache
 from bot.memory.vectors import IndexInfo
 
@@ -127,8 +127,15 @@ class SQLiteStorage:
     def change_mark(self, conn: apsw.Connection) -> int:
         return vectors.change_mark(conn)
 
-    def plan_state(self, conn: apsw.Connection, model: str) -> tuple[int, IndexInfo | None]:
-        return self.change_mark(conn), self.current_index(conn, model)
+    def plan_state(self, conn: apsw.Connection, model: str, owners: Sequence[int] = (),
+                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0) -> PlanState:
+        return PlanState(self.change_mark(conn), self.current_index(conn, model),
+                         {owner: personal_keys(conn, owner) for owner in dict.fromkeys(owners)},
+                         [self.keyword_search(conn, words, [key], all_words=True, limit=same_text_limit)
+                          for key, words in probes])
+
+    def one_log_read(self, conn: apsw.Connection) -> ContextManager[None]:
+        return self.vector_cache.one_log_read() if self.vector_cache is not None else nullcontext()
 
     def unchanged_since(self, conn: apsw.Connection, mark: int) -> bool:
         return vectors.change_mark(conn) == mark  # one writer at a time: seq is commit order
@@ -137,9 +144,9 @@ class SQLiteStorage:
         """Nothing to do: a write transaction begins IMMEDIATE, holding the file's one write lock."""
 
     def begin_fact_write(self, conn: apsw.Connection, keys: Sequence[str], model: str, dim: int | None, mark: Any,
-                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int
+                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int, searched: Sequence[int] = ()
                          ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:
-        self.lock_keys(conn, keys)
+        self.lock_keys(conn, keys)  # (one writer: any change since `mark` counts; a search costs no round trip)
         info = vectors.index_for(conn, model, dim) if dim is not None else None
         unchanged = mark is not None and self.unchanged_since(conn, mark)
         return info, unchanged, [self.keyword_search(conn, words, [key], all_words=True, limit=same_text_limit)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import Any, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Any, ContextManager, Protocol, Sequence
 
 from bot.memory import store
 from bot.memory.retrieval import Candidate
@@ -60,6 +61,15 @@ def clear_marks(conn: Connection, marks: dict[str, str]) -> None:
         clear_pending(conn, token, key)
 
 
+@dataclass
+class PlanState:
+    """Storage.plan_state's answer."""
+    mark: Any                       # where the vector changes stand now (begin_fact_write checks it)
+    info: IndexInfo | None          # current_index(model)
+    personal: dict[int, list[str]]  # owner -> scope.personal_keys (the update check searches all of them)
+    same_words: list[list[tuple[int, str]]]  # per probe: keyword_search(words, [vis_key], all_words=True)
+
+
 class Storage(Protocol):
     name: str
     row_refusals: tuple[type[Exception], ...]  # the database refused a row (a constraint, a value too big)
@@ -98,24 +108,32 @@ class Storage(Protocol):
         """The k nearest active memories under `keys`: [(id, L2 distance)], nearest first."""
     def similar_to_memory(self, conn: Connection, info: IndexInfo, memory_id: int, keys: list[str],
                           k: int) -> list[tuple[int, float]]: ...
-    def plan_state(self, conn: Connection, model: str) -> tuple[Any, IndexInfo | None]:
-        """(a change mark: where the vector changes stand now, current_index(model)) as of one
-        moment: what planning a fact write reads first (PostgreSQL: one round trip)."""
+    def plan_state(self, conn: Connection, model: str, owners: Sequence[int] = (),
+                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0) -> PlanState:
+        """What planning a fact write reads first, as of one moment (PostgreSQL: one round trip):
+        the change mark, current_index(model), `owners`' personal keys, and for each (vis_key,
+        words) of `probes` its exact-text duplicate check (as begin_fact_write's)."""
+    def one_log_read(self, conn: Connection) -> ContextManager[None]:
+        """Within the block, on this thread, the vector cache reads the change log once (its
+        first search): the searches of one fact write's planning, whose results the write checks
+        against plan_state's mark anyway, read it once instead of once each."""
     def keyword_search(self, conn: Connection, words: list[str], keys: list[str], *, all_words: bool,
                        limit: int) -> list[tuple[int, str]]:
         """Active memories under `keys` holding every word (oldest first) or any word (most
         relevant first): [(id, text)]. `words` are fts.tokens, never raw user text."""
     def begin_fact_write(self, conn: Connection, keys: Sequence[str], model: str, dim: int | None, mark: Any,
-                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int
+                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int, searched: Sequence[int] = ()
                          ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:
         """The start of a fact write, inside its transaction, in this order: lock `keys` (until
         the transaction ends, no other process stores facts under these visibility keys, so a
         duplicate check and the insert after it see each other's facts); index_for(model, dim)
-        (None when `dim` is None); whether no vector was stored or removed since plan_state gave
-        `mark`, counting changes committed since by other processes in any order (False when
-        `mark` is None: a search made then still holds); for each (vis_key, words) of `probes`,
-        keyword_search(words, [vis_key], all_words=True, limit=same_text_limit) ([] without words). Everything after the locks
-        sees the facts of whoever held them before. PostgreSQL: one round trip."""
+        (None when `dim` is None); whether the searches of `keys` made when plan_state gave
+        `mark` still hold, counting changes committed since by other processes in any order
+        (False when `mark` is None): no vector stored or removed since (a backend may count only
+        the changes under `keys` and those of the `searched` ids, what those searches found); for
+        each (vis_key, words) of `probes`, keyword_search(words, [vis_key], all_words=True,
+        limit=same_text_limit) ([] without words). Everything after the locks sees the facts of
+        whoever held them before. PostgreSQL: one round trip."""
     def reinforce(self, conn: Connection, memory_id: int, *, importance: float, sources: list[str],
                   growth: float, now: float) -> None: ...
 

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import apsw
 
 from bot import validate
-from bot.memory import decay, fts, vectors
+from bot.memory import decay, fts, removals, vectors
 from bot.memory.db import query_one, query_value, write_transaction
 from bot.memory.scope import (
     ACTIVE,
@@ -260,9 +260,11 @@ def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
         for memory_id in ids:  # links and source rows go by ON DELETE CASCADE, the FTS row by trigger
             conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
             removed += conn.changes()
+        added = removals.add(conn, removed)  # other processes' word counts (one writer: no wait)
     # after the commit (of this transaction; inside a caller's, before its commit): a recall that
     # counted a word meanwhile still saw the deleted rows and would cache the old count
     fts.forget_counts(conn, removed)
+    removals.seen_own(fts.database_of(conn), added, removed)
     return removed
 
 
@@ -323,8 +325,10 @@ def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | Non
         conn.execute("UPDATE memories SET archived_at = ?, archive_reason = ?, embedded = 0, updated_at = ? "
                      "WHERE id = ? AND " + ACTIVE,
                      (time.time() if now is None else now, reason, time.time(), memory_id))
+        added = removals.add(conn, conn.changes())
         vectors.remove(conn, [memory_id])
     fts.forget_counts(conn, 1)  # after the commit, as in `delete`
+    removals.seen_own(fts.database_of(conn), added, 1)
 
 
 def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> None:

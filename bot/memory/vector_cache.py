@@ -30,7 +30,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Protocol, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import apsw
 import numpy as np
@@ -162,13 +163,28 @@ class KeyVectors:
         self._regrow(self.n - self.dead + SLACK_ROWS)
 
 
+# A changed memory as the change log's read saw it: id -> (vis_key, created_at, its vector (None:
+# not read with it)) for an active memory with a vector; id -> None for one without (removed).
+Changed = dict[int, "tuple[str, float, np.ndarray | None] | None"]
+
+
+class Overlay(set):
+    """Ids changed since the cache's mark, seen inside a transaction (their changes may still
+    roll back): scored for that search alone. `states`: what the log's read gave of them."""
+
+    def __init__(self, ids: Iterable[int], states: Changed | None) -> None:
+        super().__init__(ids)
+        self.states = states
+
+
 class VectorSource(Protocol):
     """The storage reads of the cache, per backend. A mark is opaque to the cache: where in the
     change log it has read up to."""
 
-    def poll(self, conn: Any, mark: Any) -> tuple[str | None, list[int], Any, bool]:
+    def poll(self, conn: Any, mark: Any) -> tuple[str | None, list[int], Any, bool, Changed | None]:
         """(the index's epoch, ids changed since `mark` (None: none, just the current mark), the
-        mark after them, False when the log was pruned past `mark`)."""
+        mark after them, False when the log was pruned past `mark`, and the changed memories as
+        of that mark when the same read gives them (else None: `_apply` reads them))."""
     def changed_between(self, conn: Any, older: Any, newer: Any) -> set[int]: ...
     def key_size_at_least(self, conn: Any, key: str, cap: int) -> int: ...
     def load_key(self, conn: Any, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
@@ -216,6 +232,20 @@ class VectorCache:
         self._seq: Any = 0  # the source's mark: SQLite's last applied seq, PostgreSQL's snapshot
         self._applied = 0  # how many polls' changes were applied (_sync: did one land meanwhile?)
         self._bytes = 0
+        self._reads = threading.local()  # one_log_read: this thread's block, and whether it read the log
+
+    @contextmanager
+    def one_log_read(self) -> Iterator[None]:
+        """Within the block, this thread's searches read the change log once (the first one):
+        the searches of one fact write's planning (2-3, each a round trip on PostgreSQL) answer
+        as of that read; the write checks against its plan's mark whether any vector changed since."""
+        outer = getattr(self._reads, "active", False)
+        self._reads.active = True
+        try:
+            yield
+        finally:
+            if not outer:
+                self._reads.active = self._reads.synced = False
 
     # -- bookkeeping --------------------------------------------------------
 
@@ -235,6 +265,29 @@ class VectorCache:
         self._given.clear()
         self._bytes = 0
 
+    def read_ahead(self, conn: apsw.Connection) -> tuple[Any, int, int] | None:
+        """In a one_log_read block that has not read the log yet, outside a transaction: where to
+        read it from, for a caller that reads it in a statement of its own (storage.plan_state)
+        and hands it to `take_read_ahead`; None: the searches read it themselves."""
+        if not getattr(self._reads, "active", False) or getattr(self._reads, "synced", False) \
+                or not conn.get_autocommit():
+            return None
+        with self._lock:
+            return None if self._identity is None else (self._seq, self._applied, self._generation)
+
+    def take_read_ahead(self, conn: apsw.Connection, info: vectors.IndexInfo, ahead: tuple[Any, int, int],
+                        polled: tuple[str | None, list[int], Any, bool, Changed | None]) -> None:
+        """The log read from `ahead`'s mark (read_ahead): applied as a search's own read would be
+        (_sync), unless another thread applied changes or started over meanwhile: then the
+        block's first search reads it again."""
+        _, applied, generation = ahead
+        with self._lock:
+            if self._applied != applied or self._generation != generation:
+                return
+            overlay = self._take(conn, info, polled, fresh=False)
+        if overlay is not None:
+            self._reads.synced = True
+
     def _sync(self, conn: apsw.Connection, info: vectors.IndexInfo) -> set[int] | None:
         """Apply committed changes; returns the ids changed in `conn`'s open transaction (if any),
         to be scored exactly by the caller instead; None when the cache cannot answer now (the
@@ -245,6 +298,15 @@ class VectorCache:
         the read began, so applying it is what one read under the lock would have done (another
         thread that only moved the mark found no change, and so nothing this read missed). Else it
         is read again from the new mark; after SYNC_TRIES such races, under the lock as before."""
+        once = getattr(self._reads, "active", False) and conn.get_autocommit()
+        if once and getattr(self._reads, "synced", False):
+            return set()  # one_log_read: read already in this block
+        overlay = self._read_log(conn, info)
+        if once and overlay is not None:
+            self._reads.synced = True
+        return overlay
+
+    def _read_log(self, conn: apsw.Connection, info: vectors.IndexInfo) -> set[int] | None:
         for _ in range(SYNC_TRIES):
             with self._lock:
                 if self._identity is None:
@@ -258,10 +320,10 @@ class VectorCache:
             fresh = self._identity is None
             return self._take(conn, info, self.source.poll(conn, None if fresh else self._seq), fresh=fresh)
 
-    def _take(self, conn: apsw.Connection, info: vectors.IndexInfo, polled: tuple[str | None, list[int], Any, bool],
-              *, fresh: bool) -> set[int] | None:
+    def _take(self, conn: apsw.Connection, info: vectors.IndexInfo,
+              polled: tuple[str | None, list[int], Any, bool, Changed | None], *, fresh: bool) -> set[int] | None:
         """_sync under the lock: apply `polled`, read from the current mark (from none: `fresh`)."""
-        epoch, changed, mark, complete = polled
+        epoch, changed, mark, complete, states = polled
         identity = (epoch, info.model, info.dim)
         if identity != self._identity:
             if not conn.get_autocommit():
@@ -271,7 +333,7 @@ class VectorCache:
             self._seq = mark if fresh else self.source.poll(conn, None)[2]
             return set()
         if not conn.get_autocommit():
-            return set(changed)  # maybe uncommitted: scored for this search only, the mark stays
+            return Overlay(changed, states)  # maybe uncommitted: scored for this search only, the mark stays
         # Start over when the log was pruned past us, even if nothing is left to read: on
         # PostgreSQL a long transaction's change can commit after newer ones and be pruned
         # before we saw it (skipping it would keep a vector under its old key for good).
@@ -279,15 +341,21 @@ class VectorCache:
         if not complete or len(changed) > MAX_APPLY:
             self._reset()
         elif changed:
-            self._apply(conn, info, set(changed))
+            self._apply(conn, info, set(changed), states)
             self._applied += 1
         self._seq = mark
         return set()
 
-    def _apply(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int]) -> None:
-        marks = ",".join("?" * len(ids))
-        now = {row[0]: row[1:] for row in conn.execute(
-            f"SELECT id, vis_key, created_at, embedded FROM memories WHERE id IN ({marks}) AND {ACTIVE}", tuple(ids))}
+    def _apply(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int],
+               states: Changed | None = None) -> None:
+        """Apply the changes of `ids`; `states`: what the log's read gave of them (PostgreSQL: their
+        keys and vectors in the same round trip; two more were a round trip each per write)."""
+        if states is not None:
+            now = {mid: (state[0], state[1], 1) for mid, state in states.items() if state is not None}
+        else:
+            marks = ",".join("?" * len(ids))
+            now = {row[0]: row[1:] for row in conn.execute(
+                f"SELECT id, vis_key, created_at, embedded FROM memories WHERE id IN ({marks}) AND {ACTIVE}", tuple(ids))}
         per_key: dict[str, int] = {}
         for memory_id in ids:
             old_key = self._key_of.pop(memory_id, None)
@@ -303,7 +371,12 @@ class VectorCache:
             self._too_big.discard(key)
         wanted = [memory_id for memory_id in ids
                   if (state := now.get(memory_id)) is not None and state[2] and state[0] in self._keys]
-        found = self.source.read_vectors(conn, info, wanted)
+        found: dict[int, np.ndarray] = {}
+        if states is not None:
+            found = {mid: vector for mid in wanted if (vector := _read_with(states, mid, info.dim)) is not None}
+        missing = [memory_id for memory_id in wanted if memory_id not in found]
+        if missing:
+            found.update(self.source.read_vectors(conn, info, missing))
         for memory_id in wanted:
             state = now[memory_id]
             vector = found.get(memory_id)
@@ -542,12 +615,28 @@ class VectorCache:
 
     def _overlay_scores(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int], keys: set[str],
                         q: np.ndarray, as_of: float | None) -> list[tuple[float, int]]:
+        states = ids.states if isinstance(ids, Overlay) else None
+        scored: list[tuple[float, int]] = []
+        if states is not None:  # the log's read gave them (PostgreSQL): no more round trips
+            left = set()
+            for memory_id in ids:
+                state = states.get(memory_id)
+                vector = _read_with(states, memory_id, info.dim)
+                if state is None:
+                    continue  # removed
+                if vector is None:
+                    left.add(memory_id)
+                elif state[0] in keys and (as_of is None or state[1] <= as_of):
+                    scored.append((float(vector @ q), memory_id))
+            ids = left
+            if not ids:
+                return scored
         marks = ",".join("?" * len(ids))
         wanted = [memory_id for memory_id, vis_key, created_at in conn.execute(
                   f"SELECT id, vis_key, created_at FROM memories WHERE id IN ({marks}) AND embedded = 1 AND {ACTIVE}",
                   tuple(ids)) if vis_key in keys and (as_of is None or created_at <= as_of)]
         found = self.source.read_vectors(conn, info, wanted)
-        return [(float(found[memory_id] @ q), memory_id) for memory_id in wanted if memory_id in found]
+        return scored + [(float(found[memory_id] @ q), memory_id) for memory_id in wanted if memory_id in found]
 
     def neighbours(self, conn: apsw.Connection, info: vectors.IndexInfo, items: Sequence[tuple[int, str]],
                    k: int, block_bytes: int = 64 << 20) -> dict[int, list[tuple[int, float]]]:
@@ -581,6 +670,13 @@ class VectorCache:
                     out[mid] = sorted(((other, distance_of(score)) for score, other in top_scores_of(ids, row_scores, k)),
                                       key=lambda pair: (pair[1], pair[0]))
         return out
+
+
+def _read_with(states: Changed, memory_id: int, dim: int) -> np.ndarray | None:
+    """The vector the log's read gave for `memory_id`, if it has the index's size."""
+    state = states.get(memory_id)
+    vector = state[2] if state is not None else None
+    return vector if vector is not None and len(vector) == dim else None
 
 
 def unit(vector: Sequence[float]) -> np.ndarray:
@@ -687,15 +783,15 @@ class SQLiteVectorSource:
     """The cache's reads on SQLite: vec0's chunk tables, and the log by `seq` (one writer at a
     time, so seq order is commit order and a rollback reuses its numbers)."""
 
-    def poll(self, conn: apsw.Connection, mark: int | None) -> tuple[str | None, list[int], int, bool]:
+    def poll(self, conn: apsw.Connection, mark: int | None) -> tuple[str | None, list[int], int, bool, None]:
         epoch = get_meta(conn, "vec_epoch")
         if mark is None:
-            return epoch, [], int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")), True
+            return epoch, [], int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")), True, None
         rows: list[tuple[int, int]] = [(int(seq), int(mid)) for seq, mid in conn.execute(
             "SELECT seq, memory_id FROM vector_changes WHERE seq > ? ORDER BY seq", (mark,))]
         if not rows:
-            return epoch, [], mark, True
-        return epoch, [memory_id for _, memory_id in rows], rows[-1][0], rows[0][0] == mark + 1
+            return epoch, [], mark, True, None
+        return epoch, [memory_id for _, memory_id in rows], rows[-1][0], rows[0][0] == mark + 1, None
 
     def changed_between(self, conn: apsw.Connection, older: int, newer: int) -> set[int]:
         return {int(mid) for (mid,) in conn.execute(

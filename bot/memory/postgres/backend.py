@@ -22,14 +22,14 @@ import logging
 import struct
 import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any, ContextManager, Iterator, Sequence
 
 import psycopg
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
-from bot.memory import decay, privacy, ranking, retrieval, store, vectors
+from bot.memory import decay, privacy, ranking, removals, retrieval, store, vectors
 from bot.memory.files import DatabaseError
 from bot.memory.postgres import keywords
 from bot.memory.postgres import scrub as postgres_scrub
@@ -39,7 +39,7 @@ from bot.memory.postgres.migrations import migrate
 from bot.memory.postgres.vector_source import PostgresVectorSource
 from bot.memory.retrieval import VITALS_COLUMNS, Candidate
 from bot.memory.scope import ACTIVE, Viewer, visible_keys
-from bot.memory.storage import SCRUBBED
+from bot.memory.storage import SCRUBBED, PlanState
 from bot.memory.vector_cache import VectorCache
 from bot.memory.vectors import IndexInfo, VectorSizeError
 
@@ -99,6 +99,16 @@ _UNCHANGED_SINCE = ("SELECT NOT EXISTS (SELECT 1 FROM vector_changes WHERE xid >
                     "AND NOT pg_visible_in_snapshot(xid, %s::pg_snapshot))")
 
 
+# Whether the k nearest under some keys, searched at a mark, still hold: no vector logged since
+# (as _UNCHANGED_SINCE) of a memory now under those keys (stored, re-embedded or moved in) or among
+# the ids that search found (removed or moved out); a removed memory the search did not return
+# changes nothing. Checked globally, four writers of their own keys re-searched each other's
+# facts under the key's lock: 3 more round trips there (the log, the changed rows, their vectors).
+_UNCHANGED_UNDER = ("SELECT NOT EXISTS (SELECT 1 FROM vector_changes c LEFT JOIN memories m ON m.id = c.memory_id "
+                    "WHERE c.xid >= pg_snapshot_xmin(%s::pg_snapshot) AND NOT pg_visible_in_snapshot(c.xid, %s::pg_snapshot) "
+                    "AND (m.vis_key = ANY(%s::text[]) OR c.memory_id = ANY(%s::bigint[])))")
+
+
 def _keyword_statement(words: list[str], keys: list[str], *, all_words: bool, limit: int) -> tuple[str, list[Any]]:
     """keyword_search's statement and parameters (the fact write's duplicate and update checks)."""
     match = (" && " if all_words else " || ").join(["plainto_tsquery('muninn', %s)"] * len(words))
@@ -110,6 +120,12 @@ def _keyword_statement(words: list[str], keys: list[str], *, all_words: bool, li
             f"AND m.text_search @@ ({match}) ORDER BY {order} LIMIT %s",
             [keys, *words, *([] if all_words else words), limit])
 
+
+# One person's personal keys, in key order (scope.personal_keys' statement; parameters: the owner, twice).
+_KEY_STEP = ("SELECT min(vis_key) FROM memories WHERE owner_id = %s AND scope = 'personal' AND archived_at IS NULL "
+             "AND vis_key > ")
+_PERSONAL_KEYS = (f"ARRAY(WITH RECURSIVE k(key) AS ({_KEY_STEP}'' UNION ALL SELECT ({_KEY_STEP}k.key) FROM k "
+                  "WHERE k.key IS NOT NULL) SELECT key FROM k WHERE key IS NOT NULL)")
 
 # A recall's touch of its memories (parameters: now, growth, decay.MAX_STABILITY_DAYS).
 _TOUCH_SET = ("access_count = access_count + 1, last_accessed = greatest(%s, coalesce(last_accessed, 0)), "
@@ -273,11 +289,47 @@ class PostgresStorage:
         assert row is not None
         return str(row[0])
 
-    def plan_state(self, conn: PgConnection, model: str) -> tuple[str, IndexInfo | None]:
-        row = conn.pg.execute(f"SELECT pg_current_snapshot()::text, ({INDEX_STATE_SQL})").fetchone()
-        assert row is not None
-        info, _ = index_state_of(row[1])
-        return str(row[0]), info if info is not None and info.model == model else None
+    def plan_state(self, conn: PgConnection, model: str, owners: Sequence[int] = (),
+                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0) -> PlanState:
+        """One round trip: the snapshot, the index, each owner's personal keys (scope.personal_keys'
+        loose index scan, an array per owner), each probe's exact-text check (keyword_search's
+        statement, its rows as JSON) and, in a one_log_read block, the vector cache's read of the
+        change log (the rows it needs: vector_source.poll_beside): these were a round trip each
+        per fact. Never prepared (as keyword_search: one generic plan for every key and word
+        would not do)."""
+        people = list(dict.fromkeys(owners))
+        columns = [f"({INDEX_STATE_SQL})", *(_PERSONAL_KEYS for _ in people)]
+        params: list[Any] = [owner for owner in people for _ in range(2)]
+        searched = [bool(words) for _, words in probes]
+        for vis_key, words in probes:
+            if words:
+                query, more = _keyword_statement(words, [vis_key], all_words=True, limit=same_text_limit)
+                columns.append(f"(SELECT json_agg(json_build_array(s.id, s.text))::text FROM ({query}) s)")
+                params += more
+        cache = self.vector_cache
+        ahead = (cache.read_ahead(conn)  # type: ignore[arg-type]
+                 if cache is not None and isinstance(cache.source, PostgresVectorSource) else None)
+        if cache is not None and ahead is not None:
+            polled, row = cache.source.poll_beside(conn, ahead[0], columns, params)  # type: ignore[attr-defined]
+            mark = polled[2][0]  # the statement's snapshot: the plan's mark and the cache's are one
+            stored, _ = index_state_of(row[0])
+            if stored is not None:
+                cache.take_read_ahead(conn, stored, ahead, polled)  # type: ignore[arg-type]
+        else:
+            found = conn.pg.execute(f"SELECT pg_current_snapshot()::text, {', '.join(columns)}".encode(), params,
+                                    prepare=False).fetchone()
+            assert found is not None
+            mark, row = str(found[0]), tuple(found[1:])
+            stored, _ = index_state_of(row[0])
+        hits = iter(row[1 + len(people):])
+        same_words = [[(int(mid), str(text)) for mid, text in json.loads(next(hits) or "[]")] if was_searched else []
+                      for was_searched in searched]
+        return PlanState(mark, stored if stored is not None and stored.model == model else None,
+                         {owner: [str(key) for key in keys] for owner, keys in zip(people, row[1:], strict=False)},
+                         same_words)
+
+    def one_log_read(self, conn: PgConnection) -> ContextManager[None]:
+        return self.vector_cache.one_log_read() if self.vector_cache is not None else nullcontext()
 
     def unchanged_since(self, conn: PgConnection, mark: str) -> bool:
         row = conn.pg.execute(_UNCHANGED_SINCE, (mark, mark)).fetchone()
@@ -299,7 +351,7 @@ class PostgresStorage:
         return [(int(r[0]), str(r[1])) for r in rows]
 
     def begin_fact_write(self, conn: PgConnection, keys: Sequence[str], model: str, dim: int | None, mark: Any,
-                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int
+                         probes: Sequence[tuple[str, list[str]]], same_text_limit: int, searched: Sequence[int] = ()
                          ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:
         """One round trip: the statements go as one simple query (client-side binding, so no
         statement is prepared), run by the server in order, each with its own snapshot (READ
@@ -316,8 +368,8 @@ class PostgresStorage:
             params += [FACT_KEY_LOCK, key]
         parts.append(INDEX_STATE_SQL)
         if mark is not None:
-            parts.append(_UNCHANGED_SINCE)
-            params += [mark, mark]
+            parts.append(_UNCHANGED_UNDER)
+            params += [mark, mark, sorted(set(keys)), sorted(set(searched))]
         searched = [bool(words) for _, words in probes]
         for vis_key, words in probes:
             if words:
@@ -425,7 +477,13 @@ class PostgresStorage:
             _lock_in_order(conn, ids)
             removed = conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
         keywords.forget_counts(conn, removed)  # a word counted as common may not be any more
+        self._count_removed(conn, removed)
         return removed
+
+    def _count_removed(self, conn: PgConnection, removed: int) -> None:
+        """Other processes' word counts (removals.py): after the commit, in a statement of its own
+        (inside the transaction every removal would wait for the one meta row)."""
+        removals.seen_own(keywords._database(conn), removals.add(conn, removed), removed)
 
     def scrub(self, conn: PgConnection, forgotten: Sequence[str] = SCRUBBED) -> None:
         postgres_scrub.scrub(conn, forgotten)  # a rewrite: VACUUM leaves the bytes in the files
@@ -435,11 +493,13 @@ class PostgresStorage:
 
     def archive(self, conn: PgConnection, memory_id: int, reason: str, now: float | None = None) -> None:
         with conn.pg.transaction():
-            conn.pg.execute("UPDATE memories SET archived_at = %s, archive_reason = %s, embedded = 0, updated_at = %s "
-                            "WHERE id = %s AND " + ACTIVE,
-                            (time.time() if now is None else now, reason, time.time(), memory_id))
+            archived = conn.pg.execute(
+                "UPDATE memories SET archived_at = %s, archive_reason = %s, embedded = 0, updated_at = %s "
+                "WHERE id = %s AND " + ACTIVE, (time.time() if now is None else now, reason, time.time(), memory_id)
+            ).rowcount
             conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))  # logged by trigger
         keywords.forget_counts(conn, 1)
+        self._count_removed(conn, max(archived, 0))
 
     def restore(self, conn: PgConnection, memory_id: int) -> None:
         now = time.time()

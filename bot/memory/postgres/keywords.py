@@ -2,8 +2,8 @@
 
 Which words are searched: fts.selective's rule (a word in too many memories is left out
 while rarer ones are there), on counts taken here from the GIN index, capped with LIMIT and
-cached per database for a while; a word the planner's statistics call very common is not
-counted, its estimate stands in (ESTIMATE_MARGIN: where the choice can differ from SQLite's).
+cached per database for a while; a word the planner's statistics put in ESTIMATE_MIN memories
+or more is not counted, its estimate stands in (where the choice can differ from SQLite's).
 How much is ranked: when a searched word is common (over
 fts.common_limit), only the newest fts.COMMON_HITS visible matches among the newest
 fts.COMMON_WINDOW memories are ranked, as on SQLite; `ts_rank_cd` over every visible match
@@ -12,14 +12,20 @@ of a word in 30 % of all memories was the keyword step's cost in a busy channel 
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 from typing import Any
 
-from bot.memory import fts
+import psycopg
+
+from bot.memory import fts, removals
 from bot.memory.postgres.connection import PgConnection
 from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
 from bot.memory.retrieval import Candidate, KeywordHits
 from bot.memory.vectors import IndexInfo
+
+log = logging.getLogger(__name__)
 
 # Per database URL: word -> (count up to its limit, that limit, when counted); as fts._counts.
 _counts: dict[str, dict[str, tuple[int, int, float]]] = {}
@@ -69,75 +75,141 @@ def forget_counts(conn: PgConnection | None = None, removed: int | None = None) 
     None: every database's)."""
     if conn is None:
         fts.reset_slack([*_counts, *_estimates])
-        for cache in (_counts, _newest, _estimates):
-            cache.clear()
+        with _refresh_lock:
+            for where in _estimates:
+                _generation[where] = _generation.get(where, 0) + 1
+            for cache in (_counts, _newest, _estimates):
+                cache.clear()
         return
     database = _database(conn)
     if fts.slack_left(database, removed):
         fts.keep_common_counts(_counts.get(database, {}))
         return
-    for cache in (_counts, _newest, _estimates):
-        cache.pop(database, None)
+    with _refresh_lock:
+        _generation[database] = _generation.get(database, 0) + 1
+        for cache in (_counts, _newest, _estimates):
+            cache.pop(database, None)
 
 
-# A word whose estimate (the planner's statistics: the share of memories holding its stem in
-# ANALYZE's sample, times the table's rows) is over ESTIMATE_MARGIN x the common limit is common
-# without a count: counting it was a scan of its whole GIN entry, up to COMMON_EXACT when a query
-# held only common words (13-47 ms at 100k, the typical class's tail: issue 13). Its estimate
-# stands in for the exact count that orders common words (fts.selective); capped at COMMON_EXACT
-# + 1 (past it words tie and the longer wins, as on SQLite). Rarer words, words of several stems
-# and databases never analysed are counted as before. ANALYZE samples 30,000 rows: a word in
-# 2 x 1,500 memories of 100k is estimated within a few per cent, far above the limit.
-ESTIMATE_MARGIN = 2
-# Per database URL: (stem -> estimated memories holding it, when read); read again after
-# fts.COUNT_TTL_S (autovacuum's ANALYZE renews the statistics as the table changes).
-_estimates: dict[str, tuple[dict[str, int], float]] = {}
-_STATS = ("SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples, "
-          "(SELECT a.null_frac FROM pg_stats a WHERE a.schemaname = n.nspname AND a.tablename = c.relname "
-          "AND a.attname = 'archived_at'), "
-          "(SELECT count(*) FROM memories WHERE archived_at IS NULL) FROM pg_class c "
-          "JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_stats s ON s.schemaname = n.nspname "
-          "AND s.tablename = c.relname AND s.attname = 'text_search' WHERE c.oid = 'memories'::regclass")
-# ANALYZE samples every row, archived ones too, while the counts (and the GIN index's partial
-# use) are of active memories: with more than STATS_DRIFT of the sampled rows archived then
-# (archived_at's null_frac), or fewer active memories now than (1 - STATS_DRIFT) x the rows it saw
-# (a mass delete or archive since), the estimates would call words common that are not: none are
-# used then, every word is counted. The active memories are counted (the partial index
-# memories_active_vis, once per fts.COUNT_TTL_S), not taken from pg_stat_user_tables'
-# n_mod_since_analyze: every recall's touch is an UPDATE there, which would turn the estimates
-# off in a live bot long before autovacuum's ANALYZE (10 % of the rows changed).
+# A word the planner's statistics put in ESTIMATE_MIN memories or more is not counted: its
+# estimate stands in for the count (fts.selective orders words by it and weighs it against
+# MATCH_BUDGET), capped at COMMON_EXACT + 1 (past it words tie and the longer wins, as on
+# SQLite). Counting was a scan of the word's GIN entry up to the limit (1,501 at 100k), or up to
+# COMMON_EXACT when a query held only common words (13-47 ms at 100k: the typical class's tail,
+# issue 13); words of 500-1,500 memories were the count statement's remaining cost. Rarer words,
+# words of several stems and databases never analysed are counted. The statistics (PostgreSQL
+# migration 14) are of active memories only and sample 120,000 rows: at 100k every row, so the
+# estimates are the counts as of the last ANALYZE; past it a word of 250 in 1M is within ~15 %.
+# Near MATCH_BUDGET or the common limit a word's class can therefore differ from SQLite's.
+ESTIMATE_MIN = 250
+# Per database URL: (stem -> estimated active memories holding it, when read). Read again
+# after fts.COUNT_TTL_S (autovacuum's ANALYZE renews the statistics as the table changes) in
+# the background (`refresh_estimates` on the engine's loader thread): a recall uses the last
+# read and never waits for one (it took 10-65 ms at 100k, 190-340 ms at 1M, inside one recall
+# per 10 minutes). Until the first read, and while the statistics are off, every word is counted.
+_estimates: dict[str, tuple[dict[str, int], float, list[str]]] = {}  # + the stems not counted
+_refreshing: dict[str, float] = {}  # database -> when its read was handed to the loader
+_generation: dict[str, int] = {}    # database -> estimates dropped so far (forget_counts)
+_refresh_lock = threading.Lock()
+REFRESH_STUCK_S = 60.0  # a read handed over this long ago never ran (its engine closed): hand it again
+# The statistics of `CASE WHEN archived_at IS NULL THEN text_search END` (migration 14): archived
+# memories are NULL there, so the stems' shares are of active memories (a bot that archives
+# skewed the column's own statistics, which sample every row), and reltuples x (1 - null_frac)
+# is how many were active at the last ANALYZE. The active memories now are counted (the partial
+# index memories_active_vis): a mass delete or archive since the ANALYZE (fewer active now than
+# (1 - STATS_DRIFT) x then) would make the estimates call words common that are not: none are
+# used then. Not pg_stat_user_tables' n_mod_since_analyze: every recall's touch is an UPDATE
+# there, and an archive is an UPDATE alike. The count is off the recall (background), 13-55 ms at
+# 100k once per fts.COUNT_TTL_S.
 STATS_DRIFT = 0.05
-# One row per word: its stems, and its count up to the limit unless it is one stem estimated as
-# common (a CASE branch not taken is never run).
+_STATS = ("SELECT e.most_common_elems::text::text[], e.most_common_elem_freqs, e.null_frac, c.reltuples, "
+          "(SELECT count(*) FROM memories WHERE archived_at IS NULL) FROM pg_class c "
+          "JOIN pg_stats_ext_exprs e ON e.schemaname = c.relnamespace::regnamespace::name AND e.tablename = c.relname "
+          "AND e.statistics_name = 'memories_active_words' WHERE c.oid = 'memories'::regclass AND NOT e.inherited")
+# One row per word: its stems, and its count up to the limit unless it is one stem estimated at
+# ESTIMATE_MIN or more (a CASE branch not taken is never run).
 _WORD_ROW = ("SELECT %(i{n})s::int, w.stems, CASE WHEN cardinality(w.stems) = 1 AND w.stems[1] = ANY(%(common)s) "
              "THEN NULL ELSE (SELECT count(*) FROM (SELECT 1 FROM memories WHERE archived_at IS NULL "
              "AND text_search @@ plainto_tsquery('muninn', %(w{n})s) LIMIT %(limit)s) c) END "
              "FROM (SELECT tsvector_to_array(to_tsvector('muninn', %(w{n})s)) AS stems) w")
 
 
-def estimates(conn: PgConnection) -> dict[str, int]:
-    """The most common stems of memories.text_search and how many memories hold each, by the
-    statistics (empty before the first ANALYZE and while they are off: STATS_DRIFT), read at most
-    every fts.COUNT_TTL_S per database."""
+def read_estimates(conn: PgConnection) -> dict[str, int]:
+    """The statistics' most common stems of active memories and how many hold each (empty before
+    the first ANALYZE and while they are off: STATS_DRIFT)."""
+    row = conn.pg.execute(_STATS).fetchone()
+    if row is None or row[0] is None or row[1] is None:
+        return {}
+    active_then = max(float(row[3] or 0), 0.0) * (1.0 - float(row[2] or 0.0))
+    if float(row[4] or 0) < (1.0 - STATS_DRIFT) * active_then:
+        return {}
+    return {stem: round(share * active_then) for stem, share in zip(row[0], row[1], strict=False)}
+
+
+def refresh_estimates(conn: PgConnection) -> dict[str, int]:
+    """Read the estimates now and keep them for every connection to `conn`'s database (unless
+    forget_counts dropped them meanwhile: this read may predate what made them wrong)."""
+    where = _database(conn)
+    generation = _generation.get(where, 0)
+    try:
+        found = read_estimates(conn)
+        not_counted = [stem for stem, n in found.items() if n >= ESTIMATE_MIN]
+        with _refresh_lock:
+            if _generation.get(where, 0) == generation:
+                _estimates[where] = (found, time.monotonic(), not_counted)
+        return found
+    finally:
+        with _refresh_lock:
+            _refreshing.pop(where, None)
+
+
+def _refresh_later(conn: PgConnection) -> bool:
+    """Have the engine's loader thread read the estimates (on a connection of its own); False
+    when there is no loader (no engine: the caller reads them itself)."""
+    cache = getattr(conn.storage, "vector_cache", None)
+    background = getattr(cache, "background", None)
+    if background is None:
+        return False
     where, now = _database(conn), time.monotonic()
+    with _refresh_lock:
+        if now - _refreshing.get(where, -REFRESH_STUCK_S) < REFRESH_STUCK_S:
+            return True
+        _refreshing[where] = now
+
+    def job(loader: Any) -> None:
+        try:
+            refresh_estimates(loader)
+        except psycopg.Error as exc:  # counted exactly until a later read works
+            log.warning("could not read the keyword statistics: %s", exc)
+    try:
+        background(job)
+    except RuntimeError:  # the engine is closing: its loader takes no more jobs
+        with _refresh_lock:
+            _refreshing.pop(where, None)
+        return False
+    return True
+
+
+def estimates(conn: PgConnection) -> dict[str, int]:
+    """The last estimates read for `conn`'s database; when they are older than fts.COUNT_TTL_S (or
+    none were read yet) a new read is started in the background, or done here without a loader."""
+    return _last_estimates(conn)[0]
+
+
+def _last_estimates(conn: PgConnection) -> tuple[dict[str, int], float, list[str]]:
+    where = _database(conn)
     hit = _estimates.get(where)
-    if hit is None or now - hit[1] >= fts.COUNT_TTL_S:
-        row = conn.pg.execute(_STATS).fetchone()
-        found: dict[str, int] = {}
-        rows = max(float(row[2] or 0), 0.0) if row is not None else 0.0
-        if (row is not None and row[0] is not None and row[1] is not None
-                and 1.0 - float(row[3] if row[3] is not None else 1.0) <= STATS_DRIFT
-                and float(row[4] or 0) >= (1.0 - STATS_DRIFT) * rows):
-            found = {stem: round(share * rows) for stem, share in zip(row[0], row[1], strict=False)}
-        hit = (found, now)
-        _estimates[where] = hit
-    return hit[0]
+    if hit is None or time.monotonic() - hit[1] >= fts.COUNT_TTL_S:
+        if not _refresh_later(conn):
+            refresh_estimates(conn)
+            hit = _estimates.get(where, hit)
+    return hit if hit is not None else ({}, 0.0, [])
 
 
 def count_at_once(conn: PgConnection, words: list[str], limit: int) -> None:
     """Count the words not counted yet in one statement (a round trip each was 3-4 per recall),
-    into the cache that doc_count answers from; a word the statistics estimate as very common
-    is not counted (ESTIMATE_MARGIN)."""
+    into the cache that doc_count answers from; a word the statistics put in ESTIMATE_MIN
+    memories or more is not counted: its estimate stands in."""
     cache = _counts.setdefault(_database(conn), {})
     now = time.monotonic()
     wanted = [w for w in dict.fromkeys(words) if _cached(cache, w, limit, now) is None]
@@ -145,19 +217,17 @@ def count_at_once(conn: PgConnection, words: list[str], limit: int) -> None:
         return
     if len(cache) + len(wanted) >= fts.COUNT_CACHE_MAX:
         cache.clear()
-    estimated = estimates(conn)
-    floor = ESTIMATE_MARGIN * fts.common_limit(conn, newest_id(conn))
-    params: dict[str, Any] = {"common": [stem for stem, n in estimated.items() if n >= floor], "limit": limit + 1}
+    estimated, _, not_counted = _last_estimates(conn)
+    params: dict[str, Any] = {"common": not_counted, "limit": limit + 1}
     for n, word in enumerate(wanted):
         params[f"i{n}"], params[f"w{n}"] = n, word
     # Prepared after a few runs (psycopg), so planned once for any word: right for what is counted
-    # now, words under ESTIMATE_MARGIN x the limit (the GIN entry first). Before the estimates a
-    # generic plan also counted the most common words from the GIN side, which the newest rows
-    # did faster.
+    # now, words under ESTIMATE_MIN (the GIN entry first). Before the estimates a generic plan
+    # also counted the most common words from the GIN side, which the newest rows did faster.
     sql = " UNION ALL ".join(f"({_WORD_ROW.format(n=n)})" for n in range(len(wanted))) + " ORDER BY 1"
     rows = conn.pg.execute(sql.encode(), params).fetchall()
     for word, (_, stems, count) in zip(wanted, rows, strict=True):
-        if count is None:  # one stem, estimated as common
+        if count is None:  # one stem, estimated
             cache[word] = (min(estimated[stems[0]], fts.COMMON_EXACT + 1), fts.COMMON_EXACT, now)
         else:
             cache[word] = (int(count), limit, now)
@@ -239,12 +309,14 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
         f"(SELECT h.id, -{score} AS score, NULL::text FROM ({hits}) h ORDER BY score ASC, h.id DESC LIMIT %s) "
         f"UNION ALL (SELECT NULL, NULL, ({INDEX_STATE_SQL}))".encode(),
         [*score_params, *hit_params, limit], prepare=False).fetchall()
-    state = rows.pop()
+    state = json.loads(rows.pop()[2] or "{}")
+    # memories other processes removed: their words' counts go, for the next recall (removals.py)
+    removals.observe(_database(conn), state.get(removals.KEY), lambda removed: forget_counts(conn, removed))
     # score: negated so that lower is better, as bm25's (ranking.keyword_winner_first compares them)
     found = KeywordHits(Candidate(int(row[0]), fts_rank=rank, fts_score=float(row[1]))
                         for rank, row in enumerate(rows, start=1))
     found.searched = words  # the name re-rank needs them: not chosen a second time (subqueries.py)
-    return found, index_state_of(json.loads(state[2]) if state[2] else {})
+    return found, index_state_of(state)
 
 
 def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,

@@ -19,20 +19,39 @@ import numpy as np
 from psycopg import sql
 
 from bot.memory.postgres.connection import PgConnection
+from bot.memory.vector_cache import Changed
 from bot.memory.vectors import IndexInfo
 
 Mark = tuple[str, str | None]  # (snapshot as text, vec_pruned_xid seen with it)
 
-_POLL = sql.SQL(
+_POLL_FRESH = sql.SQL(
     "SELECT pg_current_snapshot()::text, (SELECT value FROM meta WHERE key = 'vec_epoch'), "
-    "(SELECT value FROM meta WHERE key = 'vec_pruned_xid'){changes}")
-_CHANGES = sql.SQL(
-    ", ARRAY(SELECT DISTINCT memory_id FROM vector_changes WHERE xid >= pg_snapshot_xmin(%(mark)s::pg_snapshot) "
-    "AND NOT pg_visible_in_snapshot(xid, %(mark)s::pg_snapshot)), "
-    "coalesce(%(pruned)s::xid8 IS NOT DISTINCT FROM (SELECT value FROM meta WHERE key = 'vec_pruned_xid')::xid8 "
-    "OR (SELECT value FROM meta WHERE key = 'vec_pruned_xid')::xid8 < pg_snapshot_xmin(%(mark)s::pg_snapshot), true)")
-_POLL_FRESH = _POLL.format(changes=sql.SQL(""))
-_POLL_SINCE = _POLL.format(changes=_CHANGES)
+    "(SELECT value FROM meta WHERE key = 'vec_pruned_xid')")
+# Since a mark: a first row with the header (snapshot, epoch, pruned xid, whether the log is
+# complete), then one row per changed memory with its key, time and vector as memory_vectors
+# holds them in the same snapshot (none: removed). The cache applied them with two more round
+# trips (their memories' rows, then their vectors): each fact write paid three. Vectors only
+# when few changed (WITH_VECTORS_MAX): more are read for the cached keys alone, as before.
+WITH_VECTORS_MAX = 256
+_META = "(SELECT value FROM meta WHERE key = 'vec_pruned_xid')"
+
+
+def _poll_since(columns: Sequence[str]) -> str:
+    """The read since a mark (parameters: mark, mark, pruned, mark, the columns', WITH_VECTORS_MAX);
+    `columns`: more of the caller's, after the header's own (storage.plan_state's: one round trip
+    for both, in one snapshot)."""
+    extra = "".join(f", {column}" for column in columns)
+    return ("WITH changed AS MATERIALIZED (SELECT DISTINCT memory_id FROM vector_changes WHERE "
+            "xid >= pg_snapshot_xmin(%s::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, %s::pg_snapshot)) "
+            f"SELECT pg_current_snapshot()::text, (SELECT value FROM meta WHERE key = 'vec_epoch'), {_META}, "
+            f"coalesce(%s::xid8 IS NOT DISTINCT FROM {_META}::xid8 OR {_META}::xid8 < pg_snapshot_xmin(%s::pg_snapshot), "
+            f"true), NULL::bigint, NULL::text, NULL::float8, NULL::bytea{extra} "
+            "UNION ALL SELECT NULL, NULL, NULL, NULL, c.memory_id, v.vis_key, v.created_at, "
+            "CASE WHEN (SELECT count(*) FROM changed) <= %s THEN vector_send(v.embedding) END"
+            + ", NULL" * len(columns) + " FROM changed c LEFT JOIN memory_vectors v ON v.memory_id = c.memory_id")
+
+
+_POLL_SINCE = _poll_since([]).encode()
 
 
 def _vectors(rows: list[tuple[Any, ...]], dim: int) -> np.ndarray:
@@ -51,16 +70,30 @@ class PostgresVectorSource:
         self._server_knn = server_knn          # the backend's exact/HNSW search in the server
         self._server_similar = server_similar
 
-    def poll(self, conn: PgConnection, mark: Mark | None) -> tuple[str | None, list[int], Mark, bool]:
+    def poll(self, conn: PgConnection, mark: Mark | None) -> tuple[str | None, list[int], Mark, bool, Changed | None]:
         """One round trip: (vec_epoch, ids changed since `mark`, the new mark, whether the log
-        still holds every change `mark` did not see)."""
+        still holds every change `mark` did not see, the changed memories' keys and vectors)."""
         if mark is None:
             row = conn.pg.execute(_POLL_FRESH).fetchone()
             assert row is not None
-            return row[1], [], (str(row[0]), row[2]), True
-        row = conn.pg.execute(_POLL_SINCE, {"mark": mark[0], "pruned": mark[1]}).fetchone()
-        assert row is not None
-        return row[1], [int(mid) for mid in row[3]], (str(row[0]), row[2]), bool(row[4])
+            return row[1], [], (str(row[0]), row[2]), True, None
+        return self.poll_beside(conn, mark, [], [])[0]
+
+    def poll_beside(self, conn: PgConnection, mark: Mark, columns: Sequence[str], params: Sequence[Any]
+                    ) -> tuple[tuple[str | None, list[int], Mark, bool, Changed], tuple[Any, ...]]:
+        """`poll(mark)` and the caller's `columns` (with their `params`) in one statement: (the
+        poll, the columns' values). Their statements are planned for their values (not prepared)."""
+        with conn.pg.cursor(binary=True) as cursor:
+            rows = cursor.execute(_poll_since(columns).encode() if columns else _POLL_SINCE,
+                                  [mark[0], mark[0], mark[1], mark[0], *params, WITH_VECTORS_MAX],
+                                  prepare=False if columns else None).fetchall()
+        header = next(row for row in rows if row[4] is None)
+        states: Changed = {}
+        for row in rows:
+            if row[4] is not None:
+                vector = _vectors([(row[7],)], (len(row[7]) - 4) // 4)[0] if row[7] is not None else None
+                states[int(row[4])] = (str(row[5]), float(row[6]), vector) if row[5] is not None else None
+        return (header[1], list(states), (str(header[0]), header[2]), bool(header[3]), states), tuple(header[8:])
 
     def changed_between(self, conn: PgConnection, older: Mark, newer: Mark) -> set[int]:
         """Ids whose change `newer` saw and `older` did not."""
