@@ -120,6 +120,35 @@ def test_a_newer_schema_and_a_truncated_file_are_refused_unchanged(cli, tmp_path
     assert code == 1 and "truncated" in err and "Traceback" not in err and digest(truncated) == before
 
 
+@pytest.mark.sqlite_only("a SQLite file's header and size")
+def test_a_file_mid_checkpoint_is_not_taken_for_truncated(tmp_path, monkeypatch):
+    """Another process's checkpoint copies page 1 (the header, with the grown size) before the
+    pages that grow the file: for that moment the file is shorter than its header says. Opening
+    then waits for the copy to end instead of calling the database truncated; a file that stays
+    short is still refused."""
+    made = tmp_path / "m.db"
+    conn = db.connect(made)
+    conn.execute("CREATE TABLE filler (x BLOB); INSERT INTO filler VALUES (zeroblob(200000))")  # ~50 pages
+    conn.close()
+    whole = made.read_bytes()
+    path = tmp_path / "mid.db"
+    path.write_bytes(whole[:4096])
+    Path(f"{path}-wal").write_bytes(b"")          # a WAL beside it: a checkpoint may be running
+    monkeypatch.setattr(files, "CHECKPOINT_WAIT_S", 5.0)
+    copy = threading.Timer(0.3, path.write_bytes, (whole,))
+    copy.start()
+    try:
+        files.check_before_open(path)              # waited for the rest of the copy
+    finally:
+        copy.cancel()
+    assert path.stat().st_size == len(whole)
+
+    path.write_bytes(whole[:4096])                 # still short when the wait is over: truncated
+    monkeypatch.setattr(files, "CHECKPOINT_WAIT_S", 0.2)
+    with pytest.raises(DatabaseError, match="truncated"):
+        files.check_before_open(path)
+
+
 @pytest.mark.sqlite_only("SQLite's application_id header field")
 def test_muninn_marks_its_files_and_still_opens_older_unmarked_ones(tmp_path):
     conn = db.connect(tmp_path / "m.db")
