@@ -84,7 +84,8 @@ async def test_a_burst_of_writes_checkpoints_on_the_loader_thread_not_in_the_com
         assert all(c.copied_pages > 0 for c in done)
 
 
-async def test_at_most_one_checkpoint_waits_while_the_loader_is_busy(make_settings):
+async def test_at_most_one_checkpoint_waits_while_the_loader_is_busy(make_settings, monkeypatch):
+    monkeypatch.setattr(checkpoints, "INLINE_AFTER", 10_000)  # never the writer's own (below)
     async with Engine(make_settings()) as engine:
         release = block_loader(engine)
         try:
@@ -98,7 +99,26 @@ async def test_at_most_one_checkpoint_waits_while_the_loader_is_busy(make_settin
         assert len(ran(engine)) == 1  # the skipped ones were not queued behind it
 
 
-async def test_close_runs_the_queued_checkpoint_so_the_file_is_left_tidy(make_settings):
+async def test_a_checkpoint_kept_waiting_by_a_busy_loader_is_run_by_the_writer(make_settings):
+    """The loader busy for long (the start-up warm at 1M: ~25 s): past INLINE_AFTER x the
+    threshold the writer checkpoints itself, so the WAL does not grow without end; the queued
+    job finds it done and does not run a second time."""
+    async with Engine(make_settings()) as engine:
+        release = block_loader(engine)
+        checks = engine.storage.checkpoints  # type: ignore[attr-defined]
+        try:
+            await write_burst(engine, 60)
+            done = ran(engine)
+            assert checks.stale >= 1 and done and {c.thread.split("_")[0] for c in done} == {"muninn-db"}
+            assert max(c.wal_pages for c in done) <= (checkpoints.INLINE_AFTER + 1) * EVERY + 200
+        finally:
+            release.set()
+        await asyncio.sleep(0.3)
+        assert {c.thread.split("_")[0] for c in ran(engine)} <= {"muninn-db", "muninn-vecload"}
+
+
+async def test_close_runs_the_queued_checkpoint_so_the_file_is_left_tidy(make_settings, monkeypatch):
+    monkeypatch.setattr(checkpoints, "INLINE_AFTER", 10_000)
     engine = await Engine(make_settings()).start()
     release = block_loader(engine)
     await write_burst(engine, 20)

@@ -91,3 +91,40 @@ def test_the_counter_moves_by_the_memories_removed_and_its_own_moves_are_not_for
     removals.observe("db-a", 6, forgotten.append)
     removals.observe("db-a", 1, forgotten.append)             # went back (a restored database): all go
     assert forgotten == [None, 4, None]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_a_removal_inside_a_longer_transaction_counts_after_its_commit_and_not_on_rollback(make_settings):
+    """Inside a caller's transaction (a fact write's supersede, a maintenance batch of archives)
+    the counter's row is not touched until the outermost commit: another process's removal never
+    waits for that row meanwhile; a rollback counts nothing."""
+    import psycopg
+
+    from bot.memory.db import write_transaction
+    from bot.memory.storage import storage_of
+    settings = make_settings()
+    async with Engine(settings, warm=False) as engine:
+        ids = [await engine.remember(NewMemory(f"the zebra number {i} grazes", "global")) for i in range(3)]
+
+        def counter() -> int:
+            with psycopg.connect(settings.database_url, autocommit=True) as other:
+                row = other.execute("SELECT value FROM meta WHERE key = %s", (removals.KEY,)).fetchone()
+                return int(row[0]) if row else 0
+
+        def archive_then(conn, memory_id: int, fail: bool) -> None:
+            with write_transaction(conn):
+                storage_of(conn).archive(conn, memory_id, "faded")
+                with psycopg.connect(settings.database_url, autocommit=True) as other:
+                    other.execute("SET lock_timeout = '2s'")   # the row is free: another removal goes on
+                    other.execute("INSERT INTO meta (key, value) VALUES (%s, '0') ON CONFLICT (key) DO UPDATE "
+                                  "SET value = meta.value", (removals.KEY,))
+                if fail:
+                    raise RuntimeError("the caller's transaction fails")
+
+        before = counter()
+        await engine.write(archive_then, ids[0], False)
+        assert counter() == before + 1
+        with pytest.raises(RuntimeError):
+            await engine.write(archive_then, ids[1], True)
+        assert counter() == before + 1
+        assert (await engine.get_many([ids[1]]))[ids[1]].archived_at is None   # rolled back whole

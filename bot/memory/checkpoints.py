@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 
 EVERY_PAGES = 1000  # SQLite's own automatic checkpoint threshold
 RESTART_AFTER = 2   # x EVERY_PAGES: a WAL this long is started over once a checkpoint has caught up (inline: ~1x)
+# x EVERY_PAGES grown past the last checkpoint while one still waits for the background thread
+# (busy with a long job: the start-up warm takes ~25 s at 1M memories): the writer checkpoints
+# itself, as SQLite would have, rather than let the WAL grow without end.
+INLINE_AFTER = 4
 HISTORY = 256       # checkpoints remembered for the benchmarks and tests
 
 # Runs `job(connection)` on another thread, later (the engine's loader, Engine._load_in_background)
@@ -79,6 +83,7 @@ class Checkpoints:
         self.history: deque[Checkpoint] = deque(maxlen=HISTORY)
         self.skipped = 0          # commits past the threshold while one was queued or running
         self.restarts = 0         # RESTART checkpoints that succeeded
+        self.stale = 0            # checkpoints the writer ran itself: the queued one waited INLINE_AFTER x every_pages
         self._restart_wanted = False  # one found the writer or a reader busy: try again after the next commit
 
     def install(self, conn: apsw.Connection) -> None:
@@ -92,39 +97,58 @@ class Checkpoints:
         """SQLite's WAL hook, on the writer's thread after each commit: cheap, and never raises
         (an exception here would make a commit that has happened look failed)."""
         try:
-            if self._due(pages):
-                if self.inline:
-                    self._run(conn, name)
-                else:
-                    assert self._background is not None
-                    self._background(lambda reader: self._run_queued(reader, name, restart=True))
+            due = self._due(pages)
+            if due == "inline":
+                self._run_here(conn, name)
+            elif due == "queue":
+                assert self._background is not None
+                self._background(lambda reader: self._run_queued(reader, name, restart=True))
         except Exception:  # the write is committed; a checkpoint can wait
             log.exception("could not start a WAL checkpoint; the writes are safe in the WAL")
             with self._lock:
                 self._queued = False
         return apsw.SQLITE_OK
 
-    def _due(self, pages: int) -> bool:
+    def _due(self, pages: int) -> str | None:
+        """What this commit does about the WAL: None, "queue" a background checkpoint, or run
+        one "inline" (MUNINN_WAL_CHECKPOINT=inline, or the queued one waited too long)."""
         with self._lock:
             if pages < self._asked_at:
                 self._asked_at = 0  # the WAL started over after a complete checkpoint
                 self._restart_wanted = False
             grown = pages - self._asked_at >= self.every_pages
             if self._closed or not (grown or self._restart_wanted):
-                return False
+                return None
+            if self._queued and not self._running and not self._paused \
+                    and pages - self._asked_at >= INLINE_AFTER * self.every_pages:
+                self._queued = False   # the background thread finds it gone (_run_queued)
+                self._running = True
+                self.stale += 1
+                return "inline"
             if self._queued or self._running or self._paused:
                 self.skipped += 1
-                return False
+                return None
             self._asked_at = pages
-            self._queued = not self.inline
-            return True
+            if self.inline:
+                self._running = True
+                return "inline"
+            self._queued = True
+            return "queue"
+
+    def _run_here(self, conn: apsw.Connection, name: str) -> None:
+        try:
+            self._run(conn, name)
+        finally:
+            with self._lock:
+                self._running = False
+                self._lock.notify_all()
 
     def _run_queued(self, conn: apsw.Connection, name: str, *, restart: bool = False) -> None:
         with self._lock:
-            if not self._queued or self._closed:  # the writer's close ran it already
-                return
-            while self._paused:
+            while self._paused or self._running:
                 self._lock.wait()
+            if not self._queued or self._closed:  # the writer's close (or a stale wait) ran it already
+                return
             self._queued = False
             self._running = True
         try:
@@ -186,5 +210,6 @@ class Checkpoints:
             while self._running:
                 self._lock.wait()
             queued, self._queued = self._queued, False
+            self._running = queued
         if queued:
-            self._run(conn, "main")
+            self._run_here(conn, "main")

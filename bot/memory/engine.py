@@ -131,11 +131,18 @@ class Engine:
         return await self._warming if self._warming is not None else 0
 
     async def close(self) -> None:
-        await self.ollama.close()
-        self._warm_stop.set()
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            await asyncio.get_running_loop().run_in_executor(self._executor, self.storage.close, conn)
+        try:
+            await self.ollama.close()
+            self._warm_stop.set()
+            if self._conn is not None:
+                conn, self._conn = self._conn, None
+                await asyncio.get_running_loop().run_in_executor(self._executor, self.storage.close, conn)
+            # off the loop: waiting for a warm or a checkpoint to end must not stall Discord's heartbeats
+            await asyncio.to_thread(self._shut_down_threads)
+        finally:
+            self._frozen.release()  # even when a close step failed: the last engine unfreezes the collector
+
+    def _shut_down_threads(self) -> None:
         self._executor.shutdown(wait=True)
         if self._loader is not None:
             self._loader.shutdown(wait=True, cancel_futures=True)
@@ -145,7 +152,6 @@ class Engine:
                 readers, self._reader_conns = self._reader_conns, []
             for reader in readers:  # idle now: closing from this thread is safe
                 self.storage.close(reader)
-        self._frozen.release()
 
     async def __aenter__(self) -> "Engine":
         return await self.start()

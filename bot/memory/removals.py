@@ -10,7 +10,8 @@ So every removal adds its number to the meta row `removed_memories`, and the key
 reads it: a value other than the one last seen forgets that many memories' counts
 (`forget_counts(conn, delta)`: the common words' counts stay within FORGET_SLACK).
 
-PostgreSQL adds after the removal's commit, in a statement of its own: inside the transaction
+PostgreSQL adds after the commit of the outermost transaction holding the removal
+(`PgConnection.after_commit`; nothing on a rollback), in a statement of its own: inside it
 every removal in every process would wait for the one meta row until the others commit. A
 process that reads the new value therefore sees the removal, and counts made before it are
 forgotten. The keyword step reads the row in its own statement (with the index state: no

@@ -84,11 +84,16 @@ def personal_keys(conn: apsw.Connection, owner_id: int) -> list[str]:
     """The visibility keys of a person's active personal memories, in key order. One index seek
     per key (a loose index scan over memories_owner_keys), not one row per memory: a heavy user
     has thousands of memories under a handful of keys."""
-    step = ("SELECT min(vis_key) FROM memories WHERE owner_id = :owner AND scope = 'personal' AND "
+    return [row[0] for row in conn.execute(personal_keys_sql(":owner"), {"owner": owner_id})]
+
+
+def personal_keys_sql(owner: str) -> str:
+    """personal_keys' statement, `owner` the owner id's placeholder (used twice): PostgreSQL's
+    fact-write plan runs it inside a statement of its own, the same rule."""
+    step = (f"SELECT min(vis_key) FROM memories WHERE owner_id = {owner} AND scope = 'personal' AND "
             "archived_at IS NULL AND vis_key > ")
-    sql = (f"WITH RECURSIVE k(key) AS ({step}'' UNION ALL SELECT ({step}k.key) FROM k WHERE k.key IS NOT NULL) "
-           "SELECT key FROM k WHERE key IS NOT NULL")
-    return [row[0] for row in conn.execute(sql, {"owner": owner_id})]
+    return (f"WITH RECURSIVE k(key) AS ({step}'' UNION ALL SELECT ({step}k.key) FROM k WHERE k.key IS NOT NULL) "
+            "SELECT key FROM k WHERE key IS NOT NULL")
 
 
 def key_filter(keys: list[str], column: str = "vis_key") -> tuple[str, tuple[str, ...]]:

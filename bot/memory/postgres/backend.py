@@ -29,7 +29,7 @@ import psycopg
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
-from bot.memory import decay, privacy, ranking, removals, retrieval, store, vectors
+from bot.memory import decay, privacy, ranking, removals, retrieval, scope, store, vectors
 from bot.memory.files import DatabaseError
 from bot.memory.postgres import keywords
 from bot.memory.postgres import scrub as postgres_scrub
@@ -102,8 +102,8 @@ _UNCHANGED_SINCE = ("SELECT NOT EXISTS (SELECT 1 FROM vector_changes WHERE xid >
 # Whether the k nearest under some keys, searched at a mark, still hold: no vector logged since
 # (as _UNCHANGED_SINCE) of a memory now under those keys (stored, re-embedded or moved in) or among
 # the ids that search found (removed or moved out); a removed memory the search did not return
-# changes nothing. Checked globally, four writers of their own keys re-searched each other's
-# facts under the key's lock: 3 more round trips there (the log, the changed rows, their vectors).
+# changes nothing. (When it was checked globally, four writers of their own keys re-searched each
+# other's facts under the key's lock: 3 more round trips there - the log, the changed rows, their vectors.)
 _UNCHANGED_UNDER = ("SELECT NOT EXISTS (SELECT 1 FROM vector_changes c LEFT JOIN memories m ON m.id = c.memory_id "
                     "WHERE c.xid >= pg_snapshot_xmin(%s::pg_snapshot) AND NOT pg_visible_in_snapshot(c.xid, %s::pg_snapshot) "
                     "AND (m.vis_key = ANY(%s::text[]) OR c.memory_id = ANY(%s::bigint[])))")
@@ -122,10 +122,7 @@ def _keyword_statement(words: list[str], keys: list[str], *, all_words: bool, li
 
 
 # One person's personal keys, in key order (scope.personal_keys' statement; parameters: the owner, twice).
-_KEY_STEP = ("SELECT min(vis_key) FROM memories WHERE owner_id = %s AND scope = 'personal' AND archived_at IS NULL "
-             "AND vis_key > ")
-_PERSONAL_KEYS = (f"ARRAY(WITH RECURSIVE k(key) AS ({_KEY_STEP}'' UNION ALL SELECT ({_KEY_STEP}k.key) FROM k "
-                  "WHERE k.key IS NOT NULL) SELECT key FROM k WHERE key IS NOT NULL)")
+_PERSONAL_KEYS = f"ARRAY({scope.personal_keys_sql('%s')})"
 
 # A recall's touch of its memories (parameters: now, growth, decay.MAX_STABILITY_DAYS).
 _TOUCH_SET = ("access_count = access_count + 1, last_accessed = greatest(%s, coalesce(last_accessed, 0)), "
@@ -300,11 +297,11 @@ class PostgresStorage:
         people = list(dict.fromkeys(owners))
         columns = [f"({INDEX_STATE_SQL})", *(_PERSONAL_KEYS for _ in people)]
         params: list[Any] = [owner for owner in people for _ in range(2)]
-        searched = [bool(words) for _, words in probes]
+        probed = [bool(words) for _, words in probes]
         for vis_key, words in probes:
             if words:
                 query, more = _keyword_statement(words, [vis_key], all_words=True, limit=same_text_limit)
-                columns.append(f"(SELECT json_agg(json_build_array(s.id, s.text))::text FROM ({query}) s)")
+                columns.append(f"(SELECT json_agg(json_build_array(s.id, s.text) ORDER BY s.id)::text FROM ({query}) s)")
                 params += more
         cache = self.vector_cache
         ahead = (cache.read_ahead(conn)  # type: ignore[arg-type]
@@ -322,8 +319,8 @@ class PostgresStorage:
             mark, row = str(found[0]), tuple(found[1:])
             stored, _ = index_state_of(row[0])
         hits = iter(row[1 + len(people):])
-        same_words = [[(int(mid), str(text)) for mid, text in json.loads(next(hits) or "[]")] if was_searched else []
-                      for was_searched in searched]
+        same_words = [[(int(mid), str(text)) for mid, text in json.loads(next(hits) or "[]")] if was_probed else []
+                      for was_probed in probed]
         return PlanState(mark, stored if stored is not None and stored.model == model else None,
                          {owner: [str(key) for key in keys] for owner, keys in zip(people, row[1:], strict=False)},
                          same_words)
@@ -370,7 +367,7 @@ class PostgresStorage:
         if mark is not None:
             parts.append(_UNCHANGED_UNDER)
             params += [mark, mark, sorted(set(keys)), sorted(set(searched))]
-        searched = [bool(words) for _, words in probes]
+        probed = [bool(words) for _, words in probes]
         for vis_key, words in probes:
             if words:
                 query, more = _keyword_statement(words, [vis_key], all_words=True, limit=same_text_limit)
@@ -388,8 +385,8 @@ class PostgresStorage:
             row = cursor.fetchone()
             unchanged = bool(row and row[0])
         hits: list[list[tuple[int, str]]] = []
-        for was_searched in searched:
-            if was_searched:
+        for was_probed in probed:
+            if was_probed:
                 cursor.nextset()
                 hits.append([(int(r[0]), str(r[1])) for r in cursor.fetchall()])
             else:
@@ -481,9 +478,16 @@ class PostgresStorage:
         return removed
 
     def _count_removed(self, conn: PgConnection, removed: int) -> None:
-        """Other processes' word counts (removals.py): after the commit, in a statement of its own
-        (inside the transaction every removal would wait for the one meta row)."""
-        removals.seen_own(keywords._database(conn), removals.add(conn, removed), removed)
+        """Other processes' word counts (removals.py): after the commit of the outermost
+        transaction, in a statement of its own (inside it, every removal of every process would
+        wait for the one meta row until that commit: a fact write's supersede, a maintenance
+        batch's archives)."""
+        if removed <= 0:
+            return
+
+        def count_removed() -> None:
+            removals.seen_own(keywords._database(conn), removals.add(conn, removed), removed)
+        conn.after_commit(count_removed)
 
     def scrub(self, conn: PgConnection, forgotten: Sequence[str] = SCRUBBED) -> None:
         postgres_scrub.scrub(conn, forgotten)  # a rewrite: VACUUM leaves the bytes in the files

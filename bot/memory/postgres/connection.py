@@ -13,13 +13,17 @@ backend.py with psycopg's own `%s` placeholders, run through `.pg`.
 """
 from __future__ import annotations
 
+import logging
 import re
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 from urllib.parse import urlparse
 
 import psycopg
 
 from bot.memory.files import DatabaseError
+
+log = logging.getLogger(__name__)
 
 _NO_LIMIT = re.compile(r"\bLIMIT -1\b", re.IGNORECASE)
 _BLOB = re.compile(r"CAST\((\w+(?:\.\w+)?) AS BLOB\)", re.IGNORECASE)
@@ -50,6 +54,7 @@ class PgConnection:
         self.storage = storage  # the backend it belongs to (storage.storage_of)
         self.filename = ""  # fts.doc_count keys its cache by this (SQLite only)
         self._changes = 0
+        self._after_commit: list[Callable[[], None]] = []
 
     def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor:
         cursor = self.pg.execute(translate(sql).encode(), params or None)
@@ -65,9 +70,39 @@ class PgConnection:
         """Rows changed by the last statement run through `execute` (apsw's `changes()`)."""
         return self._changes
 
-    def transaction(self) -> Any:
-        """One transaction (a savepoint inside another); commits at the end of the block."""
-        return self.pg.transaction()
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction (a savepoint inside another); commits at the end of the block, then
+        runs what `after_commit` deferred to that commit (dropped when it rolls back)."""
+        outermost = self.pg.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        try:
+            with self.pg.transaction():
+                yield
+        except BaseException:
+            if outermost:
+                self._after_commit.clear()
+            raise
+        if outermost:
+            self._run_after_commit()
+
+    def after_commit(self, job: Callable[[], None]) -> None:
+        """Run `job` once what this connection has written is committed: now when no transaction
+        is open, else after the outermost `transaction()` commits (the removals counter: a
+        statement on one shared row, which inside a caller's transaction would hold that row's
+        lock until its commit and queue every process's removals behind it)."""
+        if self.pg.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            self._after_commit.append(job)
+            self._run_after_commit()
+        else:
+            self._after_commit.append(job)
+
+    def _run_after_commit(self) -> None:
+        jobs, self._after_commit = self._after_commit, []
+        for job in jobs:
+            try:
+                job()
+            except Exception as exc:  # the write is committed: report, never fail it now
+                log.warning("after a commit: %s failed (%s); the write itself is stored", getattr(job, "__name__", job), exc)
 
     def close(self) -> None:
         self.pg.close()
