@@ -18,6 +18,20 @@ def begun(storage: PostgresStorage, conn, key: str, mark: str, searched: list[in
     return unchanged
 
 
+def another_writers_fact(pg_pair, seed: int, count: int, key: str, marker: int):  # noqa: F811
+    """A cache with every key loaded and the log read, then a fact (its vector the query's) that
+    another connection stored under `key` since: (index info, the query, the fact's id, the cache)."""
+    cached, conn, plain, other = pg_pair
+    rng = np.random.default_rng(seed)
+    info = fill(plain, other, rng, count)
+    q = random_unit(rng)
+    cached.knn(conn, info, q, KEYS, 5)
+    (added,) = plain.insert(other, [memory_for(key, marker)], base_stability_days=7, model="m", vecs=[q], now=None)
+    cache = cached.vector_cache
+    assert isinstance(cache, VectorCache)
+    return info, q, added, cache
+
+
 def test_a_planning_search_holds_unless_its_own_keys_or_its_finds_changed(postgres_url):
     storage = PostgresStorage(postgres_url)
     conn = storage.open_writer()
@@ -43,14 +57,8 @@ def test_a_planning_search_holds_unless_its_own_keys_or_its_finds_changed(postgr
 
 
 def test_a_search_inside_a_write_reads_the_changed_vectors_with_the_log(pg_pair, monkeypatch):  # noqa: F811
-    cached, conn, plain, other = pg_pair
-    rng = np.random.default_rng(3)
-    info = fill(plain, other, rng, 40)
-    q = random_unit(rng)
-    cached.knn(conn, info, q, KEYS, 5)                                 # every key loaded, the log read
-    (added,) = plain.insert(other, [memory_for("r:1", 99)], base_stability_days=7, model="m", vecs=[q], now=None)
-    cache = cached.vector_cache
-    assert isinstance(cache, VectorCache)
+    cached, conn, _, _ = pg_pair
+    info, q, added, cache = another_writers_fact(pg_pair, 3, 40, "r:1", 99)
 
     def no_more_reads(*args: object) -> object:
         raise AssertionError("the changed rows were read again")
@@ -103,14 +111,8 @@ def test_plan_state_reads_the_personal_keys_and_the_exact_text_checks(postgres_u
 
 
 def test_plan_state_reads_the_change_log_for_the_planning_searches(pg_pair):  # noqa: F811
-    cached, conn, plain, other = pg_pair
-    rng = np.random.default_rng(5)
-    info = fill(plain, other, rng, 30)
-    q = random_unit(rng)
-    cached.knn(conn, info, q, KEYS, 5)                                 # every key loaded, the log read
-    (added,) = plain.insert(other, [memory_for("g", 97)], base_stability_days=7, model="m", vecs=[q], now=None)
-    cache = cached.vector_cache
-    assert isinstance(cache, VectorCache)
+    cached, conn, _, _ = pg_pair
+    info, q, added, cache = another_writers_fact(pg_pair, 5, 30, "g", 97)
     source = cache.source
     polls: list[object] = []
     poll = source.poll
