@@ -265,10 +265,12 @@ MIGRATIONS: list[str] = [
     SELECT gin_clean_pending_list('memories_text_search'::regclass);
     """,
     # 14: the keyword index over (vis_key, text_search) (btree_gin: a plain column in a GIN
-    # index), so the keyword statement (`vis_key = ANY(keys) AND text_search @@ q`, keywords.py)
-    # can intersect the keys' and the words' entries in the index instead of reading every
-    # match's row to check its key: at 100k, the same code on copies differing only in this
-    # index, 640 keyword statements each way: p50 1.18 -> 0.89 ms, p95 6.5 -> 3.9 (load 4). A
+    # index), so a match under one key (`vis_key = k` AND text_search @@ q) can intersect the
+    # key's and the words' entries in the index instead of reading every match's row to check
+    # its key. (`vis_key = ANY(keys)`, the rare-word statement's, cannot: GIN has no array
+    # search, the rows are filtered as before; tests/test_postgres_schema.py.) At 100k, the
+    # same code on copies differing only in this index, 640 keyword statements each way: p50
+    # 1.18 -> 0.89 ms, p95 6.5 -> 3.9 (load 4; which statements gained was not broken down). A
     # word alone (its count) still uses it: GIN answers any subset of its columns. Same name, so
     # `muninn migrate` and migration 13's option apply.
     # Word statistics of active memories only (an expression's statistics: archived rows are
