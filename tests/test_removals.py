@@ -128,3 +128,50 @@ async def test_a_removal_inside_a_longer_transaction_counts_after_its_commit_and
             await engine.write(archive_then, ids[1], True)
         assert counter() == before + 1
         assert (await engine.get_many([ids[1]]))[ids[1]].archived_at is None   # rolled back whole
+
+
+async def test_counts_are_forgotten_after_the_outer_commit_not_before(make_settings):
+    """A removal inside a caller's transaction (a take-back inside an edit, a supersede inside a
+    fact write): a recall on another connection before that commit still sees the removed
+    memories and counts them again; the counts go once the commit is done, so no stale count is
+    left (forgetting them at the removal left the recount cached)."""
+    from bot.memory.db import write_transaction
+    from bot.memory.storage import storage_of
+    settings = make_settings()
+    async with Engine(settings, warm=False) as engine:
+        zebras = [await engine.remember(NewMemory(f"the zebra number {i} grazes", "global")) for i in range(3)]
+        reader = engine.storage.open_reader()
+        count = keywords.doc_count if settings.database_url else fts.doc_count
+        try:
+            def delete_then_recount(conn) -> int | None:
+                with write_transaction(conn):
+                    storage_of(conn).delete(conn, zebras)
+                    count(reader, "zebra", 100)   # a recall meanwhile: it still sees them
+                    return cached_count(settings, "zebra")
+            assert await engine.write(delete_then_recount) == 3
+            assert cached_count(settings, "zebra") is None   # gone with the commit
+            assert count(reader, "zebra", 100) == 0
+        finally:
+            engine.storage.close(reader)
+
+
+@pytest.mark.sqlite_only("SQLite's own list of jobs (PostgreSQL's: test_a_removal_inside_a_longer_transaction...)")
+def test_jobs_after_a_commit_run_once_it_is_done_and_never_after_a_rollback(tmp_path):
+    from bot.memory import db
+    from bot.memory.transactions import after_commit
+    conn = db.connect(tmp_path / "m.db")
+    ran: list[str] = []
+    with db.write_transaction(conn):
+        with db.write_transaction(conn):                     # a savepoint: still waits for the outer commit
+            after_commit(conn, lambda: ran.append("committed"))
+        assert ran == []
+    assert ran == ["committed"]
+    with pytest.raises(RuntimeError):
+        with db.write_transaction(conn):
+            after_commit(conn, lambda: ran.append("rolled back"))
+            raise RuntimeError
+    with db.write_transaction(conn):
+        pass
+    after_commit(conn, lambda: ran.append("outside"))        # no transaction: at once
+    assert ran == ["committed", "outside"]
+    conn.close()

@@ -28,6 +28,7 @@ from bot.memory.scope import (
     memory_key,
     visible_keys,
 )
+from bot.memory.transactions import after_commit
 
 # Times Python can render (datetime covers years 1 to 9999): a stored value outside is
 # shown clamped, never allowed to crash a recall or an export.
@@ -261,11 +262,15 @@ def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
             conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
             removed += conn.changes()
         added = removals.add(conn, removed)  # other processes' word counts (one writer: no wait)
-    # after the commit (of this transaction; inside a caller's, before its commit): a recall that
-    # counted a word meanwhile still saw the deleted rows and would cache the old count
+    after_commit(conn, lambda: _counts_after_removal(conn, removed, added))
+    return removed
+
+
+def _counts_after_removal(conn: apsw.Connection, removed: int, added: int | None) -> None:
+    """Once the removal is committed (a caller's transaction included): before it, a recall that
+    counted a word still saw the removed rows and would cache the old count again."""
     fts.forget_counts(conn, removed)
     removals.seen_own(fts.database_of(conn), added, removed)
-    return removed
 
 
 def taught_anything(conn: Any, message_ids: Sequence[int], learned_before: float | None = None) -> bool:
@@ -325,10 +330,11 @@ def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | Non
         conn.execute("UPDATE memories SET archived_at = ?, archive_reason = ?, embedded = 0, updated_at = ? "
                      "WHERE id = ? AND " + ACTIVE,
                      (time.time() if now is None else now, reason, time.time(), memory_id))
-        added = removals.add(conn, conn.changes())
+        archived = conn.changes()
+        added = removals.add(conn, archived)
         vectors.remove(conn, [memory_id])
-    fts.forget_counts(conn, 1)  # after the commit, as in `delete`
-    removals.seen_own(fts.database_of(conn), added, 1)
+    if archived:
+        after_commit(conn, lambda: _counts_after_removal(conn, archived, added))
 
 
 def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> None:

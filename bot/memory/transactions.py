@@ -12,6 +12,9 @@ bot are not held up behind a lock wait, and the retry policy lives at one depth.
 
 Nested use (a store function called inside a larger transaction) becomes a savepoint.
 A failure to roll back (a full disk can cause it) never hides the error that caused it.
+`after_commit(conn, job)` runs a job once the outermost transaction has committed (dropped when
+it rolls back): what must follow a removal, such as forgetting cached word counts, must not run
+while a recall on another connection can still see the removed rows.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import apsw
 
@@ -31,6 +34,29 @@ LOCK_RETRIES = 3            # further waits of the busy timeout after the first 
 BACKOFF_S = (0.05, 0.2, 0.5)
 
 _here = threading.local()  # per database thread: how many further lock waits BEGIN may make
+_after_commit: dict[int, list[Callable[[], None]]] = {}  # SQLite connection (id) -> jobs for its commit
+
+
+def after_commit(conn: apsw.Connection, job: Callable[[], None]) -> None:
+    """Run `job` once what `conn` has written is committed: now, outside a transaction; else
+    after the outermost `write_transaction` commits (never if it rolls back). PostgreSQL's
+    connection keeps its own list (PgConnection.after_commit)."""
+    own = getattr(conn, "after_commit", None)
+    if own is not None:
+        own(job)
+    elif conn.in_transaction:
+        _after_commit.setdefault(id(conn), []).append(job)
+    else:
+        _run_jobs([job])
+
+
+def _run_jobs(jobs: list[Callable[[], None]]) -> None:
+    for job in jobs:
+        try:
+            job()
+        except Exception as exc:  # the write is committed: report, never fail it now
+            log.warning("after a commit: %s failed (%s); the write itself is stored",
+                        getattr(job, "__name__", job), exc)
 
 
 @contextmanager
@@ -62,15 +88,18 @@ def write_transaction(conn: apsw.Connection) -> Iterator[None]:
         yield
     except BaseException:
         _rollback_quietly(conn)
+        _after_commit.pop(id(conn), None)
         raise
     try:
         conn.execute("COMMIT")
     except apsw.Error as exc:
         _rollback_quietly(conn)
+        _after_commit.pop(id(conn), None)
         message = explain(exc)
         if message is None:
             raise
         raise DatabaseError(message) from exc
+    _run_jobs(_after_commit.pop(id(conn), []))
 
 
 def _begin_immediate(conn: apsw.Connection) -> None:

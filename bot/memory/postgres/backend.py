@@ -473,19 +473,20 @@ class PostgresStorage:
         with conn.pg.transaction():  # vectors (logged by trigger), links and source rows go by ON DELETE CASCADE
             _lock_in_order(conn, ids)
             removed = conn.pg.execute("DELETE FROM memories WHERE id = ANY(%s)", (ids,)).rowcount
-        keywords.forget_counts(conn, removed)  # a word counted as common may not be any more
         self._count_removed(conn, removed)
         return removed
 
     def _count_removed(self, conn: PgConnection, removed: int) -> None:
-        """Other processes' word counts (removals.py): after the commit of the outermost
-        transaction, in a statement of its own (inside it, every removal of every process would
-        wait for the one meta row until that commit: a fact write's supersede, a maintenance
-        batch's archives)."""
+        """After the commit of the outermost transaction: this process's word counts go (a word
+        counted as common may not be any more; before the commit a recall would count the removed
+        rows again), and other processes' through the counter (removals.py), in a statement of its
+        own (inside the transaction every removal of every process would wait for the one meta
+        row until that commit: a fact write's supersede, a maintenance batch's archives)."""
         if removed <= 0:
             return
 
         def count_removed() -> None:
+            keywords.forget_counts(conn, removed)
             removals.seen_own(keywords._database(conn), removals.add(conn, removed), removed)
         conn.after_commit(count_removed)
 
@@ -502,7 +503,6 @@ class PostgresStorage:
                 "WHERE id = %s AND " + ACTIVE, (time.time() if now is None else now, reason, time.time(), memory_id)
             ).rowcount
             conn.pg.execute("DELETE FROM memory_vectors WHERE memory_id = %s", (memory_id,))  # logged by trigger
-        keywords.forget_counts(conn, 1)
         self._count_removed(conn, max(archived, 0))
 
     def restore(self, conn: PgConnection, memory_id: int) -> None:

@@ -97,12 +97,9 @@ class PgConnection:
             self._after_commit.append(job)
 
     def _run_after_commit(self) -> None:
+        from bot.memory.transactions import _run_jobs  # late: transactions imports files, as this does
         jobs, self._after_commit = self._after_commit, []
-        for job in jobs:
-            try:
-                job()
-            except Exception as exc:  # the write is committed: report, never fail it now
-                log.warning("after a commit: %s failed (%s); the write itself is stored", getattr(job, "__name__", job), exc)
+        _run_jobs(jobs)
 
     def close(self) -> None:
         self.pg.close()
