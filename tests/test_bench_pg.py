@@ -18,10 +18,10 @@ async def test_side_by_side_recall_and_writer_processes(tmp_path, postgres_url):
     with FakeOllamaThread() as ollama:  # in its own thread: measure_writers blocks this event loop
         env = {"MUNINN_DB_PATH": str(path), "MUNINN_DATABASE_URL": postgres_url, "OLLAMA_URL": ollama.url,
                "OLLAMA_COOLDOWN": "0", "MUNINN_MAINTENANCE_HOURS": "0"}
-        result = pg_speed.measure_writers(env, writers=2, per_writer=3, lead_s=2.0)
+        result = pg_speed.measure_writers(env, writers=2, per_writer=3)
         assert result["facts"] == 6 and result["facts_per_s"] > 0
         before = shared_rows(postgres_url)
-        shared = pg_speed.measure_writers(env, writers=2, per_writer=3, lead_s=2.0, mode="shared")
+        shared = pg_speed.measure_writers(env, writers=2, per_writer=3, mode="shared")
     assert shared["facts"] == 6 and shared["facts_per_s"] > 0
     # both processes wrote into the busy channel and about the same users (each fact new or a repeat)
     after = shared_rows(postgres_url)
