@@ -1,0 +1,160 @@
+"""Where 20 concurrent recalls' time goes: the second core, the GIL, a second process (issue 12).
+
+    .venv/bin/python -m bench.concurrency                  # 100k world of bench.speed, 3 rounds
+    .venv/bin/python -m bench.concurrency --rounds 1 --size 10000
+
+`bench.speed`'s concurrency measurement (mixed viewers, the query vector given, the busy channel
+storing a new memory before each recall, untimed) in four variants, each in a child process of
+its own (a fresh engine, warmed as the bot's is, 20 warm-up recalls, word counts forgotten),
+interleaved round by round on one scratch copy of the world:
+
+- `x1`: one recall at a time (the reference of the p95 ratio);
+- `x20`: 20 in flight in one process, on every core of the machine (the product as it runs);
+- `x20_one_core`: the same, the process pinned to one core (`os.sched_setaffinity`);
+- `x20_two_processes`: two processes on the same file, 10 in flight each (two shard processes).
+
+Each line says recalls/s, process CPU per recall, cores used, and the voluntary context switches
+per recall (`getrusage`): a Python thread that gives up the GIL for a short C call (each SQLite
+step, a numpy product, a hand-off between the event loop and the pools) and finds it taken when
+it returns sleeps on a futex; on one core that hardly happens, on two it happens every time.
+The floor is bench.speed's: 20 x CPU per recall / cores / single p95.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one core per vector product, as in bench.speed
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import resource
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from .speed import RESULTS, SkewShape, build, percentile
+
+VARIANTS = {  # name: (processes, recalls in flight in each, pinned to one core)
+    "x1": (1, 1, False),
+    "x20": (1, 20, False),
+    "x20_one_core": (1, 20, True),
+    "x20_two_processes": (2, 10, False),
+}
+
+
+def _recalls(scratch: str, shape: SkewShape, index: int, in_flight: int, count: int, one_core: bool,
+             ready: Any, go: Any, out: Any) -> None:
+    """A child process: warm, say `ready`, wait for `go` (every child is warm), then `count`
+    recalls, `in_flight` at a time; puts (latencies ms, wall s, CPU s, voluntary switches)."""
+    if one_core:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before any thread: they inherit it
+    from bot.memory import vectors
+    from bot.memory.engine import Engine
+
+    from .speed import SkewWorld, bench_settings, forget_word_counts, make_world, said_in_busy_channel
+
+    async def run() -> tuple[list[float], float, float, int]:
+        chatter = SkewWorld(shape, seed=7_777 + index)
+        world = make_world(shape, seed=321 + index)
+        async with Engine(bench_settings(Path(scratch))) as engine:
+            info = await engine.write(vectors.index_info)
+            await engine.warmed()
+            for _ in range(20):
+                text, qvec = world.query()
+                await engine.recall(text, world.viewer(), query_vector=qvec.tolist())
+            forget_word_counts()
+            gate = asyncio.Semaphore(in_flight)
+            totals: list[float] = []
+
+            async def one() -> None:
+                async with gate:
+                    await engine.write(said_in_busy_channel, info, chatter)
+                    text, qvec = world.query()
+                    t = time.perf_counter()
+                    await engine.recall(text, world.viewer(), query_vector=qvec.tolist())
+                    totals.append((time.perf_counter() - t) * 1000)
+            ready.put(index)
+            await asyncio.to_thread(go.wait)
+            switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+            t, cpu = time.perf_counter(), time.process_time()
+            await asyncio.gather(*(one() for _ in range(count)))
+            wall, used = time.perf_counter() - t, time.process_time() - cpu
+            return totals, wall, used, resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches
+    out.put(asyncio.run(run()))
+
+
+def measure(scratch: Path, shape: SkewShape, name: str, recalls: int) -> dict:
+    """One variant (VARIANTS) on `scratch`: its children start together once all are warm."""
+    processes, in_flight, one_core = VARIANTS[name]
+    ctx = multiprocessing.get_context("spawn")  # no engine state or threads inherited
+    ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    children = [ctx.Process(target=_recalls, args=(str(scratch), shape, i, in_flight, recalls // processes,
+                                                   one_core, ready, go, out)) for i in range(processes)]
+    for child in children:
+        child.start()
+    for _ in children:
+        ready.get(timeout=600)
+    go.set()
+    results = [out.get(timeout=600) for _ in children]
+    for child in children:
+        child.join()
+    totals = [ms for r in results for ms in r[0]]
+    wall = max(r[1] for r in results)
+    used = sum(r[2] for r in results)
+    switches = sum(r[3] for r in results)
+    return {"p50": round(percentile(totals, 50), 2), "p95": round(percentile(totals, 95), 2), "n": len(totals),
+            "recalls_per_s": round(len(totals) / wall, 1), "cpu_ms_per_recall": round(used * 1000 / len(totals), 2),
+            "cores_used": round(used / wall, 2), "switches_per_recall": round(switches / len(totals), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=100_000)
+    parser.add_argument("--label", default="speed", help="the world bench.speed keeps: skew-<size>-<label>.db")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--recalls", type=int, default=600, help="per variant and round (x1: a third)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    world = RESULTS / f"skew-{args.size}-{args.label}.db"
+    if not world.exists():
+        print(f"building {world} (bench.speed's world)", flush=True)
+        asyncio.run(build(world, SkewShape(args.size)))
+    scratch = RESULTS / f"scratch-concurrency-{args.size}.db"
+    cores = len(os.sched_getaffinity(0))
+    rounds: list[dict] = []
+    try:
+        for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
+            p.unlink(missing_ok=True)
+        shutil.copy(world, scratch)
+        names = list(VARIANTS)
+        for turn in range(args.rounds):
+            order = names if turn % 2 == 0 else names[::-1]
+            measured: dict[str, Any] = {"load": round(os.getloadavg()[0], 2)}
+            for name in order:
+                count = args.recalls // 3 if name == "x1" else args.recalls
+                measured[name] = measure(scratch, SkewShape(args.size), name, count)
+            single, per = measured["x1"]["p95"], measured["x1"]["cpu_ms_per_recall"]
+            measured["floor"] = round(20 * per / cores / single, 2)
+            rounds.append(measured)
+            print(f"round {turn + 1} (load {measured['load']}): x1 p95 {single} ms, CPU {per} ms; floor "
+                  f"{measured['floor']}x on {cores} cores", flush=True)
+            for name in names[1:]:
+                m = measured[name]
+                print(f"  {name:>18}: p50 / p95 {m['p50']} / {m['p95']} ms = {m['p95'] / single:.1f}x single; "
+                      f"{m['recalls_per_s']} recalls/s, CPU {m['cpu_ms_per_recall']} ms, cores {m['cores_used']}, "
+                      f"switches {m['switches_per_recall']} a recall (x1: {measured['x1']['switches_per_recall']})",
+                      flush=True)
+    finally:
+        for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
+            p.unlink(missing_ok=True)
+    out = args.out or RESULTS / f"concurrency-{args.size}.json"
+    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "cores": cores,
+                               "rounds": rounds}, indent=1))
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()
