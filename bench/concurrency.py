@@ -116,6 +116,7 @@ def main() -> None:
     parser.add_argument("--label", default="speed", help="the world bench.speed keeps: skew-<size>-<label>.db")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--recalls", type=int, default=600, help="per variant and round (x1: a third)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="which of " + ", ".join(VARIANTS))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     world = RESULTS / f"skew-{args.size}-{args.label}.db"
@@ -129,7 +130,7 @@ def main() -> None:
         for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
             p.unlink(missing_ok=True)
         shutil.copy(world, scratch)
-        names = list(VARIANTS)
+        names = ["x1", *(name for name in args.variants.split(",") if name in VARIANTS and name != "x1")]
         for turn in range(args.rounds):
             order = names if turn % 2 == 0 else names[::-1]
             measured: dict[str, Any] = {"load": round(os.getloadavg()[0], 2)}
