@@ -101,7 +101,8 @@ def selective(conn, words: list[str], count: Callable[[Any, str, int], int] | No
         return words
     doc_count_of = count or doc_count
     limit = common_limit(conn) if limit is None else limit
-    frequency = {w: doc_count_of(conn, w, limit) for w in words}
+    frequency = ({w: doc_count_of(conn, w, limit) for w in words} if count is not None
+                 else doc_counts(conn, words, limit))
     kept: set[str] = set()
     matches = 0
     for rank, word in enumerate(sorted((w for w in words if 0 < frequency[w] <= limit), key=lambda w: frequency[w])):
@@ -168,9 +169,11 @@ def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
     defining `hits(id, relevance)` (bm25: lower is better) among the active memories under
     `keys`, with its parameters (None when nothing is searchable).
     `max(id)` is read once here (it sets both the common limit and the window)."""
-    # memories other processes removed since the last plan: their words' counts go (removals.py)
-    removals.observe(_database(conn), removals.read(conn), lambda removed: forget_counts(conn, removed))
-    newest = newest_id(conn)
+    # memories other processes removed since the last plan: their words' counts go (removals.py);
+    # the counter and max(id) in one statement (each statement hands the GIL over: issue 12)
+    removed, newest = conn.execute(f"SELECT (SELECT value FROM meta WHERE key = ?), ({NEWEST_ID_SQL})",
+                                   (removals.KEY,)).fetchall()[0]
+    removals.observe(_database(conn), removed, lambda removed: forget_counts(conn, removed))
     limit = common_limit(conn, newest)
     words = selective(conn, tokens(text), limit=limit)
     if not words:
@@ -346,16 +349,32 @@ def _database(conn) -> str:
 database_of = _database  # the name other modules key this database's counts by (removals.py)
 
 
+_COUNT_SQL = "(SELECT count(*) FROM (SELECT 1 FROM memories_fts WHERE memories_fts MATCH ? LIMIT ?))"
+
+
 def doc_count(conn, word: str, limit: int) -> int:
     """How many memories contain `word`, exactly up to `limit`; above it, some number > limit."""
+    return doc_counts(conn, [word], limit)[word]
+
+
+def doc_counts(conn, words: list[str], limit: int) -> dict[str, int]:
+    """doc_count of each of `words`: the cached ones from the cache, the others counted in one
+    statement (a query's new words were a statement each, and each statement hands the GIL
+    over between the read connections' threads: issue 12)."""
     cache = _counts.setdefault(_database(conn), {})
     now = time.monotonic()
-    hit = cache.get(word)
-    if hit is not None and now - hit[2] < COUNT_TTL_S and (hit[0] <= hit[1] or hit[1] >= limit):
-        return hit[0]
-    if len(cache) >= COUNT_CACHE_MAX:
-        cache.clear()
-    count = conn.execute("SELECT count(*) FROM (SELECT 1 FROM memories_fts WHERE memories_fts MATCH ? LIMIT ?)",
-                         (quote(word), limit + 1)).fetchall()[0][0]
-    cache[word] = (count, limit, now)
-    return count
+    out: dict[str, int] = {}
+    for word in words:
+        hit = cache.get(word)
+        if hit is not None and now - hit[2] < COUNT_TTL_S and (hit[0] <= hit[1] or hit[1] >= limit):
+            out[word] = hit[0]
+    missing = [word for word in dict.fromkeys(words) if word not in out]
+    if missing:
+        if len(cache) + len(missing) > COUNT_CACHE_MAX:
+            cache.clear()
+        row = conn.execute("SELECT " + ", ".join([_COUNT_SQL] * len(missing)),
+                           [value for word in missing for value in (quote(word), limit + 1)]).fetchall()[0]
+        for word, count in zip(missing, row, strict=True):
+            cache[word] = (count, limit, now)
+            out[word] = count
+    return out

@@ -99,7 +99,7 @@ class SQLiteStorage:
             vectors.mark_reindex_pending(conn)  # recall says "partial" until every vector is back
 
     def index_state(self, conn: apsw.Connection) -> tuple[IndexInfo | None, bool]:
-        return vectors.index_info(conn), vectors.reindex_pending(conn)
+        return vectors.index_state(conn)
 
     def mark_reindex_done(self, conn: apsw.Connection) -> None:
         vectors.mark_reindex_done(conn)

@@ -350,10 +350,12 @@ def touch_many(conn: apsw.Connection, recalls: Iterable[tuple[Iterable[int], flo
     memory ends as if every recall had been its own transaction (bot/memory/touches.py)."""
     with write_transaction(conn):
         for memory_ids, now in recalls:
-            conn.executemany(
-                "UPDATE memories SET access_count = access_count + 1, last_accessed = max(?, coalesce(last_accessed, 0)), "
-                "stability = min(stability * ?, ?) WHERE id = ?",
-                [(now, growth, decay.MAX_STABILITY_DAYS, memory_id) for memory_id in memory_ids])
+            ids = list(memory_ids)
+            if ids:  # one statement a recall (not one per memory: each step hands the GIL over, issue 12)
+                conn.execute(
+                    "UPDATE memories SET access_count = access_count + 1, last_accessed = max(?, coalesce(last_accessed, 0)), "
+                    f"stability = min(stability * ?, ?) WHERE id IN ({','.join('?' * len(ids))})",
+                    (now, growth, decay.MAX_STABILITY_DAYS, *ids))
 
 
 def set_vector(conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int, vector: Sequence[float]) -> None:

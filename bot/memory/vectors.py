@@ -170,6 +170,18 @@ def reindex_pending(conn: apsw.Connection) -> bool:
     return get_meta(conn, REINDEX_PENDING) is not None
 
 
+def index_state(conn: apsw.Connection) -> tuple[IndexInfo | None, bool]:
+    """(index_info, reindex_pending) in one statement: every recall asks (four statements were
+    four hand-overs of the GIL on a read connection, issue 12)."""
+    model, tables, dim, pending = conn.execute(
+        "SELECT (SELECT value FROM meta WHERE key = 'embed_model'), "
+        "(SELECT count(*) FROM sqlite_master WHERE name = 'vec_memories'), "
+        "(SELECT value FROM meta WHERE key = 'embed_dim'), (SELECT value FROM meta WHERE key = ?)",
+        (REINDEX_PENDING,)).fetchall()[0]
+    info = IndexInfo(str(model), int(dim or 0)) if model is not None and tables == 1 else None
+    return info, pending is not None
+
+
 def mark_reindex_done(conn: apsw.Connection) -> None:
     """Every active memory has its vector again (called when the backfill finds none missing)."""
     if reindex_pending(conn):
