@@ -391,9 +391,10 @@ class Engine:
         else:
             memories = await self._read(self.storage.get_many, ids)
         finish["fuse_graph_touch"] += (time.perf_counter() - t0) * 1000
+        # a memory archived (or forgotten) since the search is not returned: archived ones never are
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
-                                        memories=[retrieval.Recalled(memories[c.memory_id], c)
-                                                  for c in candidates if c.memory_id in memories])
+                                        memories=[retrieval.Recalled(memories[c.memory_id], c) for c in candidates
+                                                  if c.memory_id in memories and memories[c.memory_id].archived_at is None])
         result.timings_ms = {"fts": (fts_done - started) * 1000, "embed_wait": (embed_done - fts_done) * 1000,
                              **finish, "total": (time.perf_counter() - started) * 1000}
         return result

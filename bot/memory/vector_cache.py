@@ -350,6 +350,8 @@ class VectorCache:
                states: Changed | None = None) -> None:
         """Apply the changes of `ids`; `states`: what the log's read gave of them (PostgreSQL: their
         keys and vectors in the same round trip; two more were a round trip each per write)."""
+        if not ids:  # a load's catch-up may find none: PostgreSQL's mark moves with any commit, and `IN ()` is an error there
+            return
         if states is not None:
             now = {mid: (state[0], state[1], 1) for mid, state in states.items() if state is not None}
         else:

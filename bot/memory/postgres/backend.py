@@ -524,7 +524,8 @@ class PostgresStorage:
         columns = translate(store.COLUMNS)
         rows = conn.pg.execute(
             (f"WITH touched AS (UPDATE memories SET {_TOUCH_SET} "
-             f"WHERE id IN (SELECT id FROM memories WHERE id = ANY(%s) ORDER BY id FOR UPDATE) RETURNING {columns}) "
+             f"WHERE id IN (SELECT id FROM memories WHERE id = ANY(%s) AND {ACTIVE} ORDER BY id FOR UPDATE) "
+             f"RETURNING {columns}) "
              f"SELECT * FROM touched UNION ALL SELECT {columns} FROM memories WHERE id = ANY(%s) "
              "AND NOT id = ANY(%s)").encode(),
             (now, growth, decay.MAX_STABILITY_DAYS, touched, list(wanted), touched)).fetchall()
@@ -537,7 +538,7 @@ class PostgresStorage:
         with conn.pg.transaction():
             _lock_in_order(conn, sorted({memory_id for ids, _ in recalls for memory_id in ids}))
             for ids, now in recalls:
-                conn.pg.execute(f"UPDATE memories SET {_TOUCH_SET} WHERE id = ANY(%s)",
+                conn.pg.execute(f"UPDATE memories SET {_TOUCH_SET} WHERE id = ANY(%s) AND {ACTIVE}",
                                 (now, growth, decay.MAX_STABILITY_DAYS, sorted(set(ids))))
 
     def forget_sources(self, conn: PgConnection, message_ids: Sequence[int],
