@@ -4,6 +4,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import sys
+import threading
 import time
 
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from bot.cli import main as cli
 from bot.lifecycle import maintenance
 from bot.memory import db, store, touches
+from bot.memory import engine as engine_module
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from tests.fakes.ollama import FakeOllama, FakeOllamaThread
@@ -286,3 +290,43 @@ async def test_maintenance_trims_the_channel_history(make_settings):
         kept = await engine.write(history.recent, 5, 1000)
         assert len(kept) == 100 and kept[-1].content == "message 129"
         assert (await maintenance.run_maintenance(engine, use_llm=False)).history_pruned == 0
+
+
+# -- beside recalls ----------------------------------------------------------------------
+
+async def test_maintenance_waits_for_the_recalls_in_flight_at_most_a_while(engine, fake_ollama):
+    await engine.remember_many([alice(f"apple orchard fact {i}") for i in range(5)])
+    fake_ollama.mode, fake_ollama.delay = "slow", 0.6  # the recall's embedding call keeps it in flight
+    recall = asyncio.create_task(engine.recall("apple orchard", Viewer(ALICE, dm=True)))
+    await asyncio.sleep(0.1)
+    await engine.yield_to_recalls()
+    assert recall.done() and recall.result().ids  # the step started only once the recall had ended
+
+    recall = asyncio.create_task(engine.recall("apple orchard", Viewer(ALICE, dm=True)))
+    await asyncio.sleep(0.1)
+    started = time.perf_counter()
+    await engine.yield_to_recalls(longest=0.05)  # a bot that never stops talking still gets maintained
+    assert not recall.done() and time.perf_counter() - started < 0.4
+    await recall
+    started = time.perf_counter()
+    await engine.yield_to_recalls()  # none in flight: at once
+    assert time.perf_counter() - started < 0.05
+
+
+async def test_maintenance_searches_on_a_thread_of_its_own_at_a_lower_priority(engine, monkeypatch):
+    ids = await engine.remember_many([alice(f"apple orchard fact {i}") for i in range(5)])
+    key = (await engine.get(ids[0])).vis_key
+    seen: dict = {}
+    search = engine.storage.neighbours_many
+
+    def spy(conn, info, items, k):
+        seen["thread"] = threading.current_thread().name
+        if sys.platform.startswith("linux"):
+            seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return search(conn, info, items, k)
+    monkeypatch.setattr(engine.storage, "neighbours_many", spy)
+    found = await engine.nearest_neighbours([(ids[0], key)], 3)
+    assert found is not None and len(found[ids[0]]) == 3
+    assert seen["thread"].startswith("muninn-background")
+    if sys.platform.startswith("linux"):
+        assert seen["nice"] >= engine_module.BACKGROUND_NICE

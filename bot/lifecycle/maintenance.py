@@ -54,6 +54,7 @@ ARCHIVE_BATCH = 500
 SCAN_BATCH = 200
 CLUSTER_NEIGHBOURS = 8
 NEIGHBOURS = max(CLUSTER_NEIGHBOURS, writes.LINK_NEIGHBOURS)
+NEIGHBOUR_STEP = 200  # memories whose neighbours one read job finds
 KEPT_NEIGHBOURS = 200_000  # memories whose neighbours wait for the links pass (~300 bytes each)
 MAX_CLUSTER = 8
 CLEAR_TEXT_CHARS = 300       # longer originals are not "clear": a summary is preferred
@@ -195,8 +196,11 @@ class Neighbours:
                  keep: bool) -> dict[int, list[tuple[int, float]]] | None:
         """{memory id: [(other id, cosine)], nearest first} for the batch; None without an index."""
         missing = [(mid, key) for mid, key in batch if mid not in self._found]
-        if missing:
-            found = await self.engine.nearest_neighbours(missing, NEIGHBOURS)
+        for start in range(0, len(missing), NEIGHBOUR_STEP):
+            # a step at a time, each after the recalls in flight: a recall that overlaps a step
+            # shares the cores and the GIL with it
+            await self.engine.yield_to_recalls()
+            found = await self.engine.nearest_neighbours(missing[start:start + NEIGHBOUR_STEP], NEIGHBOURS)
             if found is None:
                 return None
             for mid, pairs in found.items():
@@ -243,6 +247,7 @@ async def build_links(engine: Engine, *, now: float | None = None, neighbours: N
         found = await neighbours.of(batch, writes.LINK_NEIGHBOURS, keep=False)
         if found is None:  # no usable index (none yet, or a reindex is pending)
             return total
+        await engine.yield_to_recalls()  # the writer serves the recalls' touches
         total += await engine.write(write_links, batch, found, threshold=engine.settings.link_cosine, now=now)
         if blocked:
             return total
