@@ -52,46 +52,22 @@ def _recalls(scratch: str, shape: SkewShape, index: int, in_flight: int, count: 
     recalls, `in_flight` at a time; puts (latencies ms, wall s, CPU s, voluntary switches)."""
     if one_core:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before any thread: they inherit it
-    from bot.memory import vectors
     from bot.memory.engine import Engine
 
-    from .speed import (
-        SkewWorld,
-        bench_settings,
-        busy_channel_message,
-        forget_word_counts,
-        make_world,
-        query_of,
-        said_in_busy_channel,
-    )
+    from .speed import SkewWorld, before_a_burst, bench_settings, make_world, recall_in_turn
 
     async def run() -> tuple[list[float], float, float, int]:
         chatter = SkewWorld(shape, seed=7_777 + index)
         world = make_world(shape, seed=321 + index)
         async with Engine(bench_settings(Path(scratch))) as engine:
-            info = await engine.write(vectors.index_info)
-            await engine.warmed()
-            for _ in range(20):
-                text, qvec = world.query()
-                await engine.recall(text, world.viewer(), query_vector=qvec.tolist())
-            forget_word_counts()
+            info, planned = await before_a_burst(engine, world, chatter, count)
             gate = asyncio.Semaphore(in_flight)
             totals: list[float] = []
-            # made before the clock starts (the benchmark's work, not the product's)
-            planned = [(busy_channel_message(chatter, info.dim), *query_of(world), world.viewer())
-                       for _ in range(count)]
-
-            async def one(said: tuple[str, list[float]], text: str, qvec: list[float], viewer: Any) -> None:
-                async with gate:
-                    await engine.write(said_in_busy_channel, info, chatter, said)
-                    t = time.perf_counter()
-                    await engine.recall(text, viewer, query_vector=qvec)
-                    totals.append((time.perf_counter() - t) * 1000)
             ready.put(index)
             await asyncio.to_thread(go.wait)
             switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
             t, cpu = time.perf_counter(), time.process_time()
-            await asyncio.gather(*(one(*plan) for plan in planned))
+            await asyncio.gather(*(recall_in_turn(engine, gate, info, chatter, totals, *plan) for plan in planned))
             wall, used = time.perf_counter() - t, time.process_time() - cpu
             return totals, wall, used, resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches
     out.put(asyncio.run(run()))

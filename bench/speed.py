@@ -621,6 +621,35 @@ def forget_word_counts(package: str = "bot") -> None:
         keywords.forget_counts()
 
 
+async def before_a_burst(engine: Engine, world: "World", chatter: "SkewWorld", count: int, messages: bool = True
+                         ) -> tuple[vectors.IndexInfo, list[tuple[tuple[str, list[float]] | None, str, list[float], Viewer]]]:
+    """An engine as a running bot's before a burst of recalls: warm, 20 recalls made, the word
+    counts forgotten (forget_word_counts); and `count` recalls planned before the clock starts,
+    each (the busy channel's message or None, query, query vector, viewer): making them is the
+    benchmark's work, not the product's (~0.3 ms a recall on the event loop's thread, holding the GIL)."""
+    info = await engine.write(vectors.index_info)
+    await engine.warmed()
+    for _ in range(20):
+        text, qvec = world.query()
+        await engine.recall(text, world.viewer(), query_vector=qvec.tolist())
+    forget_word_counts()
+    return info, [(busy_channel_message(chatter, info.dim) if messages else None, *query_of(world), world.viewer())
+                  for _ in range(count)]
+
+
+async def recall_in_turn(engine: Engine, gate: asyncio.Semaphore, info: vectors.IndexInfo, chatter: "SkewWorld",
+                         totals: list[float], said: tuple[str, list[float]] | None, text: str, qvec: list[float],
+                         viewer: Viewer) -> None:
+    """One planned recall (before_a_burst) once `gate` lets it: the busy channel's message stored
+    first (untimed), then the recall, its ms appended to `totals`."""
+    async with gate:
+        if said is not None:
+            await engine.write(said_in_busy_channel, info, chatter, said)
+        t = time.perf_counter()
+        await engine.recall(text, viewer, query_vector=qvec)
+        totals.append((time.perf_counter() - t) * 1000)
+
+
 async def measure_concurrency(path: Path, shape: SkewShape, concurrency: int = 20, burst: int = 200,
                               readers: int | None = None, messages: bool = True) -> dict:
     """Recall latency (query vectors given) of the same mix of viewers one at a time and
@@ -644,29 +673,11 @@ async def measure_concurrency(path: Path, shape: SkewShape, concurrency: int = 2
     for turn, level in enumerate((1, concurrency, 1)):
         world = make_world(shape, seed=321 + turn)
         async with Engine(bench_settings(path, **env)) as engine:
-            info = await engine.write(vectors.index_info)
-            await engine.warmed()
-            for _ in range(20):
-                text, qvec = world.query()
-                await engine.recall(text, world.viewer(), query_vector=qvec.tolist())
-            forget_word_counts()
-            sem = asyncio.Semaphore(level)
+            info, planned = await before_a_burst(engine, world, chatter, burst, messages)
+            gate = asyncio.Semaphore(level)
             totals: list[float] = []
-            # made before the clock starts: making them is the benchmark's work, not the product's
-            # (~0.3 ms a recall, on the event loop's thread, holding the GIL)
-            planned = [(busy_channel_message(chatter, info.dim) if messages else None, *query_of(world),
-                        world.viewer()) for _ in range(burst)]
-
-            async def one(sem: asyncio.Semaphore, engine: Engine, totals: list[float], info: vectors.IndexInfo,
-                          said: tuple[str, list[float]] | None, text: str, qvec: list[float], viewer: Viewer) -> None:
-                async with sem:
-                    if said is not None:
-                        await engine.write(said_in_busy_channel, info, chatter, said)
-                    t = time.perf_counter()
-                    await engine.recall(text, viewer, query_vector=qvec)
-                    totals.append((time.perf_counter() - t) * 1000)
             t, cpu = time.perf_counter(), time.process_time()
-            await asyncio.gather(*(one(sem, engine, totals, info, *plan) for plan in planned))
+            await asyncio.gather(*(recall_in_turn(engine, gate, info, chatter, totals, *plan) for plan in planned))
             wall, used = time.perf_counter() - t, time.process_time() - cpu
             runs.setdefault(level, []).append({"totals": totals, "wall": wall, "cpu": used})
     for level, measured in runs.items():

@@ -97,6 +97,20 @@ async def build_world(engine: Engine, mems: list[dict], links) -> list[int]:
     return ids
 
 
+async def check_listing_and_lookups(engine: Engine, viewer: Viewer, ids, allowed: set[int], *,
+                                    limit: int = 1000) -> None:
+    """The viewer's listing holds exactly `allowed`, and a lookup of each of `ids` finds it iff allowed."""
+    listed, total = await engine.list_visible(viewer, limit=limit)
+    assert {m.id for m in listed} == allowed and total == len(allowed), f"listing for {viewer}"
+    for memory_id in ids:
+        try:
+            await engine.get_visible(viewer, memory_id)
+            seen = True
+        except store.MemoryNotFound:
+            seen = False
+        assert seen == (memory_id in allowed), f"get_visible #{memory_id} for {viewer}"
+
+
 @hyp_settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(world=world_strategy, viewers=st.lists(viewer_strategy, min_size=1, max_size=4))
 def test_no_path_leaks_a_memory(ollama_thread, backend, world, viewers):
@@ -121,17 +135,7 @@ def test_no_path_leaks_a_memory(ollama_thread, backend, world, viewers):
                 query = (await engine.ollama.embed(["apple fact"]))[0]
                 hits = await engine.read(engine.storage.vector_candidates, info, query, keys, max(1, len(allowed)), None)
                 assert {h.memory_id for h in hits} == allowed
-                # listing
-                listed, total = await engine.list_visible(viewer, limit=1000)
-                assert {m.id for m in listed} == allowed and total == len(allowed)
-                # single lookups
-                for memory_id in ids:
-                    try:
-                        await engine.get_visible(viewer, memory_id)
-                        seen = True
-                    except store.MemoryNotFound:
-                        seen = False
-                    assert seen == (memory_id in allowed)
+                await check_listing_and_lookups(engine, viewer, ids, allowed)
 
     with tempfile.TemporaryDirectory() as tmp:
         if not backend:

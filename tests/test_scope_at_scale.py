@@ -32,12 +32,12 @@ import time
 
 import pytest
 
-from bot.memory import fts, removals, retrieval, store, subqueries, vector_cache, vector_codes
+from bot.memory import fts, removals, retrieval, subqueries, vector_cache, vector_codes
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from bot.memory.store import NewMemory
 from tests.fakes.ollama import FakeOllama
-from tests.test_scope import oracle_visible
+from tests.test_scope import check_listing_and_lookups, oracle_visible
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -368,17 +368,9 @@ async def check_viewer(engine: Engine, world: dict[int, dict], links: list[tuple
         keys, hits, *_ = await engine.read(engine._fts_step, f"tok{world[mid]['index']}", viewer, 5, None)
         assert [h.memory_id for h in hits] == [mid]
     # listings and single lookups
-    listed, total = await engine.list_visible(viewer, limit=2000)
-    assert {m.id for m in listed} == allowed and total == len(allowed), f"listing for {viewer}"
     sample = rng.sample(sorted(world), min(25, len(world)))
     sample += [mid for mid, mem in world.items() if mem["archived"]][:10]
-    for memory_id in sample:
-        try:
-            await engine.get_visible(viewer, memory_id)
-            seen = True
-        except store.MemoryNotFound:
-            seen = False
-        assert seen == (memory_id in allowed), f"get_visible #{memory_id} for {viewer}"
+    await check_listing_and_lookups(engine, viewer, sample, allowed, limit=2000)
 
 
 async def check_exports(engine: Engine, world: dict[int, dict]) -> None:
