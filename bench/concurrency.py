@@ -49,14 +49,14 @@ VARIANTS = {  # name: (processes, recalls in flight in each, pinned to one core)
 def _recalls(scratch: str, shape: SkewShape, index: int, in_flight: int, count: int, one_core: bool,
              ready: Any, go: Any, out: Any) -> None:
     """A child process: warm, say `ready`, wait for `go` (every child is warm), then `count`
-    recalls, `in_flight` at a time; puts (latencies ms, wall s, CPU s, voluntary switches)."""
+    recalls, `in_flight` at a time; puts (latencies ms, wall s, CPU s, voluntary switches, pid)."""
     if one_core:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before any thread: they inherit it
     from bot.memory.engine import Engine
 
     from .speed import SkewWorld, before_a_burst, bench_settings, make_world, recall_in_turn
 
-    async def run() -> tuple[list[float], float, float, int]:
+    async def run() -> tuple[list[float], float, float, int, int]:
         chatter = SkewWorld(shape, seed=7_777 + index)
         world = make_world(shape, seed=321 + index)
         async with Engine(bench_settings(Path(scratch))) as engine:
@@ -69,7 +69,7 @@ def _recalls(scratch: str, shape: SkewShape, index: int, in_flight: int, count: 
             t, cpu = time.perf_counter(), time.process_time()
             await asyncio.gather(*(recall_in_turn(engine, gate, info, chatter, totals, *plan) for plan in planned))
             wall, used = time.perf_counter() - t, time.process_time() - cpu
-            return totals, wall, used, resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches
+            return totals, wall, used, resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches, os.getpid()
     out.put(asyncio.run(run()))
 
 
@@ -94,7 +94,8 @@ def measure(scratch: Path, shape: SkewShape, name: str, recalls: int) -> dict:
     switches = sum(r[3] for r in results)
     return {"p50": round(percentile(totals, 50), 2), "p95": round(percentile(totals, 95), 2), "n": len(totals),
             "recalls_per_s": round(len(totals) / wall, 1), "cpu_ms_per_recall": round(used * 1000 / len(totals), 2),
-            "cores_used": round(used / wall, 2), "switches_per_recall": round(switches / len(totals), 1)}
+            "cores_used": round(used / wall, 2), "switches_per_recall": round(switches / len(totals), 1),
+            "processes": len({r[4] for r in results})}
 
 
 def main() -> None:

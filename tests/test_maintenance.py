@@ -4,8 +4,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import sys
 import threading
 import time
 
@@ -14,7 +12,6 @@ import pytest
 from bot.cli import main as cli
 from bot.lifecycle import maintenance
 from bot.memory import db, store, touches
-from bot.memory import engine as engine_module
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from tests.fakes.ollama import FakeOllama, FakeOllamaThread
@@ -313,7 +310,7 @@ async def test_maintenance_waits_for_the_recalls_in_flight_at_most_a_while(engin
     assert time.perf_counter() - started < 0.05
 
 
-async def test_maintenance_searches_on_a_thread_of_its_own_at_a_lower_priority(engine, monkeypatch):
+async def test_maintenance_searches_on_a_thread_of_its_own(engine, monkeypatch):
     ids = await engine.remember_many([alice(f"apple orchard fact {i}") for i in range(5)])
     key = (await engine.get(ids[0])).vis_key
     seen: dict = {}
@@ -321,12 +318,8 @@ async def test_maintenance_searches_on_a_thread_of_its_own_at_a_lower_priority(e
 
     def spy(conn, info, items, k):
         seen["thread"] = threading.current_thread().name
-        if sys.platform.startswith("linux"):
-            seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         return search(conn, info, items, k)
     monkeypatch.setattr(engine.storage, "neighbours_many", spy)
     found = await engine.nearest_neighbours([(ids[0], key)], 3)
     assert found is not None and len(found[ids[0]]) == 3
-    assert seen["thread"].startswith("muninn-background")
-    if sys.platform.startswith("linux"):
-        assert seen["nice"] >= engine_module.BACKGROUND_NICE
+    assert seen["thread"].startswith("muninn-background")  # no read connection a recall waits for

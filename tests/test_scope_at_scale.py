@@ -572,8 +572,10 @@ async def test_a_memory_archived_during_a_recall_is_not_returned(backend, small_
             return await load(touched, ids, now)
         engine._touches.touch_and_load = archived_meanwhile  # type: ignore[method-assign]
         result = await engine.recall("apple orchard", Viewer(HEAVY, dm=True))
-        assert (await engine.get(memory_id)).archived_at is not None
+        archived = await engine.get(memory_id)
+        assert archived.archived_at is not None
         assert memory_id not in result.ids, "an archived memory was returned"
+        assert archived.access_count == 0, "an archived memory was touched"
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)

@@ -54,7 +54,6 @@ ARCHIVE_BATCH = 500
 SCAN_BATCH = 200
 CLUSTER_NEIGHBOURS = 8
 NEIGHBOURS = max(CLUSTER_NEIGHBOURS, writes.LINK_NEIGHBOURS)
-NEIGHBOUR_STEP = 200  # memories whose neighbours one read job finds
 KEPT_NEIGHBOURS = 200_000  # memories whose neighbours wait for the links pass (~300 bytes each)
 MAX_CLUSTER = 8
 CLEAR_TEXT_CHARS = 300       # longer originals are not "clear": a summary is preferred
@@ -196,11 +195,11 @@ class Neighbours:
                  keep: bool) -> dict[int, list[tuple[int, float]]] | None:
         """{memory id: [(other id, cosine)], nearest first} for the batch; None without an index."""
         missing = [(mid, key) for mid, key in batch if mid not in self._found]
-        for start in range(0, len(missing), NEIGHBOUR_STEP):
-            # a step at a time, each after the recalls in flight: a recall that overlaps a step
-            # shares the cores and the GIL with it
+        if missing:
+            # after the recalls in flight: a search that overlaps a recall shares the cores and the GIL
+            # with it (in smaller steps each would read a big key's vectors again: 3.5x longer runs)
             await self.engine.yield_to_recalls()
-            found = await self.engine.nearest_neighbours(missing[start:start + NEIGHBOUR_STEP], NEIGHBOURS)
+            found = await self.engine.nearest_neighbours(missing, NEIGHBOURS)
             if found is None:
                 return None
             for mid, pairs in found.items():

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,18 +47,6 @@ EMBED_BATCH = 32
 # at most this long, so a bot that never stops talking still gets its maintenance done.
 YIELD_MAX_S = 2.0
 WRITE_RETRY_DELAYS_S = (1.0, 4.0, 15.0)   # between attempts that each wait one busy timeout (5 s) for the lock
-
-
-BACKGROUND_NICE = 10  # the background thread's nice value (Linux): the cores go to recalls first
-
-
-def _lower_priority() -> None:
-    """Run by the background thread at its start: lower its own scheduling priority, so that on
-    busy cores a recall's threads get a core before maintenance's matrix products. Linux only
-    (there a thread has its own nice value; elsewhere setpriority would move the whole process)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
 
 
 def _waiting_once(conn: apsw.Connection, job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -105,10 +91,12 @@ class Engine:
                         if self._shared_file else None)
         if self._loader is not None:
             self.vector_cache.background = self._load_in_background
-        # Maintenance's searches (nearest_neighbours) on a thread of their own at a lower priority,
-        # with their own read connection: beside recalls, not among them.
-        self._background = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-background",
-                                               initializer=_lower_priority) if self._shared_file else None)
+        # Maintenance's searches (nearest_neighbours) on a thread and read connection of their own:
+        # beside the recalls, never holding a read connection a recall waits for. (A lower nice
+        # value for it was tried: with the cores busy elsewhere, a local Ollama say, it would keep
+        # the GIL while it waits for a core, and every thread of the bot with it.)
+        self._background = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-background")
+                            if self._shared_file else None)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -234,12 +222,16 @@ class Engine:
     async def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run the read-only `fn(conn, *args, **kwargs)` on one of the read connections (it sees
         everything committed when it starts; the writer's open transaction stays invisible)."""
-        if self._readers is None:
+        return await self._read_on(self._readers, fn, *args, **kwargs)
+
+    async def _read_on(self, threads: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`_read` on `threads` (each thread has its own read connection); None: on the writer."""
+        if threads is None:
             return await self._run(fn, *args, **kwargs)
 
         def call() -> T:
             return self._on_live_connection(self._reader, self._drop_reader, fn, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._readers, call)
+        return await asyncio.get_running_loop().run_in_executor(threads, call)
 
     async def nearest_neighbours(self, items: Sequence[tuple[int, str]],
                                  k: int) -> dict[int, list[tuple[int, float]]] | None:
@@ -249,12 +241,7 @@ class Engine:
         def find(conn: Connection) -> dict[int, list[tuple[int, float]]] | None:
             info = self.storage.current_index(conn, self.settings.embed_model)
             return None if info is None else self.storage.neighbours_many(conn, info, items, k)
-        if self._background is None:
-            return await self._read(find)
-
-        def call() -> dict[int, list[tuple[int, float]]] | None:
-            return self._on_live_connection(self._reader, self._drop_reader, find)
-        return await asyncio.get_running_loop().run_in_executor(self._background, call)
+        return await self._read_on(self._background, find)
 
     # -- jobs of the layers that keep their own tables here ---------------------
     # The conversation history (bot/conversation/history.py) and the lifecycle rules
@@ -392,9 +379,9 @@ class Engine:
                 self._no_recall.set()
 
     async def yield_to_recalls(self, longest: float = YIELD_MAX_S) -> None:
-        """For background work (maintenance), between its steps: wait until no recall is in
-        flight, `longest` seconds at most. A step that overlaps a recall takes cores, the GIL and
-        the writer from it (recall p95 during maintenance was 2.4-2.7x idle at 100k, round 8)."""
+        """For background work (maintenance), between its steps: wait until no recall of this
+        process is in flight, `longest` seconds at most (other processes' recalls are not seen).
+        A step that overlaps a recall takes cores, the GIL and the writer from it."""
         if self._recalls_in_flight == 0:
             return
         if self._no_recall is None:

@@ -113,8 +113,10 @@ def selective(conn, words: list[str], count: Callable[[Any, str, int], int] | No
     if not kept:
         # Only common words occur: keep the rarest, so the query still finds something (counted
         # exactly up to COMMON_EXACT, once per word and cached; past that, the longest).
-        common = sorted((w for w in words if frequency[w] > 0),
-                        key=lambda w: (doc_count_of(conn, w, COMMON_EXACT), -len(w)))
+        found = [w for w in words if frequency[w] > 0]
+        exact = ({w: doc_count_of(conn, w, COMMON_EXACT) for w in found} if count is not None
+                 else doc_counts(conn, found, COMMON_EXACT))
+        common = sorted(found, key=lambda w: (exact[w], -len(w)))
         kept = set(common[:1])
     return [w for w in words if w in kept or frequency[w] == 0]
 
