@@ -54,6 +54,13 @@ def the_fixes_it_names_work(doctor, backend: str, fix: str) -> None:
     assert healthy and "only the owner" in found["permissions"]["detail"], found["permissions"]
 
 
+def readers_found(doctor) -> tuple[str, str]:
+    """The doctor's permissions check when it must find readers: (detail, fix)."""
+    healthy, found = doctor()
+    assert not healthy and not found["permissions"]["ok"]
+    return found["permissions"]["detail"], found["permissions"]["fix"]
+
+
 def test_fix_clamps_values_lists_grants_it_leaves_and_says_what_it_cannot_do(doctor, backend):
     assert cli.main(["remember", "otters hold hands", "--scope", "global"]) == 0
     sql(backend, "UPDATE memories SET last_accessed = 1e300, stability = 0 WHERE id = 1",
@@ -94,9 +101,7 @@ def test_grants_on_vectors_or_columns_and_members_of_pg_read_all_data_are_reader
         f"GRANT SELECT ON memory_vectors TO {READER}", f"GRANT SELECT (id, text) ON memories TO {columns}",
         f"GRANT SELECT (role) ON messages TO {columns}", f"GRANT pg_read_all_data TO {everything}")
     try:
-        healthy, found = doctor()
-        assert not healthy and not found["permissions"]["ok"]
-        detail, fix = found["permissions"]["detail"], found["permissions"]["fix"]
+        detail, fix = readers_found(doctor)
         assert f"{READER} may read memory_vectors;" in detail
         assert f"{columns} may read memories (id, text), messages (role)" in detail
         assert f"{everything} may read every table (a member of pg_read_all_data)" in detail
@@ -123,9 +128,7 @@ def test_members_of_the_owner_role_default_privileges_and_who_paused_are_readers
         f'GRANT "{owner}" TO {member}', f"ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO {later}",
         f"GRANT SELECT ON memory_pauses TO {pauses}")
     try:
-        healthy, found = doctor()
-        assert not healthy and not found["permissions"]["ok"]
-        detail, fix = found["permissions"]["detail"], found["permissions"]["fix"]
+        detail, fix = readers_found(doctor)
         assert f'{member} may read every table (a member of the tables\' owner role "{owner}")' in detail
         assert f"{pauses} may read memory_pauses" in detail
         assert f'{later} will read the tables created from now on (default privileges of "{owner}"' in detail
