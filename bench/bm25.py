@@ -6,7 +6,8 @@ from typing import Iterable, Sequence
 
 import apsw
 
-from bot.memory import fts, store
+from bot.memory.sql import store
+from bot.memory.sqlite import fts
 
 
 class Bm25Index:

@@ -13,7 +13,6 @@ Prints thread CPU and wall time, ms p50 / p95, and how many queries found the sa
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import time
 from pathlib import Path
@@ -23,7 +22,8 @@ import apsw
 
 from bench import speed
 from bench.recall_cpu import base_package
-from bot.memory import db
+from bench.trees import memory_module
+from bot.memory.sqlite import db
 
 BUSY_CHANNEL = 100_000
 
@@ -59,7 +59,7 @@ class Side:
         self.reader.execute("PRAGMA query_only = 1")
         self.writer = apsw.Connection(str(path))
         self.writer.set_busy_timeout(5000)
-        self.mod = {name: importlib.import_module(f"{package}.memory.{name}")
+        self.mod = {name: memory_module(package, name)
                     for name in ("retrieval", "subqueries", "scope")}
 
     def said_in_busy_channel(self, text: str) -> None:

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bot.memory import db, vectors
 from bot.memory.scope import visible_keys
+from bot.memory.sqlite import db
+from bot.memory.sqlite import vec0 as vectors
 
 from .speed import (
     EMBED_MODEL,

@@ -27,8 +27,8 @@ from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 from bot.cli.migrate import DONE_KEY, copy_database
-from bot.memory import store
 from bot.memory.engine import Engine
+from bot.memory.sql import store
 from bot.memory.storage import storage_of
 from bot.settings import load_settings
 

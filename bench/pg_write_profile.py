@@ -163,8 +163,8 @@ def _short(filename: str) -> str:
 def instrument() -> None:
     """Time the phases, the jobs on their threads, every psycopg round trip and the fact lock."""
     from bot.lifecycle import fact_store
-    from bot.memory import transactions
     from bot.memory.postgres.backend import PostgresStorage
+    from bot.memory.sql import transactions
 
     def timed(name: str, method: Any) -> Any:
         async def wrapper(self: Engine, *args: Any, **kwargs: Any) -> Any:

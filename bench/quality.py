@@ -35,9 +35,10 @@ from pathlib import Path
 import numpy as np
 
 from bot.cli import importer
-from bot.memory import ranking, store
 from bot.memory.engine import Engine
+from bot.memory.recall import ranking
 from bot.memory.scope import Viewer
+from bot.memory.sql import store
 from bot.settings import SETTINGS, load_settings
 
 from . import shared_world

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from bench.trees import memory_module
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -75,7 +77,7 @@ class Side:
         self.engine = await importlib.import_module(f"{self.package}.memory.engine").Engine(settings).start()
         await self.engine.warmed()
         self.info = await self.engine.write(lambda conn: self.engine.storage.index_info(conn))
-        self.store = importlib.import_module(f"{self.package}.memory.store")
+        self.store = memory_module(self.package, "store")
         self.viewer = importlib.import_module(f"{self.package}.memory.scope").Viewer
 
     async def talk(self) -> None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 
+from bench.trees import memory_module
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -78,7 +80,7 @@ class Steps:
 def recall_steps(pkg: str, engine: Any, reader: Any, writer: Any, text: str, viewer: Any, vector: list[float],
                  steps: Steps) -> list[int]:
     """One recall as Engine.recall runs it (without its thread hand-offs), step by step."""
-    mod = {name: importlib.import_module(f"{pkg}.memory.{name}")
+    mod = {name: memory_module(pkg, name)
            for name in ("dates", "ranking", "subqueries", "retrieval")}
     storage, s = engine.storage, engine.settings
     now, limit = time.time(), s.recall_limit
@@ -104,7 +106,7 @@ def recall_steps(pkg: str, engine: Any, reader: Any, writer: Any, text: str, vie
                                              floor=mod["ranking"].touch_floor(s.embed_model, s.touch_min_cosine))
     ids = [c.memory_id for c in chosen]
     try:
-        touches = importlib.import_module(f"{pkg}.memory.touches")
+        touches = memory_module(pkg, "touches")
         loaded = steps("touch_and_load", touches.touch_and_load_all, writer, storage, [(relevant, ids, now)],
                        s.stability_growth)[0]
     except ModuleNotFoundError:  # a commit before touches.py
@@ -120,7 +122,7 @@ def load_average() -> float:
 async def timed_recall(engine: Any, sem: asyncio.Semaphore, latencies: list[float], who: Any, text: str,
                        vector: list[float], message_id: int | None) -> None:
     """One recall when `sem` lets it run (timed), after recording its message if given one."""
-    from bot.conversation import history
+    from bot.memory.sql import history
     async with sem:
         if message_id is not None:
             await engine.write(history.record, channel_id=who.channel_id or 0, guild_id=who.guild_id,

@@ -91,7 +91,7 @@ def count(db_path: Path, sql: str, params: tuple = ()) -> int:
 
 def integrity(db_path: Path) -> list[str]:
     """Problems found by integrity_check and the FTS5 integrity-check (empty = healthy)."""
-    from bot.memory import db
+    from bot.memory.sqlite import db
     conn = db.connect(db_path)
     problems = []
     try:
@@ -127,7 +127,7 @@ async def _bot_writes(db_path: Path, ollama_url: str, ops: int, stop_after: floa
     from bot.lifecycle.fact_store import store_facts
     from bot.lifecycle.facts import Fact
     from bot.memory.engine import Engine
-    from bot.memory.store import NewMemory
+    from bot.memory.sql.store import NewMemory
     from bot.settings import load_settings
 
     settings = load_settings({k: v for k, v in cli_env(db_path, ollama_url).items()

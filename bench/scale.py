@@ -35,7 +35,8 @@ async def replies_per_second(hosts: int, replies: int, reply_ms: float) -> float
 
 
 def _write(path: str, count: int, start: multiprocessing.synchronize.Event, offset: int) -> None:
-    from bot.memory import db, store
+    from bot.memory.sql import store
+    from bot.memory.sqlite import db
     conn = db.connect(path)
     start.wait()
     for n in range(count):
@@ -49,7 +50,7 @@ def writes_per_second(processes: int, writes: int) -> float:
     """Each process stores `writes` memories, one transaction each; the total rate."""
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "scale.db")
-        from bot.memory import db
+        from bot.memory.sqlite import db
         db.connect(path).close()
         context = multiprocessing.get_context("spawn")
         start = context.Event()

@@ -26,8 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bot.memory import store
 from bot.memory.scope import Viewer
+from bot.memory.sql import store
 
 from .bm25 import Bm25Index
 

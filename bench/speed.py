@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import os
 
+from bench.trees import memory_module
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # a fair anchor: one core, like one SQLite thread
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import argparse
 import asyncio
-import importlib
 import json
 import statistics
 import sys
@@ -42,9 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from bot.memory import db, store, vectors
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer, visible_keys
+from bot.memory.sql import store
+from bot.memory.sqlite import db
+from bot.memory.sqlite import vec0 as vectors
 from bot.memory.storage import storage_of
 from bot.settings import load_settings
 
@@ -613,7 +616,7 @@ def forget_word_counts(package: str = "bot") -> None:
     live in the module, keyed by database, for 600 s, so they outlive an Engine, and a measured
     run after another would reuse every count the earlier one made. `package`: bot, or an A/B's
     copy of another commit (bench.recall_cpu's bot_base)."""
-    forget = getattr(importlib.import_module(f"{package}.memory.fts"), "forget_counts", None)
+    forget = getattr(memory_module(package, "fts"), "forget_counts", None)
     if forget is not None:
         forget(None)
     keywords = sys.modules.get(f"{package}.memory.postgres.keywords")   # not imported: nothing counted there

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bot.memory import vectors
 from bot.memory.engine import Engine
+from bot.memory.sqlite import vec0 as vectors
 
 from .speed import (
     RESULTS,

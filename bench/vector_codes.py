@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 
 from bench import speed
-from bot.memory import vector_codes, vectors
 from bot.memory.engine import Engine
 from bot.memory.scope import visible_keys
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.vectors import codes as vector_codes
 
 SHARES = (0.005, 0.01, 0.02, 0.05)
 

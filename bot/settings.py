@@ -166,7 +166,7 @@ SETTINGS: dict[str, Spec] = {
     "time_weight": Spec("MUNINN_TIME_WEIGHT", "0.02", "Ranking: how much retention and importance may lift a memory (score = relevance x (1 + weight x vitality)); small, so time breaks near-ties and never buries relevance (README, Ranking).", _float(0, 10)),
     "date_boost": Spec("MUNINN_DATE_BOOST", "1.0", "Ranking: lift for memories stored on a day or in a month the question names (\"on 7 July\", \"in August\"): score x (1 + boost).", _float(0, 10)),
     "keyword_lead": Spec("MUNINN_KEYWORD_LEAD", "1.1", "Ranking: the best keyword (BM25) match goes first when it beats the runner-up keyword match by this factor (0 = off).", _float(0, 100)),
-    "touch_min_cosine": Spec("MUNINN_TOUCH_MIN_COSINE", "", "Cosine to the query a recalled memory needs to be strengthened (touched); empty = the floor measured for the embedding model, or half the best hit's cosine for a model not measured (bot/memory/ranking.py).", _optional_float(-1.0, 1.0)),
+    "touch_min_cosine": Spec("MUNINN_TOUCH_MIN_COSINE", "", "Cosine to the query a recalled memory needs to be strengthened (touched); empty = the floor measured for the embedding model, or half the best hit's cosine for a model not measured (bot/memory/recall/ranking.py).", _optional_float(-1.0, 1.0)),
     "base_stability_days": Spec("MUNINN_BASE_STABILITY_DAYS", "7", "Decay: days until an unimportant, never-recalled memory falls to 37% retention.", _float(positive=True)),
     "stability_growth": Spec("MUNINN_STABILITY_GROWTH", "1.5", "Decay: factor by which each recall multiplies a memory's stability.", _float(1.0, 10.0)),
     "timezone": Spec("MUNINN_TIMEZONE", "UTC", "Time zone for the timestamps shown to the LLM.", _timezone),

@@ -28,9 +28,9 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot import validate
-from bot.memory import store
 from bot.memory.scope import Viewer
-from bot.memory.store import Memory, MemoryNotFound, NewMemory
+from bot.memory.sql import store
+from bot.memory.sql.store import Memory, MemoryNotFound, NewMemory
 
 from .chat import is_private_channel
 from .client import Refusal, answer_privately

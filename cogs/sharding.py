@@ -5,7 +5,7 @@ Discord splits a bot's servers into shards (a guild's events go to shard
 With the two settings each process runs discord.py's `AutoShardedBot` for its own shards
 only, so N processes (one per core, all on one machine) serve one bot and share one SQLite
 file: every message, and so every extraction, is seen by exactly one process; the
-maintenance lease (bot.memory.leases) lets exactly one of them run maintenance. Without the
+maintenance lease (bot.memory.sql.leases) lets exactly one of them run maintenance. Without the
 settings Muninn is the plain one-process `MuninnBot`.
 """
 from __future__ import annotations

@@ -113,8 +113,9 @@ async def discord_world(monkeypatch):
 @pytest.fixture
 def pair(tmp_path):
     """Two connections to one file: one searching through a vector cache, one plain (another process)."""
-    from bot.memory import db, vectors
-    from bot.memory.vector_cache import VectorCache
+    from bot.memory.sqlite import db
+    from bot.memory.sqlite import vec0 as vectors
+    from bot.memory.vectors.cache import VectorCache
     cached, plain = db.connect(tmp_path / "v.db"), db.connect(tmp_path / "v.db")
     vectors.attach_cache(cached, VectorCache(64 << 20))
     yield cached, plain

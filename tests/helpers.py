@@ -17,8 +17,8 @@ from bot.lifecycle.facts import (
     extract_author_facts,
     usable,
 )
-from bot.memory import store
 from bot.memory.engine import Engine
+from bot.memory.sql import store
 from tests.fakes.ollama import FakeOllama
 
 ALICE, BOB, OWNER = 101, 202, 909

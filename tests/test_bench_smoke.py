@@ -6,7 +6,8 @@ import json
 import pytest
 
 from bench import quality, shared_world, speed
-from bot.memory import db, store
+from bot.memory.sql import store
+from bot.memory.sqlite import db
 from tests.fakes.ollama import FakeOllama
 
 

@@ -18,8 +18,8 @@ import pytest
 
 from bot.conversation.pipeline import CANNOT_THINK
 from bot.conversation.text import split_message
-from bot.memory import store
 from bot.memory.engine import Engine
+from bot.memory.sql import store
 from cogs.client import MuninnBot
 from tests.fakes.discord_server import FakeDiscord
 

@@ -6,10 +6,11 @@ import threading
 
 import numpy as np
 
-from bot.memory import db, vectors
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
-from bot.memory.vector_cache import VectorCache
+from bot.memory.sqlite import db
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.vectors.cache import VectorCache
 from tests.test_vector_search import DIM, KEYS, fill, random_unit, same
 
 

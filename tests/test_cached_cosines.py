@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bot.memory import db, store, vectors
-from bot.memory.store import NewMemory
-from bot.memory.vector_cache import VectorCache
+from bot.memory.sql import store
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import db
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.vectors.cache import VectorCache
 from tests.test_vector_search import KEYS, fill, random_unit
 
 DIM_ = 16  # top_scores_over's own vectors
@@ -75,7 +77,7 @@ def test_a_memory_stored_before_its_key_was_cached_gets_the_same_cosine(tmp_path
 def test_one_selection_over_all_keys_equals_one_per_key():
     """vector_cache.top_scores_over (one argpartition over every visible key) picks what
     selecting per key and merging did, with removed rows, an as_of and skipped ids."""
-    from bot.memory.vector_cache import KeyVectors, top_scores, top_scores_over
+    from bot.memory.vectors.cache import KeyVectors, top_scores, top_scores_over
     rng = np.random.default_rng(16)
     entries = []
     for size in (0, 3, 40, 7, 120):

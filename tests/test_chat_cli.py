@@ -15,10 +15,9 @@ from bot.cli.chat import (
     run_chat,
 )
 from bot.cli.main import main
-from bot.conversation import history
-from bot.memory import store
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
+from bot.memory.sql import history, store
 
 pytestmark = pytest.mark.usefixtures("backend")  # on SQLite and on PostgreSQL
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from bot.cli.chat import LOCAL_CHANNEL_ID, LOCAL_GUILD_ID, LOCAL_USER_ID, run_chat
-from bot.memory import store
 from bot.memory.engine import Engine
-from bot.memory.store import NewMemory
+from bot.memory.sql import store
+from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.usefixtures("backend")  # what touches the memory: on SQLite and on PostgreSQL
 

@@ -1,5 +1,5 @@
 """WAL checkpoints run on the engine's loader thread, never inside the writer's commits
-(bot/memory/checkpoints.py); at most one waits; closing leaves none behind; a reader that holds
+(bot/memory/sqlite/checkpoints.py); at most one waits; closing leaves none behind; a reader that holds
 old pages (another process) only makes one stop short; recall sees every write throughout."""
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from typing import Iterator
 import apsw
 import pytest
 
-from bot.memory import checkpoints, db, store
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
+from bot.memory.sql import store
+from bot.memory.sqlite import checkpoints, db
 from tests.helpers import until
 
 pytestmark = pytest.mark.sqlite_only("SQLite's WAL and its checkpoints")

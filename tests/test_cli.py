@@ -206,7 +206,7 @@ def run_sql(tmp_path, database_url: str, sql: str) -> None:
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(sql.encode())
     else:
-        from bot.memory import db
+        from bot.memory.sqlite import db
         conn = db.connect(tmp_path / "cli.db")
         conn.execute(sql)
         conn.close()

@@ -15,11 +15,10 @@ import pytest
 import simcord
 from discord import app_commands
 
-from bot.conversation import history
 from bot.conversation.pipeline import CANNOT_THINK
-from bot.memory import store
+from bot.memory.sql import history, store
+from bot.memory.sql.store import NewMemory
 from bot.memory.storage import storage_of
-from bot.memory.store import NewMemory
 from cogs.client import SOMETHING_WENT_WRONG, MuninnBot, Refusal
 from tests.fakes.ollama import FakeOllama
 
@@ -454,8 +453,9 @@ def test_a_channel_whose_privacy_cannot_be_told_counts_as_private():
 
 @pytest.mark.sqlite_only("SQLite's whole-file write lock (BEGIN IMMEDIATE); PostgreSQL locks rows, not the database")
 async def test_a_forget_while_another_process_holds_the_database_says_so_and_changes_nothing(world, monkeypatch):
-    from bot.memory import db, transactions
     from bot.memory import engine as engine_module
+    from bot.memory.sql import transactions
+    from bot.memory.sqlite import db
     from cogs.client import DATABASE_UNAVAILABLE
     ids = await seed(world)
     world.failures_expected = True   # the failed forget reaches the tree's error handler, on purpose

@@ -11,9 +11,9 @@ import apsw
 import pytest
 
 from bench import reliability
-from bot.memory import db
-from bot.memory.files import DatabaseBusy
-from bot.memory.transactions import write_transaction
+from bot.memory.sql.transactions import write_transaction
+from bot.memory.sqlite import db
+from bot.memory.sqlite.files import DatabaseBusy
 from tests.fakes.ollama import FakeOllamaThread
 
 # SQLite's file under several writers: its write lock, BEGIN IMMEDIATE, kill -9 and PRAGMA integrity_check
@@ -66,7 +66,7 @@ def test_a_read_first_write_waits_for_the_lock_instead_of_failing(tmp_path):
 
 
 def test_a_lock_held_too_long_is_one_clear_error(tmp_path, monkeypatch):
-    from bot.memory import transactions
+    from bot.memory.sql import transactions
     monkeypatch.setattr(transactions, "LOCK_RETRIES", 1)
     monkeypatch.setattr(transactions, "BACKOFF_S", (0.01,))
     path = tmp_path / "lock.db"

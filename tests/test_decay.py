@@ -5,10 +5,12 @@ import math
 
 import pytest
 
-from bot.memory import decay, store, touches
+from bot.memory import decay
+from bot.memory.recall import touches
 from bot.memory.scope import Viewer
+from bot.memory.sql import store
+from bot.memory.sql.store import NewMemory
 from bot.memory.storage import storage_of
-from bot.memory.store import NewMemory
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 

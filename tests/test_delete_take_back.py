@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from bot.conversation import history
 from bot.conversation.pipeline import Pipeline
-from bot.memory import storage, store
+from bot.memory import storage
+from bot.memory.sql import history, store
 from tests.test_pipeline import ALICE, GENERAL, GUILD
 
 pytestmark = pytest.mark.usefixtures("backend")

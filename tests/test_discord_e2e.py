@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from bot.memory import store
+from bot.memory.sql import store
 from cogs.client import MuninnBot
 from cogs.launch import main
 from tests.fakes.discord_server import Intents

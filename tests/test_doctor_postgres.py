@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from bot.cli import main as cli
-from bot.memory import leases
+from bot.memory.sql import leases
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 

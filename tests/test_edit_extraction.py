@@ -11,12 +11,11 @@ import time
 
 import pytest
 
-from bot.conversation import history
 from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.extractor import Extractor
-from bot.memory import store
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
+from bot.memory.sql import history, store
 from tests.test_pipeline import ALICE, GENERAL, GUILD, RecordingOutlet, facts_reply, said
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -8,12 +8,11 @@ import time
 
 import pytest
 
-from bot.conversation import history
 from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.maintenance import run_maintenance
-from bot.memory import store
 from bot.memory.engine import Engine
-from bot.memory.store import NewMemory
+from bot.memory.sql import history, store
+from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.usefixtures("backend")
 

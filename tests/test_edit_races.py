@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from bot.conversation import history
 from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.extractor import Extractor
+from bot.memory.sql import history
 from tests import test_edit_extraction
 from tests.fakes.ollama import FakeOllama
 from tests.test_edit_extraction import MOVES, alices_memories

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from bot.memory.postgres.backend import PostgresStorage
-from bot.memory.store import NewMemory
-from bot.memory.vector_cache import VectorCache
+from bot.memory.sql.store import NewMemory
+from bot.memory.vectors.cache import VectorCache
 from tests.test_pg_vector_cache import KEYS, fill, memory_for, pg_pair, random_unit  # noqa: F401  (fixture)
 
 
@@ -94,7 +94,8 @@ def test_planning_reads_the_change_log_once(pg_pair):  # noqa: F811
 
 
 def test_plan_state_reads_the_personal_keys_and_the_exact_text_checks(postgres_url):
-    from bot.memory import fts, scope
+    from bot.memory import scope
+    from bot.memory.sqlite import fts
     storage = PostgresStorage(postgres_url)
     conn = storage.open_writer()
     try:

@@ -6,9 +6,10 @@ import time
 
 import pytest
 
-from bot.memory import db, fts, store
 from bot.memory.scope import Viewer, visible_keys
-from bot.memory.store import NewMemory
+from bot.memory.sql import store
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import db, fts
 
 ALICE, BOB = 1, 2
 # FTS5 itself: its MATCH syntax, its index's counts and segments. PostgreSQL's keyword step

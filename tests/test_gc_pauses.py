@@ -1,5 +1,5 @@
 """Once an engine's vector cache is warm, full GC collections no longer walk it (gc.freeze);
-the last engine to close gives everything back to the collector (bot/memory/gc_pauses.py)."""
+the last engine to close gives everything back to the collector (bot/memory/vectors/gc_pauses.py)."""
 from __future__ import annotations
 
 import gc
@@ -7,9 +7,10 @@ import gc
 import numpy as np
 import pytest
 
-from bot.memory import db, gc_pauses
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
+from bot.memory.sqlite import db
+from bot.memory.vectors import gc_pauses
 from tests.test_vector_search import KEYS, fill
 
 pytestmark = pytest.mark.sqlite_only("the vector cache's start-up warm over a SQLite file")

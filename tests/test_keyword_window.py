@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from bot.memory import fts
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import fts
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 

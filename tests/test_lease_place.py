@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bot.memory import leases
+from bot.memory.sql import leases
 
 ROOT = Path(__file__).resolve().parents[1]
 # A process that cannot read /proc (as on a system without it, or a sandbox hiding it) prints
@@ -19,7 +19,7 @@ def refuse(*args, **kwargs):
     raise PermissionError("no /proc here")
 pathlib.Path.read_text = refuse
 os.stat = refuse
-from bot.memory import leases
+from bot.memory.sql import leases
 print(leases._place(), leases.new_holder(), flush=True)
 """
 

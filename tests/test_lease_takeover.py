@@ -14,13 +14,13 @@ import pytest
 
 from bot.cli import main as cli
 from bot.lifecycle import maintenance
-from bot.memory import leases
 from bot.memory.engine import Engine
+from bot.memory.sql import leases
 
 pytestmark = pytest.mark.usefixtures("backend")  # the lease row on a SQLite file or PostgreSQL
 
 ROOT = Path(__file__).resolve().parents[1]
-HOLDER_OF_A_CHILD = "from bot.memory.leases import new_holder; print(new_holder(), flush=True)"
+HOLDER_OF_A_CHILD = "from bot.memory.sql.leases import new_holder; print(new_holder(), flush=True)"
 
 
 def child_holder(*, stay: bool) -> tuple[str, subprocess.Popen]:

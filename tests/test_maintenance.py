@@ -11,9 +11,11 @@ import pytest
 
 from bot.cli import main as cli
 from bot.lifecycle import maintenance
-from bot.memory import db, store, touches
 from bot.memory.engine import Engine
+from bot.memory.recall import touches
 from bot.memory.scope import Viewer
+from bot.memory.sql import store
+from bot.memory.sqlite import db
 from tests.fakes.ollama import FakeOllama, FakeOllamaThread
 from tests.helpers import (
     ALICE,
@@ -252,7 +254,7 @@ def test_cli_maintain_is_idempotent_and_lists_and_restores(tmp_path, monkeypatch
 
 
 def test_cli_maintain_never_overlaps_a_bot_process_and_counts_as_its_run(tmp_path, monkeypatch, capsys):
-    from bot.memory import leases
+    from bot.memory.sql import leases
     path = tmp_path / "main.db"
     conn = db.connect(path)
     [faded] = store.insert_many(conn, [alice("Alice had toast for breakfast.", importance=0.1, days_ago=60)],
@@ -274,7 +276,7 @@ def test_cli_maintain_never_overlaps_a_bot_process_and_counts_as_its_run(tmp_pat
     conn.close()
 
 async def test_maintenance_trims_the_channel_history(make_settings):
-    from bot.conversation import history
+    from bot.memory.sql import history
     async with Engine(make_settings("", MUNINN_HISTORY_KEEP="100")) as engine:
         def fill(conn):
             with db.write_transaction(conn):

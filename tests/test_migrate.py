@@ -9,10 +9,10 @@ import pytest
 
 from bot.cli.main import main
 from bot.cli.migrate import Interrupted, copy_database
-from bot.conversation import channel_settings, history
-from bot.memory import store
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
+from bot.memory.sql import channels as channel_settings
+from bot.memory.sql import history, store
 from tests.postgres_server import free_port
 
 ALICE, BOB, CAROL = 1001, 1002, 1003

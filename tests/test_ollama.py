@@ -14,7 +14,7 @@ from bot.llm.ollama import (
     OllamaUnavailable,
 )
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 

@@ -12,7 +12,7 @@ from bot.llm.hosts import OllamaHosts, split_urls
 from bot.llm.ollama import OllamaClient, OllamaUnavailable
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql.store import NewMemory
 from tests.fakes.ollama import FakeOllama
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL

@@ -9,13 +9,13 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from bot.memory import vectors
 from bot.memory.engine import Engine
 from bot.memory.postgres.backend import PostgresStorage
 from bot.memory.postgres.connection import PgConnection
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
-from bot.memory.vector_cache import VectorCache
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.vectors.cache import VectorCache
 
 DIM = 8
 KEYS = ["g", "r:1", "r:2", "p:7:dm", "p:7:1"]
@@ -187,8 +187,8 @@ async def test_start_warms_the_cache_on_postgresql(fake_ollama, make_settings, p
 def test_postgresqls_neighbour_walk_lends_like_the_portable_one(pg_pair):
     """backend.spread_to_neighbours (its own statement) against retrieval's portable SQL on the
     same rows: the same loans, with and without as_of, archived memories skipped."""
-    from bot.memory import retrieval
-    from bot.memory.retrieval import Candidate
+    from bot.memory.recall import retrieval
+    from bot.memory.recall.retrieval import Candidate
     _, conn, plain, other = pg_pair
     rng = np.random.default_rng(9)
     for i in range(120):
@@ -256,7 +256,7 @@ async def test_the_engine_loads_a_big_cold_key_on_its_loader_thread_on_postgresq
         fake_ollama, make_settings, postgres_url, monkeypatch):
     import asyncio
 
-    from bot.memory import vector_cache
+    from bot.memory.vectors import cache as vector_cache
     monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 5)
     settings = make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url)
     async with Engine(settings, warm=False) as engine:
@@ -298,7 +298,7 @@ def test_a_change_pruned_before_the_cache_saw_it_starts_the_cache_over(pg_pair, 
 
 
 def test_too_many_changes_at_once_start_the_cache_over(pg_pair, monkeypatch):
-    from bot.memory import vector_cache
+    from bot.memory.vectors import cache as vector_cache
     cached, conn, plain, other = pg_pair
     rng, info, q = filled_and_loaded(pg_pair, 7, 20)  # every key loaded
     monkeypatch.setattr(vector_cache, "MAX_APPLY", 5)  # as if another process had imported 70k vectors

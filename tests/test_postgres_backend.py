@@ -9,12 +9,12 @@ import psycopg
 import pytest
 
 from bot.memory.engine import Engine
-from bot.memory.files import DatabaseError
 from bot.memory.postgres.backend import PostgresStorage
 from bot.memory.postgres.connection import translate
 from bot.memory.postgres.migrations import MIGRATIONS
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite.files import DatabaseError
 from tests.postgres_server import free_port
 
 
@@ -279,7 +279,7 @@ def test_a_fact_write_waiting_for_its_key_sees_what_the_holder_stored(postgres_u
     processes would store the fact)."""
     import threading
 
-    from bot.memory import fts
+    from bot.memory.sqlite import fts
     storage = PostgresStorage(postgres_url)
     holder, waiter = storage.open_writer(), storage.open_writer()
     memory = NewMemory("Alice keeps bees", "global")

@@ -1,5 +1,5 @@
 """Failures of a whole PostgreSQL database, on the real embedded server: `files.explain` names
-them in one line that says what to fix, so the touch batch (bot/memory/touches.py) does not
+them in one line that says what to fix, so the touch batch (bot/memory/recall/touches.py) does not
 retry request by request what fails for every request alike."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import psycopg
 
-from bot.memory import files
 from bot.memory.engine import Engine
-from bot.memory.store import NewMemory
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import files
 from tests.postgres_fixtures import TEMPLATE
 
 READ_ONLY_DB = "muninn_read_only"

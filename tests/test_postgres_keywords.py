@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from bot.memory import fts
 from bot.memory.engine import Engine
 from bot.memory.postgres import keywords
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import fts
 from tests.postgres_fixtures import TEMPLATE
 
 ALICE, BOB = 1, 2

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from bot.memory import ranking, retrieval, vectors
 from bot.memory.engine import Engine
 from bot.memory.postgres import keywords
-from bot.memory.retrieval import Candidate
+from bot.memory.recall import ranking, retrieval
+from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import vec0 as vectors
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ import time
 import psycopg
 import pytest
 
-from bot.conversation import history
 from bot.lifecycle.maintenance import run_maintenance
 from bot.memory.engine import Engine
-from bot.memory.store import NewMemory
+from bot.memory.sql import history
+from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 

@@ -15,8 +15,8 @@ import pytest
 from bot.lifecycle import maintenance
 from bot.lifecycle.fact_store import store_facts
 from bot.lifecycle.facts import Fact
-from bot.memory import leases
 from bot.memory.engine import Engine
+from bot.memory.sql import leases
 from tests.helpers import ALICE, CHANNEL, GUILD, exchange, memories_of, one, until
 
 pytestmark = pytest.mark.usefixtures("backend")  # two "processes" on one SQLite file or PostgreSQL database
@@ -171,7 +171,7 @@ async def test_two_processes_storing_the_same_facts_at_once_store_each_once(two,
 @pytest.mark.sqlite_only("leases.py's SQLite statement on a file (PostgreSQL's lease: the backend, tested above)")
 def test_the_lease_row_is_one_statement_per_take(tmp_path):
     """A lease taken at `now` by one holder is refused to another until it expires (pure SQL)."""
-    from bot.memory import db
+    from bot.memory.sqlite import db
     conn = db.connect(tmp_path / "m.db")
     assert leases.take(conn, "x", "a", 10, now=100.0) and not leases.take(conn, "x", "b", 10, now=109.0)
     assert leases.take(conn, "x", "b", 10, now=111.0) and leases.holder_of(conn, "x", now=111.0) == "b"
@@ -183,8 +183,8 @@ def test_processes_starting_at_once_on_a_new_file_create_the_schema_once(tmp_pat
     """Several shards started together by systemd: each applies the migrations it finds missing."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from bot.memory import db
-    from bot.memory.migrations import MIGRATIONS, schema_version
+    from bot.memory.sqlite import db
+    from bot.memory.sqlite.migrations import MIGRATIONS, schema_version
 
     def open_and_close(_: int) -> int:
         conn = db.connect(tmp_path / "new.db")

@@ -5,7 +5,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from bot.conversation import prompt
-from bot.conversation.history import HistoryMessage
+from bot.memory.sql.history import HistoryMessage
 
 OSLO = ZoneInfo("Europe/Oslo")
 PERSONA = "You are Muninn, a raven who remembers."

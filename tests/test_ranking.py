@@ -1,4 +1,4 @@
-"""Ranking as time passes (bot/memory/ranking.py, bot/memory/dates.py): relevance decides,
+"""Ranking as time passes (bot/memory/recall/ranking.py, bot/memory/recall/dates.py): relevance decides,
 time breaks near-ties, a named date lifts memories of that date, and only relevant
 recalls are touched. Real engine and database, the fake Ollama for embeddings."""
 from __future__ import annotations
@@ -8,11 +8,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot.memory import ranking, store, touches
-from bot.memory.dates import DateHint, hints
 from bot.memory.engine import Engine
+from bot.memory.recall import ranking, touches
+from bot.memory.recall.dates import DateHint, hints
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql import store
+from bot.memory.sql.store import NewMemory
 
 DAY = 86400.0
 NOW = datetime(2025, 9, 1, tzinfo=UTC).timestamp()
@@ -106,14 +107,14 @@ def test_the_floor_is_per_model_with_a_relative_rule_for_unmeasured_models():
     assert ranking.touch_floor("all-minilm:latest", None) == ranking.TOUCH_FLOORS["all-minilm"]
     assert ranking.touch_floor("all-minilm", 0.5) == 0.5  # the setting wins
     assert ranking.touch_floor("nomic-embed-text", None) is None
-    from bot.memory.retrieval import Candidate
+    from bot.memory.recall.retrieval import Candidate
     chosen = [Candidate(1, similarity=0.8), Candidate(2, similarity=0.41), Candidate(3, similarity=0.39)]
     assert ranking.worth_touching(chosen, vector_ran=True, floor=None) == [1, 2]  # >= half the best
     assert ranking.worth_touching(chosen, vector_ran=False, floor=0.7) == [1, 2, 3]  # keyword-only: all hits
 
 
 def test_a_clear_keyword_winner_leads():
-    from bot.memory.retrieval import Candidate
+    from bot.memory.recall.retrieval import Candidate
     paraphrase = Candidate(1, vector_rank=1, fused=0.5)
     exact = Candidate(2, fts_rank=1, fts_score=-6.0, fused=0.4)
     runner_up = Candidate(3, fts_rank=2, fts_score=-5.0, fused=0.3)

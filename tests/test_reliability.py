@@ -18,11 +18,12 @@ import pytest
 from bench import reliability
 from bot.cli.main import main
 from bot.llm.ollama import OllamaError
-from bot.memory import db, files, repair, store
 from bot.memory import engine as engine_module
 from bot.memory.engine import Engine
-from bot.memory.files import APPLICATION_ID, DatabaseBusy, DatabaseError
 from bot.memory.scope import Viewer
+from bot.memory.sql import repair, store
+from bot.memory.sqlite import db, files
+from bot.memory.sqlite.files import APPLICATION_ID, DatabaseBusy, DatabaseError
 
 ROOT = Path(__file__).resolve().parent.parent
 # Engine-level tests run on SQLite and PostgreSQL; those about SQLite's file say why they do not.

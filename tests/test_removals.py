@@ -1,4 +1,4 @@
-"""Memories removed by another process: this one's cached word counts go (bot/memory/removals.py).
+"""Memories removed by another process: this one's cached word counts go (bot/memory/sql/removals.py).
 
 A process caches how many memories hold a word (fts.py, postgres/keywords.py) and forgets the
 counts when it removes memories itself. Here the removal runs in a second process (a child
@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from bot.memory import fts, removals
 from bot.memory.engine import Engine
 from bot.memory.postgres import keywords
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql import removals
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import fts
 from tests.helpers import ALICE, CHANNEL, GUILD
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -100,7 +101,7 @@ async def test_a_removal_inside_a_longer_transaction_counts_after_its_commit_and
     waits for that row meanwhile; a rollback counts nothing."""
     import psycopg
 
-    from bot.memory.db import write_transaction
+    from bot.memory.sqlite.db import write_transaction
     from bot.memory.storage import storage_of
     settings = make_settings()
     async with Engine(settings, warm=False) as engine:
@@ -135,7 +136,7 @@ async def test_counts_are_forgotten_after_the_outer_commit_not_before(make_setti
     fact write): a recall on another connection before that commit still sees the removed
     memories and counts them again; the counts go once the commit is done, so no stale count is
     left (forgetting them at the removal left the recount cached)."""
-    from bot.memory.db import write_transaction
+    from bot.memory.sqlite.db import write_transaction
     from bot.memory.storage import storage_of
     settings = make_settings()
     async with Engine(settings, warm=False) as engine:
@@ -157,8 +158,8 @@ async def test_counts_are_forgotten_after_the_outer_commit_not_before(make_setti
 
 @pytest.mark.sqlite_only("SQLite's own list of jobs (PostgreSQL's: test_a_removal_inside_a_longer_transaction...)")
 def test_jobs_after_a_commit_run_once_it_is_done_and_never_after_a_rollback(tmp_path):
-    from bot.memory import db
-    from bot.memory.transactions import after_commit
+    from bot.memory.sql.transactions import after_commit
+    from bot.memory.sqlite import db
     conn = db.connect(tmp_path / "m.db")
     ran: list[str] = []
     with db.write_transaction(conn):

@@ -8,10 +8,10 @@ import time
 
 import psycopg
 
-from bot.memory import repair
 from bot.memory.decay import MAX_STABILITY_DAYS
 from bot.memory.engine import Engine
-from bot.memory.store import NewMemory
+from bot.memory.sql import repair
+from bot.memory.sql.store import NewMemory
 from bot.validate import EARLIEST, FUTURE_SLACK_S
 
 INF = math.inf

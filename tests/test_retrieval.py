@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from bot.memory import retrieval
 from bot.memory.engine import Engine
-from bot.memory.retrieval import NEIGHBOUR_FALLOFF, Candidate, fuse, lend_to_neighbours, spread_to_neighbours
+from bot.memory.recall import retrieval
+from bot.memory.recall.retrieval import NEIGHBOUR_FALLOFF, Candidate, fuse, lend_to_neighbours, spread_to_neighbours
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.usefixtures("backend")
 

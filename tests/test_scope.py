@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
-from bot.memory import store
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql import store
+from bot.memory.sql.store import NewMemory
 from bot.settings import load_settings
 from tests.fakes.ollama import FakeOllamaThread
 from tests.postgres_fixtures import empty_database

@@ -32,10 +32,14 @@ import time
 
 import pytest
 
-from bot.memory import fts, removals, retrieval, subqueries, vector_cache, vector_codes
 from bot.memory.engine import Engine
+from bot.memory.recall import retrieval, subqueries
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql import removals
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import fts
+from bot.memory.vectors import cache as vector_cache
+from bot.memory.vectors import codes as vector_codes
 from tests.fakes.ollama import FakeOllama
 from tests.test_scope import check_listing_and_lookups, oracle_visible
 

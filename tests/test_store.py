@@ -4,10 +4,12 @@ from __future__ import annotations
 import apsw
 import pytest
 
-from bot.memory import db, store, vectors
-from bot.memory.migrations import MIGRATIONS
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql import store
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import db
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.sqlite.migrations import MIGRATIONS
 
 
 def counts(conn, memory_id: int) -> dict:

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from bot.lifecycle.extractor import Extractor
-from bot.memory import store
+from bot.memory.sql import store
 from cogs.client import MuninnBot
 from tests.helpers import QuietSink
 

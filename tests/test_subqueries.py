@@ -1,12 +1,13 @@
-"""The name sub-query of the keyword path (bot/memory/subqueries.py), through a real engine."""
+"""The name sub-query of the keyword path (bot/memory/recall/subqueries.py), through a real engine."""
 from __future__ import annotations
 
 import pytest
 
-from bot.memory import fts, retrieval, subqueries
-from bot.memory.retrieval import Candidate
+from bot.memory.recall import retrieval, subqueries
+from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import Viewer, visible_keys
-from bot.memory.store import NewMemory
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import fts
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 

@@ -1,4 +1,4 @@
-"""Concurrent recalls share their touch (bot/memory/touches.py): fewer writer jobs, and every
+"""Concurrent recalls share their touch (bot/memory/recall/touches.py): fewer writer jobs, and every
 memory's access_count, last_accessed and stability exactly as if each touch had been its own."""
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import time
 
 import pytest
 
-from bot.memory import decay, store, touches
+from bot.memory import decay
+from bot.memory.recall import touches
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
+from bot.memory.sql import store
+from bot.memory.sql.store import NewMemory
 
 ME = Viewer(user_id=7, dm=True)
 

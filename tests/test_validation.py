@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from bot import validate
 from bot.cli.importer import import_lines, memory_from_record
 from bot.cli.main import main
-from bot.memory import store
 from bot.memory.scope import Viewer
+from bot.memory.sql import store
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 

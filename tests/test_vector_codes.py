@@ -1,4 +1,4 @@
-"""Big keys shortlisted by sign codes, then rescored exactly (bot/memory/vector_codes.py): the
+"""Big keys shortlisted by sign codes, then rescored exactly (bot/memory/vectors/codes.py): the
 codes themselves, a recall floor against vec0's exact search, exact distances, exactness below
 the threshold and as of a past moment, and codes that stay in step with every way a key's rows
 change (appends, removals, regrow, compaction), packed only for keys searched by code."""
@@ -9,9 +9,13 @@ import threading
 import numpy as np
 import pytest
 
-from bot.memory import db, store, vector_cache, vector_codes, vectors
-from bot.memory.store import NewMemory
-from bot.memory.vector_cache import KeyVectors, VectorCache
+from bot.memory.sql import store
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import db
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.vectors import cache as vector_cache
+from bot.memory.vectors import codes as vector_codes
+from bot.memory.vectors.cache import KeyVectors, VectorCache
 
 DIM = 100  # two 64-bit words, the second one partly padding
 BIG, SMALL = "r:1", "g"

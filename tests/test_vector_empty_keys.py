@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from bot.memory import db, store, vector_cache, vectors
-from bot.memory.store import NewMemory
-from bot.memory.vector_cache import VectorCache
+from bot.memory.sql import store
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import db
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.vectors import cache as vector_cache
+from bot.memory.vectors.cache import VectorCache
 
 DIM = 8
 

@@ -8,11 +8,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from bot.memory import db, store, vectors
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
-from bot.memory.store import NewMemory
-from bot.memory.vector_cache import VectorCache
+from bot.memory.sql import store
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import db
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.vectors.cache import VectorCache
 
 # sqlite-vec's vec0 table, its layout upgrades and the in-process vector cache that mirrors it.
 # Vector recall on both backends: test_retrieval.py, test_scope.py, test_scope_change.py.
@@ -219,7 +221,7 @@ def test_a_key_loading_elsewhere_is_searched_in_vec0_and_changes_meanwhile_are_c
     """The load runs outside the cache's lock: a search on another connection goes on meanwhile
     (the loading key from vec0), and what it applied while the loaded rows were read is applied
     to them before they are published."""
-    from bot.memory import vector_cache
+    from bot.memory.vectors import cache as vector_cache
     cached, plain = pair
     rng = np.random.default_rng(11)
     info = fill(plain, rng, 150)
@@ -255,7 +257,7 @@ def test_a_key_loading_elsewhere_is_searched_in_vec0_and_changes_meanwhile_are_c
 def test_a_big_cold_key_is_searched_in_vec0_while_the_loader_loads_it(pair, monkeypatch):
     """Keys above INLINE_LOAD_MAX vectors go to the background loader; vec0 answers meanwhile,
     and a small key still loads inline."""
-    from bot.memory import vector_cache
+    from bot.memory.vectors import cache as vector_cache
     cached, plain = pair
     rng = np.random.default_rng(12)
     info = fill(plain, rng, 120)
@@ -277,7 +279,7 @@ def test_a_big_cold_key_is_searched_in_vec0_while_the_loader_loads_it(pair, monk
 async def test_the_engine_loads_a_big_cold_key_on_its_loader_thread(tmp_path, make_settings, monkeypatch):
     import threading
 
-    from bot.memory import vector_cache
+    from bot.memory.vectors import cache as vector_cache
     monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 25)  # r:1 holds ~40, g ~10
     real_load, loaded_on = vector_cache.load_key, {}
 

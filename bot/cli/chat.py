@@ -25,7 +25,7 @@ from typing import TextIO
 from bot.conversation.pipeline import ForgetOffer, Incoming, Pipeline, Sent, no_typing
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
-from bot.memory.store import MemoryNotFound
+from bot.memory.sql.store import MemoryNotFound
 from bot.settings import Settings
 
 LOCAL_USER_ID = 1

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from bot.llm.hosts import split_urls
 from bot.llm.ollama import OllamaClient, OllamaError
-from bot.memory import db, files, leases, repair, vectors
-from bot.memory.migrations import MIGRATIONS, schema_version
+from bot.memory.sql import leases, repair
+from bot.memory.sqlite import db, files
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.sqlite.migrations import MIGRATIONS, schema_version
 from bot.settings import Settings
 
 

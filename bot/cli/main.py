@@ -17,9 +17,9 @@ from typing import Awaitable, Callable, Protocol, TypeVar
 from bot import validate
 from bot.cli.importer import import_lines
 from bot.cli.progress import Progress
-from bot.memory import store
 from bot.memory.engine import Engine
 from bot.memory.scope import SCOPES, Viewer
+from bot.memory.sql import store
 from bot.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("muninn")
@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
         if args.verbose:
             raise
         from bot.llm.ollama import OllamaError
-        from bot.memory.files import explain
+        from bot.memory.sqlite.files import explain
         message = str(exc) if isinstance(exc, (OllamaError, SettingsError)) else explain(exc)
         if message is not None:
             print(validate.replace_invalid(f"muninn {args.command}: {message}"), file=sys.stderr)

@@ -32,9 +32,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import apsw
 
-from bot.memory import db, vectors
-from bot.memory.files import DatabaseError, explain
-from bot.memory.migrations import MIGRATIONS as SQLITE_MIGRATIONS
+from bot.memory.sqlite import db
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.sqlite.files import DatabaseError, explain
+from bot.memory.sqlite.migrations import MIGRATIONS as SQLITE_MIGRATIONS
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ def open_source(path: Path) -> apsw.Connection:
     if not path.is_file():
         raise MigrationError(f"no SQLite database at {str(path)!r} (MUNINN_DB_PATH or --db)")
     try:
-        from bot.memory.files import check_before_open
+        from bot.memory.sqlite.files import check_before_open
         check_before_open(path)
         if Path(f"{path}-wal").exists():
             conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)

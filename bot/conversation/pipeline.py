@@ -39,7 +39,7 @@ from contextlib import aclosing, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import AsyncContextManager, AsyncIterator, Awaitable, Callable, Iterable, Protocol, TypeVar
 
-from bot.conversation import channel_settings, forget_intent, history, prompt
+from bot.conversation import forget_intent, prompt
 from bot.conversation.arrivals import Arrivals
 from bot.conversation.exchange import Exchange
 from bot.llm.answers import strip_thinking, visible_so_far
@@ -50,10 +50,11 @@ from bot.llm.ollama import (
     OllamaUnavailable,
 )
 from bot.logs import Throttle
-from bot.memory import store
-from bot.memory.db import write_transaction
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
+from bot.memory.sql import channels as channel_settings
+from bot.memory.sql import history, store
+from bot.memory.sqlite.db import write_transaction
 from bot.memory.storage import storage_of
 
 log = logging.getLogger(__name__)

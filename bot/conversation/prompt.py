@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Sequence
 from zoneinfo import ZoneInfo
 
-from bot.conversation.history import HistoryMessage
+from bot.memory.sql.history import HistoryMessage
 
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators the chat template adds per message

@@ -13,10 +13,10 @@ from bot.lifecycle import writes
 from bot.lifecycle.facts import Fact
 from bot.llm.answers import ask_json
 from bot.llm.ollama import OllamaClient
-from bot.memory import fts
 from bot.memory.engine import Engine
+from bot.memory.sql.store import NewMemory
+from bot.memory.sqlite import fts
 from bot.memory.storage import storage_of
-from bot.memory.store import NewMemory
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)

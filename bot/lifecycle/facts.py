@@ -47,7 +47,7 @@ from bot.conversation.exchange import Exchange
 from bot.lifecycle import writes
 from bot.llm.answers import InvalidReply, ask_json
 from bot.memory.engine import Engine
-from bot.memory.store import NewMemory
+from bot.memory.sql.store import NewMemory
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -38,14 +38,15 @@ import apsw
 import numpy as np
 
 from bot import validate
-from bot.conversation import history
 from bot.lifecycle import writes
 from bot.lifecycle.facts import FIRST_PERSON, GENERIC_SUBJECT
 from bot.llm.answers import ask_json
-from bot.memory import decay, leases, store, vectors
-from bot.memory.db import get_meta, query_value, set_meta, write_transaction
+from bot.memory import decay
 from bot.memory.engine import Engine
 from bot.memory.scope import ACTIVE
+from bot.memory.sql import history, leases, store
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.sqlite.db import get_meta, query_value, set_meta, write_transaction
 from bot.memory.storage import storage_of
 
 log = logging.getLogger(__name__)
@@ -445,7 +446,7 @@ async def maintain_periodically(engine: Engine, *, hours: float | None = None, f
     cancelled. A failed run is logged and retried at the next interval.
 
     Several bot processes (shards) may share the database: only the holder of the maintenance
-    lease (`bot.memory.leases`, renewed every third of `lease_seconds`) runs it, and the time of
+    lease (`bot.memory.sql.leases`, renewed every third of `lease_seconds`) runs it, and the time of
     the last run is kept in the database, so a process that takes over after the holder stopped
     or died keeps the same schedule instead of starting one of its own."""
     hours = engine.settings.maintenance_hours if hours is None else hours

@@ -31,9 +31,11 @@ from typing import Any, Sequence
 
 import apsw
 
-from bot.memory import fts, store, vectors
-from bot.memory.db import query_value, write_transaction
 from bot.memory.scope import ACTIVE, personal_keys
+from bot.memory.sql import store
+from bot.memory.sqlite import fts
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.sqlite.db import query_value, write_transaction
 from bot.memory.storage import storage_of
 from bot.settings import Settings
 

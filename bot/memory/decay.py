@@ -5,7 +5,7 @@ S its stability in days. A new memory starts at S = base × (1 + 2 × importance
 an important memory fades three times slower; each recall multiplies S by the growth
 factor (spaced repetition: recalled memories fade ever more slowly) and resets Δt.
 Retention decides what maintenance archives; in ranking it only breaks near-ties
-(bot/memory/ranking.py).
+(bot/memory/recall/ranking.py).
 """
 from __future__ import annotations
 

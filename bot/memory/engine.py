@@ -30,12 +30,16 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
-from bot.memory import dates, db, gc_pauses, ranking, retrieval, store, subqueries, touches, transactions, vectors
-from bot.memory.files import DatabaseBusy, DatabaseError
-from bot.memory.retrieval import VectorStatus
+from bot.memory.recall import dates, ranking, retrieval, subqueries, touches
+from bot.memory.recall.retrieval import VectorStatus
 from bot.memory.scope import Viewer
+from bot.memory.sql import store, transactions
+from bot.memory.sqlite import db
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.sqlite.files import DatabaseBusy, DatabaseError
 from bot.memory.storage import Connection, mark_pending, storage_for
-from bot.memory.vector_cache import VectorCache
+from bot.memory.vectors import gc_pauses
+from bot.memory.vectors.cache import VectorCache
 from bot.settings import Settings
 from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
 
@@ -244,7 +248,7 @@ class Engine:
         return await self._read_on(self._background, find)
 
     # -- jobs of the layers that keep their own tables here ---------------------
-    # The conversation history (bot/conversation/history.py) and the lifecycle rules
+    # The conversation history (bot/memory/sql/history.py) and the lifecycle rules
     # (bot/lifecycle/) keep their SQL in their own modules and run it through these two;
     # everything else (cogs, command line) uses the named methods below.
 
@@ -443,7 +447,7 @@ class Engine:
     def _fts_step(self, conn, query, viewer, candidates, as_of):
         keys = self.storage.visible_keys(conn, viewer)
         hits, state = self.storage.keyword_step(conn, query, keys, candidates, as_of)
-        # names the plain query left out as too common re-rank its hits (bot/memory/subqueries.py)
+        # names the plain query left out as too common re-rank its hits (bot/memory/recall/subqueries.py)
         hits = subqueries.fuse_keyword_lists(hits, subqueries.name_hits(conn, query, hits), candidates)
         return (keys, hits, *state)
 

@@ -3,7 +3,7 @@
 The engine (threads, retries, embeddings), the scope rule (scope.py), the retrieval steps'
 arithmetic (fusion, the neighbour loan, the graph walk's choice, ranking, the touch floor)
 stay one code path above this; a backend supplies connections and the SQL. Two backends:
-  SQLite      bot/memory/sqlite_backend.py  (the default; wraps the existing modules)
+  SQLite      bot/memory/sqlite/backend.py  (the default; wraps the existing modules)
   PostgreSQL  bot/memory/postgres/backend.py (MUNINN_DATABASE_URL=postgresql://...)
 
 Every operation takes the connection it runs on first: the engine keeps one writer
@@ -17,11 +17,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, ContextManager, Protocol, Sequence
 
-from bot.memory import store
-from bot.memory.retrieval import Candidate
+from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import Viewer
-from bot.memory.transactions import write_transaction
-from bot.memory.vectors import IndexInfo
+from bot.memory.sql import store
+from bot.memory.sql.transactions import write_transaction
+from bot.memory.sqlite.vec0 import IndexInfo
 from bot.settings import Settings
 
 Connection = Any  # apsw.Connection or the PostgreSQL backend's connection: opaque to the engine
@@ -156,7 +156,7 @@ class Storage(Protocol):
     def restore(self, conn: Connection, memory_id: int) -> None: ...
     def touch_many(self, conn: Connection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
         """Several recalls' touches (their ids, their time) in one transaction, in order; each
-        memory ends as if each touch had been its own (bot/memory/touches.py)."""
+        memory ends as if each touch had been its own (bot/memory/recall/touches.py)."""
     def forget_sources(self, conn: Connection, message_ids: Sequence[int],
                        learned_before: float | None = None) -> list[int]: ...
     def add_link(self, conn: Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
@@ -220,7 +220,7 @@ def storage_of(conn: Connection) -> Storage:
     found = getattr(conn, "storage", None)  # a PostgreSQL connection knows its backend
     if found is not None:
         return found
-    from bot.memory.sqlite_backend import SQLITE
+    from bot.memory.sqlite.backend import SQLITE
     return SQLITE
 
 
@@ -229,7 +229,7 @@ def storage_for(settings: Settings, vector_cache: Any) -> Storage:
     if settings.database_url:
         from bot.memory.postgres.backend import PostgresStorage
         return PostgresStorage(settings.database_url, vector_cache)
-    from bot.memory.sqlite_backend import SQLiteStorage
+    from bot.memory.sqlite.backend import SQLiteStorage
     return SQLiteStorage(settings.db_path, vector_cache)
 
 

@@ -29,19 +29,22 @@ import psycopg
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
-from bot.memory import decay, privacy, ranking, removals, retrieval, scope, store, vectors
-from bot.memory.files import DatabaseError
+from bot.memory import decay, scope
 from bot.memory.postgres import keywords
 from bot.memory.postgres import scrub as postgres_scrub
 from bot.memory.postgres.connection import PgConnection, connect, translate, where
 from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
 from bot.memory.postgres.migrations import migrate
 from bot.memory.postgres.vector_source import PostgresVectorSource
-from bot.memory.retrieval import VITALS_COLUMNS, Candidate
+from bot.memory.recall import ranking, retrieval
+from bot.memory.recall.retrieval import VITALS_COLUMNS, Candidate
 from bot.memory.scope import ACTIVE, Viewer, visible_keys
+from bot.memory.sql import privacy, removals, store
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.sqlite.files import DatabaseError
+from bot.memory.sqlite.vec0 import IndexInfo, VectorSizeError
 from bot.memory.storage import SCRUBBED, PlanState
-from bot.memory.vector_cache import VectorCache
-from bot.memory.vectors import IndexInfo, VectorSizeError
+from bot.memory.vectors.cache import VectorCache
 
 log = logging.getLogger(__name__)
 
@@ -532,7 +535,7 @@ class PostgresStorage:
         return {int(row[0]): store.Memory.from_row(row) for row in rows}
 
     def touch_many(self, conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
-        """Several recalls' touches in one transaction (bot/memory/touches.py; one recall's alone
+        """Several recalls' touches in one transaction (bot/memory/recall/touches.py; one recall's alone
         is touch_and_load's), each the same UPDATE with its own time, in order: each memory ends
         as if each had been its own."""
         with conn.pg.transaction():

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 import psycopg
 
-from bot.memory.files import DatabaseError
+from bot.memory.sqlite.files import DatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class PgConnection:
             self._after_commit.append(job)
 
     def _run_after_commit(self) -> None:
-        from bot.memory.transactions import _run_jobs  # late: transactions imports files, as this does
+        from bot.memory.sql.transactions import _run_jobs  # late: transactions imports files, as this does
         jobs, self._after_commit = self._after_commit, []
         _run_jobs(jobs)
 

@@ -3,7 +3,7 @@
 `files.explain` asks here for psycopg's errors (only once psycopg is imported: it is an
 optional dependency). An error listed here fails every request alike until someone acts
 (the server is gone or stopping, its disk is full, it refuses writes, its files are damaged),
-so callers stop retrying request by request (bot/memory/touches.py) and log one line saying
+so callers stop retrying request by request (bot/memory/recall/touches.py) and log one line saying
 what to fix. Errors of one transaction (a deadlock, a serialization failure, a lock or
 statement timeout, a refused row) are not listed: running another request may well work.
 """

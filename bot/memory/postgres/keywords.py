@@ -1,4 +1,4 @@
-"""PostgreSQL's keyword step, with SQLite's rules for common words (bot/memory/fts.py).
+"""PostgreSQL's keyword step, with SQLite's rules for common words (bot/memory/sqlite/fts.py).
 
 Which words are searched: fts.selective's rule (a word in too many memories is left out
 while rarer ones are there), on counts taken here from the GIN index, capped with LIMIT and
@@ -19,11 +19,12 @@ from typing import Any
 
 import psycopg
 
-from bot.memory import fts, removals
 from bot.memory.postgres.connection import PgConnection
 from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
-from bot.memory.retrieval import Candidate, KeywordHits
-from bot.memory.vectors import IndexInfo
+from bot.memory.recall.retrieval import Candidate, KeywordHits
+from bot.memory.sql import removals
+from bot.memory.sqlite import fts
+from bot.memory.sqlite.vec0 import IndexInfo
 
 log = logging.getLogger(__name__)
 

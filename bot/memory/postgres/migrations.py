@@ -1,4 +1,4 @@
-"""PostgreSQL schema migrations, numbered like SQLite's (bot/memory/migrations.py): migration N
+"""PostgreSQL schema migrations, numbered like SQLite's (bot/memory/sqlite/migrations.py): migration N
 here is the equivalent of migration N there, so a database of either kind at version N
 holds the same data. One transaction per migration; `schema_version` holds the last one.
 
@@ -19,7 +19,7 @@ import logging
 
 import psycopg
 
-from bot.memory.files import DatabaseError
+from bot.memory.sqlite.files import DatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ MIGRATIONS: list[str] = [
     ANALYZE memory_vectors;
     """,
     # 8: the vector change log that each process's in-memory vector cache follows
-    # (bot/memory/vector_cache.py, fed by postgres/vector_source.py). PostgreSQL hands out
+    # (bot/memory/vectors/cache.py, fed by postgres/vector_source.py). PostgreSQL hands out
     # `seq` at insert, not at commit, and a rollback leaves a gap, so the log is read by
     # transaction instead: `xid` is the writer's transaction, and a cache asks for the rows
     # whose transaction its last snapshot did not see. A trigger logs every vector stored,

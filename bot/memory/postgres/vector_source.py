@@ -1,4 +1,4 @@
-"""What the vector cache (bot/memory/vector_cache.py) reads from PostgreSQL: the same cache and
+"""What the vector cache (bot/memory/vectors/cache.py) reads from PostgreSQL: the same cache and
 scoring as on SQLite, fed from `memory_vectors` and the `vector_changes` log.
 
 The log is read by transaction, not by `seq` (migration 8): PostgreSQL numbers a row when it
@@ -19,8 +19,8 @@ import numpy as np
 from psycopg import sql
 
 from bot.memory.postgres.connection import PgConnection
-from bot.memory.vector_cache import Changed
-from bot.memory.vectors import IndexInfo
+from bot.memory.sqlite.vec0 import IndexInfo
+from bot.memory.vectors.cache import Changed
 
 Mark = tuple[str, str | None]  # (snapshot as text, vec_pruned_xid seen with it)
 

@@ -20,9 +20,9 @@ import re
 
 import apsw
 
-from bot.memory import fts
-from bot.memory.dates import MONTHS
-from bot.memory.retrieval import Candidate
+from bot.memory.recall.dates import MONTHS
+from bot.memory.recall.retrieval import Candidate
+from bot.memory.sqlite import fts
 from bot.memory.storage import storage_of
 
 # Chosen on LoCoMo dev (bench/README.md, round 4): the name list's weight against the

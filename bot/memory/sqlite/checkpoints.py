@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 
 import apsw
 
-from bot.memory.db import BUSY_TIMEOUT_MS
+from bot.memory.sqlite.db import BUSY_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import apsw
 
-from bot.memory import files, fts
-from bot.memory.files import DatabaseError, explain
-from bot.memory.migrations import migrate
-from bot.memory.transactions import write_transaction
+from bot.memory.sql.transactions import write_transaction
+from bot.memory.sqlite import files, fts
+from bot.memory.sqlite.files import DatabaseError, explain
+from bot.memory.sqlite.migrations import migrate
 
 __all__ = ["DatabaseError", "explain", "write_transaction", "connect"]
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import apsw
 
-from bot.memory.db import get_meta, set_meta
+from bot.memory.sqlite.db import get_meta, set_meta
 
 _TAKE = """
 INSERT INTO meta(key, value) VALUES(:key, json_object('holder', :holder, 'expires', :expires))

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 import apsw
 
 from bot.logs import Throttle
-from bot.memory import vector_keys
-from bot.memory.db import get_meta, query_value, set_meta, write_transaction
+from bot.memory.sqlite import vector_keys
+from bot.memory.sqlite.db import get_meta, query_value, set_meta, write_transaction
 
 if TYPE_CHECKING:
-    from bot.memory.vector_cache import VectorCache
+    from bot.memory.vectors.cache import VectorCache
 
 log = logging.getLogger(__name__)
 _warnings = Throttle()

@@ -27,8 +27,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
-from bot.memory import store
-from bot.memory.files import explain
+from bot.memory.sql import store
+from bot.memory.sqlite.files import explain
 from bot.memory.storage import Connection
 
 log = logging.getLogger(__name__)

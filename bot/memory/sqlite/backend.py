@@ -12,14 +12,18 @@ from typing import Any, ContextManager, Sequence
 
 import apsw
 
-from bot.memory import db, decay, fts, leases, privacy, ranking, retrieval, store, vector_keys, vectors
-from bot.memory.checkpoints import Checkpoints
-from bot.memory.db import write_transaction
-from bot.memory.retrieval import Candidate
+from bot.memory import decay
+from bot.memory.recall import ranking, retrieval
+from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, personal_keys, visible_keys
+from bot.memory.sql import leases, privacy, store
+from bot.memory.sqlite import db, fts, vector_keys
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.sqlite.checkpoints import Checkpoints
+from bot.memory.sqlite.db import write_transaction
+from bot.memory.sqlite.vec0 import IndexInfo
 from bot.memory.storage import MESSAGES_PENDING, SCRUB_PENDING, SCRUBBED, PlanState, clear_marks, pending_marks
-from bot.memory.vector_cache import VectorCache
-from bot.memory.vectors import IndexInfo
+from bot.memory.vectors.cache import VectorCache
 
 
 class SQLiteStorage:
@@ -224,7 +228,7 @@ class SQLiteStorage:
         store.restore(conn, memory_id)
 
     def touch_many(self, conn: apsw.Connection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
-        """Several recalls' touches in one transaction (bot/memory/touches.py)."""
+        """Several recalls' touches in one transaction (bot/memory/recall/touches.py)."""
         store.touch_many(conn, recalls, growth=growth)
 
     def forget_sources(self, conn: apsw.Connection, message_ids: Sequence[int],

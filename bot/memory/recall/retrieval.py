@@ -13,8 +13,10 @@ from typing import Iterable
 
 import apsw
 
-from bot.memory import fts, store, vectors
 from bot.memory.scope import ACTIVE, key_filter
+from bot.memory.sql import store
+from bot.memory.sqlite import fts
+from bot.memory.sqlite import vec0 as vectors
 
 GRAPH_LINK_KINDS = ("co_extracted", "consolidated", "semantic")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import apsw
 
-from bot.memory.transactions import write_transaction
+from bot.memory.sql.transactions import write_transaction
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ MIGRATIONS: list[str] = [
         SELECT CAST(j.value AS TEXT), m.id FROM memories m, json_each(m.source_message_ids) j;
     """,
     # 5: every vector stored or removed is logged, so the in-memory vector search of each
-    # process (bot/memory/vector_cache.py) applies what others wrote; pruned by maintenance.
+    # process (bot/memory/vectors/cache.py) applies what others wrote; pruned by maintenance.
     # And a person's personal visibility keys straight from an index (scope.personal_keys):
     # a heavy user's DM recall listed thousands of rows to find a handful of keys.
     """

@@ -17,8 +17,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import apsw
 
 from bot import validate
-from bot.memory import decay, fts, removals, vectors
-from bot.memory.db import query_one, query_value, write_transaction
+from bot.memory import decay
 from bot.memory.scope import (
     ACTIVE,
     SCOPES,
@@ -28,7 +27,11 @@ from bot.memory.scope import (
     memory_key,
     visible_keys,
 )
-from bot.memory.transactions import after_commit
+from bot.memory.sql import removals
+from bot.memory.sql.transactions import after_commit
+from bot.memory.sqlite import fts
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.sqlite.db import query_one, query_value, write_transaction
 
 # Times Python can render (datetime covers years 1 to 9999): a stored value outside is
 # shown clamped, never allowed to crash a recall or an export.
@@ -347,7 +350,7 @@ def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> 
 
 def touch_many(conn: apsw.Connection, recalls: Iterable[tuple[Iterable[int], float]], *, growth: float) -> None:
     """Several recalls' touches (their ids, their time), in order, in one transaction: each
-    memory ends as if every recall had been its own transaction (bot/memory/touches.py)."""
+    memory ends as if every recall had been its own transaction (bot/memory/recall/touches.py)."""
     with write_transaction(conn):
         for memory_ids, now in recalls:
             ids = list(memory_ids)

@@ -7,7 +7,7 @@ import time
 
 import apsw
 
-from bot.memory.db import query_value, write_transaction
+from bot.memory.sqlite.db import query_value, write_transaction
 
 
 def set_always_answer(conn: apsw.Connection, channel_id: int, guild_id: int | None, enabled: bool,

@@ -21,7 +21,7 @@ One exception to the product: when the best keyword match's BM25 beats the runne
 by KEYWORD_LEAD (1.1x), it leads the list (keyword_winner_first): LoCoMo dev MRR 0.488 ->
 0.514, temporal 0.633 -> 0.709 (porter BM25 alone: 0.694).
 
-A date the question names ("on 7 July, 2023", "in August": bot/memory/dates.py) doubles
+A date the question names ("on 7 July, 2023", "in August": bot/memory/recall/dates.py) doubles
 the score of candidates stored on that day or in that month (DATE_BOOST 1.0).
 
 Touch (a recall strengthens a memory) goes only to memories that were relevant:
@@ -37,9 +37,10 @@ from datetime import UTC, tzinfo
 
 import apsw
 
-from bot.memory import decay, vectors
-from bot.memory.dates import DateHint
-from bot.memory.retrieval import VITALS_COLUMNS, Candidate, rank
+from bot.memory import decay
+from bot.memory.recall.dates import DateHint
+from bot.memory.recall.retrieval import VITALS_COLUMNS, Candidate, rank
+from bot.memory.sqlite import vec0 as vectors
 
 TIME_WEIGHT = 0.02
 DATE_BOOST = 1.0

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import apsw
 
-from bot.memory import removals
+from bot.memory.sql import removals
 
 MAX_TOKENS = 24
 _WORD = re.compile(r"\w+", re.UNICODE)

@@ -89,7 +89,7 @@ def read_header(path: Path) -> bytes:
 
 def check_before_open(path: Path) -> None:
     """Refuse (DatabaseError) a file Muninn must not open read-write; see the module doc."""
-    from bot.memory.migrations import MIGRATIONS  # late: migrations imports transactions imports this
+    from bot.memory.sqlite.migrations import MIGRATIONS  # late: migrations imports transactions imports this
 
     header = read_header(path)
     if not header:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import apsw
 
-from bot.memory.db import query_one, query_value, write_transaction
+from bot.memory.sql.store import taught_anything
+from bot.memory.sqlite.db import query_one, query_value, write_transaction
 from bot.memory.storage import MESSAGES_PENDING, mark_pending, take_back
-from bot.memory.store import taught_anything
 
 ROLES = ("user", "assistant")
 

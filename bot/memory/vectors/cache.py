@@ -36,9 +36,10 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 import apsw
 import numpy as np
 
-from bot.memory import vector_codes, vectors
-from bot.memory.db import get_meta, query_value
 from bot.memory.scope import ACTIVE
+from bot.memory.sqlite import vec0 as vectors
+from bot.memory.sqlite.db import get_meta, query_value
+from bot.memory.vectors import codes as vector_codes
 
 SLACK_ROWS = 4             # room for a few new vectors before a key's arrays are copied
 GROWTH = 1.25              # then 25 % more, so appends cost O(1) on average

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import apsw
 
-from bot.memory import decay, vectors
+from bot.memory import decay
+from bot.memory.sql.transactions import write_transaction
+from bot.memory.sqlite import vec0 as vectors
 from bot.memory.storage import storage_of
-from bot.memory.transactions import write_transaction
 from bot.validate import EARLIEST, FUTURE_SLACK_S
 
 

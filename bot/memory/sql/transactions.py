@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 import apsw
 
-from bot.memory.files import DatabaseBusy, DatabaseError, explain
+from bot.memory.sqlite.files import DatabaseBusy, DatabaseError, explain
 
 log = logging.getLogger(__name__)
 

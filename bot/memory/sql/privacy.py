@@ -11,9 +11,9 @@ from typing import Any, Sequence
 
 import apsw
 
-from bot.memory import store
-from bot.memory.db import query_one, write_transaction
 from bot.memory.scope import ACTIVE
+from bot.memory.sql import store
+from bot.memory.sqlite.db import query_one, write_transaction
 from bot.memory.storage import storage_of
 
 

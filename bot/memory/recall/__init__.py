@@ -1,0 +1,1 @@
+"""Recall's portable steps: fusion, ranking, dates, name sub-queries, touches."""

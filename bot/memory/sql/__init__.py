@@ -1,0 +1,1 @@
+"""Portable SQL that both backends run: memories, history, privacy, leases, settings."""

@@ -1,0 +1,1 @@
+"""The vector search both backends share: numpy over each visibility key's vectors."""
