@@ -140,6 +140,7 @@ def main() -> None:
         for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
             p.unlink(missing_ok=True)
     out = args.out or RESULTS / f"concurrency-{args.size}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "cores": cores,
                                "rounds": rounds}, indent=1))
     print(f"saved {out}")

@@ -1,6 +1,6 @@
 """vec0 chunk sizes of the per-key layout compared on one database built by bench.speed.
 
-    .venv/bin/python -m bench.layouts --size 100000 --source /tmp/muninn-bench/<db> --layouts 8,16,32
+    .venv/bin/python -m bench.layouts --size 100000 --source bench/results/skew-100000-speed.db --layouts 8,16,32
 
 Each chunk size re-creates `vec_memories` in a copy of the speed database with
 `vectors.create_index(chunk_size=)` and the same rows `vectors.put` writes, then times the
@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label", default="layouts")
     args = parser.parse_args(argv)
     source = Path(args.source)
+    if not source.exists():
+        raise SystemExit(f"no database at {source}: build one with `python -m bench.speed --sizes {args.size}` first")
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
     raw = None
     rows = []
     for layout in args.layouts.split(","):
@@ -111,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
               f"db {row['db_bytes'] / 1e6:.0f} MB = {row['db_ratio']:.2f}x raw, bulk insert {build_s:.1f} s",
               flush=True)
     out = RESULTS / f"{args.label}-{args.size}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
     print(f"saved {out}")
 

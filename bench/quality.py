@@ -47,7 +47,9 @@ from .embed_server import MINILM_NAME, EmbedServerProcess
 from .shared_world import WorldSpec
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "eval" / "locomo-dev" / "locomo-dev.json"
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"  # git-ignored: the embedding cache and the JSON; made on demand
+# The last full run (every mode, protocol and world), kept to compare a new run with: bench/README.md.
+REFERENCE = Path(__file__).resolve().parent / "reference" / "quality.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 DIA_ID = re.compile(r"D\d+:\d+")
 MODES = ("bm25", "fts", "vector", "hybrid")
@@ -424,6 +426,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label", default="quality")
     parser.add_argument("--out", default=None, help="JSON file (default bench/results/<label>.json)")
     args = parser.parse_args(argv)
+    if not Path(args.data).exists():
+        parser.error(f"no LoCoMo dev split at {args.data}: put locomo-dev.json there or pass --data FILE")
     data = json.loads(Path(args.data).read_text())
     if args.conversations:
         data = data[: args.conversations]

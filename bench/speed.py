@@ -6,7 +6,7 @@
 The realistic shape (`SkewShape`): 2,000 users active by Zipf, 200 channels in 10 guilds,
 one busy channel holding 30 % of all memories, 2 % global, half personal (DM-origin and
 private-channel ones included). Worlds are built once and kept in bench/results/ (git-
-ignored). Per viewer class (typical, busy channel, heavy user in a DM, global-only): the
+ignored, made on demand). Per viewer class (typical, busy channel, heavy user in a DM, global-only): the
 product's `Engine.recall` without the embedding call, its steps and the numpy anchor over
 exactly that viewer's visible vectors, in one run; then, on a scratch copy, 20 concurrent
 recalls against one at a time, the DB side of storing an extracted fact (`_plan_updates` +
@@ -53,7 +53,7 @@ from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"  # git-ignored: worlds, caches, JSON; made on demand
 DIM = 768
 EMBED_MODEL = "hash-embed"
 DAY = 86400.0

@@ -332,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     results = asyncio.run(run(args))
     print_results(results)
     out = Path(args.out) if args.out else RESULTS / f"tail-{args.size}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "results": results,
                                "seconds": round(time.perf_counter() - started, 1)}, indent=2))
     print(f"saved {out} ({time.perf_counter() - started:.0f} s)")

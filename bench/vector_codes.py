@@ -58,13 +58,16 @@ def shortlist_recall(matrix: np.ndarray, queries: np.ndarray, share: float, k: i
         vector_codes.RERANK_SHARE, vector_codes.RERANK_MIN, vector_codes.RERANK_PER_K = saved
 
 
+MINILM_CACHE = speed.RESULTS / "embeddings-minilm.npz"  # bench.quality's embedding cache (LoCoMo turns)
+
+
 def unit_rows(matrix: np.ndarray) -> np.ndarray:
     return (matrix / np.linalg.norm(matrix, axis=1, keepdims=True)).astype(np.float32)
 
 
 def offline() -> dict:
     out: dict[str, Any] = {}
-    minilm = unit_rows(np.load(speed.RESULTS / "embeddings-minilm.npz")["vectors"].astype(np.float32))
+    minilm = unit_rows(np.load(MINILM_CACHE)["vectors"].astype(np.float32))
     order = np.random.default_rng(0).permutation(len(minilm))
     queries, indexed = minilm[order[:400]], minilm[order[400:]]
     out["minilm"] = {"rows": len(indexed), "queries": len(queries),
@@ -191,6 +194,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", default=str(speed.RESULTS))
     parser.add_argument("--out", default=None, help="JSON file to save")
     args = parser.parse_args(argv)
+    world = Path(args.workdir) / f"skew-{args.size}-{args.label}.db"
+    if args.offline and not MINILM_CACHE.exists():
+        raise SystemExit(f"no MiniLM vectors at {MINILM_CACHE}: run `python -m bench.quality` once (it caches them)")
+    if not args.offline and not world.exists():
+        raise SystemExit(f"no world at {world}: build it with `python -m bench.speed --sizes {args.size} "
+                         f"--label {args.label}` first")
     out = offline() if args.offline else asyncio.run(concurrency(args) if args.concurrency else online(args))
     out["load"] = os.getloadavg()
     if args.out:

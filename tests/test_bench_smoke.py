@@ -120,6 +120,23 @@ async def test_quality_benchmark_on_one_conversation(tmp_path):
                 assert 0.0 <= group["r5"] <= group["r10"] <= 1.0 and 0.0 <= group["mrr"] <= 1.0
 
 
+def test_the_reference_quality_run_has_the_layout_a_run_writes():
+    """bench/reference/quality.json is compared with by hand (bench/README.md): it must stay readable
+    as what `python -m bench.quality` writes today; a changed layout means a new reference run."""
+    reference = json.loads(quality.REFERENCE.read_text())
+    assert set(reference) == {"settings", "touch", "conversations", "results", "seconds"}
+    assert reference["settings"] == {} and reference["touch"] is True  # the defaults, as the bot asks
+    results = reference["results"]
+    assert set(results) == {*quality.PROTOCOLS, *quality.WORLDS, "touch_floor"}  # every protocol and world
+    for protocol in (results[p] for p in (*quality.PROTOCOLS, *quality.WORLDS)):
+        assert set(protocol) == set(quality.MODES)
+        for mode in protocol.values():
+            for group in quality.GROUPS:
+                assert set(mode[group]) == {"r5", "r10", "all10", "mrr", "n"}
+    hybrid, bm25 = results["+1d"]["hybrid"]["overall"], results["+1d"]["bm25"]["overall"]
+    assert hybrid["n"] == bm25["n"] == 383 and hybrid["r10"] > bm25["r10"]  # the LoCoMo dev split, categories 1-4
+
+
 def test_scores_are_the_share_of_evidence_found():
     assert quality.score(["a", "x", "y", "z", "w", "b"], {"a", "b"}) == pytest.approx(
         {"r5": 0.5, "r10": 1.0, "all10": 1.0, "mrr": 1.0})

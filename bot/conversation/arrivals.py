@@ -4,7 +4,7 @@ A bot reads a few things before it knows whether to answer a message (is it ment
 channel opted in, is the author's memory paused), and those reads take longer for some
 messages than for others (a database across the network takes a round trip each). So a
 message sent just before a mention could be recorded after the mention's answer had read
-the channel history, and be missing from its context (found on PostgreSQL, issue 13).
+the channel history, and be missing from its context (seen on PostgreSQL).
 
 The adapter calls `arrived` as a message comes in, before any await, and `settled` when it
 is recorded or dropped; an answer first waits, briefly, until the channel's earlier

@@ -198,7 +198,7 @@ class Neighbours:
         missing = [(mid, key) for mid, key in batch if mid not in self._found]
         if missing:
             # after the recalls in flight: a search that overlaps a recall shares the cores and the GIL
-            # with it (in smaller steps each would read a big key's vectors again: 3.5x longer runs)
+            # with it (in smaller steps each would read a big key's vectors again: much longer runs)
             await self.engine.yield_to_recalls()
             found = await self.engine.nearest_neighbours(missing, NEIGHBOURS)
             if found is None:

@@ -17,8 +17,8 @@ Thresholds (settings, chosen by measurement in docs/lifecycle.md):
   dedup_cosine   same fact again -> reinforce instead of insert (guarded, see below)
   update_cosine  older memories of the subject the LLM is asked about (update or not)
   link_cosine    semantic link between two memories of one visibility key
-Cosine alone cannot tell "Alice lives in Oslo" from "Alice lives in Bergen" (0.81 with
-MiniLM, above some true paraphrases), so a cosine duplicate must also pass the value
+Cosine alone cannot tell "Alice lives in Oslo" from "Alice lives in Bergen" (MiniLM puts
+them closer than some true paraphrases), so a cosine duplicate must also pass the value
 guard: the two texts may not each carry a number or name the other lacks.
 """
 from __future__ import annotations

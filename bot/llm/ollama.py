@@ -56,8 +56,8 @@ class OllamaBadResponse(OllamaError):
 
 def usable_vector(vector: Any) -> bool:
     """A non-empty list of finite numbers that is not all zeros. Checked with C-level builtins
-    (math.hypot is NaN or infinite for such input): this runs on the event loop, and the
-    per-element generator cost ~1 ms per 768-dim vector (bench/README.md, writes)."""
+    (math.hypot is NaN or infinite for such input): this runs on the event loop, and a
+    per-element generator was slow enough to hold it up on every embedding."""
     if not (isinstance(vector, list) and vector and set(map(type, vector)) <= {int, float}):
         return False
     try:

@@ -60,9 +60,9 @@ def vector_literal(vector: Sequence[float]) -> str:
 
 class VectorBinary(bytes):
     """pgvector's binary form of a vector (what `vector_recv` reads), sent as a binary parameter
-    of an unnamed type: the statement's `%s::vector` makes it one. 0.06 ms of CPU per 768-dim
-    vector where the text form (`vector_literal`: repr of each float, then parsed by the server)
-    took ~0.9 ms, inside the fact write's lock. The same float4 values are stored."""
+    of an unnamed type: the statement's `%s::vector` makes it one. It costs a small fraction of the
+    CPU of the text form (`vector_literal`: repr of each float, then parsed by the server),
+    inside the fact write's lock. The same float4 values are stored."""
 
 
 class _VectorBinaryDumper(Dumper):
@@ -117,8 +117,8 @@ def _keyword_statement(words: list[str], keys: list[str], *, all_words: bool, li
     match = (" && " if all_words else " || ").join(["plainto_tsquery('muninn', %s)"] * len(words))
     order = "m.id" if all_words else f"ts_rank_cd(m.text_search, {match}) DESC, m.id DESC"
     # As keywords.fts_candidates: the match written out (from a CTE the planner cannot see the
-    # words) and never prepared (one generic plan for every key and word). A/B at 100k, one
-    # process, load 8-10: any-word p50 44 -> 29 ms, p95 1.7 s -> 0.76 s; all-words the same.
+    # words) and never prepared (one generic plan for every key and word): that made the any-word
+    # statement faster, most of all in its tail; all-words the same.
     return (f"SELECT m.id, m.text FROM memories m WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) "
             f"AND m.text_search @@ ({match}) ORDER BY {order} LIMIT %s",
             [keys, *words, *([] if all_words else words), limit])
@@ -682,7 +682,7 @@ class PostgresStorage:
         themselves are returned: only they can be lent to (retrieval.lend_to_neighbours). Their
         times are tested here, from the candidates' decay rows that the same statement reads for
         final_order. (The recursive walk took one max()/min() seek per step and read the time of
-        every neighbour found, 2-4 times this statement's work; the portable one joins the walk
+        every neighbour found, several times this statement's work; the portable one joins the walk
         to `memories`, which PostgreSQL ran as a hash over every memory.)"""
         reach = retrieval.NEIGHBOUR_REACH
         if share <= 0 or not ranked or reach <= 0:

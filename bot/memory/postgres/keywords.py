@@ -7,7 +7,7 @@ or more is not counted, its estimate stands in (where the choice can differ from
 How much is ranked: when a searched word is common (over
 fts.common_limit), only the newest fts.COMMON_HITS visible matches among the newest
 fts.COMMON_WINDOW memories are ranked, as on SQLite; `ts_rank_cd` over every visible match
-of a word in 30 % of all memories was the keyword step's cost in a busy channel (issue 13).
+of a very common word dominated the keyword step's cost in a busy channel.
 """
 from __future__ import annotations
 
@@ -96,18 +96,19 @@ def forget_counts(conn: PgConnection | None = None, removed: int | None = None) 
 # estimate stands in for the count (fts.selective orders words by it and weighs it against
 # MATCH_BUDGET), capped at COMMON_EXACT + 1 (past it words tie and the longer wins, as on
 # SQLite). Counting was a scan of the word's GIN entry up to the limit (1,501 at 100k), or up to
-# COMMON_EXACT when a query held only common words (13-47 ms at 100k: the typical class's tail,
-# issue 13); words of 500-1,500 memories were the count statement's remaining cost. Rarer words,
+# COMMON_EXACT when a query held only common words (the slow tail of a typical recall's keyword
+# step); words of 500-1,500 memories were the count statement's remaining cost. Rarer words,
 # words of several stems and databases never analysed are counted. The statistics (PostgreSQL
 # migration 14) are of active memories only and sample 120,000 rows: at 100k every row, so the
-# estimates are the counts as of the last ANALYZE; past it a word of 250 in 1M is within ~15 %.
+# estimates are the counts as of the last ANALYZE; past it they come from a sample: close, not exact.
 # Near MATCH_BUDGET or the common limit a word's class can therefore differ from SQLite's.
 ESTIMATE_MIN = 250
 # Per database URL: (stem -> estimated active memories holding it, when read). Read again
 # after fts.COUNT_TTL_S (autovacuum's ANALYZE renews the statistics as the table changes) in
 # the background (`refresh_estimates` on the engine's loader thread): a recall uses the last
-# read and never waits for one (it took 10-65 ms at 100k, 190-340 ms at 1M, inside one recall
-# per 10 minutes). Until the first read, and while the statistics are off, every word is counted.
+# read and never waits for one (inside a recall, the read made one recall per 10 minutes much
+# slower, the more so the bigger the database). Until the first read, and while the statistics
+# are off, every word is counted.
 _estimates: dict[str, tuple[dict[str, int], float, list[str]]] = {}  # + the stems not counted
 _refreshing: dict[str, float] = {}  # database -> when its read was handed to the loader
 _generation: dict[str, int] = {}    # database -> estimates dropped so far (forget_counts)
@@ -120,8 +121,8 @@ REFRESH_STUCK_S = 60.0  # a read handed over this long ago never ran (its engine
 # index memories_active_vis): a mass delete or archive since the ANALYZE (fewer active now than
 # (1 - STATS_DRIFT) x then) would make the estimates call words common that are not: none are
 # used then. Not pg_stat_user_tables' n_mod_since_analyze: every recall's touch is an UPDATE
-# there, and an archive is an UPDATE alike. The count is off the recall (background), 13-55 ms at
-# 100k once per fts.COUNT_TTL_S.
+# there, and an archive is an UPDATE alike. The count is off the recall (background), once
+# per fts.COUNT_TTL_S.
 STATS_DRIFT = 0.05
 _STATS = ("SELECT e.most_common_elems::text::text[], e.most_common_elem_freqs, e.null_frac, c.reltuples, "
           "(SELECT count(*) FROM memories WHERE archived_at IS NULL) FROM pg_class c "
@@ -280,8 +281,8 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
         # A common word: the newest COMMON_HITS visible matches, walked newest first per visibility
         # key in the (vis_key, id) index that carries text_search (migration 11; `id > 0` selects
         # it), so only the viewer's own rows are matched and no heap page is read. Walking all ids
-        # matched 16-20k tsvectors of other viewers' memories per recall (50-70 ms in a busy
-        # channel under load). The window ends at the viewer's newest memory, as on SQLite
+        # matched the tsvectors of every other viewer's memories in the window, per recall (slow in
+        # a busy channel under load). The window ends at the viewer's newest memory, as on SQLite
         # (fts.newest_visible_id), read in the same statement (one seek per key).
         window = ""
         if as_of is None:  # a recall as of a past moment has no "newest memories" to cut at
@@ -296,7 +297,7 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
     else:
         # The match is written out here, not read from a CTE: from a CTE the planner cannot see
         # the words and guesses 500 matches for any of them, so it led with the GIN index for a
-        # word in 40 % of memories (a 42k-entry bitmap: 10-30 ms) where the newest ids took 5 ms.
+        # very common word (a bitmap of much of the table) where walking the newest ids was far faster.
         hits = (f"SELECT m.id, m.text_search FROM memories m WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) "
                 f"AND m.text_search @@ ({match}){since}")
         hit_params = [keys, *words, *after]
@@ -304,7 +305,7 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
     # Never a prepared statement: psycopg prepares a statement after its 5th run, and PostgreSQL
     # then may settle on one generic plan for every viewer and word, while whether the GIN match,
     # the newest ids or the (vis_key, id) index should lead depends on these very values.
-    # Planning each time costs ~0.3 ms; the generic plan cost a busy viewer 40 ms (issue 13).
+    # Planning each time costs little; the generic plan cost a busy viewer far more.
     # The last row, id NULL, carries the index state (INDEX_STATE_SQL): one round trip less.
     rows = conn.pg.execute(
         f"(SELECT h.id, -{score} AS score, NULL::text FROM ({hits}) h ORDER BY score ASC, h.id DESC LIMIT %s) "

@@ -160,9 +160,9 @@ MIGRATIONS: list[str] = [
     """,
     # 7: vectors kept in their table row (STORAGE MAIN) instead of TOAST: a 768-dimensional
     # vector (3 kB) was moved out of line, so every exact-scan candidate cost 2-3 extra page
-    # reads; inline the scan reads a third of the pages and the vector step takes ~40 % less
-    # time (issue 13). MAIN still moves a vector out of line when it cannot fit a page. The
-    # rewrite moves the stored vectors in (minutes for 100k vectors: the HNSW index takes the
+    # reads; inline the scan reads far fewer pages and the vector step takes much less
+    # time. MAIN still moves a vector out of line when it cannot fit a page. The
+    # rewrite moves the stored vectors in (slow on a big table: the HNSW index takes the
     # new row versions too); ANALYZE gives the planner the visibility keys' counts.
     """
     ALTER TABLE memory_vectors ALTER COLUMN embedding SET STORAGE MAIN;
@@ -201,18 +201,17 @@ MIGRATIONS: list[str] = [
     CREATE TRIGGER vector_changes_prune AFTER DELETE ON vector_changes
         REFERENCING OLD TABLE AS pruned FOR EACH STATEMENT EXECUTE FUNCTION vector_changes_pruned();
     """,
-    # 9: no HNSW index (issue 13). Each process's vector cache answers the vector searches; the
-    # server searches only keys still loading (~1 s after a start, in the background) or beyond
+    # 9: no HNSW index. Each process's vector cache answers the vector searches; the
+    # server searches only keys still loading (briefly after a start, in the background) or beyond
     # the cache's budget. For those the index bought nothing: psycopg prepares a statement at its
-    # 5th run, and PostgreSQL's generic plan for it was the exact scan (busy viewer at 100k: HNSW
-    # as shipped 269 ms median, exact 264 ms; planned per call the index answered in ~65 ms but
-    # with recall@10 0.12 against the exact scan on the bench world). Inserting into it was most
-    # of a fact write's server time: one writer at 10k, wall per fact 100 / 84 ms with it, 68 / 57
-    # ms without (interleaved runs, load 7-9); m = 8, ef_construction = 32 saved most of that
-    # (78 / 60 ms) but halved the recall (0.06). The server's search is now the exact scan
-    # (bitmap over the vis_key index + top-N sort: ~2-40 ms under 5k visible vectors, ~260-400 ms
-    # for the busy viewer's 32k at 100k on 2 loaded cores), a scrub's vector rewrite no longer
-    # rebuilds a graph, and the table's index takes no ~390 MB at 100k.
+    # 5th run, and PostgreSQL's generic plan for it was the exact scan (for a busy viewer the index
+    # as shipped was no faster than the exact scan; planned per call it was faster but found only
+    # a small part of the exact top 10). Inserting into it was most of a fact write's server
+    # time; m = 8, ef_construction = 32 saved most of that but halved even that recall. The
+    # server's search is now the exact scan (bitmap over the vis_key index + top-N sort: fast for
+    # a few thousand visible vectors, slow for a busy viewer's tens of thousands), a scrub's
+    # vector rewrite no longer rebuilds a graph, and the table carries no index as big as its
+    # vectors.
     """
     DROP INDEX IF EXISTS memory_vectors_hnsw;
     """,
@@ -239,10 +238,10 @@ MIGRATIONS: list[str] = [
     # 11: the (vis_key, id) index of active memories again, carrying text_search: a query of a
     # common word ranks only the newest matches the viewer sees (keywords.py), walked newest
     # first per key in this index with no heap read (index-only). Walking the newest ids of all
-    # memories matched 16-20k tsvectors of other viewers' memories per recall (issue 13).
+    # memories matched the tsvectors of other viewers' memories too, per recall.
     # `id > 0` holds for every memory; it is there so that only statements saying it use this
     # index: the planner took it for the GIN-led match of rare words too (an index-only walk of
-    # all 30k memories a busy viewer sees, 4 -> 100 ms).
+    # every memory a busy viewer sees, far slower).
     """
     CREATE INDEX IF NOT EXISTS memories_active_vis_words ON memories (vis_key, id) INCLUDE (text_search)
         WHERE archived_at IS NULL AND id > 0;
@@ -256,9 +255,9 @@ MIGRATIONS: list[str] = [
     # 13: the keyword index without its pending list (GIN `fastupdate`): new memories' words
     # went to an unsorted list that every keyword search and word count read whole until a
     # VACUUM merged it (autovacuum waits for 20 % of the table inserted, 20,000 memories at
-    # 100k; the list may grow to 4 MB). After the bench's 2,000 new memories a word's lookup took
-    # 3.3 ms instead of 0.4 (p50, load 10); with the list off, 0.6 ms after 100 inserts against
-    # 2.9 with it, and an insert was no slower (12.0 vs 13.3 ms p50: the word entries are a small
+    # 100k; the list may grow to 4 MB). After a few thousand new memories a word's lookup was
+    # several times slower; with the list off, lookups stay fast as memories are inserted,
+    # and an insert was no slower (the word entries are a small
     # part of a memory's write). The list there now is merged once, here.
     """
     ALTER INDEX memories_text_search SET (fastupdate = off);
@@ -268,17 +267,17 @@ MIGRATIONS: list[str] = [
     # index), so a match under one key (`vis_key = k` AND text_search @@ q) can intersect the
     # key's and the words' entries in the index instead of reading every match's row to check
     # its key. (`vis_key = ANY(keys)`, the rare-word statement's, cannot: GIN has no array
-    # search, the rows are filtered as before; tests/test_postgres_schema.py.) At 100k, the
-    # same code on copies differing only in this index, 640 keyword statements each way: p50
-    # 1.18 -> 0.89 ms, p95 6.5 -> 3.9 (load 4; which statements gained was not broken down). A
+    # search, the rows are filtered as before; tests/test_postgres_schema.py.) On copies of a
+    # database differing only in this index, the keyword statements were faster with it, most
+    # in their tail (which statements gained was not broken down). A
     # word alone (its count) still uses it: GIN answers any subset of its columns. Same name, so
     # `muninn migrate` and migration 13's option apply.
     # Word statistics of active memories only (an expression's statistics: archived rows are
     # NULL there, so an archived share no longer skews the estimates: keywords.estimates),
     # with 400 as their target: 4,000 most common stems, not 1,000, and a 120,000-row sample
     # (all of a 100k table). Not the column's own target: the planner reads the column's
-    # statistics for every keyword statement, and 4,000 stems there made a one-word count
-    # 0.22 -> 0.30 ms (p50; planned each time), where these are read once per 10 minutes.
+    # statistics for every keyword statement, and 4,000 stems there made every one-word count
+    # slower to plan, where these are read once per 10 minutes.
     """
     CREATE EXTENSION IF NOT EXISTS btree_gin;
     DROP INDEX IF EXISTS memories_text_search;

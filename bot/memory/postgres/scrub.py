@@ -10,8 +10,8 @@ VACUUM FULL copies the live rows into new files (table, TOAST and every index) a
 old ones. It holds an exclusive lock on the table while it runs, in proportion to its size.
 
 So a forget rewrites only what held the words, at once while that is quick: `memories`
-(text, its tsvector and GIN index: 46 ms at 2,000 memories, 101 ms at 8,000, 3.3-3.7 s at
-100,000 on 2 loaded cores) or `messages` (2-18 ms). A table past REWRITE_AT_ONCE_BYTES is
+(text, its tsvector and GIN index: quick while the table is small, seconds once it is
+big) or `messages`. A table past REWRITE_AT_ONCE_BYTES is
 left to the next maintenance run (`finish`), as a single forget's words are: its rewrite
 would hold every recall behind its lock for seconds. The vectors (derived from the text, not
 the text) are always rewritten by the next maintenance run (a 768-dimensional vector is 3 kB:
@@ -38,8 +38,8 @@ VECTORS_PENDING = "scrub.vectors_pending"  # meta key: forgotten vectors await t
 # must not stall all recalls behind one long transaction. Past this wait the rewrite is left
 # to the next maintenance run (storage.mark_pending).
 LOCK_WAIT = "2s"
-# A rewrite at once holds the table's exclusive lock for ~100 ms at this size (memories: ~60 ms
-# a MB with its indexes on 2 loaded cores); bigger tables wait for maintenance.
+# A rewrite at once holds the table's exclusive lock only briefly at this size (the time grows
+# with the table and its indexes); bigger tables wait for maintenance.
 REWRITE_AT_ONCE_BYTES = 2 << 20
 
 
@@ -54,7 +54,7 @@ def scrub(conn: PgConnection, forgotten: Sequence[str]) -> None:
     if len(small) < len(tables) or not rewrote:  # too big to rewrite now, or locked out: maintenance does
         mark_pending(conn, MESSAGES_PENDING if tables == ["messages"] else SCRUB_PENDING)  # only what held them
     if "memories" in forgotten:  # the vectors' bytes go in `finish` (a plain VACUUM here removed none and
-        mark_pending(conn, VECTORS_PENDING)  # held the writer 0.3-0.5 s at 100k)
+        mark_pending(conn, VECTORS_PENDING)  # held the writer long on a big table)
 
 
 def finish(conn: PgConnection) -> bool:
@@ -65,7 +65,7 @@ def finish(conn: PgConnection) -> bool:
     marks = pending_marks(conn, (SCRUB_PENDING, MESSAGES_PENDING, VECTORS_PENDING))
     words, history, vectors = (key in marks for key in (SCRUB_PENDING, MESSAGES_PENDING, VECTORS_PENDING))
     # An edited or deleted message that taught nothing left its words in `messages` only: the
-    # big tables (memories: 3.3-3.7 s at 100k, under a lock every recall waits behind) stay.
+    # big tables (memories: seconds on a big one, under a lock every recall waits behind) stay.
     tables = (["memories", "messages"] if words else ["messages"] if history else []) \
         + (["memory_vectors"] if words or vectors else [])
     if not tables or not _rewrite(conn, tables):

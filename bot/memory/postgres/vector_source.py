@@ -109,7 +109,7 @@ class PostgresVectorSource:
         return int(row[0]) if row else 0
 
     def load_key(self, conn: PgConnection, info: IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One statement, vectors in binary (text would cost ~10x to parse). `memory_vectors`
+        """One statement, vectors in binary (text would cost far more to parse). `memory_vectors`
         holds exactly the active memories' vectors (archiving and deleting remove the row)."""
         with conn.pg.cursor(binary=True) as cursor:
             rows = cursor.execute("SELECT memory_id, created_at, vector_send(embedding) FROM memory_vectors "

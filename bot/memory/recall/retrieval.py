@@ -142,7 +142,7 @@ def fts_candidates(conn: apsw.Connection, query: str, keys: list[str], limit: in
         return found
     hits, params = planned.hits  # `hits(id, relevance)`: matches first or the visible set first (fts.py)
     # Every hit is an active, visible memory already (fts.py checks its row): joining memories
-    # again cost one row lookup per hit, 15-30 % of the query at 100k (issue 12).
+    # again cost one row lookup per hit, a large share of the query.
     sql = (
         f"WITH {hits} "
         "SELECT h.id, h.relevance AS score "  # relevance only: time enters later, as a tie-breaker (ranking.py)
@@ -189,7 +189,7 @@ _NO_RANK = 10**9
 
 def _rank_key(c: Candidate) -> tuple[float, int, bool, int]:
     # rank() sorts every recall's candidates three times (fuse, neighbour loan, final order): no
-    # generator per candidate (issue 12: CPU per recall)
+    # generator per candidate (it counts in every recall's CPU)
     fts_rank, vector_rank = c.fts_rank, c.vector_rank
     if fts_rank is None:
         best = _NO_RANK if vector_rank is None else vector_rank
@@ -200,8 +200,8 @@ def _rank_key(c: Candidate) -> tuple[float, int, bool, int]:
 
 NEIGHBOUR_WINDOW_S = 3600.0
 # Each hit lends to the NEIGHBOUR_REACH memories on either side of it; the one n places away
-# gets share x NEIGHBOUR_FALLOFF^(n-1). LoCoMo dev (bench/README.md, round 3): reach 1 -> 2
-# at falloff 0.8 took hybrid R@10 0.727 -> 0.746; reach 3-4 and other falloffs were flat.
+# gets share x NEIGHBOUR_FALLOFF^(n-1). On LoCoMo dev, reach 2 at falloff 0.8 raised hybrid
+# recall over reach 1; reach 3-4 and other falloffs were flat.
 NEIGHBOUR_REACH = 2
 NEIGHBOUR_FALLOFF = 0.8
 
@@ -212,15 +212,15 @@ def spread_to_neighbours(conn: apsw.Connection, ranked: list[Candidate], keys: l
     just after it under the same visibility key, and a falling share to those up to `reach`
     places away (within NEIGHBOUR_WINDOW_S of the hit; the largest loan counts). What was
     said around a matching line is its context: an answer often shares few words with the
-    question while the line before it shares many (LoCoMo dev, hybrid: R@5 0.575 -> 0.631,
-    bench/README.md). Only candidates are re-ranked; nothing new surfaces."""
+    question while the line before it shares many (the loan raised hybrid recall on LoCoMo
+    dev). Only candidates are re-ranked; nothing new surfaces."""
     reach = NEIGHBOUR_REACH if reach is None else reach
     if share <= 0 or not ranked or reach <= 0:
         return ranked
     by_id = {c.memory_id: c for c in ranked}
     # Only a hit with another candidate under its key within the window can lend anything: walk
-    # from those alone, the same loans for less (the walk from every hit was ~0.9 ms of CPU per
-    # recall at 100k, issue 12; where candidates are spread over months none is walked).
+    # from those alone, the same loans for less (the walk from every hit was a noticeable share of
+    # a recall's CPU; where candidates are spread over months none is walked).
     ids = lenders(conn, by_id, keys)
     if not ids:
         return rank(by_id.values())
@@ -301,7 +301,7 @@ def graph_neighbours(conn: apsw.Connection, seeds: list[Candidate], keys: list[s
         f" SELECT target_id, source_id, kind, weight FROM memory_links WHERE target_id IN ({marks})"
         # CROSS JOIN (SQLite keeps that order; PostgreSQL plans it freely): the links first. With one
         # visible key (a DM of someone without memories) SQLite otherwise walked all of that key's
-        # memories to probe each for links (1.2 ms at 100k, with no links at all).
+        # memories to probe each for links (a real cost even with no links at all).
         f") l CROSS JOIN memories m WHERE m.id = l.other AND l.kind IN ({kinds}) AND {where} AND m.{ACTIVE}"
         + (" AND m.created_at <= ?" if as_of is not None else ""))
     params: list = [*seed_ids, *seed_ids, *GRAPH_LINK_KINDS, *key_params]

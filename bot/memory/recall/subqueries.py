@@ -3,16 +3,16 @@
 The keyword path ORs the question's words and leaves out words found in many memories
 (fts.selective, a speed rule counted over the whole database). A person's name is such a
 word wherever that person talks a lot, yet it is what separates "what did Caroline paint?"
-from a busy room's other talk about painting (the shared-world protocol, bench/README.md
-round 4), and in multi-hop questions what the second piece of evidence shares with the
+from a busy room's other talk about painting (the benchmark's shared-world protocol), and
+in multi-hop questions what the second piece of evidence shares with the
 first. So for each name of the question (a capitalised word inside the sentence, not a
 month or weekday) that the plain query left out, the keyword hits holding the name form a
 second list (in their order), fused into the keyword list by Reciprocal Rank Fusion before
 the keyword list meets the vector list (retrieval.fuse): a hit that has the name and the
 words climbs over one that has only the words. A name the plain query searched already
 counts there; querying it again only pushed the named person's lines over the answer
-when the question names the wrong person (LoCoMo's adversarial questions, hybrid MRR 0.532 ->
-0.447 querying every name, 0.502 querying only the left-out ones).
+when the question names the wrong person (it lowered the hybrid MRR of LoCoMo's adversarial
+questions, most when every name was queried, less when only the left-out ones were).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from bot.memory.recall.retrieval import Candidate
 from bot.memory.sqlite import fts
 from bot.memory.storage import storage_of
 
-# Chosen on LoCoMo dev (bench/README.md, round 4): the name list's weight against the
+# Chosen on LoCoMo dev: the name list's weight against the
 # plain keyword list's 1.0, both at RRF k = ENTITY_K.
 ENTITY_WEIGHT = 0.5
 ENTITY_K = 3.0
@@ -55,9 +55,9 @@ def names(question: str) -> list[str]:
 def name_hits(conn: apsw.Connection, question: str, hits: list[Candidate]) -> list[Candidate]:
     """Of the plain keyword hits (already scoped and dated, each holding a searched word), those
     whose text holds a name of the question that the plain query left out, in their order.
-    The texts are read by id: an FTS5 `name AND (words)` query cost 5 ms per recall at 43k
-    memories over the whole index and ~50 ms limited to the hits' rowids (FTS5 evaluates the
-    whole MATCH for each rowid of an IN list), for the same ranking (bench/README.md)."""
+    The texts are read by id, cheaper than an FTS5 `name AND (words)` query over the whole
+    index and far cheaper than one limited to the hits' rowids (FTS5 evaluates the
+    whole MATCH for each rowid of an IN list), for the same ranking."""
     mentioned = names(question)
     if not hits or not mentioned:
         return []

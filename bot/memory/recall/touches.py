@@ -2,10 +2,10 @@
 the recalls waiting to touch, instead of one each.
 
 Every recall ends by touching what it found relevant (a write through the engine's single
-writer thread) and loading what it returns. With 20 recalls in flight each touch was its own
+writer thread) and loading what it returns. With many recalls in flight each touch was its own
 writer job and its own commit, and every commit makes each read connection drop its page
-cache before its next statement (the keyword step then costs ~1-1.5 ms more at 100k;
-bench/README.md, issue 12). Here the first touch starts a drain: one writer job applies every
+cache before its next statement (the keyword step then reads its pages again, noticeably
+slower). Here the first touch starts a drain: one writer job applies every
 touch queued by then, in arrival order, in one transaction, then loads all their memories in one
 query; touches queued meanwhile go in the next job. Each touch is the same UPDATE with its own
 recall's time as before, so last_accessed, access_count and stability end exactly as if each

@@ -12,7 +12,7 @@ Why a row and not an OS file lock beside the database: a lock file would be rele
 kernel at once when a process dies, but it is a second file to deploy and clean up, flock
 semantics differ on network and Windows file systems, and nothing outside the process could
 see who holds it. The row is inside the one file Muninn already shares, `muninn doctor` and
-the logs can name its holder, and it maps one to one onto the PostgreSQL backend of issue 13
+the logs can name its holder, and it maps one to one onto the PostgreSQL backend
 (`pg_try_advisory_lock`, or the same row under `SELECT ... FOR UPDATE`).
 """
 from __future__ import annotations

@@ -354,7 +354,7 @@ def touch_many(conn: apsw.Connection, recalls: Iterable[tuple[Iterable[int], flo
     with write_transaction(conn):
         for memory_ids, now in recalls:
             ids = list(memory_ids)
-            if ids:  # one statement a recall (not one per memory: each step hands the GIL over, issue 12)
+            if ids:  # one statement a recall (not one per memory: each step hands the GIL over)
                 conn.execute(
                     "UPDATE memories SET access_count = access_count + 1, last_accessed = max(?, coalesce(last_accessed, 0)), "
                     f"stability = min(stability * ?, ?) WHERE id IN ({','.join('?' * len(ids))}) AND {ACTIVE}",

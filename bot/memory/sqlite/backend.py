@@ -55,8 +55,8 @@ class SQLiteStorage:
         conn.execute("PRAGMA query_only = 1")
         # No memory map on the readers. After any commit (each recall's touch is one) a reader
         # drops its map with its page cache and maps the file again at its next statement, and
-        # every page it then reads costs a fault: the keyword step took 1.3-2.5 ms more after a
-        # write with the 256 MB map, 0.1-0.2 ms without (100k, bench/README.md, issue 12). Read
+        # every page it then reads costs a fault: the keyword step after a write was far slower
+        # with the map than without. Read
         # through the OS page cache instead; the writer keeps its map (its own commits keep it).
         conn.execute("PRAGMA mmap_size = 0")
         if self.vector_cache is not None:
@@ -210,7 +210,7 @@ class SQLiteStorage:
         with self._own_checkpoint():
             if SCRUB_PENDING in marks:
                 store.scrub(conn)
-            else:  # the history's words only: `messages` has no FTS index (optimize: ~180 ms at 100k under
+            else:  # the history's words only: `messages` has no FTS index (optimize: slow on a big database, under
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the write lock); secure_delete zeroed the pages
         clear_marks(conn, marks)  # only once it worked: a failed scrub is retried next time
         return True

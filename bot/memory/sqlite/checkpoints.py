@@ -1,8 +1,8 @@
 """WAL checkpoints off the commit path.
 
 SQLite's automatic checkpoint runs inside the commit that pushes the WAL past 1,000 pages, on
-the writer's thread: median 9-20 ms at 100k memories, the longest 180-780 ms (bench/README.md,
-round 7), and whatever waited for the writer (a recall's touch) waited for it too (issue 12).
+the writer's thread, where the longest ones take far longer than a recall, and whatever
+waited for the writer (a recall's touch) waited for it too.
 Here the writer stops checkpointing (`wal_autocheckpoint` off; our WAL hook takes its place)
 and, once the WAL has grown another `EVERY_PAGES` pages past what the last checkpoint saw, a
 PASSIVE checkpoint (it never waits for readers or the writer) is queued on the engine's
@@ -11,8 +11,8 @@ failed one loses nothing (the pages stay in the WAL) and the next one tries agai
 
 SQLite starts the WAL over at a write that begins once every page in it has been copied. Inside
 the commit that was always so; from another thread, in a burst of writes the next write has
-begun before the checkpoint ends, and the WAL grew without end (1,957 pages after 100 writes in
-a test, where the automatic checkpoint kept it near 1,000). So a background checkpoint that
+begun before the checkpoint ends, and the WAL grew without end (where the automatic
+checkpoint kept it near 1,000 pages). So a background checkpoint that
 caught up with a WAL longer than RESTART_AFTER x EVERY_PAGES asks for a RESTART checkpoint
 without waiting (busy timeout 0): it takes the write lock for the few pages written meanwhile,
 or, when the writer or a reader is busy, gives up at once and is tried again after the next commit.
@@ -41,9 +41,9 @@ from bot.memory.sqlite.db import BUSY_TIMEOUT_MS
 log = logging.getLogger(__name__)
 
 EVERY_PAGES = 1000  # SQLite's own automatic checkpoint threshold
-RESTART_AFTER = 2   # x EVERY_PAGES: a WAL this long is started over once a checkpoint has caught up (inline: ~1x)
+RESTART_AFTER = 2   # x EVERY_PAGES: a WAL this long is started over once a checkpoint has caught up (inline: near EVERY_PAGES)
 # x EVERY_PAGES grown past the last checkpoint while one still waits for the background thread
-# (busy with a long job: the start-up warm takes ~25 s at 1M memories): the writer checkpoints
+# (busy with a long job, such as the start-up warm of a big database): the writer checkpoints
 # itself, as SQLite would have, rather than let the WAL grow without end.
 INLINE_AFTER = 4
 HISTORY = 256       # checkpoints remembered for the benchmarks and tests

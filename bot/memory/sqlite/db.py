@@ -81,7 +81,7 @@ def connect(path: Path | str, *, migrate_schema: bool = True) -> apsw.Connection
 
 def vec_path() -> str:
     """Where the sqlite-vec wheel keeps its loadable library (`import sqlite_vec` would pull numpy
-    in, which costs a command-line call 150 ms)."""
+    in, which slows every command-line call noticeably)."""
     spec = importlib.util.find_spec("sqlite_vec")
     if spec is None or not spec.submodule_search_locations:
         raise DatabaseError("sqlite-vec is not installed: run `pip install sqlite-vec`")

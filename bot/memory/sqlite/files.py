@@ -24,7 +24,7 @@ FILE_MODE = 0o600
 FOLDER_MODE = 0o700
 MUNINN_TABLES = {"meta", "memories"}
 # How long a file that looks truncated while it has a WAL is given to be a checkpoint mid-copy
-# (one takes 10-25 ms at 100k memories, its longest seen 0.8 s on a loaded machine).
+# (one usually takes milliseconds, and stays well within this even on a loaded machine).
 CHECKPOINT_WAIT_S = 2.0
 
 

@@ -2,8 +2,8 @@
 
 Only `\\w+` runs survive (so quotes, AND/OR/NOT/NEAR, `*`, `^`, `:`, brackets and
 emoji are gone), stop words are dropped, duplicates removed, the count capped, and
-each token is wrapped in double quotes and OR'd. Measured safe over 148,620 hostile
-queries (see shared notes). Returns None when nothing searchable is left.
+each token is wrapped in double quotes and OR'd. Checked safe against a large corpus
+of hostile queries. Returns None when nothing searchable is left.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def match_expression(text: str, conn=None) -> str | None:
 # A word found in more than COMMON_SHARE of all memories (and in at least COMMON_MIN_DOCS)
 # is left out of the search: its BM25 weight is near zero, yet every row it matches must
 # be joined and scope-checked, which made the keyword path grow with the whole database
-# instead of with what the viewer can see (bench/README.md). The KEEP_RAREST rarest words
+# instead of with what the viewer can see. The KEEP_RAREST rarest words
 # that occur at all always stay, so a query of common words still finds something (a word
 # found nowhere must not take that place). `max(id)` stands in for the number of memories:
 # it costs nothing, and overcounting only makes pruning more cautious.
@@ -83,8 +83,8 @@ COMMON_HITS = 1000
 DENSE_VISIBLE = 5000
 # A query of only common words keeps the rarest of them, counted exactly up to COMMON_EXACT
 # (above it they tie, and the longest wins), and looks for it among the newest COMMON_WINDOW
-# memories only. Scanning a word's whole doclist (70 % of 100k memories in the benchmark) cost a
-# small viewer 15-45 ms and grows with the database; within the window it is bounded (issue 12).
+# memories only. Scanning a word's whole doclist (most memories, for the commonest words) cost even a
+# small viewer dearly and grows with the database; within the window it is bounded.
 # A word that common carries almost no BM25 weight: the vector path finds the older memories.
 COMMON_EXACT = 20_000
 COMMON_WINDOW = 20_000
@@ -131,7 +131,7 @@ def common_limit(conn, newest: int | None = None) -> int:
 
 def newest_visible_id(conn, keys: list[str]) -> int:
     """The newest active id under `keys`, one seek per key in the partial index of active
-    memories (without `archived_at IS NULL` SQLite scans the table: 12-18 ms at 100k). The
+    memories (without `archived_at IS NULL` SQLite scans the table). The
     common-word window ends here, not at the database's newest memory: a viewer whose memories
     are all older than the last COMMON_WINDOW stored (a quiet DM in a busy bot) would otherwise
     find none of them by a common word (bench.quality's crowded world)."""
@@ -151,10 +151,10 @@ def newest_id(conn) -> int:
 # from the (vis_key, id) index and probes each keyword match against it: right when the words
 # are common. Match-first runs the MATCH alone and checks each match's key (MATCH_CHECK_INDEX):
 # right when the words are rare, since a viewer in a busy channel sees tens of thousands of
-# memories (12 ms to list 32k ids, under 1 ms to check a few hundred matches; issue 12). The
+# memories (listing them costs far more than checking a few hundred matches). The
 # plan with fewer rows to visit wins: the matches are counted per word (capped, cached) and
-# the visible set only up to that many. (Weighing a match as 3-4 visible ids, as the costs of a
-# seek and of a step along the index suggest, made no measurable difference: issue 12.)
+# the visible set only up to that many. (Weighing a match as several visible ids, as the costs of a
+# seek and of a step along the index suggest, made no measurable difference.)
 MATCH_CHECK_INDEX = "memories_id_vis"  # (id, vis_key, archived_at): SQLite migration 12
 
 
@@ -172,7 +172,7 @@ def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
     `keys`, with its parameters (None when nothing is searchable).
     `max(id)` is read once here (it sets both the common limit and the window)."""
     # memories other processes removed since the last plan: their words' counts go (removals.py);
-    # the counter and max(id) in one statement (each statement hands the GIL over: issue 12)
+    # the counter and max(id) in one statement (each statement hands the GIL over)
     removed, newest = conn.execute(f"SELECT (SELECT value FROM meta WHERE key = ?), ({NEWEST_ID_SQL})",
                                    (removals.KEY,)).fetchall()[0]
     removals.observe(_database(conn), removed, lambda removed: forget_counts(conn, removed))
@@ -189,13 +189,13 @@ def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
     # A count past the limit is only a lower bound (the word may be in half of all memories):
     # then only the newest COMMON_HITS visible matches among the COMMON_WINDOW memories up to the
     # viewer's newest are ranked (FTS5 walks the matches newest first from the window's start and stops there),
-    # found from the FTS side for a viewer who sees much of the window (a busy channel: ~3
-    # matches per hit), from the visible set otherwise (4 ms instead of 8 for a heavy DM user).
+    # found from the FTS side for a viewer who sees much of the window (a busy channel: few
+    # matches walked per hit), from the visible set otherwise (cheaper for a heavy DM user).
     common = max(counts) > limit
     relevance, scored = "bm25(memories_fts)", []
     if common:
-        # bm25() would walk the common word's whole doclist to count it, every query (3.5 ms
-        # at 100k, growing with the database): score with the counts selective() has cached.
+        # bm25() would walk the common word's whole doclist to count it, every query (a cost
+        # growing with the database): score with the counts selective() has cached.
         # Each word's count, in the expression's order (its phrases' order): the common one's as
         # selective() counted it (exactly up to COMMON_EXACT), the others' (none found, when
         # counted) as plan counted them.
@@ -217,7 +217,7 @@ def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
     in_window = " AND memories_fts.rowid > ? AND memories_fts.rowid <= ?" if window else ""
     if match_first:
         # Each match's key is read from the small (id, vis_key, archived_at) index, one seek,
-        # not from its row in memories (~20 rows a page: a page read per match after any write
+        # not from its row in memories (a few rows a page: a page read per match after any write
         # emptied the reader's page cache). The `+` keeps SQLite from seeking once per key.
         # A recall as of a past moment needs created_at: that reads the row.
         check = "memories" if as_of is not None else f"memories INDEXED BY {MATCH_CHECK_INDEX}"
@@ -362,7 +362,7 @@ def doc_count(conn, word: str, limit: int) -> int:
 def doc_counts(conn, words: list[str], limit: int) -> dict[str, int]:
     """doc_count of each of `words`: the cached ones from the cache, the others counted in one
     statement (a query's new words were a statement each, and each statement hands the GIL
-    over between the read connections' threads: issue 12)."""
+    over between the read connections' threads)."""
     cache = _counts.setdefault(_database(conn), {})
     now = time.monotonic()
     out: dict[str, int] = {}

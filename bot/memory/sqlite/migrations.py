@@ -173,9 +173,9 @@ MIGRATIONS: list[str] = [
     -- (no statement)
     """,
     # 12: a memory's visibility key by id,
-    # ~25 times smaller than the table. The keyword path checks each FTS match here (fts.plan):
+    # much smaller than the table. The keyword path checks each FTS match here (fts.plan):
     # reading the match's row cost a page read per match once a write emptied the reader's
-    # page cache (the busy channel's keyword step, issue 12).
+    # page cache (it dominated the busy channel's keyword step).
     """
     CREATE INDEX memories_id_vis ON memories (id, vis_key, archived_at);
     """,

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _warnings = Throttle()
 
-DEFAULT_CHUNK_SIZE = 8  # with thousands of keys, 16 left half the slots of the 100k world empty (bench/README.md)
+DEFAULT_CHUNK_SIZE = 8  # with thousands of small keys, bigger chunks leave many slots empty
 LAYOUT = "key"           # meta vec_layout; databases without it have the old bucketed table
 MAX_DIM = 8192
 REINDEX_PENDING = "reindex_pending"
@@ -172,7 +172,7 @@ def reindex_pending(conn: apsw.Connection) -> bool:
 
 def index_state(conn: apsw.Connection) -> tuple[IndexInfo | None, bool]:
     """(index_info, reindex_pending) in one statement: every recall asks (four statements were
-    four hand-overs of the GIL on a read connection, issue 12)."""
+    four hand-overs of the GIL on a read connection)."""
     model, tables, dim, pending = conn.execute(
         "SELECT (SELECT value FROM meta WHERE key = 'embed_model'), "
         "(SELECT count(*) FROM sqlite_master WHERE name = 'vec_memories'), "
@@ -261,8 +261,8 @@ def cosines(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], ids:
             synced: bool = False) -> dict[int, float]:
     """Cosine to `query` of each stored vector among `ids` (ids without a vector are left out):
     from the cache when it holds them, else one vec0 point lookup each (vec0 answers
-    `memory_id = ?` by rowid but `IN (...)` with a scan: 4.5 ms for 10 ids at 10k memories,
-    against 0.13 ms for ten lookups; the distance is computed in C). `synced`: VectorCache.cosines'."""
+    `memory_id = ?` by rowid but `IN (...)` with a scan, far slower than one lookup per id;
+    the distance is computed in C). `synced`: VectorCache.cosines'."""
     if len(query) != info.dim:
         raise VectorSizeError(f"query embedding has {len(query)} dimensions, the index has {info.dim}")
     cache = cache_of(conn)
@@ -281,7 +281,7 @@ def cosines(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], ids:
 def knn_vec0(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], keys: list[str], k: int,
              as_of: float | None = None) -> list[tuple[int, float]]:
     """The same search inside sqlite-vec: one KNN per partition (vec0 runs `IN` on a partition
-    key that way and concatenates unsorted), sorted outside (shared notes)."""
+    key that way and concatenates unsorted), sorted outside."""
     sql = (
         "WITH knn AS MATERIALIZED ("
         " SELECT memory_id, distance FROM vec_memories"
@@ -314,7 +314,7 @@ _chunk_tables: "weakref.WeakKeyDictionary[apsw.Connection, bool]" = weakref.Weak
 
 def vector_bytes(conn: apsw.Connection, info: IndexInfo, memory_id: int) -> bytes | None:
     """One stored vector (float32 bytes): through the chunk tables when their layout is known,
-    as reading vec0's own column costs ~0.5 ms per row."""
+    as reading vec0's own column is slow, row by row."""
     if has_chunk_tables(conn):
         for offset, blob in conn.execute(
                 "SELECT r.chunk_offset, v.vectors FROM vec_memories_rowids r CROSS JOIN vec_memories_vector_chunks00 v "

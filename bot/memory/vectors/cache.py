@@ -1,7 +1,7 @@
 """The vector search path: numpy over each visibility key's vectors, loaded from vec0.
 
-sqlite-vec 0.1.9 (scalar build) scans ~1.2 us per 768-dim vector plus ~0.4 ms per partition;
-numpy `X @ q` reads the same vectors at memory bandwidth (~0.14 us each, bench/README.md).
+sqlite-vec 0.1.9 (scalar build) scans each vector in scalar code, plus a fixed cost per partition;
+numpy `X @ q` reads the same vectors at memory bandwidth, many times faster.
 So the engine keeps, per visibility key, a float32 matrix of that key's vectors, and a scoped
 KNN is one matrix-vector product per visible key: its cost is what the viewer may see.
 
@@ -48,17 +48,17 @@ RELOAD_AFTER_CHANGES = 256  # more changes than this (and 1 % of the key) to one
 MAX_APPLY = 10_000         # more changed ids than this in one poll: start over instead of applying them
 SYNC_TRIES = 3             # log reads outside the lock before one is made under it (VectorCache._sync)
 # A cold key with more vectors than this is loaded in the background (when the engine gives a
-# loader) and searched in vec0 meanwhile: a 5,000-vector load takes ~0.15 s, vec0 ~7 ms.
+# loader) and searched in vec0 meanwhile: loading a big key takes far longer than vec0's search of it.
 INLINE_LOAD_MAX = 5000
 # A key of more vectors than that is loaded with this share of free rows: without them the fifth
-# message in a busy channel after a start copied the whole key (983 MB at 1M) under the cache's
+# message in a busy channel after a start copied the whole key under the cache's
 # lock, every recall waiting. Free rows are not resident until written (np.zeros' lazy pages).
 LOAD_SPARE_SHARE = 1 / 8
-# In a search by code, a key of fewer vectors than this is still scored whole (~1 ms a search at
-# 5,000 x 768): packing a key's codes costs ~1 ms per 1,000 rows once, on its first search by
-# code, and a typical viewer at 1M (global by code, their channels and personal keys whole) paid
-# that on every first recall in a new channel with a floor of 1,000 (+0.4 ms CPU a recall in
-# bench.recall_cpu, bench/README.md round 6). Bigger keys (a heavy user's own, 8-42k at 1M) join.
+# In a search by code, a key of fewer vectors than this is still scored whole (cheap at that
+# size): packing a key's codes costs time per row once, on its first search by
+# code, and a typical viewer of a big database (global by code, their channels and personal keys whole) paid
+# that on every first recall in a new channel with a lower floor (measurably more CPU per
+# recall). Bigger keys (a heavy user's own) join.
 CODES_KEY_MIN = 5000
 
 
@@ -72,8 +72,8 @@ class KeyVectors:
     arrays, so a search holding an older (arrays, n) view never reads a half-written row.
     `codes`: the rows' sign codes (vector_codes.py), only for a key searched by code (packed at
     load for a key big enough to be searched by code alone, else by the first search that
-    shortlists it: `pack_codes` / `install_codes`), else None. Packing every key cost ~26 % of
-    a key's load and ~60 MB at 1M memories for codes no search read."""
+    shortlists it: `pack_codes` / `install_codes`), else None. Packing every key made each
+    key's load markedly slower and took memory for codes no search read."""
     __slots__ = ("ids", "created", "matrix", "codes", "n", "dead", "row_of")
 
     def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, spare: int = 0,
@@ -223,7 +223,7 @@ class VectorCache:
         self._packing: set[str] = set()  # keys whose codes a thread is packing now (outside the lock)
         # Keys that held vectors when a warm listed them, and keys given a vector since (applied
         # changes): once a warm has listed them, a key in neither is empty and needs no read
-        # (a viewer's own personal keys mostly are: two reads each, per recall; issue 12).
+        # (a viewer's own personal keys mostly are: two reads each, per recall).
         self._listed: set[str] | None = None
         self._given: set[str] = set()
         self._generation = 0
@@ -407,8 +407,8 @@ class VectorCache:
         """The key's vectors, loading them if needed (only outside a write transaction, whose
         rows could still roll back); None = search this key inside vec0. That is also the answer
         while another thread loads the key, and (`may_defer`) for a key of more than INLINE_LOAD_MAX
-        vectors when a background loader is set: it is loaded there (the busy channel's key takes ~1 s at 100k,
-        vec0 answers it in tens of ms; a recall after a restart waited up to 1.4 s, issue 12).
+        vectors when a background loader is set: it is loaded there (a busy channel's key takes far longer
+        to load than vec0 takes to answer it, and a recall after a restart waited for the load).
         Loads run outside the lock, so searches of other keys go on beside them."""
         with self._lock:
             entry = self._keys.get(key)
@@ -447,7 +447,7 @@ class VectorCache:
             if not conn.get_autocommit():
                 return None
             ids, created, matrix = self.source.load_key(conn, info, key)
-            # Built off the lock: the copy, the id map and the codes take ~1 s at 320k vectors,
+            # Built off the lock: the copy, the id map and the codes take long for a big key,
             # and every search waits for the lock.
             entry = (KeyVectors(ids, created, matrix, spare_rows(len(ids)), coded=self._coded(len(ids)))
                      if matrix.nbytes <= self.budget_bytes
@@ -475,7 +475,7 @@ class VectorCache:
 
     def warm(self, conn: apsw.Connection, info: vectors.IndexInfo, stop: threading.Event | None = None) -> int:
         """Load every key that fits the budget, largest first (the keys most viewers see), so that
-        no recall pays a cold load (0.1-1 ms per small key, tens of ms for a big one). Each key
+        no recall pays a cold load (cheap for a small key, slow for a big one). Each key
         loads like a recall's own cold load would (`_entry`), so it is safe beside searches and
         writes. Stops early when `stop` is set. Returns how many keys it loaded."""
         if not conn.get_autocommit() or self._sync(conn, info) is None:
@@ -524,8 +524,8 @@ class VectorCache:
         return self.codes_min > 0 and self._key_coded(n)
 
     def _code_keys(self, entries: list[tuple[str, KeyVectors]]) -> None:
-        """Pack the codes of keys searched by code for the first time (once per key, ~1 ms per
-        1,000 rows at 768 dims, off the lock; a key whose arrays regrow meanwhile stays exact).
+        """Pack the codes of keys searched by code for the first time (once per key, in time
+        proportional to its rows, off the lock; a key whose arrays regrow meanwhile stays exact).
         The codes and their bytes count only while the key still holds this entry (not evicted,
         reloaded or reset meanwhile). One thread packs a key: a search that finds it being packed
         scores it whole meanwhile (four first searches at once packed it four times). Installed
@@ -564,10 +564,10 @@ class VectorCache:
             else:
                 entries.append((key, entry))
         # A viewer who sees at least codes_min vectors, over all their keys, gets one shortlist by
-        # code over all of them but the small ones (a heavy user's DM at 1M: 40-80k vectors in
-        # keys of under 20k each, read whole at 7.5 ms of CPU a search). As of a past moment:
+        # code over all of them but the small ones (a heavy user's DM: many vectors in keys each
+        # too small for codes on its own, costly to read whole at every search). As of a past moment:
         # exact. A shortlist is chosen before the time filter, which could leave few of its rows
-        # (recall@10 0.62 when 0.2 % of rows qualify).
+        # (recall falls far when few rows qualify).
         coded = as_of is None and self._coded(sum(entry.n for _, entry in entries))
         if coded:
             self._code_keys(entries)
@@ -747,7 +747,7 @@ def key_size_at_least(conn: apsw.Connection, key: str, cap: int) -> int:
 def load_key(conn: apsw.Connection, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All vectors of one key: (ids, created_at, matrix). Through vec0's
     chunk tables (one row per chunk of vectors) when their layout is the known one: reading
-    vectors one by one out of vec0 costs ~0.5 ms each."""
+    vectors one by one out of vec0 is far slower."""
     # Two statements, no transaction: a vector stored or removed between them is missing or
     # dropped here and put right by the next sync (its change is newer than the cache's mark).
     created_of = dict(conn.execute(

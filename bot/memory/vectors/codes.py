@@ -4,16 +4,15 @@ A vector's code is the sign of each dimension, one bit each (768 dims: 96 bytes 
 float32). The Hamming distance between two codes tracks the angle between the vectors, so a
 search ranks all the viewer's rows by code (one shortlist over all their keys: `search_many`),
 then scores only the best `rerank_count` of them exactly in float32 and returns exact scores.
-The code scan reads 1/32 of the bytes the exact product reads: for the 100k world's busy
-channel (31.7k x 768) the Hamming pass takes 0.3-0.6 ms and the whole search ~1 ms, against
-~7 ms for the exact product (bench/README.md, round 5).
+The code scan reads 1/32 of the bytes the exact product reads: for a busy channel's key the
+Hamming pass and the rescoring together cost a small fraction of the exact product.
 
 Codes are stored column-major, (words, capacity) uint64: a block of rows is one XOR, one
-popcount and one sum over the leading axis, 3-5x faster in numpy than row-major codes, whose
+popcount and one sum over the leading axis, several times faster in numpy than row-major codes, whose
 per-row sum over a dozen words is numpy's slow short-axis reduction.
 
-Recall@10 against exact, with 2 % of the rows rescored (bench/README.md): 0.98 on real MiniLM
-embeddings (4.4k LoCoMo turns, 384 dims: no real key of 20k+ vectors was at hand), 0.64-0.79
+Recall@10 against exact, with 2 % of the rows rescored: nearly all of it on real MiniLM
+embeddings (LoCoMo turns, 384 dims: no real key of 20k+ vectors was at hand), much less
 on isotropic random vectors (the bench's hash vectors), which have no structure for any
 shortlist to exploit.
 """
@@ -52,8 +51,7 @@ def pack(matrix: np.ndarray) -> np.ndarray:
 def hamming(codes: np.ndarray, n: int, query_code: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Hamming distance of rows [0, n) of `codes` to `query_code` (words,): uint16 (n,).
     The per-word counts are first added in pairs as uint8 (two words: at most 128 bits), so the
-    widening sum to uint16, the slowest of the passes, reads half as many rows (issue 12, round
-    6: 8.9 -> 5.2 ms of CPU for the 1M world's busy key, 320k x 12 words)."""
+    widening sum to uint16, the slowest of the passes, reads half as many rows."""
     words = codes.shape[0]
     pairs = words // 2
     out = np.empty(n, dtype=np.uint16) if out is None else out
@@ -110,7 +108,7 @@ def search_many(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, bool]
     for (codes, ids, _, n, removed), start in zip(parts, offsets.tolist(), strict=False):
         mine = hamming(codes, n, query_code, out=distances[start:start + n])
         # Removed rows take no place in the shortlist: one past the farthest possible distance (not
-        # uint16's max: nearest_rows' bincount would then count 65,536 bins per search, ~6x its cost).
+        # uint16's max: nearest_rows' bincount would then count 65,536 bins per search, several times its cost).
         if removed:
             mine[ids[:n] < 0] = codes.shape[0] * 64 + 1
     rows = nearest_rows(distances, rerank_count(len(distances), k))

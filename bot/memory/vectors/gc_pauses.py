@@ -1,8 +1,8 @@
 """Keep Python's full garbage collections from walking the warm vector cache.
 
-A full (generation 2) collection visits every tracked object: with the cache of 100k memories
-warm that was ~51k objects and 33 ms, holding the GIL, so a recall that met one waited for it
-(issue 12). The cache lives as long as its engine and holds no garbage cycles, so once it is
+A full (generation 2) collection visits every tracked object: with the cache of a big database
+warm that is tens of thousands of objects, walked holding the GIL, so a recall that met one
+waited for it. The cache lives as long as its engine and holds no garbage cycles, so once it is
 warm everything alive is moved out of the collector's sight (`gc.freeze`); the last engine to
 close gives it back (`gc.unfreeze`). Freezing is process-wide, hence the count of engines.
 
