@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bot.memory.scope import visible_keys
+from bot.memory.sql import queries
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         if raw is None:
             conn = db.connect(path)
             matrix, _ = load_vectors(conn)
-            raw = matrix.nbytes + db.query_value(conn, "SELECT sum(length(CAST(text AS BLOB))) FROM memories")
+            raw = matrix.nbytes + queries.query_value(conn, "SELECT sum(length(CAST(text AS BLOB))) FROM memories")
             conn.close()
         row = {"layout": layout, "chunk_size": chunk, "insert_s": round(build_s, 2),
                "db_bytes": path.stat().st_size, "db_ratio": round(path.stat().st_size / raw, 3),

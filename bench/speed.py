@@ -45,7 +45,7 @@ import numpy as np
 
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer, visible_keys
-from bot.memory.sql import store
+from bot.memory.sql import queries, store
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.storage import storage_of
@@ -290,7 +290,7 @@ async def build(path: Path, shape: Shape | SkewShape, chunk_size: int = vectors.
                 pending = []
         if pending:
             await engine.write(flush, pending)
-        await engine.write(lambda conn: db.set_meta(conn, "bench_built", "1"))
+        await engine.write(lambda conn: queries.set_meta(conn, "bench_built", "1"))
         await engine.write(lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
     return {"build_s": round(time.perf_counter() - started, 2)}
 
@@ -365,7 +365,7 @@ async def measure_reads(path: Path, shape: Shape, viewers: int) -> dict:
             steps["numpy"].append(anchor)
             steps["ratio"].append(t["vector"] / anchor if anchor > 0 else float("nan"))
             steps["visible"].append(len(idx))
-        raw = matrix.nbytes + await engine.write(lambda conn: db.query_value(
+        raw = matrix.nbytes + await engine.write(lambda conn: queries.query_value(
             conn, "SELECT sum(length(CAST(text AS BLOB))) FROM memories"))
         out = {name: summary(values) for name, values in steps.items()}
         out["raw_bytes"] = int(raw)
@@ -394,7 +394,7 @@ async def measure_writes(path: Path, shape: Shape, url: str, singles: int = 300,
         for group in many:
             await engine.remember_many(group)
         out[f"batch_{batch_size}_per_s"] = round(batches * batch_size / (time.perf_counter() - t), 1)
-        embedded = await engine.write(lambda conn: db.query_value(
+        embedded = await engine.write(lambda conn: queries.query_value(
             conn, "SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL"))
         out["left_unembedded"] = embedded
     return out

@@ -22,7 +22,7 @@ from discord.ext import commands
 from bot.conversation.pipeline import ExchangeSink, Pipeline
 from bot.llm.ollama import OllamaError
 from bot.memory.engine import Engine
-from bot.memory.sqlite.files import explain
+from bot.memory.errors import explain
 from bot.settings import Settings
 
 from . import EXTENSIONS

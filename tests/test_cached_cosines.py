@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bot.memory.sql import store
+from bot.memory.sql import queries, store
 from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
@@ -46,11 +46,11 @@ def test_cached_cosines_follow_other_writes_and_an_open_transaction(pair):
     info = fill(plain, rng, 80)
     q = random_unit(rng)
     vectors.knn(cached, info, q, KEYS, 5)
-    target = db.query_value(plain, "SELECT min(id) FROM memories WHERE vis_key = 'r:1'")
+    target = queries.query_value(plain, "SELECT min(id) FROM memories WHERE vis_key = 'r:1'")
     with plain:
         store.set_vector(plain, info, target, q)  # replaced elsewhere: now exactly the query
     assert vectors.cosines(cached, info, q, [target])[target] == pytest.approx(1.0, abs=1e-5)
-    other = db.query_value(plain, "SELECT max(id) FROM memories WHERE vis_key = 'g'")
+    other = queries.query_value(plain, "SELECT max(id) FROM memories WHERE vis_key = 'g'")
     flipped = (-np.asarray(q)).tolist()
     with cached:  # its own uncommitted write is read from vec0, not from the shared cache
         store.set_vector(cached, info, other, flipped)

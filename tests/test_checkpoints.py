@@ -14,7 +14,7 @@ import pytest
 
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
-from bot.memory.sql import store
+from bot.memory.sql import queries, store
 from bot.memory.sqlite import checkpoints, db
 from tests.helpers import until
 
@@ -42,7 +42,7 @@ async def write_burst(engine: Engine, count: int, start: int = 0) -> list[int]:
 
 async def small_write(engine: Engine) -> None:
     """A commit of a page or two: far from another EVERY pages."""
-    await engine.write(lambda conn: db.set_meta(conn, "small", str(time.perf_counter_ns())))  # a new value: a page written
+    await engine.write(lambda conn: queries.set_meta(conn, "small", str(time.perf_counter_ns())))  # a new value: a page written
 
 
 @contextmanager
@@ -77,7 +77,7 @@ def block_loader(engine: Engine) -> threading.Event:
 
 async def test_a_burst_of_writes_checkpoints_on_the_loader_thread_not_in_the_commits(make_settings):
     async with Engine(make_settings()) as engine:
-        assert await engine.write(lambda conn: db.query_value(conn, "PRAGMA wal_autocheckpoint")) == 0
+        assert await engine.write(lambda conn: queries.query_value(conn, "PRAGMA wal_autocheckpoint")) == 0
         await write_burst(engine, 60)
         await until(lambda: len(ran(engine)) >= 1, "checkpointed")  # under load, one may cover the whole burst
         done = ran(engine)
@@ -150,7 +150,7 @@ async def test_a_reader_holding_old_pages_stops_a_checkpoint_short_and_loses_not
         await until(lambda: not (checks._queued or checks._running), "done with the checkpoint of those")
         other = db.connect(settings.db_path, migrate_schema=False)  # another process's reader, mid-read
         other.execute("BEGIN")
-        assert db.query_value(other, "SELECT count(*) FROM memories") == 3
+        assert queries.query_value(other, "SELECT count(*) FROM memories") == 3
         before = len(ran(engine))
         ids += await write_burst(engine, 40, start=3)
         await until(lambda: len(ran(engine)) > before, "checkpointed")
@@ -159,7 +159,7 @@ async def test_a_reader_holding_old_pages_stops_a_checkpoint_short_and_loses_not
         seen = len(ran(engine))
         ids += await write_burst(engine, 40, start=43)
         await until(lambda: any(c.copied_pages == c.wal_pages for c in ran(engine)[seen:]), "checkpointed all")
-        assert db.query_value(other, "SELECT count(*) FROM memories") == len(ids) == 83
+        assert queries.query_value(other, "SELECT count(*) FROM memories") == len(ids) == 83
         other.close()
         assert set(await engine.read(lambda c: [r[0] for r in c.execute("SELECT id FROM memories")])) == set(ids)
 
@@ -227,7 +227,7 @@ async def test_a_read_connection_opens_between_background_checkpoints(make_setti
     async with Engine(make_settings()) as engine:
         checks = engine.storage.checkpoints  # type: ignore[attr-defined]
         with loader_checkpointing(checks):
-            first_read = asyncio.create_task(engine.read(lambda conn: db.query_value(conn, "SELECT 1")))
+            first_read = asyncio.create_task(engine.read(lambda conn: queries.query_value(conn, "SELECT 1")))
             await asyncio.sleep(0.3)
             assert not first_read.done()
         assert await first_read == 1

@@ -11,9 +11,10 @@ import apsw
 import pytest
 
 from bench import reliability
+from bot.memory.errors import DatabaseBusy
+from bot.memory.sql import queries
 from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import db
-from bot.memory.sqlite.files import DatabaseBusy
 from tests.fakes.ollama import FakeOllamaThread
 
 # SQLite's file under several writers: its write lock, BEGIN IMMEDIATE, kill -9 and PRAGMA integrity_check
@@ -60,9 +61,9 @@ def test_a_read_first_write_waits_for_the_lock_instead_of_failing(tmp_path):
     started = time.monotonic()
     with write_transaction(waiter):
         waiter.execute("SELECT count(*) FROM memories").fetchall()   # read first ...
-        db.set_meta(waiter, "after", "1")                              # ... then write
+        queries.set_meta(waiter, "after", "1")                              # ... then write
     assert time.monotonic() - started >= 0.4
-    assert db.get_meta(waiter, "held") == "1" and db.get_meta(waiter, "after") == "1"
+    assert queries.get_meta(waiter, "held") == "1" and queries.get_meta(waiter, "after") == "1"
 
 
 def test_a_lock_held_too_long_is_one_clear_error(tmp_path, monkeypatch):
@@ -83,9 +84,9 @@ def test_a_lock_held_too_long_is_one_clear_error(tmp_path, monkeypatch):
 def test_nested_write_transactions_are_savepoints(tmp_path):
     conn = db.connect(tmp_path / "n.db")
     with write_transaction(conn):
-        db.set_meta(conn, "outer", "1")
+        queries.set_meta(conn, "outer", "1")
         with pytest.raises(apsw.SQLError):
             with write_transaction(conn):
-                db.set_meta(conn, "inner", "1")
+                queries.set_meta(conn, "inner", "1")
                 conn.execute("SELECT no_such_function()")
-    assert db.get_meta(conn, "outer") == "1" and db.get_meta(conn, "inner") is None
+    assert queries.get_meta(conn, "outer") == "1" and queries.get_meta(conn, "inner") is None

@@ -1,7 +1,7 @@
 """A deleted message is marked in the history and what it alone taught is taken back in one
 writer job and one transaction (`history.delete_and_take_back`): a crash between the two
 cannot leave a deleted message's facts behind. The edit and the delete share one take-back
-(`storage.take_back`)."""
+(`history.take_back`)."""
 from __future__ import annotations
 
 import time
@@ -9,7 +9,6 @@ import time
 import pytest
 
 from bot.conversation.pipeline import Pipeline
-from bot.memory import storage
 from bot.memory.sql import history, store
 from tests.test_pipeline import ALICE, GENERAL, GUILD
 
@@ -43,4 +42,4 @@ async def test_a_delete_of_a_message_the_history_no_longer_holds_takes_back_what
                                                     source_message_ids=[2000]))  # its message was pruned
     assert await pipeline.deleted([2000]) == 0  # no history row marked
     assert await engine.get_many([learned]) == {}
-    assert await engine.write(storage.take_back, [2000]) == []  # nothing left to take back
+    assert await engine.write(history.take_back, [2000]) == []  # nothing left to take back

@@ -9,12 +9,12 @@ import psycopg
 import pytest
 
 from bot.memory.engine import Engine
+from bot.memory.errors import DatabaseError
 from bot.memory.postgres.backend import PostgresStorage
 from bot.memory.postgres.connection import translate
 from bot.memory.postgres.migrations import MIGRATIONS
 from bot.memory.scope import Viewer
 from bot.memory.sql.store import NewMemory
-from bot.memory.sqlite.files import DatabaseError
 from tests.postgres_server import free_port
 
 

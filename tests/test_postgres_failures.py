@@ -1,4 +1,4 @@
-"""Failures of a whole PostgreSQL database, on the real embedded server: `files.explain` names
+"""Failures of a whole PostgreSQL database, on the real embedded server: `bot.memory.errors.explain` names
 them in one line that says what to fix, so the touch batch (bot/memory/recall/touches.py) does not
 retry request by request what fails for every request alike."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 
 import psycopg
 
+from bot.memory import errors as database_errors
 from bot.memory.engine import Engine
 from bot.memory.sql.store import NewMemory
-from bot.memory.sqlite import files
 from tests.postgres_fixtures import TEMPLATE
 
 READ_ONLY_DB = "muninn_read_only"
@@ -118,12 +118,12 @@ def test_each_whole_database_error_has_its_line_and_one_transactions_errors_none
                   errors.CrashShutdown, errors.CannotConnectNow, errors.ReadOnlySqlTransaction,
                   errors.DataCorrupted, errors.IndexCorrupted, errors.IoError, errors.InsufficientPrivilege,
                   errors.ConnectionFailure):
-        line = files.explain(error("x"))
+        line = database_errors.explain(error("x"))
         assert line and "\n" not in line and ":" in line, error  # what happened: what to do
     assert "connection to PostgreSQL was lost (server closed the connection unexpectedly)" in (
-        files.explain(psycopg.OperationalError("server closed the connection unexpectedly\n\tThis probably ...")) or "")
+        database_errors.explain(psycopg.OperationalError("server closed the connection unexpectedly\n\tThis probably ...")) or "")
     for error in (errors.DeadlockDetected, errors.SerializationFailure, errors.LockNotAvailable,
                   errors.QueryCanceled, errors.UniqueViolation, errors.PipelineAborted):
-        assert files.explain(error("x")) is None, error
+        assert database_errors.explain(error("x")) is None, error
     lookalike = type("OperationalError", (Exception,), {"__module__": "psycopg2.errors"})
-    assert files.explain(lookalike("server closed the connection")) is None   # another driver's error is not psycopg's
+    assert database_errors.explain(lookalike("server closed the connection")) is None   # another driver's error is not psycopg's

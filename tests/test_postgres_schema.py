@@ -209,7 +209,7 @@ def test_migration_14_on_a_database_with_memories(postgres_server, monkeypatch):
 
 
 def test_a_server_without_btree_gin_gets_one_line_saying_what_to_install(postgres_server, monkeypatch):
-    from bot.memory.sqlite.files import DatabaseError
+    from bot.memory.errors import DatabaseError
     url = postgres_server.create_database("muninn_no_btree_gin")
     try:
         with psycopg.connect(url) as conn:

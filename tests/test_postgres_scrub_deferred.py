@@ -9,11 +9,10 @@ import pytest
 
 from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.maintenance import run_maintenance
-from bot.memory import storage
 from bot.memory.engine import Engine
 from bot.memory.postgres import scrub
 from bot.memory.scope import Viewer
-from bot.memory.sql import history
+from bot.memory.sql import history, marks
 from bot.memory.sql.store import NewMemory
 from tests.test_postgres_scrub import OWNER, SECRET, files_holding
 
@@ -31,10 +30,10 @@ async def test_a_big_memories_table_is_rewritten_by_the_next_maintenance(fake_ol
         mine = await engine.recall("password weather", Viewer(OWNER, dm=True))
         assert mine.memories and secret not in [hit.memory.id for hit in mine.memories]  # gone from answers at once
         assert files_holding(backend, "memories", "zanzibarit")  # the bytes wait for the rewrite...
-        assert await engine.read(storage.pending_token) is not None
+        assert await engine.read(marks.pending_token) is not None
         await run_maintenance(engine, use_llm=False)
         assert files_holding(backend, "memories", "zanzibarit", "xylophonequeen") == []  # ...which maintenance made
-        assert await engine.read(storage.pending_token) is None
+        assert await engine.read(marks.pending_token) is None
         assert not await engine.finish_scrub()
 
 
@@ -54,7 +53,7 @@ async def test_a_forget_all_rewrites_the_small_history_at_once_beside_a_big_memo
         assert forgotten.messages == 31 and forgotten.personal == 1
         assert files_holding(backend, "messages", "zanzibarite", "xylophonequeen") == []  # the person's words: at once
         assert files_holding(backend, "memories", "zanzibarit")  # the big table waits for maintenance
-        assert await engine.read(storage.pending_token) is not None
+        assert await engine.read(marks.pending_token) is not None
 
 
 def relfilenodes(url: str) -> dict[str, int]:
@@ -79,7 +78,7 @@ async def test_an_edit_that_taught_nothing_rewrites_only_the_history_at_maintena
         assert after["messages"] != before["messages"]  # the old words' table: rewritten
         assert after["memories"] == before["memories"] and after["memory_vectors"] == before["memory_vectors"]
         assert files_holding(backend, "messages", "zanzibarite", "xylophonequeen") == []
-        assert await engine.read(storage.pending_token, storage.MESSAGES_PENDING) is None
+        assert await engine.read(marks.pending_token, marks.MESSAGES_PENDING) is None
 
         await engine.write(history.record, channel_id=5, guild_id=None, author_id=OWNER, author_name="Oz", role="user",
                            content=f"again {SECRET}", created_at=time.time(), message_id=2001)

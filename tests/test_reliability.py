@@ -19,11 +19,13 @@ from bench import reliability
 from bot.cli.main import main
 from bot.llm.ollama import OllamaError
 from bot.memory import engine as engine_module
+from bot.memory import errors as database_errors
 from bot.memory.engine import Engine
+from bot.memory.errors import DatabaseBusy, DatabaseError
 from bot.memory.scope import Viewer
 from bot.memory.sql import repair, store
 from bot.memory.sqlite import db, files
-from bot.memory.sqlite.files import APPLICATION_ID, DatabaseBusy, DatabaseError
+from bot.memory.sqlite.files import APPLICATION_ID
 
 ROOT = Path(__file__).resolve().parent.parent
 # Engine-level tests run on SQLite and PostgreSQL; those about SQLite's file say why they do not.
@@ -303,9 +305,9 @@ def test_disk_full_is_one_line_loses_nothing_committed_and_the_rerun_completes(t
 def test_database_error_messages_are_single_lines():
     import apsw
     for error in (apsw.FullError("x"), apsw.CorruptError("x"), apsw.BusyError("x"), apsw.ReadOnlyError("x")):
-        message = files.explain(error)
+        message = database_errors.explain(error)
         assert message and "\n" not in message
-    assert files.explain(ValueError("x")) is None
+    assert database_errors.explain(ValueError("x")) is None
     assert isinstance(DatabaseBusy("x"), DatabaseError)
 
 

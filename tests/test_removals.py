@@ -101,7 +101,7 @@ async def test_a_removal_inside_a_longer_transaction_counts_after_its_commit_and
     waits for that row meanwhile; a rollback counts nothing."""
     import psycopg
 
-    from bot.memory.sqlite.db import write_transaction
+    from bot.memory.sql.transactions import write_transaction
     from bot.memory.storage import storage_of
     settings = make_settings()
     async with Engine(settings, warm=False) as engine:
@@ -136,7 +136,7 @@ async def test_counts_are_forgotten_after_the_outer_commit_not_before(make_setti
     fact write): a recall on another connection before that commit still sees the removed
     memories and counts them again; the counts go once the commit is done, so no stale count is
     left (forgetting them at the removal left the recount cached)."""
-    from bot.memory.sqlite.db import write_transaction
+    from bot.memory.sql.transactions import write_transaction
     from bot.memory.storage import storage_of
     settings = make_settings()
     async with Engine(settings, warm=False) as engine:

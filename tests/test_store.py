@@ -5,7 +5,7 @@ import apsw
 import pytest
 
 from bot.memory.scope import Viewer
-from bot.memory.sql import store
+from bot.memory.sql import queries, store
 from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
@@ -14,14 +14,14 @@ from bot.memory.sqlite.migrations import MIGRATIONS
 
 def counts(conn, memory_id: int) -> dict:
     return {
-        "memories": db.query_value(conn, "SELECT count(*) FROM memories WHERE id = ?", (memory_id,)),
+        "memories": queries.query_value(conn, "SELECT count(*) FROM memories WHERE id = ?", (memory_id,)),
         # MATCH reads the index itself (a rowid probe of external-content FTS reads `memories`)
-        "fts_match": db.query_value(conn, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'zebra'"),
-        "vectors": db.query_value(conn, "SELECT count(*) FROM vec_memories WHERE memory_id = ?", (memory_id,))
+        "fts_match": queries.query_value(conn, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'zebra'"),
+        "vectors": queries.query_value(conn, "SELECT count(*) FROM vec_memories WHERE memory_id = ?", (memory_id,))
         if vectors.table_exists(conn) else 0,
-        "links": db.query_value(conn, "SELECT count(*) FROM memory_links WHERE source_id = ? OR target_id = ?",
+        "links": queries.query_value(conn, "SELECT count(*) FROM memory_links WHERE source_id = ? OR target_id = ?",
                                 (memory_id, memory_id)),
-        "sources": db.query_value(conn, "SELECT count(*) FROM memory_sources WHERE memory_id = ?", (memory_id,)),
+        "sources": queries.query_value(conn, "SELECT count(*) FROM memory_sources WHERE memory_id = ?", (memory_id,)),
     }
 
 
@@ -121,7 +121,7 @@ async def test_a_failed_batch_writes_nothing(fts_engine):
         await fts_engine.remember_many([good, twin])
     stats = await fts_engine.stats()
     assert stats["memories"] == 0 and stats["links"] == 0
-    assert await fts_engine.write(db.query_value, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'fact'") == 0
+    assert await fts_engine.write(queries.query_value, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'fact'") == 0
 
 
 async def test_links_are_pairwise_and_never_join_two_peoples_personal_memories(fts_engine):
@@ -164,8 +164,8 @@ async def test_odd_text_is_stored_verbatim(engine):
 async def test_vectors_are_partitioned_by_visibility_key(engine):
     await engine.remember(NewMemory("a fact", "room", channel_id=5, guild_id=1))
     info = await engine.write(vectors.index_info)
-    assert await engine.write(db.query_one, "SELECT vis_key FROM vec_memories") == ("r:5",)
-    assert await engine.write(db.query_value, "SELECT partition00 FROM vec_memories_chunks") == "r:5"
+    assert await engine.write(queries.query_one, "SELECT vis_key FROM vec_memories") == ("r:5",)
+    assert await engine.write(queries.query_value, "SELECT partition00 FROM vec_memories_chunks") == "r:5"
     assert info.model == "nomic-embed-text" and info.dim == 768
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
-from bot.memory.sql import store
+from bot.memory.sql import queries, store
 from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
@@ -68,7 +68,7 @@ def test_cache_follows_writes_of_other_connections(pair):
     vectors.knn(cached, info, q, KEYS, 5)  # every key loaded
     nearest = vectors.knn_vec0(plain, info, q, ["r:1"], 1)[0][0]
     store.archive(plain, nearest, "test")                       # removed elsewhere
-    newest = fill(plain, rng, 1) and db.query_value(plain, "SELECT max(id) FROM memories")
+    newest = fill(plain, rng, 1) and queries.query_value(plain, "SELECT max(id) FROM memories")
     with plain:
         store.set_vector(plain, info, newest, q)                # a replaced vector, exactly the query
     got = vectors.knn(cached, info, q, KEYS, 5)
@@ -129,7 +129,7 @@ async def test_an_old_bucketed_database_is_upgraded_at_start(tmp_path, fake_olla
         conn.execute("CREATE VIRTUAL TABLE vec_memories USING vec0(memory_id INTEGER PRIMARY KEY, bucket INTEGER "
                      "PARTITION KEY, vis_key TEXT, created_at FLOAT, embedding FLOAT[768], chunk_size=32)")
         for key, value in (("embed_model", "nomic-embed-text"), ("embed_dim", "768"), ("vec_buckets", "256")):
-            db.set_meta(conn, key, value)
+            queries.set_meta(conn, key, value)
         for i in range(20):
             memory_id = store.insert_many(conn, [NewMemory(f"old fact number {i}", "personal", owner_id=1)],
                                           base_stability_days=7)[0]
@@ -139,9 +139,9 @@ async def test_an_old_bucketed_database_is_upgraded_at_start(tmp_path, fake_olla
             conn.execute("UPDATE memories SET embedded = 1 WHERE id = ?", (memory_id,))
     conn.close()
     async with Engine(make_settings(fake_ollama.url)) as engine:
-        assert await engine.write(db.get_meta, "vec_layout") == vectors.LAYOUT
-        assert await engine.write(db.query_value, "SELECT count(DISTINCT partition00) FROM vec_memories_chunks") == 1
-        assert await engine.write(db.query_value, "SELECT count(*) FROM memories WHERE embedded = 1") == 20
+        assert await engine.write(queries.get_meta, "vec_layout") == vectors.LAYOUT
+        assert await engine.write(queries.query_value, "SELECT count(DISTINCT partition00) FROM vec_memories_chunks") == 1
+        assert await engine.write(queries.query_value, "SELECT count(*) FROM memories WHERE embedded = 1") == 20
         result = await engine.recall("old fact number 3", Viewer(1, dm=True))
         assert result.mode == "hybrid" and len(result.ids) > 0
     async with Engine(make_settings(fake_ollama.url)) as engine:  # a second start moves nothing
@@ -237,7 +237,7 @@ def test_a_key_loading_elsewhere_is_searched_in_vec0_and_changes_meanwhile_are_c
         if key == "r:1" and not seen_during:
             nearest = vectors.knn_vec0(plain, info, q, ["r:1"], 1)[0][0]
             store.archive(plain, nearest, "test")
-            newest = fill(plain, rng, 1) and db.query_value(plain, "SELECT max(id) FROM memories")
+            newest = fill(plain, rng, 1) and queries.query_value(plain, "SELECT max(id) FROM memories")
             with plain:
                 store.set_vector(plain, info, newest, q)
             seen_during.append(vectors.knn(other, info, q, KEYS, 5))  # syncs the change, r:1 from vec0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bot.llm.hosts import split_urls
 from bot.llm.ollama import OllamaClient, OllamaError
-from bot.memory.sql import leases, repair
+from bot.memory.sql import leases, queries, repair
 from bot.memory.sqlite import db, files
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.migrations import MIGRATIONS, schema_version
@@ -45,7 +45,7 @@ def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
                             f"{settings.db_path}: schema {schema_version(conn)}/{len(MIGRATIONS)}, integrity {integrity}",
                             "" if integrity == "ok" else "restore the file from a backup"))
         info = vectors.index_info(conn)
-        missing = db.query_value(conn, "SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL")
+        missing = queries.query_value(conn, "SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL")
         checks.append(vector_check(settings, info, int(missing or 0)))
         holder = leases.holder_of(conn, "maintenance")
         if holder is not None:  # a running bot (one of several shard processes) does the periodic maintenance

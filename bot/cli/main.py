@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
         if args.verbose:
             raise
         from bot.llm.ollama import OllamaError
-        from bot.memory.sqlite.files import explain
+        from bot.memory.errors import explain
         message = str(exc) if isinstance(exc, (OllamaError, SettingsError)) else explain(exc)
         if message is not None:
             print(validate.replace_invalid(f"muninn {args.command}: {message}"), file=sys.stderr)

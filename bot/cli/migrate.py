@@ -32,9 +32,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import apsw
 
+from bot.memory.errors import DatabaseError, explain
+from bot.memory.sql import queries
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
-from bot.memory.sqlite.files import DatabaseError, explain
 from bot.memory.sqlite.migrations import MIGRATIONS as SQLITE_MIGRATIONS
 
 log = logging.getLogger(__name__)
@@ -224,9 +225,9 @@ def source_count(source: apsw.Connection, table: Table) -> int:
     if table.name == "memory_vectors":
         if not vectors.table_exists(source):
             return 0
-        return int(db.query_value(source, "SELECT count(*) FROM vec_memories v JOIN memories m ON m.id = v.memory_id"))
+        return int(queries.query_value(source, "SELECT count(*) FROM vec_memories v JOIN memories m ON m.id = v.memory_id"))
     sql = table.select.split(" ORDER BY ")[0].replace("{after}", "1")
-    return int(db.query_value(source, f"SELECT count(*) FROM ({sql})"))
+    return int(queries.query_value(source, f"SELECT count(*) FROM ({sql})"))
 
 
 def _source_keys(source: apsw.Connection, table: Table) -> Iterator[tuple]:
@@ -472,7 +473,7 @@ def _fastupdate_off(pg: Any) -> None:
 def _move_identity(pg: Any, source: apsw.Connection) -> None:
     """The memories id sequence past every id SQLite ever handed out (AUTOINCREMENT keeps the
     highest even after that memory was deleted), never backwards."""
-    sqlite_high = db.query_value(source, "SELECT seq FROM sqlite_sequence WHERE name = 'memories'", default=0) or 0
+    sqlite_high = queries.query_value(source, "SELECT seq FROM sqlite_sequence WHERE name = 'memories'", default=0) or 0
     row = pg.execute("SELECT pg_get_serial_sequence('memories', 'id'), (SELECT coalesce(max(id), 0) FROM memories), "
                      "coalesce(pg_sequence_last_value(pg_get_serial_sequence('memories', 'id')::regclass), 0)").fetchone()
     sequence, copied_high, current = row

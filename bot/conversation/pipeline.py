@@ -54,7 +54,7 @@ from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from bot.memory.sql import channels as channel_settings
 from bot.memory.sql import history, store
-from bot.memory.sqlite.db import write_transaction
+from bot.memory.sql.transactions import write_transaction
 from bot.memory.storage import storage_of
 
 log = logging.getLogger(__name__)

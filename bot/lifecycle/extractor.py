@@ -14,7 +14,7 @@ from bot.conversation.exchange import Exchange
 from bot.lifecycle.fact_store import store_facts
 from bot.lifecycle.facts import by_author, extract_author_facts, usable
 from bot.memory.engine import Engine
-from bot.memory.sqlite.files import explain
+from bot.memory.errors import explain
 
 log = logging.getLogger(__name__)
 

@@ -45,8 +45,9 @@ from bot.memory import decay
 from bot.memory.engine import Engine
 from bot.memory.scope import ACTIVE
 from bot.memory.sql import history, leases, store
+from bot.memory.sql.queries import get_meta, query_value, set_meta
+from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import vec0 as vectors
-from bot.memory.sqlite.db import get_meta, query_value, set_meta, write_transaction
 from bot.memory.storage import storage_of
 
 log = logging.getLogger(__name__)

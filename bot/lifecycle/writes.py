@@ -33,9 +33,10 @@ import apsw
 
 from bot.memory.scope import ACTIVE, personal_keys
 from bot.memory.sql import store
+from bot.memory.sql.queries import query_value
+from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import fts
 from bot.memory.sqlite import vec0 as vectors
-from bot.memory.sqlite.db import query_value, write_transaction
 from bot.memory.storage import storage_of
 from bot.settings import Settings
 

@@ -30,14 +30,16 @@ from bot.llm.ollama import (
     usable_vector,
 )
 from bot.logs import Throttle
+from bot.memory.backends import storage_for
+from bot.memory.errors import DatabaseBusy, DatabaseError
 from bot.memory.recall import dates, ranking, retrieval, subqueries, touches
 from bot.memory.recall.retrieval import VectorStatus
 from bot.memory.scope import Viewer
 from bot.memory.sql import store, transactions
+from bot.memory.sql.marks import mark_pending
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
-from bot.memory.sqlite.files import DatabaseBusy, DatabaseError
-from bot.memory.storage import Connection, mark_pending, storage_for
+from bot.memory.storage import Connection
 from bot.memory.vectors import gc_pauses
 from bot.memory.vectors.cache import VectorCache
 from bot.settings import Settings
@@ -53,7 +55,7 @@ YIELD_MAX_S = 2.0
 WRITE_RETRY_DELAYS_S = (1.0, 4.0, 15.0)   # between attempts that each wait one busy timeout (5 s) for the lock
 
 
-def _waiting_once(conn: apsw.Connection, job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def _waiting_once(conn: Connection, job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`job` on the writer, its lock waits limited to one busy timeout (Engine.write retries)."""
     with transactions.single_lock_wait():
         return job(conn, *args, **kwargs)
@@ -129,7 +131,7 @@ class Engine:
             self._frozen.warm()
         return loaded
 
-    def _load_in_background(self, job: Callable[[apsw.Connection], object]) -> None:
+    def _load_in_background(self, job: Callable[[Connection], object]) -> None:
         """The vector cache's loader: `job(connection)` on the loader thread, later."""
         assert self._loader is not None
 

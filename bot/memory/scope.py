@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import apsw
+from bot.memory.connection import Connection
 
 SCOPES = ("personal", "room", "global")
 GLOBAL_KEY = "g"
@@ -65,7 +65,7 @@ def is_private(key: str) -> bool:
     return key.startswith("p:") and key.count(":") == 3
 
 
-def visible_keys(conn: apsw.Connection, viewer: Viewer) -> list[str]:
+def visible_keys(conn: Connection, viewer: Viewer) -> list[str]:
     """The visibility keys this viewer may read, global first."""
     keys = [GLOBAL_KEY]
     if viewer.dm:
@@ -80,7 +80,7 @@ def visible_keys(conn: apsw.Connection, viewer: Viewer) -> list[str]:
     return keys
 
 
-def personal_keys(conn: apsw.Connection, owner_id: int) -> list[str]:
+def personal_keys(conn: Connection, owner_id: int) -> list[str]:
     """The visibility keys of a person's active personal memories, in key order. One index seek
     per key (a loose index scan over memories_owner_keys), not one row per memory: a heavy user
     has thousands of memories under a handful of keys."""

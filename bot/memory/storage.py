@@ -13,52 +13,17 @@ a connection is only ever used by one thread at a time. Writes are one transacti
 from __future__ import annotations
 
 import threading
-import uuid
 from dataclasses import dataclass
-from typing import Any, ContextManager, Protocol, Sequence
+from typing import Any, ContextManager, Protocol, Sequence, TypeVar
 
+from bot.memory.connection import Connection
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import Viewer
 from bot.memory.sql import store
-from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite.vec0 import IndexInfo
-from bot.settings import Settings
 
-Connection = Any  # apsw.Connection or the PostgreSQL backend's connection: opaque to the engine
+ConnT = TypeVar("ConnT")  # a backend's own connection type
 SCRUBBED = ("memories", "messages")  # what a scrub cleans up after, unless told less
-SCRUB_PENDING = "scrub.pending"  # meta key: words deleted without a scrub wait for the next maintenance
-# meta key: only the history's words wait (an edited or deleted message that taught nothing): a
-# backend that rewrites tables (PostgreSQL) rewrites `messages` alone, not every big table.
-MESSAGES_PENDING = "scrub.messages_pending"
-
-
-def mark_pending(conn: Connection, key: str = SCRUB_PENDING) -> None:
-    """Leave work for maintenance: a forget that did not scrub (one `/memory forget`, a deleted
-    Discord message: a scrub rewrites indexes, too slow for every click) leaves the words for
-    `finish_scrub`. Call it inside the transaction that deleted them, so both or neither land.
-    Each mark is a new token: `clear_pending` of an older one leaves it standing."""
-    conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                 (key, uuid.uuid4().hex))
-
-
-def pending_token(conn: Connection, key: str = SCRUB_PENDING) -> str | None:
-    rows = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchall()
-    return str(rows[0][0]) if rows else None
-
-
-def clear_pending(conn: Connection, token: str, key: str = SCRUB_PENDING) -> None:
-    """After the work succeeded: a mark made meanwhile (another token) stays for the next run."""
-    conn.execute("DELETE FROM meta WHERE key = ? AND value = ?", (key, token))
-
-
-def pending_marks(conn: Connection, keys: Sequence[str]) -> dict[str, str]:
-    """The marks standing now, key -> token (for clear_marks once their work is done)."""
-    return {key: token for key in keys if (token := pending_token(conn, key)) is not None}
-
-
-def clear_marks(conn: Connection, marks: dict[str, str]) -> None:
-    for key, token in marks.items():
-        clear_pending(conn, token, key)
 
 
 @dataclass
@@ -70,18 +35,20 @@ class PlanState:
     same_words: list[list[tuple[int, str]]]  # per probe: keyword_search(words, [vis_key], all_words=True)
 
 
-class Storage(Protocol):
+class Storage(Protocol[ConnT]):
+    """What the engine needs from a database; each backend with its own connection type."""
+
     name: str
     row_refusals: tuple[type[Exception], ...]  # the database refused a row (a constraint, a value too big)
 
     # -- connections -------------------------------------------------------------
-    def open_writer(self) -> Connection: ...
-    def open_reader(self) -> Connection: ...
-    def close(self, conn: Connection) -> None: ...
-    def lost(self, conn: Connection, error: BaseException) -> bool:
+    def open_writer(self) -> ConnT: ...
+    def open_reader(self) -> ConnT: ...
+    def close(self, conn: ConnT) -> None: ...
+    def lost(self, conn: ConnT, error: BaseException) -> bool:
         """True when `error` means the connection itself is gone (a server restart, a failover,
         a dropped network): the engine then opens a new one and runs the job again."""
-    def prepare(self, conn: Connection) -> None:
+    def prepare(self, conn: ConnT) -> None:
         """Once at start, on the writer: schema upgrades beyond the migrations."""
     def where(self) -> str:
         """The database, for log lines and `muninn stats` (never a password)."""
@@ -89,39 +56,39 @@ class Storage(Protocol):
         """Whether read connections see the writer's commits (False: an in-memory SQLite)."""
 
     # -- the vector index ----------------------------------------------------------
-    def index_info(self, conn: Connection) -> IndexInfo | None: ...
-    def index_for(self, conn: Connection, model: str, dim: int) -> IndexInfo | None: ...
-    def reset_index(self, conn: Connection, model: str, dim: int) -> None: ...
-    def index_state(self, conn: Connection) -> tuple[IndexInfo | None, bool]:
+    def index_info(self, conn: ConnT) -> IndexInfo | None: ...
+    def index_for(self, conn: ConnT, model: str, dim: int) -> IndexInfo | None: ...
+    def reset_index(self, conn: ConnT, model: str, dim: int) -> None: ...
+    def index_state(self, conn: ConnT) -> tuple[IndexInfo | None, bool]:
         """(index_info, reindex_pending) as of one moment: what each recall reads (PostgreSQL: one round trip)."""
-    def mark_reindex_done(self, conn: Connection) -> None: ...
-    def warm(self, conn: Connection, info: IndexInfo, stop: threading.Event) -> int: ...
-    def neighbours_many(self, conn: Connection, info: IndexInfo, items: Sequence[tuple[int, str]],
+    def mark_reindex_done(self, conn: ConnT) -> None: ...
+    def warm(self, conn: ConnT, info: IndexInfo, stop: threading.Event) -> int: ...
+    def neighbours_many(self, conn: ConnT, info: IndexInfo, items: Sequence[tuple[int, str]],
                         k: int) -> dict[int, list[tuple[int, float]]]:
         """For each (id, vis_key): its k nearest under that key, as (id, cosine)."""
 
     # -- what the lifecycle's write rules need (bot/lifecycle/writes.py, fact_store.py) ----
-    def current_index(self, conn: Connection, model: str) -> IndexInfo | None:
+    def current_index(self, conn: ConnT, model: str) -> IndexInfo | None:
         """The vector index if it was made with `model` (else None: a reindex is pending)."""
-    def knn(self, conn: Connection, info: IndexInfo, vector: Sequence[float], keys: list[str],
+    def knn(self, conn: ConnT, info: IndexInfo, vector: Sequence[float], keys: list[str],
             k: int) -> list[tuple[int, float]]:
         """The k nearest active memories under `keys`: [(id, L2 distance)], nearest first."""
-    def similar_to_memory(self, conn: Connection, info: IndexInfo, memory_id: int, keys: list[str],
+    def similar_to_memory(self, conn: ConnT, info: IndexInfo, memory_id: int, keys: list[str],
                           k: int) -> list[tuple[int, float]]: ...
-    def plan_state(self, conn: Connection, model: str, owners: Sequence[int] = (),
+    def plan_state(self, conn: ConnT, model: str, owners: Sequence[int] = (),
                    probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0) -> PlanState:
         """What planning a fact write reads first, as of one moment (PostgreSQL: one round trip):
         the change mark, current_index(model), `owners`' personal keys, and for each (vis_key,
         words) of `probes` its exact-text duplicate check (as begin_fact_write's)."""
-    def one_log_read(self, conn: Connection) -> ContextManager[None]:
+    def one_log_read(self, conn: ConnT) -> ContextManager[None]:
         """Within the block, on this thread, the vector cache reads the change log once (its
         first search): the searches of one fact write's planning, whose results the write checks
         against plan_state's mark anyway, read it once instead of once each."""
-    def keyword_search(self, conn: Connection, words: list[str], keys: list[str], *, all_words: bool,
+    def keyword_search(self, conn: ConnT, words: list[str], keys: list[str], *, all_words: bool,
                        limit: int) -> list[tuple[int, str]]:
         """Active memories under `keys` holding every word (oldest first) or any word (most
         relevant first): [(id, text)]. `words` are fts.tokens, never raw user text."""
-    def begin_fact_write(self, conn: Connection, keys: Sequence[str], model: str, dim: int | None, mark: Any,
+    def begin_fact_write(self, conn: ConnT, keys: Sequence[str], model: str, dim: int | None, mark: Any,
                          probes: Sequence[tuple[str, list[str]]], same_text_limit: int, searched: Sequence[int] = ()
                          ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:
         """The start of a fact write, inside its transaction, in this order: lock `keys` (until
@@ -134,116 +101,98 @@ class Storage(Protocol):
         each (vis_key, words) of `probes`, keyword_search(words, [vis_key], all_words=True,
         limit=same_text_limit) ([] without words). Everything after the locks sees the facts of
         whoever held them before. PostgreSQL: one round trip."""
-    def reinforce(self, conn: Connection, memory_id: int, *, importance: float, sources: list[str],
+    def reinforce(self, conn: ConnT, memory_id: int, *, importance: float, sources: list[str],
                   growth: float, now: float) -> None: ...
 
     # -- writes ------------------------------------------------------------------
-    def insert(self, conn: Connection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
+    def insert(self, conn: ConnT, memories: Sequence[store.NewMemory], *, base_stability_days: float,
                model: str, vecs: list[list[float]] | None, now: float | None,
                info: IndexInfo | None = None) -> list[int]:
         """`info`: the index this transaction has already read (index_for), not read again."""
-    def store_vectors(self, conn: Connection, model: str, ids: list[int], vecs: list[list[float]]) -> int: ...
-    def delete(self, conn: Connection, memory_ids: Sequence[int]) -> int: ...
-    def scrub(self, conn: Connection, forgotten: Sequence[str] = SCRUBBED) -> None:
+    def store_vectors(self, conn: ConnT, model: str, ids: list[int], vecs: list[list[float]]) -> int: ...
+    def delete(self, conn: ConnT, memory_ids: Sequence[int]) -> int: ...
+    def scrub(self, conn: ConnT, forgotten: Sequence[str] = SCRUBBED) -> None:
         """After a commit that deleted people's words: leave no recoverable trace of them in the
         database's files. `forgotten` says what went ("memories", "messages"): a backend may
         clean only those tables (PostgreSQL rewrites them: postgres/scrub.py)."""
-    def finish_scrub(self, conn: Connection) -> bool:
+    def finish_scrub(self, conn: ConnT) -> bool:
         """At maintenance: what earlier forgets left unscrubbed (plain forgets: all of it,
         `mark_pending`; edited and deleted messages: the history, MESSAGES_PENDING; PostgreSQL's
         vectors after any forget); True if there was any."""
-    def archive(self, conn: Connection, memory_id: int, reason: str, now: float | None = None) -> None: ...
-    def restore(self, conn: Connection, memory_id: int) -> None: ...
-    def touch_many(self, conn: Connection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
+    def archive(self, conn: ConnT, memory_id: int, reason: str, now: float | None = None) -> None: ...
+    def restore(self, conn: ConnT, memory_id: int) -> None: ...
+    def touch_many(self, conn: ConnT, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
         """Several recalls' touches (their ids, their time) in one transaction, in order; each
         memory ends as if each touch had been its own (bot/memory/recall/touches.py)."""
-    def forget_sources(self, conn: Connection, message_ids: Sequence[int],
+    def forget_sources(self, conn: ConnT, message_ids: Sequence[int],
                        learned_before: float | None = None) -> list[int]: ...
-    def add_link(self, conn: Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
+    def add_link(self, conn: ConnT, source_id: int, target_id: int, kind: str, weight: float = 1.0,
                  now: float | None = None) -> bool:
         """store.add_link's rule: never between two people's personal memories (False)."""
 
     # -- reads -------------------------------------------------------------------
-    def get(self, conn: Connection, memory_id: int) -> store.Memory: ...
-    def get_many(self, conn: Connection, memory_ids: Sequence[int]) -> dict[int, store.Memory]: ...
-    def get_visible(self, conn: Connection, viewer: Viewer, memory_id: int) -> store.Memory: ...
-    def list_visible(self, conn: Connection, viewer: Viewer, *, scope: str | None, limit: int,
+    def get(self, conn: ConnT, memory_id: int) -> store.Memory: ...
+    def get_many(self, conn: ConnT, memory_ids: Sequence[int]) -> dict[int, store.Memory]: ...
+    def get_visible(self, conn: ConnT, viewer: Viewer, memory_id: int) -> store.Memory: ...
+    def list_visible(self, conn: ConnT, viewer: Viewer, *, scope: str | None, limit: int,
                      offset: int) -> tuple[list[store.Memory], int]: ...
-    def memories_of(self, conn: Connection, user_id: int, scopes: Sequence[str]) -> list[store.Memory]: ...
-    def existing_external_ids(self, conn: Connection, ids: Sequence[str]) -> set[str]: ...
-    def unembedded(self, conn: Connection, limit: int) -> list[tuple[int, str]]: ...
-    def count_active(self, conn: Connection) -> int: ...
-    def stats(self, conn: Connection) -> dict: ...
+    def memories_of(self, conn: ConnT, user_id: int, scopes: Sequence[str]) -> list[store.Memory]: ...
+    def existing_external_ids(self, conn: ConnT, ids: Sequence[str]) -> set[str]: ...
+    def unembedded(self, conn: ConnT, limit: int) -> list[tuple[int, str]]: ...
+    def count_active(self, conn: ConnT) -> int: ...
+    def stats(self, conn: ConnT) -> dict: ...
 
     # -- retrieval's SQL (the arithmetic around it is shared: retrieval.py, ranking.py) ----
-    def visible_keys(self, conn: Connection, viewer: Viewer) -> list[str]: ...
-    def fts_candidates(self, conn: Connection, query: str, keys: list[str], limit: int,
+    def visible_keys(self, conn: ConnT, viewer: Viewer) -> list[str]: ...
+    def fts_candidates(self, conn: ConnT, query: str, keys: list[str], limit: int,
                        as_of: float | None) -> list[Candidate]: ...
-    def keyword_step(self, conn: Connection, query: str, keys: list[str], limit: int,
+    def keyword_step(self, conn: ConnT, query: str, keys: list[str], limit: int,
                      as_of: float | None) -> tuple[list[Candidate], tuple[IndexInfo | None, bool]]:
         """A recall's keyword hits (fts_candidates) and the vector index's state (index_state) that
         its search step reads next: PostgreSQL reads both in one statement."""
-    def searched_words(self, conn: Connection, words: list[str]) -> list[str]:
+    def searched_words(self, conn: ConnT, words: list[str]) -> list[str]:
         """Which of the query's words the keyword path searches (SQLite leaves out common ones)."""
-    def vector_candidates(self, conn: Connection, info: IndexInfo, vector: list[float], keys: list[str],
+    def vector_candidates(self, conn: ConnT, info: IndexInfo, vector: list[float], keys: list[str],
                           limit: int, as_of: float | None) -> list[Candidate]: ...
-    def spread_to_neighbours(self, conn: Connection, ranked: list[Candidate], keys: list[str], share: float,
+    def spread_to_neighbours(self, conn: ConnT, ranked: list[Candidate], keys: list[str], share: float,
                              as_of: float | None) -> list[Candidate]: ...
-    def final_order(self, conn: Connection, candidates: list[Candidate], now: float, **options: Any) -> list[Candidate]: ...
-    def graph_neighbours(self, conn: Connection, seeds: list[Candidate], keys: list[str], limit: int,
+    def final_order(self, conn: ConnT, candidates: list[Candidate], now: float, **options: Any) -> list[Candidate]: ...
+    def graph_neighbours(self, conn: ConnT, seeds: list[Candidate], keys: list[str], limit: int,
                          as_of: float | None) -> list[Candidate]: ...
-    def measure_similarity(self, conn: Connection, vector: Sequence[float], chosen: list[Candidate],
+    def measure_similarity(self, conn: ConnT, vector: Sequence[float], chosen: list[Candidate],
                            info: IndexInfo | None) -> None: ...
 
     # -- privacy -------------------------------------------------------------------
-    def pause(self, conn: Connection, user_id: int) -> bool: ...
-    def resume(self, conn: Connection, user_id: int) -> bool: ...
-    def paused_users(self, conn: Connection) -> set[int]: ...
-    def take_pause_notice(self, conn: Connection, user_id: int) -> bool: ...
-    def personal_from_messages(self, conn: Connection, owner_id: int, message_ids: Sequence[int]) -> list[store.Memory]: ...
-    def own_memory(self, conn: Connection, owner_id: int, memory_id: int) -> store.Memory: ...
-    def forget_personal(self, conn: Connection, owner_id: int, memory_ids: Sequence[int]) -> int: ...
-    def last_message_of(self, conn: Connection, channel_id: int, author_id: int, before: int | None) -> int | None: ...
-    def drop_own_message(self, conn: Connection, author_id: int, message_id: int) -> bool: ...
+    def pause(self, conn: ConnT, user_id: int) -> bool: ...
+    def resume(self, conn: ConnT, user_id: int) -> bool: ...
+    def paused_users(self, conn: ConnT) -> set[int]: ...
+    def take_pause_notice(self, conn: ConnT, user_id: int) -> bool: ...
+    def personal_from_messages(self, conn: ConnT, owner_id: int, message_ids: Sequence[int]) -> list[store.Memory]: ...
+    def own_memory(self, conn: ConnT, owner_id: int, memory_id: int) -> store.Memory: ...
+    def forget_personal(self, conn: ConnT, owner_id: int, memory_ids: Sequence[int]) -> int: ...
+    def last_message_of(self, conn: ConnT, channel_id: int, author_id: int, before: int | None) -> int | None: ...
+    def drop_own_message(self, conn: ConnT, author_id: int, message_id: int) -> bool: ...
 
     # -- several processes on one database -------------------------------------------
-    def take_lease(self, conn: Connection, name: str, holder: str, seconds: float) -> bool: ...
-    def release_lease(self, conn: Connection, name: str, holder: str) -> bool: ...
-    def lease_holder(self, conn: Connection, name: str) -> str | None: ...
-    def last_run(self, conn: Connection, job: str) -> float | None: ...
-    def record_run(self, conn: Connection, job: str, at: float) -> None: ...
+    def take_lease(self, conn: ConnT, name: str, holder: str, seconds: float) -> bool: ...
+    def release_lease(self, conn: ConnT, name: str, holder: str) -> bool: ...
+    def lease_holder(self, conn: ConnT, name: str) -> str | None: ...
+    def last_run(self, conn: ConnT, job: str) -> float | None: ...
+    def record_run(self, conn: ConnT, job: str, at: float) -> None: ...
 
 
-def storage_of(conn: Connection) -> Storage:
-    """The backend a connection belongs to, for the modules that run their SQL through
-    Engine.read / Engine.write jobs (they get only the connection)."""
-    found = getattr(conn, "storage", None)  # a PostgreSQL connection knows its backend
+_DEFAULT: list[Storage[Any]] = []  # the SQLite backend, registered by bot/memory/sqlite/__init__.py
+
+
+def register_default(storage: Storage[Any]) -> None:
+    """The backend of connections that do not name theirs (SQLite's plain apsw connections)."""
+    _DEFAULT[:] = [storage]
+
+
+def storage_of(conn: Connection) -> Storage[Any]:
+    """The backend a connection belongs to, for the portable SQL that gets only the connection
+    (a PostgreSQL connection names its backend; any other is SQLite's)."""
+    found = getattr(conn, "storage", None)
     if found is not None:
         return found
-    from bot.memory.sqlite.backend import SQLITE
-    return SQLITE
-
-
-def storage_for(settings: Settings, vector_cache: Any) -> Storage:
-    """The backend MUNINN_DATABASE_URL selects (PostgreSQL), else SQLite at MUNINN_DB_PATH."""
-    if settings.database_url:
-        from bot.memory.postgres.backend import PostgresStorage
-        return PostgresStorage(settings.database_url, vector_cache)
-    from bot.memory.sqlite.backend import SQLiteStorage
-    return SQLiteStorage(settings.db_path, vector_cache)
-
-
-def take_back(conn: Connection, message_ids: Sequence[int], learned_before: float | None = None) -> list[int]:
-    """Messages were deleted or their words edited: take back what was learned from them alone
-    (`Storage.forget_sources`; only memories learned before `learned_before`, when given) and
-    leave their facts' words for maintenance to scrub. Runs inside the caller's transaction (a
-    savepoint there), so the history's change and the take-back land together; returns the
-    deleted memory ids. Read first: no write lock for what taught nothing."""
-    ids = list(message_ids)
-    if not store.taught_anything(conn, ids, learned_before):
-        return []
-    with write_transaction(conn):
-        forgotten = storage_of(conn).forget_sources(conn, ids, learned_before)
-        if forgotten:
-            mark_pending(conn)
-    return forgotten
+    return _DEFAULT[0]

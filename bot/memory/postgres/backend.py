@@ -30,6 +30,7 @@ from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
 from bot.memory import decay, scope
+from bot.memory.errors import DatabaseError
 from bot.memory.postgres import keywords
 from bot.memory.postgres import scrub as postgres_scrub
 from bot.memory.postgres.connection import PgConnection, connect, translate, where
@@ -41,7 +42,6 @@ from bot.memory.recall.retrieval import VITALS_COLUMNS, Candidate
 from bot.memory.scope import ACTIVE, Viewer, visible_keys
 from bot.memory.sql import privacy, removals, store
 from bot.memory.sqlite import vec0 as vectors
-from bot.memory.sqlite.files import DatabaseError
 from bot.memory.sqlite.vec0 import IndexInfo, VectorSizeError
 from bot.memory.storage import SCRUBBED, PlanState
 from bot.memory.vectors.cache import VectorCache
@@ -244,12 +244,12 @@ class PostgresStorage:
         conn.pg.execute("DELETE FROM meta WHERE key = %s", (vectors.REINDEX_PENDING,))
 
     def warm(self, conn: PgConnection, info: IndexInfo, stop: threading.Event) -> int:
-        return self.vector_cache.warm(conn, info, stop) if self.vector_cache is not None else 0  # type: ignore[arg-type]
+        return self.vector_cache.warm(conn, info, stop) if self.vector_cache is not None else 0
 
     def neighbours_many(self, conn: PgConnection, info: IndexInfo, items: Sequence[tuple[int, str]],
                         k: int) -> dict[int, list[tuple[int, float]]]:
         if self.vector_cache is not None and conn.get_autocommit():
-            found = self.vector_cache.neighbours(conn, info, items, k)  # type: ignore[arg-type]
+            found = self.vector_cache.neighbours(conn, info, items, k)
             return {mid: [(other, vectors.cosine_from_distance(d)) for other, d in near] for mid, near in found.items()}
         out: dict[int, list[tuple[int, float]]] = {}
         for memory_id, key in items:
@@ -307,14 +307,14 @@ class PostgresStorage:
                 columns.append(f"(SELECT json_agg(json_build_array(s.id, s.text) ORDER BY s.id)::text FROM ({query}) s)")
                 params += more
         cache = self.vector_cache
-        ahead = (cache.read_ahead(conn)  # type: ignore[arg-type]
+        ahead = (cache.read_ahead(conn)
                  if cache is not None and isinstance(cache.source, PostgresVectorSource) else None)
         if cache is not None and ahead is not None:
             polled, row = cache.source.poll_beside(conn, ahead[0], columns, params)  # type: ignore[attr-defined]
             mark = polled[2][0]  # the statement's snapshot: the plan's mark and the cache's are one
             stored, _ = index_state_of(row[0])
             if stored is not None:
-                cache.take_read_ahead(conn, stored, ahead, polled)  # type: ignore[arg-type]
+                cache.take_read_ahead(conn, stored, ahead, polled)
         else:
             found = conn.pg.execute(f"SELECT pg_current_snapshot()::text, {', '.join(columns)}".encode(), params,
                                     prepare=False).fetchone()
@@ -583,27 +583,27 @@ class PostgresStorage:
 
     # -- reads (the backend-neutral SQL of store.py, through PgConnection) --------------
     def get(self, conn: PgConnection, memory_id: int) -> store.Memory:
-        return store.get(conn, memory_id)  # type: ignore[arg-type]
+        return store.get(conn, memory_id)
 
     def get_many(self, conn: PgConnection, memory_ids: Sequence[int]) -> dict[int, store.Memory]:
-        return store.get_many(conn, memory_ids)  # type: ignore[arg-type]
+        return store.get_many(conn, memory_ids)
 
     def get_visible(self, conn: PgConnection, viewer: Viewer, memory_id: int) -> store.Memory:
-        return store.get_visible(conn, viewer, memory_id)  # type: ignore[arg-type]
+        return store.get_visible(conn, viewer, memory_id)
 
     def list_visible(self, conn: PgConnection, viewer: Viewer, *, scope: str | None, limit: int,
                      offset: int) -> tuple[list[store.Memory], int]:
-        return store.list_visible(conn, viewer, scope=scope, limit=limit, offset=offset)  # type: ignore[arg-type]
+        return store.list_visible(conn, viewer, scope=scope, limit=limit, offset=offset)
 
     def memories_of(self, conn: PgConnection, user_id: int, scopes: Sequence[str]) -> list[store.Memory]:
-        return store.memories_of(conn, user_id, scopes)  # type: ignore[arg-type]
+        return store.memories_of(conn, user_id, scopes)
 
     def existing_external_ids(self, conn: PgConnection, ids: Sequence[str]) -> set[str]:
-        found = store.existing_external_ids(conn, ids)  # type: ignore[arg-type]
+        found = store.existing_external_ids(conn, ids)
         return {x.decode() if isinstance(x, bytes) else x for x in found}
 
     def unembedded(self, conn: PgConnection, limit: int) -> list[tuple[int, str]]:
-        return store.unembedded_ids(conn, limit)  # type: ignore[arg-type]
+        return store.unembedded_ids(conn, limit)
 
     def count_active(self, conn: PgConnection) -> int:
         row = conn.pg.execute("SELECT count(*) FROM memories WHERE " + ACTIVE).fetchone()
@@ -630,7 +630,7 @@ class PostgresStorage:
 
     # -- retrieval ---------------------------------------------------------------------
     def visible_keys(self, conn: PgConnection, viewer: Viewer) -> list[str]:
-        return visible_keys(conn, viewer)  # type: ignore[arg-type]  # THE scope rule, same SQL
+        return visible_keys(conn, viewer)    # THE scope rule, same SQL
 
     def searched_words(self, conn: PgConnection, words: list[str]) -> list[str]:
         return keywords.searched_words(conn, words)  # SQLite's common-word rule, counts from GIN
@@ -658,7 +658,7 @@ class PostgresStorage:
         if not keys or k <= 0:
             return []
         if self.vector_cache is not None:
-            return self.vector_cache.knn(conn, info, vector, keys, k, as_of)  # type: ignore[arg-type]
+            return self.vector_cache.knn(conn, info, vector, keys, k, as_of)
         return self._server_knn(conn, info, vector, keys, k, as_of)
 
     def _server_knn(self, conn: PgConnection, info: IndexInfo, vector: Sequence[float], keys: list[str], k: int,
@@ -712,11 +712,11 @@ class PostgresStorage:
 
     def final_order(self, conn: PgConnection, candidates: list[Candidate], now: float,
                     **options: Any) -> list[Candidate]:
-        return ranking.final_order(conn, candidates, now, **options)  # type: ignore[arg-type]
+        return ranking.final_order(conn, candidates, now, **options)
 
     def graph_neighbours(self, conn: PgConnection, seeds: list[Candidate], keys: list[str], limit: int,
                          as_of: float | None) -> list[Candidate]:
-        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of)  # type: ignore[arg-type]
+        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of)
 
     def measure_similarity(self, conn: PgConnection, vector: Sequence[float], chosen: list[Candidate],
                            info: IndexInfo | None) -> None:
@@ -725,7 +725,7 @@ class PostgresStorage:
             return
         if self.vector_cache is not None:  # the recall's search has just loaded the viewer's keys
             # on a read connection right after the recall's own search: its sync still holds
-            cosines = self.vector_cache.cosines(conn, info, vector, list(unknown),  # type: ignore[arg-type]
+            cosines = self.vector_cache.cosines(conn, info, vector, list(unknown),
                                                 synced=conn.get_autocommit())
             for memory_id, cosine in cosines.items():
                 unknown.pop(memory_id).similarity = cosine
@@ -742,23 +742,23 @@ class PostgresStorage:
                                (user_id, time.time())).rowcount > 0
 
     def resume(self, conn: PgConnection, user_id: int) -> bool:
-        return privacy.resume(conn, user_id)  # type: ignore[arg-type]  # portable SQL: privacy.py
+        return privacy.resume(conn, user_id)    # portable SQL: privacy.py
 
     def paused_users(self, conn: PgConnection) -> set[int]:
-        return privacy.paused_users(conn)  # type: ignore[arg-type]
+        return privacy.paused_users(conn)
 
     def take_pause_notice(self, conn: PgConnection, user_id: int) -> bool:
-        return privacy.take_pause_notice(conn, user_id)  # type: ignore[arg-type]
+        return privacy.take_pause_notice(conn, user_id)
 
     def personal_from_messages(self, conn: PgConnection, owner_id: int,
                                message_ids: Sequence[int]) -> list[store.Memory]:
-        return privacy.personal_from_messages(conn, owner_id, message_ids)  # type: ignore[arg-type]
+        return privacy.personal_from_messages(conn, owner_id, message_ids)
 
     def own_memory(self, conn: PgConnection, owner_id: int, memory_id: int) -> store.Memory:
-        return privacy.own_memory(conn, owner_id, memory_id)  # type: ignore[arg-type]
+        return privacy.own_memory(conn, owner_id, memory_id)
 
     def forget_personal(self, conn: PgConnection, owner_id: int, memory_ids: Sequence[int]) -> int:
-        return privacy.forget_personal(conn, owner_id, memory_ids)  # type: ignore[arg-type]
+        return privacy.forget_personal(conn, owner_id, memory_ids)
 
     def last_message_of(self, conn: PgConnection, channel_id: int, author_id: int,
                         before: int | None) -> int | None:
@@ -769,7 +769,7 @@ class PostgresStorage:
         return int(row[0]) if row else None
 
     def drop_own_message(self, conn: PgConnection, author_id: int, message_id: int) -> bool:
-        return privacy.drop_own_message(conn, author_id, message_id)  # type: ignore[arg-type]
+        return privacy.drop_own_message(conn, author_id, message_id)
 
     # -- several processes on one database -------------------------------------------
     def take_lease(self, conn: PgConnection, name: str, holder: str, seconds: float) -> bool:

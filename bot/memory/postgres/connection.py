@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 import psycopg
 
-from bot.memory.sqlite.files import DatabaseError
+from bot.memory.errors import DatabaseError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What a PostgreSQL error means for the operator, when it hits the whole database.
 
-`files.explain` asks here for psycopg's errors (only once psycopg is imported: it is an
+`bot.memory.errors.explain` asks here for psycopg's errors (only once psycopg is imported: it is an
 optional dependency). An error listed here fails every request alike until someone acts
 (the server is gone or stopping, its disk is full, it refuses writes, its files are damaged),
 so callers stop retrying request by request (bot/memory/recall/touches.py) and log one line saying

@@ -19,7 +19,7 @@ import logging
 
 import psycopg
 
-from bot.memory.sqlite.files import DatabaseError
+from bot.memory.errors import DatabaseError
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Sequence
 import psycopg
 
 from bot.memory.postgres.connection import PgConnection
-from bot.memory.storage import MESSAGES_PENDING, SCRUB_PENDING, clear_marks, mark_pending, pending_marks
+from bot.memory.sql.marks import MESSAGES_PENDING, SCRUB_PENDING, clear_marks, mark_pending, pending_marks
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ SCRUBBABLE = ("memories", "messages")  # what a forget names: the tables rewritt
 VECTORS_PENDING = "scrub.vectors_pending"  # meta key: forgotten vectors await the next maintenance
 # VACUUM FULL waits for an exclusive lock, and every reader then queues behind it: a forget
 # must not stall all recalls behind one long transaction. Past this wait the rewrite is left
-# to the next maintenance run (storage.mark_pending).
+# to the next maintenance run (marks.mark_pending).
 LOCK_WAIT = "2s"
 # A rewrite at once holds the table's exclusive lock only briefly at this size (the time grows
 # with the table and its indexes); bigger tables wait for maintenance.
@@ -58,7 +58,7 @@ def scrub(conn: PgConnection, forgotten: Sequence[str]) -> None:
 
 
 def finish(conn: PgConnection) -> bool:
-    """At maintenance: rewrite what forgets left (storage.mark_pending: plain forgets and
+    """At maintenance: rewrite what forgets left (marks.mark_pending: plain forgets and
     rewrites that were locked out: the words' tables and the vectors; MESSAGES_PENDING: edited
     and deleted messages, the history alone), and the vectors after any forget since the last
     time. A mark is cleared only after its rewrite; True if there was anything."""

@@ -35,9 +35,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import UTC, tzinfo
 
-import apsw
-
 from bot.memory import decay
+from bot.memory.connection import Connection
 from bot.memory.recall.dates import DateHint
 from bot.memory.recall.retrieval import VITALS_COLUMNS, Candidate, rank
 from bot.memory.sqlite import vec0 as vectors
@@ -65,7 +64,7 @@ def time_factor(vital: float, weight: float = TIME_WEIGHT) -> float:
 DECAY_COLUMNS = "id, " + VITALS_COLUMNS  # Candidate.vitals, keyed
 
 
-def final_order(conn: apsw.Connection, candidates: Iterable[Candidate], now: float, *,
+def final_order(conn: Connection, candidates: Iterable[Candidate], now: float, *,
                 time_weight: float = TIME_WEIGHT, date_hints: Sequence[DateHint] = (),
                 date_boost: float = DATE_BOOST, tz: tzinfo = UTC) -> list[Candidate]:
     """Re-rank by relevance x time factor x date factor (see the module doc)."""
@@ -101,7 +100,7 @@ def keyword_winner_first(ranked: list[Candidate], margin: float = KEYWORD_LEAD) 
     return [hits[0]] + [c for c in ranked if c is not hits[0]]
 
 
-def measure_similarity(conn: apsw.Connection, query_vector: Sequence[float], candidates: Iterable[Candidate],
+def measure_similarity(conn: Connection, query_vector: Sequence[float], candidates: Iterable[Candidate],
                        info: vectors.IndexInfo | None = None, *, after_search: bool = False) -> None:
     """Give every candidate its cosine to the query; the vector path's hits know it already,
     the others (keyword hits, graph links) get it from their stored vector (vectors.cosines:

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Iterable
 
-import apsw
-
+from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE, key_filter
 from bot.memory.sql import store
 from bot.memory.sqlite import fts
@@ -132,7 +131,7 @@ class KeywordHits(list[Candidate]):
     searched: list[str] | None = None
 
 
-def fts_candidates(conn: apsw.Connection, query: str, keys: list[str], limit: int,
+def fts_candidates(conn: Connection, query: str, keys: list[str], limit: int,
                    as_of: float | None = None) -> KeywordHits:
     """Keyword path: BM25 alone (time is ranking.py's business), scoped, active only."""
     planned = fts.plan(conn, query, keys, as_of)
@@ -153,7 +152,7 @@ def fts_candidates(conn: apsw.Connection, query: str, keys: list[str], limit: in
     return found
 
 
-def vector_candidates(conn: apsw.Connection, info: vectors.IndexInfo, query_vector: list[float],
+def vector_candidates(conn: Connection, info: vectors.IndexInfo, query_vector: list[float],
                       keys: list[str], limit: int, as_of: float | None = None) -> list[Candidate]:
     """Semantic path: KNN inside the viewer's visibility keys."""
     return [Candidate(memory_id, vector_rank=rank, distance=distance)
@@ -206,7 +205,7 @@ NEIGHBOUR_REACH = 2
 NEIGHBOUR_FALLOFF = 0.8
 
 
-def spread_to_neighbours(conn: apsw.Connection, ranked: list[Candidate], keys: list[str], share: float,
+def spread_to_neighbours(conn: Connection, ranked: list[Candidate], keys: list[str], share: float,
                          as_of: float | None = None, *, reach: int | None = None) -> list[Candidate]:
     """Re-rank: each hit lends `share` of its fused score to the hits stored just before and
     just after it under the same visibility key, and a falling share to those up to `reach`
@@ -244,7 +243,7 @@ def spread_to_neighbours(conn: apsw.Connection, ranked: list[Candidate], keys: l
     return lend_to_neighbours(by_id, conn.execute(sql, params), share)
 
 
-def lenders(conn: apsw.Connection, by_id: dict[int, Candidate], keys: list[str]) -> list[int]:
+def lenders(conn: Connection, by_id: dict[int, Candidate], keys: list[str]) -> list[int]:
     """Those of the candidates (under `keys`) that have another of them under the same key stored
     within NEIGHBOUR_WINDOW_S: the only hits whose neighbour loan can reach a candidate. Gives
     each the `vitals` the final order needs from the same rows."""
@@ -285,7 +284,7 @@ def lend_to_neighbours(by_id: dict[int, Candidate], found: Iterable[tuple[int, i
     return rank(by_id.values())
 
 
-def graph_neighbours(conn: apsw.Connection, seeds: list[Candidate], keys: list[str], limit: int,
+def graph_neighbours(conn: Connection, seeds: list[Candidate], keys: list[str], limit: int,
                      as_of: float | None = None) -> list[Candidate]:
     """1-hop walk from the fused results: up to `limit` linked, visible, active memories."""
     if not seeds or limit <= 0:

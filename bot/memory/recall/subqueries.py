@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import re
 
-import apsw
-
+from bot.memory.connection import Connection
 from bot.memory.recall.dates import MONTHS
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.sqlite import fts
@@ -52,7 +51,7 @@ def names(question: str) -> list[str]:
     return list(found)[:MAX_NAMES]
 
 
-def name_hits(conn: apsw.Connection, question: str, hits: list[Candidate]) -> list[Candidate]:
+def name_hits(conn: Connection, question: str, hits: list[Candidate]) -> list[Candidate]:
     """Of the plain keyword hits (already scoped and dated, each holding a searched word), those
     whose text holds a name of the question that the plain query left out, in their order.
     The texts are read by id, cheaper than an FTS5 `name AND (words)` query over the whole

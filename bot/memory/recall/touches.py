@@ -17,7 +17,7 @@ timeout, a full disk, one request the database refuses) no recall fails for it. 
 touches are tried again one request at a time, so one bad request does not cost the others
 their touch (every other memory's decay clock stays exact); a request whose own touch fails
 is loaded without it, and one line says so. The retries are bounded: one each, and none
-after a failure of the whole database (busy, full, damaged: `files.explain` knows them),
+after a failure of the whole database (busy, full, damaged: `bot.memory.errors.explain` knows them),
 which would only make every recall wait again for the same answer.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
+from bot.memory.errors import explain
 from bot.memory.sql import store
-from bot.memory.sqlite.files import explain
 from bot.memory.storage import Connection
 
 log = logging.getLogger(__name__)

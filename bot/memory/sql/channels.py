@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import time
 
-import apsw
+from bot.memory.connection import Connection
+from bot.memory.sql.queries import query_value
+from bot.memory.sql.transactions import write_transaction
 
-from bot.memory.sqlite.db import query_value, write_transaction
 
-
-def set_always_answer(conn: apsw.Connection, channel_id: int, guild_id: int | None, enabled: bool,
+def set_always_answer(conn: Connection, channel_id: int, guild_id: int | None, enabled: bool,
                       now: float | None = None) -> None:
     with write_transaction(conn):
         conn.execute(
@@ -20,7 +20,7 @@ def set_always_answer(conn: apsw.Connection, channel_id: int, guild_id: int | No
             (channel_id, guild_id, int(enabled), time.time() if now is None else now))
 
 
-def always_answer(conn: apsw.Connection, channel_id: int) -> bool | None:
+def always_answer(conn: Connection, channel_id: int) -> bool | None:
     """The channel's always-answer option, or None when nobody has set it here."""
     value = query_value(conn, "SELECT always_answer FROM channel_settings WHERE channel_id = ?", (channel_id,))
     return None if value is None else bool(value)

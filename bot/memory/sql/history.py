@@ -12,12 +12,14 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
-import apsw
-
+from bot.memory.connection import Connection
+from bot.memory.sql.marks import MESSAGES_PENDING, mark_pending
+from bot.memory.sql.queries import query_one, query_value
 from bot.memory.sql.store import taught_anything
-from bot.memory.sqlite.db import query_one, query_value, write_transaction
-from bot.memory.storage import MESSAGES_PENDING, mark_pending, take_back
+from bot.memory.sql.transactions import write_transaction
+from bot.memory.storage import storage_of
 
 ROLES = ("user", "assistant")
 
@@ -45,7 +47,7 @@ def storable(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "")
 
 
-def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, author_id: int, author_name: str,
+def record(conn: Connection, *, channel_id: int, guild_id: int | None, author_id: int, author_name: str,
            role: str, content: str, created_at: float | None = None, message_id: int | None = None,
            reply_to: int | None = None, reply_to_author: int | None = None) -> int:
     """Store one message (idempotent: a re-delivered Discord message is ignored); returns its id.
@@ -64,7 +66,7 @@ def record(conn: apsw.Connection, *, channel_id: int, guild_id: int | None, auth
     return row_id
 
 
-def next_local_id(conn: apsw.Connection) -> int:
+def next_local_id(conn: Connection) -> int:
     """Ids for messages that have no Discord id: small numbers, below any snowflake."""
     return query_value(conn, "SELECT coalesce(max(id), 0) + 1 FROM messages WHERE id < ?", (1 << 22,))
 
@@ -76,9 +78,9 @@ class Edit(enum.Enum):
     WORDS_DROPPED = "words dropped"  # new words of someone who paused Muninn's memory: not kept, the old go
 
 
-def edit(conn: apsw.Connection, message_id: int, content: str, edited_at: float | None = None) -> Edit:
+def edit(conn: Connection, message_id: int, content: str, edited_at: float | None = None) -> Edit:
     """Replace the text of a message we know (not of a deleted one). The old text goes as a
-    deleted message's does: out of the files too, at the next maintenance (`storage.mark_pending`:
+    deleted message's does: out of the files too, at the next maintenance (`marks.mark_pending`:
     the row's old version stays in SQLite's WAL and in PostgreSQL's table file until a scrub).
     A message of someone who paused Muninn's memory keeps neither: the old words were taken back
     by the edit, and the new ones are said while Muninn keeps nothing of what they say (as their
@@ -114,7 +116,7 @@ class Edited:
     before: tuple[HistoryMessage, ...] = ()  # the conversation before it (who took part)
 
 
-def edit_and_take_back(conn: apsw.Connection, message_id: int, content: str, edited_at: float | None = None,
+def edit_and_take_back(conn: Connection, message_id: int, content: str, edited_at: float | None = None,
                        context: int = 0) -> Edited:
     """`edit`, and in the same transaction take back what the old words alone taught
     (`forget_sources`; also for a message the history no longer holds: pruned, it may still have
@@ -147,10 +149,10 @@ def edit_and_take_back(conn: apsw.Connection, message_id: int, content: str, edi
                       tuple(recent(conn, message.channel_id, context, before=message)))
 
 
-def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
+def delete(conn: Connection, message_ids: list[int] | tuple[int, ...],
            deleted_at: float | None = None) -> int:
     """Mark messages deleted and drop their text (from the files too, at the next maintenance:
-    `storage.mark_pending`); returns how many were known."""
+    `marks.mark_pending`); returns how many were known."""
     now = time.time() if deleted_at is None else deleted_at
     changed = 0
     ids = [int(i) for i in message_ids]
@@ -167,7 +169,7 @@ def delete(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
     return changed
 
 
-def delete_and_take_back(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...],
+def delete_and_take_back(conn: Connection, message_ids: list[int] | tuple[int, ...],
                          deleted_at: float | None = None) -> int:
     """`delete`, and in the same transaction take back what those messages alone taught (also
     for messages the history no longer holds): a crash between the two cannot leave a deleted
@@ -182,7 +184,7 @@ def delete_and_take_back(conn: apsw.Connection, message_ids: list[int] | tuple[i
     return removed
 
 
-def forget_author(conn: apsw.Connection, author_id: int) -> int:
+def forget_author(conn: Connection, author_id: int) -> int:
     """Erase a person from the history: their messages everywhere, Muninn's replies to them
     (which may repeat what they said), and whole DM conversations with them. Returns rows removed."""
     with write_transaction(conn):
@@ -198,7 +200,7 @@ def forget_author(conn: apsw.Connection, author_id: int) -> int:
     return removed
 
 
-def remove(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...]) -> int:
+def remove(conn: Connection, message_ids: list[int] | tuple[int, ...]) -> int:
     """Delete rows outright (no tombstone); returns how many went."""
     removed = 0
     with write_transaction(conn):
@@ -208,7 +210,7 @@ def remove(conn: apsw.Connection, message_ids: list[int] | tuple[int, ...]) -> i
     return removed
 
 
-def prune(conn: apsw.Connection, channel_id: int, keep: int) -> int:
+def prune(conn: Connection, channel_id: int, keep: int) -> int:
     """Delete all but the newest `keep` messages of a channel; returns how many went.
     Cheap: it walks `keep` entries of the (channel_id, created_at) index."""
     with write_transaction(conn):
@@ -219,23 +221,23 @@ def prune(conn: apsw.Connection, channel_id: int, keep: int) -> int:
     return removed
 
 
-def prune_all(conn: apsw.Connection, keep: int) -> int:
+def prune_all(conn: Connection, keep: int) -> int:
     """`prune` every channel (for maintenance, or after lowering MUNINN_HISTORY_KEEP)."""
     channels = [row[0] for row in conn.execute(
         "SELECT channel_id FROM messages GROUP BY channel_id HAVING count(*) > ?", (keep,))]
     return sum(prune(conn, channel_id, keep) for channel_id in channels)
 
 
-def get(conn: apsw.Connection, message_id: int) -> HistoryMessage | None:
+def get(conn: Connection, message_id: int) -> HistoryMessage | None:
     row = query_one(conn, f"SELECT {COLUMNS} FROM messages WHERE id = ?", (message_id,))
     return None if row is None else HistoryMessage(*row)
 
 
-def is_assistant_message(conn: apsw.Connection, message_id: int) -> bool:
+def is_assistant_message(conn: Connection, message_id: int) -> bool:
     return query_value(conn, "SELECT 1 FROM messages WHERE id = ? AND role = 'assistant'", (message_id,)) == 1
 
 
-def recent(conn: apsw.Connection, channel_id: int, limit: int, *, before: HistoryMessage | None = None
+def recent(conn: Connection, channel_id: int, limit: int, *, before: HistoryMessage | None = None
            ) -> list[HistoryMessage]:
     """The last `limit` messages of a channel, oldest first, leaving out deleted ones.
 
@@ -254,3 +256,19 @@ def recent(conn: apsw.Connection, channel_id: int, limit: int, *, before: Histor
     rows = [HistoryMessage(*row) for row in conn.execute(sql, params)]
     rows.reverse()
     return rows
+
+
+def take_back(conn: Connection, message_ids: Sequence[int], learned_before: float | None = None) -> list[int]:
+    """Messages were deleted or their words edited: take back what was learned from them alone
+    (`Storage.forget_sources`; only memories learned before `learned_before`, when given) and
+    leave their facts' words for maintenance to scrub. Runs inside the caller's transaction (a
+    savepoint there), so the history's change and the take-back land together; returns the
+    deleted memory ids. Read first: no write lock for what taught nothing."""
+    ids = list(message_ids)
+    if not taught_anything(conn, ids, learned_before):
+        return []
+    with write_transaction(conn):
+        forgotten = storage_of(conn).forget_sources(conn, ids, learned_before)
+        if forgotten:
+            mark_pending(conn)
+    return forgotten

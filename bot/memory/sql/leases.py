@@ -27,9 +27,8 @@ import time
 import uuid
 from pathlib import Path
 
-import apsw
-
-from bot.memory.sqlite.db import get_meta, set_meta
+from bot.memory.connection import Connection
+from bot.memory.sql.queries import get_meta, set_meta
 
 _TAKE = """
 INSERT INTO meta(key, value) VALUES(:key, json_object('holder', :holder, 'expires', :expires))
@@ -85,20 +84,20 @@ def abandoned(holder: str) -> bool:
         return False
 
 
-def take(conn: apsw.Connection, name: str, holder: str, seconds: float, now: float | None = None) -> bool:
+def take(conn: Connection, name: str, holder: str, seconds: float, now: float | None = None) -> bool:
     """Take the lease for `seconds`, or renew it if `holder` has it; False if another holds it."""
     now = time.time() if now is None else now
     conn.execute(_TAKE, {"key": f"lease.{name}", "holder": holder, "expires": now + seconds, "now": now})
     return conn.changes() == 1
 
 
-def release(conn: apsw.Connection, name: str, holder: str) -> bool:
+def release(conn: Connection, name: str, holder: str) -> bool:
     """Give the lease up (only if `holder` has it), so another process may take it at once."""
     conn.execute("DELETE FROM meta WHERE key = ? AND json_extract(value, '$.holder') = ?", (f"lease.{name}", holder))
     return conn.changes() == 1
 
 
-def holder_of(conn: apsw.Connection, name: str, now: float | None = None) -> str | None:
+def holder_of(conn: Connection, name: str, now: float | None = None) -> str | None:
     """Who holds the lease now (None: nobody, or it expired)."""
     raw = get_meta(conn, f"lease.{name}")
     if raw is None:
@@ -107,11 +106,11 @@ def holder_of(conn: apsw.Connection, name: str, now: float | None = None) -> str
     return lease["holder"] if lease["expires"] >= (time.time() if now is None else now) else None
 
 
-def last_run(conn: apsw.Connection, job: str) -> float | None:
+def last_run(conn: Connection, job: str) -> float | None:
     """When `job` last finished, in unix seconds, whichever process ran it."""
     raw = get_meta(conn, f"{job}.last_run")
     return float(raw) if raw is not None else None
 
 
-def record_run(conn: apsw.Connection, job: str, at: float) -> None:
+def record_run(conn: Connection, job: str, at: float) -> None:
     set_meta(conn, f"{job}.last_run", repr(at))

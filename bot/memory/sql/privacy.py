@@ -9,15 +9,15 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-import apsw
-
+from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE
 from bot.memory.sql import store
-from bot.memory.sqlite.db import query_one, write_transaction
+from bot.memory.sql.queries import query_one
+from bot.memory.sql.transactions import write_transaction
 from bot.memory.storage import storage_of
 
 
-def pause(conn: apsw.Connection, user_id: int, now: float | None = None) -> bool:
+def pause(conn: Connection, user_id: int, now: float | None = None) -> bool:
     """Pause; False when it already was (the first pause time and notice state are kept)."""
     with write_transaction(conn):
         conn.execute("INSERT OR IGNORE INTO memory_pauses (user_id, paused_at) VALUES (?, ?)",
@@ -25,25 +25,25 @@ def pause(conn: apsw.Connection, user_id: int, now: float | None = None) -> bool
         return conn.changes() > 0
 
 
-def resume(conn: apsw.Connection, user_id: int) -> bool:
+def resume(conn: Connection, user_id: int) -> bool:
     """Resume; False when it was not paused."""
     with write_transaction(conn):
         conn.execute("DELETE FROM memory_pauses WHERE user_id = ?", (user_id,))
         return conn.changes() > 0
 
 
-def paused_users(conn: apsw.Connection) -> set[int]:
+def paused_users(conn: Connection) -> set[int]:
     return {row[0] for row in conn.execute("SELECT user_id FROM memory_pauses")}
 
 
-def take_pause_notice(conn: apsw.Connection, user_id: int) -> bool:
+def take_pause_notice(conn: Connection, user_id: int) -> bool:
     """True once per pause: the first time Muninn answers someone whose memory is paused."""
     with write_transaction(conn):
         conn.execute("UPDATE memory_pauses SET notified = 1 WHERE user_id = ? AND notified = 0", (user_id,))
         return conn.changes() > 0
 
 
-def personal_from_messages(conn: apsw.Connection, owner_id: int, message_ids: Sequence[int]) -> list[store.Memory]:
+def personal_from_messages(conn: Connection, owner_id: int, message_ids: Sequence[int]) -> list[store.Memory]:
     """The owner's active personal memories learned from any of these messages."""
     wanted = [str(m) for m in message_ids]
     if not wanted:
@@ -57,7 +57,7 @@ def personal_from_messages(conn: apsw.Connection, owner_id: int, message_ids: Se
     return [found[row[0]] for row in rows if row[0] in found]
 
 
-def own_memory(conn: apsw.Connection, owner_id: int, memory_id: int) -> store.Memory:
+def own_memory(conn: Connection, owner_id: int, memory_id: int) -> store.Memory:
     """A memory whose owner is this person (personal, or a room memory they taught), archived or
     not; MemoryNotFound otherwise, with no hint whether the id exists."""
     row = query_one(conn, f"SELECT {store.COLUMNS} FROM memories WHERE id = ? AND owner_id = ? "
@@ -67,7 +67,7 @@ def own_memory(conn: apsw.Connection, owner_id: int, memory_id: int) -> store.Me
     return store.Memory.from_row(row)
 
 
-def forget_personal(conn: apsw.Connection, owner_id: int, memory_ids: Sequence[int]) -> int:
+def forget_personal(conn: Connection, owner_id: int, memory_ids: Sequence[int]) -> int:
     """Delete those of `memory_ids` that are the owner's personal memories, and scrub the
     database so their text is not recoverable. Returns how many went."""
     marks = ",".join("?" * len(memory_ids)) or "NULL"
@@ -81,7 +81,7 @@ def forget_personal(conn: apsw.Connection, owner_id: int, memory_ids: Sequence[i
     return removed
 
 
-def last_message_of(conn: apsw.Connection, channel_id: int, author_id: int, before: int | None = None) -> int | None:
+def last_message_of(conn: Connection, channel_id: int, author_id: int, before: int | None = None) -> int | None:
     """The id of the author's latest message in the channel's history (before message `before`)."""
     row = query_one(conn, "SELECT id FROM messages WHERE channel_id = ? AND author_id = ? AND role = 'user' "
                           "AND deleted_at IS NULL AND (? IS NULL OR id != ?) ORDER BY created_at DESC, id DESC LIMIT 1",
@@ -89,7 +89,7 @@ def last_message_of(conn: apsw.Connection, channel_id: int, author_id: int, befo
     return row[0] if row else None
 
 
-def drop_own_message(conn: apsw.Connection, author_id: int, message_id: int) -> bool:
+def drop_own_message(conn: Connection, author_id: int, message_id: int) -> bool:
     """Take one of the author's messages out of the conversation history, leaving no trace."""
     with write_transaction(conn):
         conn.execute("DELETE FROM messages WHERE id = ? AND author_id = ?", (message_id, author_id))

@@ -14,9 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import apsw
-
 from bot.memory import decay
+from bot.memory.connection import Connection
 from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.storage import storage_of
@@ -82,7 +81,7 @@ def _params(now: float) -> dict[str, float]:
 BAD_UTF8 = "text that is not valid UTF-8 (shown with U+FFFD)"
 
 
-def invalid_utf8_ids(conn: apsw.Connection) -> list[int]:
+def invalid_utf8_ids(conn: Connection) -> list[int]:
     """Memories whose text is not valid UTF-8 (SQLite does not check; another program may write it)."""
     ids = []
     for memory_id, raw in conn.execute("SELECT id, CAST(text AS BLOB) FROM memories ORDER BY id"):
@@ -94,11 +93,11 @@ def invalid_utf8_ids(conn: apsw.Connection) -> list[int]:
     return ids
 
 
-def _on_postgres(conn: apsw.Connection) -> bool:
+def _on_postgres(conn: Connection) -> bool:
     return storage_of(conn).name == "postgresql"
 
 
-def find_bad_rows(conn: apsw.Connection, now: float | None = None) -> dict[str, list[int]]:
+def find_bad_rows(conn: Connection, now: float | None = None) -> dict[str, list[int]]:
     """{what is wrong: [memory ids]} (only the rules with findings)."""
     params = _params(time.time() if now is None else now)
     postgres = _on_postgres(conn)
@@ -114,7 +113,7 @@ def find_bad_rows(conn: apsw.Connection, now: float | None = None) -> dict[str, 
     return found
 
 
-def fix_bad_rows(conn: apsw.Connection, now: float | None = None) -> int:
+def fix_bad_rows(conn: Connection, now: float | None = None) -> int:
     """Clamp every value `find_bad_rows` reports, in one transaction; returns the values changed."""
     params = _params(time.time() if now is None else now)
     postgres = _on_postgres(conn)

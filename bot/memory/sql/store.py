@@ -14,10 +14,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator, Sequence
 
-import apsw
-
 from bot import validate
 from bot.memory import decay
+from bot.memory.connection import Connection
 from bot.memory.scope import (
     ACTIVE,
     SCOPES,
@@ -28,10 +27,10 @@ from bot.memory.scope import (
     visible_keys,
 )
 from bot.memory.sql import removals
-from bot.memory.sql.transactions import after_commit
+from bot.memory.sql.queries import query_one, query_value
+from bot.memory.sql.transactions import after_commit, write_transaction
 from bot.memory.sqlite import fts
 from bot.memory.sqlite import vec0 as vectors
-from bot.memory.sqlite.db import query_one, query_value, write_transaction
 
 # Times Python can render (datetime covers years 1 to 9999): a stored value outside is
 # shown clamped, never allowed to crash a recall or an export.
@@ -198,7 +197,7 @@ def _as_float(value) -> float | None:
 
 # -- writes ------------------------------------------------------------------
 
-def insert_many(conn: apsw.Connection, memories: Sequence[NewMemory], *, base_stability_days: float,
+def insert_many(conn: Connection, memories: Sequence[NewMemory], *, base_stability_days: float,
                 vector_info: vectors.IndexInfo | None = None,
                 vectors_: Sequence[Sequence[float] | None] | None = None,
                 now: float | None = None) -> list[int]:
@@ -208,15 +207,15 @@ def insert_many(conn: apsw.Connection, memories: Sequence[NewMemory], *, base_st
     with write_transaction(conn):
         for index, memory in enumerate(memories):
             created = memory.created_at if memory.created_at is not None else now
-            conn.execute(
+            memory_id = int(query_value(
+                conn,
                 "INSERT INTO memories (text, scope, owner_id, channel_id, guild_id, vis_key, importance, "
                 "stability, created_at, updated_at, source_message_ids, external_id) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (memory.text, memory.scope, memory.owner_id, memory.channel_id, memory.guild_id,
                  memory.vis_key, memory.importance,
                  decay.initial_stability(memory.importance, base_stability_days), created, now,
-                 json.dumps([str(s) for s in memory.source_message_ids]), memory.external_id))
-            memory_id = conn.last_insert_rowid()
+                 json.dumps([str(s) for s in memory.source_message_ids]), memory.external_id)))
             ids.append(memory_id)
             vector = vectors_[index] if vectors_ else None
             if vector is not None and vector_info is not None:
@@ -224,7 +223,7 @@ def insert_many(conn: apsw.Connection, memories: Sequence[NewMemory], *, base_st
     return ids
 
 
-def add_link(conn: apsw.Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
+def add_link(conn: Connection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
              now: float | None = None) -> bool:
     """Link two memories (an existing link keeps the larger weight). A link never joins two
     people's personal memories: refused, returns False."""
@@ -241,7 +240,7 @@ def add_link(conn: apsw.Connection, source_id: int, target_id: int, kind: str, w
     return True
 
 
-def link_pairwise(conn: apsw.Connection, ids: Sequence[int], kind: str, *, now: float | None = None) -> None:
+def link_pairwise(conn: Connection, ids: Sequence[int], kind: str, *, now: float | None = None) -> None:
     """Link memories pairwise (as add_link allows), e.g. the facts of one exchange."""
     for a, b in pairs(ids):
         add_link(conn, a, b, kind, now=now)
@@ -255,7 +254,7 @@ def pairs(ids: Sequence[int]) -> Iterator[tuple[int, int]]:
             yield a, b
 
 
-def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
+def delete(conn: Connection, memory_ids: Iterable[int]) -> int:
     """Hard-delete memories with their FTS rows, vectors and links; returns how many went."""
     ids = list(memory_ids)
     with write_transaction(conn):
@@ -269,7 +268,7 @@ def delete(conn: apsw.Connection, memory_ids: Iterable[int]) -> int:
     return removed
 
 
-def _counts_after_removal(conn: apsw.Connection, removed: int, added: int | None) -> None:
+def _counts_after_removal(conn: Connection, removed: int, added: int | None) -> None:
     """Once the removal is committed (a caller's transaction included): before it, a recall that
     counted a word still saw the removed rows and would cache the old count again."""
     fts.forget_counts(conn, removed)
@@ -293,7 +292,7 @@ def taught_anything(conn: Any, message_ids: Sequence[int], learned_before: float
     return bool(rows)
 
 
-def forget_sources(conn: apsw.Connection, message_ids: Sequence[int], learned_before: float | None = None) -> list[int]:
+def forget_sources(conn: Connection, message_ids: Sequence[int], learned_before: float | None = None) -> list[int]:
     """Messages were deleted: take them out of the memories learned from them (before
     `learned_before`, when given), and delete the memories that were learned from nothing else
     (a retraction). Returns the deleted ids."""
@@ -318,7 +317,7 @@ def forget_sources(conn: apsw.Connection, message_ids: Sequence[int], learned_be
     return emptied
 
 
-def scrub(conn: apsw.Connection) -> None:
+def scrub(conn: Connection) -> None:
     """Leave no recoverable trace of deleted text: FTS5 keeps deleted terms in its segments
     until they merge, and old pages linger in the WAL (free pages are zeroed by
     `secure_delete`, set in db.connect)."""
@@ -327,7 +326,7 @@ def scrub(conn: apsw.Connection) -> None:
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
-def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | None = None) -> None:
+def archive(conn: Connection, memory_id: int, reason: str, now: float | None = None) -> None:
     """Take a memory out of retrieval (its FTS row and vector go; the row stays, restorable)."""
     with write_transaction(conn):
         conn.execute("UPDATE memories SET archived_at = ?, archive_reason = ?, embedded = 0, updated_at = ? "
@@ -340,7 +339,7 @@ def archive(conn: apsw.Connection, memory_id: int, reason: str, now: float | Non
         after_commit(conn, lambda: _counts_after_removal(conn, archived, added))
 
 
-def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> None:
+def restore(conn: Connection, memory_id: int, now: float | None = None) -> None:
     """Bring an archived memory back; its vector is rebuilt by the next backfill."""
     now = time.time() if now is None else now
     with write_transaction(conn):
@@ -348,7 +347,7 @@ def restore(conn: apsw.Connection, memory_id: int, now: float | None = None) -> 
                      "updated_at = ? WHERE id = ?", (now, now, memory_id))
 
 
-def touch_many(conn: apsw.Connection, recalls: Iterable[tuple[Iterable[int], float]], *, growth: float) -> None:
+def touch_many(conn: Connection, recalls: Iterable[tuple[Iterable[int], float]], *, growth: float) -> None:
     """Several recalls' touches (their ids, their time), in order, in one transaction: each
     memory ends as if every recall had been its own transaction (bot/memory/recall/touches.py)."""
     with write_transaction(conn):
@@ -361,7 +360,7 @@ def touch_many(conn: apsw.Connection, recalls: Iterable[tuple[Iterable[int], flo
                     (now, growth, decay.MAX_STABILITY_DAYS, *ids))
 
 
-def set_vector(conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int, vector: Sequence[float]) -> None:
+def set_vector(conn: Connection, info: vectors.IndexInfo, memory_id: int, vector: Sequence[float]) -> None:
     with write_transaction(conn):
         row = query_one(conn, "SELECT vis_key, created_at FROM memories WHERE id = ? AND " + ACTIVE, (memory_id,))
         if row is not None:  # archived or deleted meanwhile: nothing to index
@@ -370,14 +369,14 @@ def set_vector(conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int, v
 
 # -- reads -------------------------------------------------------------------
 
-def get(conn: apsw.Connection, memory_id: int) -> Memory:
+def get(conn: Connection, memory_id: int) -> Memory:
     row = query_one(conn, f"SELECT {COLUMNS} FROM memories WHERE id = ?", (memory_id,))
     if row is None:
         raise MemoryNotFound(f"no memory #{memory_id}")
     return Memory.from_row(row)
 
 
-def get_many(conn: apsw.Connection, memory_ids: Sequence[int]) -> dict[int, Memory]:
+def get_many(conn: Connection, memory_ids: Sequence[int]) -> dict[int, Memory]:
     if not memory_ids:
         return {}
     rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE id IN ({','.join('?' * len(memory_ids))})",
@@ -385,7 +384,7 @@ def get_many(conn: apsw.Connection, memory_ids: Sequence[int]) -> dict[int, Memo
     return {row[0]: Memory.from_row(row) for row in rows}
 
 
-def get_visible(conn: apsw.Connection, viewer: Viewer, memory_id: int) -> Memory:
+def get_visible(conn: Connection, viewer: Viewer, memory_id: int) -> Memory:
     """The memory if this viewer may see it; otherwise MemoryNotFound (never reveal it exists)."""
     keys = visible_keys(conn, viewer)
     where, params = key_filter(keys)
@@ -396,7 +395,7 @@ def get_visible(conn: apsw.Connection, viewer: Viewer, memory_id: int) -> Memory
     return Memory.from_row(row)
 
 
-def list_visible(conn: apsw.Connection, viewer: Viewer, *, scope: str | None = None, limit: int = 50,
+def list_visible(conn: Connection, viewer: Viewer, *, scope: str | None = None, limit: int = 50,
                  offset: int = 0) -> tuple[list[Memory], int]:
     """Active memories this viewer may see, newest first, and how many there are in all."""
     keys = visible_keys(conn, viewer)
@@ -413,7 +412,7 @@ def list_visible(conn: apsw.Connection, viewer: Viewer, *, scope: str | None = N
     return [Memory.from_row(row) for row in rows], total
 
 
-def memories_of(conn: apsw.Connection, user_id: int, scopes: Sequence[str] = ("personal", "room")) -> list[Memory]:
+def memories_of(conn: Connection, user_id: int, scopes: Sequence[str] = ("personal", "room")) -> list[Memory]:
     """What forget-all and export cover: a person's personal memories (learned anywhere) and the
     room memories they taught, archived ones included, oldest first."""
     marks = ",".join("?" * len(scopes))
@@ -422,7 +421,7 @@ def memories_of(conn: apsw.Connection, user_id: int, scopes: Sequence[str] = ("p
     return [Memory.from_row(row) for row in rows]
 
 
-def existing_external_ids(conn: apsw.Connection, ids: Sequence[str]) -> set[str]:
+def existing_external_ids(conn: Connection, ids: Sequence[str]) -> set[str]:
     """Which of these external ids (of an imported data set) are stored already."""
     if not ids:
         return set()
@@ -431,13 +430,13 @@ def existing_external_ids(conn: apsw.Connection, ids: Sequence[str]) -> set[str]
     return {row[0] for row in rows}
 
 
-def unembedded_ids(conn: apsw.Connection, limit: int) -> list[tuple[int, str]]:
+def unembedded_ids(conn: Connection, limit: int) -> list[tuple[int, str]]:
     return [(row[0], lenient_text(row[1])) for row in conn.execute(
         "SELECT id, CAST(text AS BLOB) FROM memories WHERE embedded = 0 AND " + ACTIVE + " ORDER BY id LIMIT ?",
         (limit,))]
 
 
-def stats(conn: apsw.Connection) -> dict:
+def stats(conn: Connection) -> dict:
     out = {
         "memories": query_value(conn, "SELECT count(*) FROM memories"),
         "active": query_value(conn, "SELECT count(*) FROM memories WHERE " + ACTIVE),

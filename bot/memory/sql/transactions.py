@@ -26,7 +26,8 @@ from typing import Callable, Iterator
 
 import apsw
 
-from bot.memory.sqlite.files import DatabaseBusy, DatabaseError, explain
+from bot.memory.connection import Connection
+from bot.memory.errors import DatabaseBusy, DatabaseError, explain
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +38,14 @@ _here = threading.local()  # per database thread: how many further lock waits BE
 _after_commit: dict[int, list[Callable[[], None]]] = {}  # SQLite connection (id) -> jobs for its commit
 
 
-def after_commit(conn: apsw.Connection, job: Callable[[], None]) -> None:
+def after_commit(conn: Connection, job: Callable[[], None]) -> None:
     """Run `job` once what `conn` has written is committed: now, outside a transaction; else
     after the outermost `write_transaction` commits (never if it rolls back). PostgreSQL's
     connection keeps its own list (PgConnection.after_commit)."""
     own = getattr(conn, "after_commit", None)
     if own is not None:
         own(job)
-    elif conn.in_transaction:
+    elif not conn.get_autocommit():
         _after_commit.setdefault(id(conn), []).append(job)
     else:
         _run_jobs([job])
@@ -72,13 +73,14 @@ def single_lock_wait() -> Iterator[None]:
 
 
 @contextmanager
-def write_transaction(conn: apsw.Connection) -> Iterator[None]:
+def write_transaction(conn: Connection) -> Iterator[None]:
     """Run the block as one write transaction holding the write lock from the start."""
     pg_transaction = getattr(conn, "transaction", None)
     if pg_transaction is not None:  # PostgreSQL (postgres/connection.py): row locks, nesting = savepoints
         with pg_transaction():
             yield
         return
+    assert isinstance(conn, apsw.Connection), conn  # the SQLite connection: BEGIN IMMEDIATE, savepoints
     if conn.in_transaction:
         with conn:  # a savepoint inside the caller's transaction
             yield

@@ -16,13 +16,14 @@ from bot.memory import decay
 from bot.memory.recall import ranking, retrieval
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, personal_keys, visible_keys
-from bot.memory.sql import leases, privacy, store
+from bot.memory.sql import leases, privacy, queries, store
+from bot.memory.sql.marks import MESSAGES_PENDING, SCRUB_PENDING, clear_marks, pending_marks
+from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import db, fts, vector_keys
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.checkpoints import Checkpoints
-from bot.memory.sqlite.db import write_transaction
 from bot.memory.sqlite.vec0 import IndexInfo
-from bot.memory.storage import MESSAGES_PENDING, SCRUB_PENDING, SCRUBBED, PlanState, clear_marks, pending_marks
+from bot.memory.storage import SCRUBBED, PlanState
 from bot.memory.vectors.cache import VectorCache
 
 
@@ -263,7 +264,7 @@ class SQLiteStorage:
         return store.unembedded_ids(conn, limit)
 
     def count_active(self, conn: apsw.Connection) -> int:
-        return int(db.query_value(conn, "SELECT count(*) FROM memories WHERE archived_at IS NULL"))
+        return int(queries.query_value(conn, "SELECT count(*) FROM memories WHERE archived_at IS NULL"))
 
     def stats(self, conn: apsw.Connection) -> dict:
         return store.stats(conn)

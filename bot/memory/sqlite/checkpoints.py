@@ -32,10 +32,11 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, cast
 
 import apsw
 
+from bot.memory.connection import Connection
 from bot.memory.sqlite.db import BUSY_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ INLINE_AFTER = 4
 HISTORY = 256       # checkpoints remembered for the benchmarks and tests
 
 # Runs `job(connection)` on another thread, later (the engine's loader, Engine._load_in_background)
-Background = Callable[[Callable[[apsw.Connection], object]], None]
+Background = Callable[[Callable[[Connection], object]], None]
 
 
 def inline_wanted() -> bool:
@@ -102,7 +103,7 @@ class Checkpoints:
                 self._run_here(conn, name)
             elif due == "queue":
                 assert self._background is not None
-                self._background(lambda reader: self._run_queued(reader, name, restart=True))
+                self._background(lambda reader: self._run_queued(cast(apsw.Connection, reader), name, restart=True))
         except Exception:  # the write is committed; a checkpoint can wait
             log.exception("could not start a WAL checkpoint; the writes are safe in the WAL")
             with self._lock:

@@ -11,13 +11,12 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import apsw
 
+from bot.memory.errors import DatabaseError, explain
 from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import files, fts
-from bot.memory.sqlite.files import DatabaseError, explain
 from bot.memory.sqlite.migrations import migrate
 
 __all__ = ["DatabaseError", "explain", "write_transaction", "connect"]
@@ -97,23 +96,3 @@ def load_vec(conn: apsw.Connection) -> None:
         raise DatabaseError(
             f"cannot load sqlite-vec from {vec_path()!r}: {exc}; "
             "reinstall it with `pip install --force-reinstall sqlite-vec`") from exc
-
-
-def query_one(conn: apsw.Connection, sql: str, params: Any = ()) -> Any:
-    for row in conn.execute(sql, params):
-        return row
-    return None
-
-
-def query_value(conn: apsw.Connection, sql: str, params: Any = (), default: Any = None) -> Any:
-    row = query_one(conn, sql, params)
-    return default if row is None else row[0]
-
-
-def get_meta(conn: apsw.Connection, key: str, default: str | None = None) -> str | None:
-    return query_value(conn, "SELECT value FROM meta WHERE key = ?", (key,), default)
-
-
-def set_meta(conn: apsw.Connection, key: str, value: str) -> None:
-    conn.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                 (key, value))

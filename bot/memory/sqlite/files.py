@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 import time
 import urllib.parse
 from pathlib import Path
 
 import apsw
+
+from bot.memory.errors import DatabaseError
+from bot.memory.sqlite.errors import explain
 
 APPLICATION_ID = 0x4D554E4E   # "MUNN" in the header at offset 68 (PRAGMA application_id)
 HEADER = b"SQLite format 3\x00"
@@ -26,38 +28,6 @@ MUNINN_TABLES = {"meta", "memories"}
 # How long a file that looks truncated while it has a WAL is given to be a checkpoint mid-copy
 # (one usually takes milliseconds, and stays well within this even on a loaded machine).
 CHECKPOINT_WAIT_S = 2.0
-
-
-class DatabaseError(RuntimeError):
-    """The database cannot be opened or used; the message says what to do."""
-
-
-class DatabaseBusy(DatabaseError):
-    """Another process held the write lock for longer than we wait."""
-
-
-def explain(exc: BaseException) -> str | None:
-    """One line saying what a database error means for the operator, or None if it is not one
-    of the failures of the whole database (SQLite: a full disk, a damaged file, a lock held too
-    long; PostgreSQL: bot/memory/postgres/errors.py)."""
-    if isinstance(exc, DatabaseError):
-        return str(exc)
-    psycopg = sys.modules.get("psycopg")   # optional: never imported here; none of its errors exist before it is
-    if psycopg is not None and isinstance(exc, psycopg.Error):
-        from bot.memory.postgres.errors import explain as explain_postgres
-        return explain_postgres(exc)
-    if isinstance(exc, apsw.FullError):
-        return "the disk is full (or the file hit its size limit): free some space, then run the command again"
-    if isinstance(exc, (apsw.CorruptError, apsw.NotADBError)):
-        return ("the database file is damaged: stop Muninn, copy the file aside, then restore a backup "
-                "(or try `sqlite3 FILE .recover`); `muninn doctor` shows the integrity check")
-    if isinstance(exc, apsw.BusyError):
-        return "another process keeps the database locked (an import or maintain?): try again when it is done"
-    if isinstance(exc, apsw.ReadOnlyError):
-        return "the database file or its folder is read-only for this user: check owner and permissions"
-    if isinstance(exc, (apsw.IOError, apsw.CantOpenError)):
-        return f"the disk could not read or write the database ({exc}): check the disk, its space and permissions"
-    return None
 
 
 def prepare(path: Path) -> None:

@@ -23,11 +23,11 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-import apsw
-
 from bot.logs import Throttle
+from bot.memory.connection import Connection
+from bot.memory.sql.queries import get_meta, query_value, set_meta
+from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import vector_keys
-from bot.memory.sqlite.db import get_meta, query_value, set_meta, write_transaction
 
 if TYPE_CHECKING:
     from bot.memory.vectors.cache import VectorCache
@@ -66,20 +66,20 @@ def cosine_from_distance(distance: float) -> float:
     return 1.0 - distance * distance / 2.0
 
 
-def index_info(conn: apsw.Connection) -> IndexInfo | None:
+def index_info(conn: Connection) -> IndexInfo | None:
     model = get_meta(conn, "embed_model")
     if model is None or not table_exists(conn):
         return None
     return IndexInfo(model, int(get_meta(conn, "embed_dim") or 0))
 
 
-def current_index(conn: apsw.Connection, model: str) -> IndexInfo | None:
+def current_index(conn: Connection, model: str) -> IndexInfo | None:
     """The vector index if it was made with `model` (else None: a reindex is pending)."""
     info = index_info(conn)
     return info if info is not None and info.model == model else None
 
 
-def index_for(conn: apsw.Connection, model: str, dim: int) -> IndexInfo | None:
+def index_for(conn: Connection, model: str, dim: int) -> IndexInfo | None:
     """The index that `dim`-dimensional vectors of `model` belong in, created on the first
     embedding ever. None when they do not fit (another model, another size): the memory is
     stored without a vector and the backfill embeds it after `muninn reindex`."""
@@ -101,11 +101,11 @@ def index_for(conn: apsw.Connection, model: str, dim: int) -> IndexInfo | None:
     return info
 
 
-def table_exists(conn: apsw.Connection) -> bool:
+def table_exists(conn: Connection) -> bool:
     return query_value(conn, "SELECT count(*) FROM sqlite_master WHERE name = 'vec_memories'") == 1
 
 
-def _create_table(conn: apsw.Connection, dim: int, chunk_size: int) -> None:
+def _create_table(conn: Connection, dim: int, chunk_size: int) -> None:
     conn.execute(
         f"CREATE VIRTUAL TABLE vec_memories USING vec0("
         f"memory_id INTEGER PRIMARY KEY, vis_key TEXT PARTITION KEY, created_at FLOAT, "
@@ -118,7 +118,7 @@ def _create_table(conn: apsw.Connection, dim: int, chunk_size: int) -> None:
     conn.execute("DELETE FROM vector_changes")
 
 
-def create_index(conn: apsw.Connection, model: str, dim: int, *,
+def create_index(conn: Connection, model: str, dim: int, *,
                  chunk_size: int = DEFAULT_CHUNK_SIZE) -> IndexInfo:
     """Create the vec0 table for this model's dimension (call inside a transaction)."""
     if not usable_dim(dim):
@@ -129,12 +129,12 @@ def create_index(conn: apsw.Connection, model: str, dim: int, *,
     return IndexInfo(model, dim)
 
 
-def needs_upgrade(conn: apsw.Connection) -> bool:
+def needs_upgrade(conn: Connection) -> bool:
     """The table still has the bucketed layout of databases made before per-key partitions."""
     return table_exists(conn) and get_meta(conn, "vec_layout") != LAYOUT
 
 
-def upgrade_layout(conn: apsw.Connection, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> int:
+def upgrade_layout(conn: Connection, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> int:
     """Move every vector of an old bucketed table into the per-key layout, in one transaction
     (vec0 tables cannot be renamed: the rows go through a plain temporary table). Returns
     how many vectors moved. Idempotent: a database already upgraded is left alone."""
@@ -162,15 +162,15 @@ def usable_dim(dim: int) -> bool:
     return 1 <= dim <= MAX_DIM
 
 
-def mark_reindex_pending(conn: apsw.Connection) -> None:
+def mark_reindex_pending(conn: Connection) -> None:
     set_meta(conn, REINDEX_PENDING, "1")
 
 
-def reindex_pending(conn: apsw.Connection) -> bool:
+def reindex_pending(conn: Connection) -> bool:
     return get_meta(conn, REINDEX_PENDING) is not None
 
 
-def index_state(conn: apsw.Connection) -> tuple[IndexInfo | None, bool]:
+def index_state(conn: Connection) -> tuple[IndexInfo | None, bool]:
     """(index_info, reindex_pending) in one statement: every recall asks (four statements were
     four hand-overs of the GIL on a read connection)."""
     model, tables, dim, pending = conn.execute(
@@ -182,13 +182,13 @@ def index_state(conn: apsw.Connection) -> tuple[IndexInfo | None, bool]:
     return info, pending is not None
 
 
-def mark_reindex_done(conn: apsw.Connection) -> None:
+def mark_reindex_done(conn: Connection) -> None:
     """Every active memory has its vector again (called when the backfill finds none missing)."""
     if reindex_pending(conn):
         conn.execute("DELETE FROM meta WHERE key = ?", (REINDEX_PENDING,))
 
 
-def index_partitions(conn: apsw.Connection) -> None:
+def index_partitions(conn: Connection) -> None:
     """Index the partition column of vec0's chunk table. sqlite-vec 0.1.9 finds a partition's
     chunks by scanning that whole table, once per partition searched; the cache also loads a
     key's vectors through it (vector_cache.load_key). The index lives and dies with the shadow
@@ -198,7 +198,7 @@ def index_partitions(conn: apsw.Connection) -> None:
         conn.execute("CREATE INDEX IF NOT EXISTS vec_memories_chunks_partition ON vec_memories_chunks (partition00)")
 
 
-def drop_index(conn: apsw.Connection) -> None:
+def drop_index(conn: Connection) -> None:
     """Forget every vector (before a re-index with another model); call inside a transaction."""
     conn.execute("DROP TABLE IF EXISTS vec_memories")
     conn.execute("DROP TRIGGER IF EXISTS vec_memories_follow_key")  # names the table: back with the next one
@@ -207,7 +207,7 @@ def drop_index(conn: apsw.Connection) -> None:
     conn.execute("DELETE FROM vector_changes")
 
 
-def put(conn: apsw.Connection, info: IndexInfo, memory_id: int, vis_key: str, created_at: float,
+def put(conn: Connection, info: IndexInfo, memory_id: int, vis_key: str, created_at: float,
         vector: Sequence[float]) -> None:
     """Store or replace one memory's vector (vec0 has no upsert: delete + insert)."""
     if len(vector) != info.dim:
@@ -220,7 +220,7 @@ def put(conn: apsw.Connection, info: IndexInfo, memory_id: int, vis_key: str, cr
     conn.execute("INSERT INTO vector_changes(memory_id) VALUES (?)", (memory_id,))
 
 
-def remove(conn: apsw.Connection, memory_ids: Iterable[int]) -> None:
+def remove(conn: Connection, memory_ids: Iterable[int]) -> None:
     if not table_exists(conn):
         return
     for memory_id in memory_ids:
@@ -231,19 +231,19 @@ def remove(conn: apsw.Connection, memory_ids: Iterable[int]) -> None:
 
 # -- search --------------------------------------------------------------------
 
-_caches: "weakref.WeakKeyDictionary[apsw.Connection, VectorCache]" = weakref.WeakKeyDictionary()
+_caches: "weakref.WeakKeyDictionary[Connection, VectorCache]" = weakref.WeakKeyDictionary()
 
 
-def attach_cache(conn: apsw.Connection, cache: "VectorCache") -> None:
+def attach_cache(conn: Connection, cache: "VectorCache") -> None:
     """Searches on `conn` go through `cache` (shared by the engine's connections)."""
     _caches[conn] = cache
 
 
-def cache_of(conn: apsw.Connection) -> "VectorCache | None":
+def cache_of(conn: Connection) -> "VectorCache | None":
     return _caches.get(conn)
 
 
-def knn(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], keys: list[str], k: int,
+def knn(conn: Connection, info: IndexInfo, query: Sequence[float], keys: list[str], k: int,
         as_of: float | None = None) -> list[tuple[int, float]]:
     """The k nearest vectors among those whose vis_key is in `keys`: [(memory_id, distance)],
     nearest first."""
@@ -257,7 +257,7 @@ def knn(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], keys: li
     return knn_vec0(conn, info, query, keys, k, as_of)
 
 
-def cosines(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], ids: Sequence[int], *,
+def cosines(conn: Connection, info: IndexInfo, query: Sequence[float], ids: Sequence[int], *,
             synced: bool = False) -> dict[int, float]:
     """Cosine to `query` of each stored vector among `ids` (ids without a vector are left out):
     from the cache when it holds them, else one vec0 point lookup each (vec0 answers
@@ -278,7 +278,7 @@ def cosines(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], ids:
     return out
 
 
-def knn_vec0(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], keys: list[str], k: int,
+def knn_vec0(conn: Connection, info: IndexInfo, query: Sequence[float], keys: list[str], k: int,
              as_of: float | None = None) -> list[tuple[int, float]]:
     """The same search inside sqlite-vec: one KNN per partition (vec0 runs `IN` on a partition
     key that way and concatenates unsorted), sorted outside."""
@@ -296,7 +296,7 @@ def knn_vec0(conn: apsw.Connection, info: IndexInfo, query: Sequence[float], key
     return [(row[0], row[1]) for row in conn.execute(sql, params)]
 
 
-def has_chunk_tables(conn: apsw.Connection) -> bool:
+def has_chunk_tables(conn: Connection) -> bool:
     """vec0's shadow tables have the layout of sqlite-vec 0.1.x (checked once per connection)."""
     known = _chunk_tables.get(conn)
     if known is None:
@@ -309,10 +309,10 @@ def has_chunk_tables(conn: apsw.Connection) -> bool:
     return known
 
 
-_chunk_tables: "weakref.WeakKeyDictionary[apsw.Connection, bool]" = weakref.WeakKeyDictionary()
+_chunk_tables: "weakref.WeakKeyDictionary[Connection, bool]" = weakref.WeakKeyDictionary()
 
 
-def vector_bytes(conn: apsw.Connection, info: IndexInfo, memory_id: int) -> bytes | None:
+def vector_bytes(conn: Connection, info: IndexInfo, memory_id: int) -> bytes | None:
     """One stored vector (float32 bytes): through the chunk tables when their layout is known,
     as reading vec0's own column is slow, row by row."""
     if has_chunk_tables(conn):
@@ -325,12 +325,12 @@ def vector_bytes(conn: apsw.Connection, info: IndexInfo, memory_id: int) -> byte
     return query_value(conn, "SELECT embedding FROM vec_memories WHERE memory_id = ?", (memory_id,))
 
 
-def vector_of(conn: apsw.Connection, info: IndexInfo, memory_id: int) -> list[float] | None:
+def vector_of(conn: Connection, info: IndexInfo, memory_id: int) -> list[float] | None:
     blob = vector_bytes(conn, info, memory_id)
     return None if blob is None else list(struct.unpack(f"{info.dim}f", blob))
 
 
-def similar_to_memory(conn: apsw.Connection, info: IndexInfo, memory_id: int, keys: list[str],
+def similar_to_memory(conn: Connection, info: IndexInfo, memory_id: int, keys: list[str],
                       k: int) -> list[tuple[int, float]]:
     """Nearest neighbours of a stored memory's own vector, itself excluded."""
     query = vector_of(conn, info, memory_id)
@@ -339,13 +339,13 @@ def similar_to_memory(conn: apsw.Connection, info: IndexInfo, memory_id: int, ke
     return [(mid, d) for mid, d in knn(conn, info, query, keys, k + 1) if mid != memory_id][:k]
 
 
-def change_mark(conn: apsw.Connection) -> int:
+def change_mark(conn: Connection) -> int:
     """The latest vector change this connection can see: equal marks mean no vector was stored
     or removed in between, so a search made at the first still holds."""
     return int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes") or 0)
 
 
-def neighbours_many(conn: apsw.Connection, info: IndexInfo, items: Sequence[tuple[int, str]],
+def neighbours_many(conn: Connection, info: IndexInfo, items: Sequence[tuple[int, str]],
                     k: int) -> dict[int, list[tuple[int, float]]]:
     """For each (memory id, its vis_key): its k nearest others under that key, nearest first.
     Batched through the cache (one matrix product per key) outside write transactions."""
@@ -355,7 +355,7 @@ def neighbours_many(conn: apsw.Connection, info: IndexInfo, items: Sequence[tupl
     return {memory_id: similar_to_memory(conn, info, memory_id, [key], k) for memory_id, key in items}
 
 
-def prune_changes(conn: apsw.Connection, keep: int = 100_000) -> int:
+def prune_changes(conn: Connection, keep: int = 100_000) -> int:
     """Drop all but the last `keep` entries of the change log (a cache further behind reloads)."""
     with write_transaction(conn):
         last = query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")

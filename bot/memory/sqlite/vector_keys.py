@@ -13,7 +13,7 @@ it with the model's dimension), so it is made with that table, and at start for 
 """
 from __future__ import annotations
 
-import apsw
+from bot.memory.connection import Connection
 
 FOLLOW_TRIGGER = """
 CREATE TRIGGER IF NOT EXISTS vec_memories_follow_key AFTER UPDATE OF vis_key ON memories
@@ -25,6 +25,6 @@ END
 """
 
 
-def follow_keys(conn: apsw.Connection) -> None:
+def follow_keys(conn: Connection) -> None:
     """Create the trigger (idempotent); vec_memories must exist."""
     conn.execute(FOLLOW_TRIGGER)

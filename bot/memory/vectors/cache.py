@@ -33,12 +33,12 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
-import apsw
 import numpy as np
 
+from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE
+from bot.memory.sql.queries import get_meta, query_value
 from bot.memory.sqlite import vec0 as vectors
-from bot.memory.sqlite.db import get_meta, query_value
 from bot.memory.vectors import codes as vector_codes
 
 SLACK_ROWS = 4             # room for a few new vectors before a key's arrays are copied
@@ -228,7 +228,7 @@ class VectorCache:
         self._given: set[str] = set()
         self._generation = 0
         # Runs `job(connection)` on another thread, later (the engine's loader); None: load inline.
-        self.background: Callable[[Callable[[apsw.Connection], object]], None] | None = None
+        self.background: Callable[[Callable[[Connection], object]], None] | None = None
         self._identity: tuple | None = None
         self._seq: Any = 0  # the source's mark: SQLite's last applied seq, PostgreSQL's snapshot
         self._applied = 0  # how many polls' changes were applied (_sync: did one land meanwhile?)
@@ -266,7 +266,7 @@ class VectorCache:
         self._given.clear()
         self._bytes = 0
 
-    def read_ahead(self, conn: apsw.Connection) -> tuple[Any, int, int] | None:
+    def read_ahead(self, conn: Connection) -> tuple[Any, int, int] | None:
         """In a one_log_read block that has not read the log yet, outside a transaction: where to
         read it from, for a caller that reads it in a statement of its own (storage.plan_state)
         and hands it to `take_read_ahead`; None: the searches read it themselves."""
@@ -276,7 +276,7 @@ class VectorCache:
         with self._lock:
             return None if self._identity is None else (self._seq, self._applied, self._generation)
 
-    def take_read_ahead(self, conn: apsw.Connection, info: vectors.IndexInfo, ahead: tuple[Any, int, int],
+    def take_read_ahead(self, conn: Connection, info: vectors.IndexInfo, ahead: tuple[Any, int, int],
                         polled: tuple[str | None, list[int], Any, bool, Changed | None]) -> None:
         """The log read from `ahead`'s mark (read_ahead): applied as a search's own read would be
         (_sync), unless another thread applied changes or started over meanwhile: then the
@@ -289,7 +289,7 @@ class VectorCache:
         if overlay is not None:
             self._reads.synced = True
 
-    def _sync(self, conn: apsw.Connection, info: vectors.IndexInfo) -> set[int] | None:
+    def _sync(self, conn: Connection, info: vectors.IndexInfo) -> set[int] | None:
         """Apply committed changes; returns the ids changed in `conn`'s open transaction (if any),
         to be scored exactly by the caller instead; None when the cache cannot answer now (the
         table was re-created in that open transaction).
@@ -307,7 +307,7 @@ class VectorCache:
             self._reads.synced = True
         return overlay
 
-    def _read_log(self, conn: apsw.Connection, info: vectors.IndexInfo) -> set[int] | None:
+    def _read_log(self, conn: Connection, info: vectors.IndexInfo) -> set[int] | None:
         for _ in range(SYNC_TRIES):
             with self._lock:
                 if self._identity is None:
@@ -321,7 +321,7 @@ class VectorCache:
             fresh = self._identity is None
             return self._take(conn, info, self.source.poll(conn, None if fresh else self._seq), fresh=fresh)
 
-    def _take(self, conn: apsw.Connection, info: vectors.IndexInfo,
+    def _take(self, conn: Connection, info: vectors.IndexInfo,
               polled: tuple[str | None, list[int], Any, bool, Changed | None], *, fresh: bool) -> set[int] | None:
         """_sync under the lock: apply `polled`, read from the current mark (from none: `fresh`)."""
         epoch, changed, mark, complete, states = polled
@@ -347,7 +347,7 @@ class VectorCache:
         self._seq = mark
         return set()
 
-    def _apply(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int],
+    def _apply(self, conn: Connection, info: vectors.IndexInfo, ids: set[int],
                states: Changed | None = None) -> None:
         """Apply the changes of `ids`; `states`: what the log's read gave of them (PostgreSQL: their
         keys and vectors in the same round trip; two more were a round trip each per write)."""
@@ -402,7 +402,7 @@ class VectorCache:
         for memory_id in entry.row_of:
             self._key_of.pop(memory_id, None)
 
-    def _entry(self, conn: apsw.Connection, info: vectors.IndexInfo, key: str, *,
+    def _entry(self, conn: Connection, info: vectors.IndexInfo, key: str, *,
                may_defer: bool = True) -> KeyVectors | None:
         """The key's vectors, loading them if needed (only outside a write transaction, whose
         rows could still roll back); None = search this key inside vec0. That is also the answer
@@ -438,7 +438,7 @@ class VectorCache:
             self._loading.add(key)
         return self._load(conn, info, key)
 
-    def _load(self, conn: apsw.Connection, info: vectors.IndexInfo, key: str) -> KeyVectors | None:
+    def _load(self, conn: Connection, info: vectors.IndexInfo, key: str) -> KeyVectors | None:
         """Load a key marked as loading (by the caller, under the lock) and publish it; changes
         applied by other threads meanwhile are caught up first."""
         try:
@@ -473,7 +473,7 @@ class VectorCache:
             with self._lock:
                 self._loading.discard(key)
 
-    def warm(self, conn: apsw.Connection, info: vectors.IndexInfo, stop: threading.Event | None = None) -> int:
+    def warm(self, conn: Connection, info: vectors.IndexInfo, stop: threading.Event | None = None) -> int:
         """Load every key that fits the budget, largest first (the keys most viewers see), so that
         no recall pays a cold load (cheap for a small key, slow for a big one). Each key
         loads like a recall's own cold load would (`_entry`), so it is safe beside searches and
@@ -550,7 +550,7 @@ class VectorCache:
                         self._bytes += entry.nbytes - before
                         self._evict_beside(key)
 
-    def knn(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float], keys: list[str],
+    def knn(self, conn: Connection, info: vectors.IndexInfo, query: Sequence[float], keys: list[str],
             k: int, as_of: float | None = None) -> list[tuple[int, float]]:
         q = unit(query)
         overlay = self._sync(conn, info)
@@ -591,7 +591,7 @@ class VectorCache:
         scored.sort(key=lambda item: (-item[0], item[1]))
         return [(mid, distance_of(score)) for score, mid in scored[:k]]
 
-    def cosines(self, conn: apsw.Connection, info: vectors.IndexInfo, query: Sequence[float],
+    def cosines(self, conn: Connection, info: vectors.IndexInfo, query: Sequence[float],
                 ids: Sequence[int], *, synced: bool = False) -> dict[int, float]:
         """Cosine to `query` of each id whose vector is in a cached key (a recall has just
         loaded the viewer's keys for its search), without touching vec0. Ids changed in an
@@ -616,7 +616,7 @@ class VectorCache:
         scores = (rows @ q) / np.maximum(np.linalg.norm(rows, axis=1), np.finfo(np.float32).tiny)
         return {memory_id: float(score) for (memory_id, _), score in zip(found, scores.tolist(), strict=True)}
 
-    def _overlay_scores(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: set[int], keys: set[str],
+    def _overlay_scores(self, conn: Connection, info: vectors.IndexInfo, ids: set[int], keys: set[str],
                         q: np.ndarray, as_of: float | None) -> list[tuple[float, int]]:
         states = ids.states if isinstance(ids, Overlay) else None
         scored: list[tuple[float, int]] = []
@@ -641,7 +641,7 @@ class VectorCache:
         found = self.source.read_vectors(conn, info, wanted)
         return scored + [(float(found[memory_id] @ q), memory_id) for memory_id in wanted if memory_id in found]
 
-    def neighbours(self, conn: apsw.Connection, info: vectors.IndexInfo, items: Sequence[tuple[int, str]],
+    def neighbours(self, conn: Connection, info: vectors.IndexInfo, items: Sequence[tuple[int, str]],
                    k: int, block_bytes: int = 64 << 20) -> dict[int, list[tuple[int, float]]]:
         """For each (memory id, its key): its k nearest other vectors under that same key, as
         (id, distance), nearest first. One matrix product per key and block of queries (BLAS
@@ -738,13 +738,13 @@ def top_scores_of(ids: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[flo
 
 # -- reading vec0's storage -----------------------------------------------------
 
-def key_size_at_least(conn: apsw.Connection, key: str, cap: int) -> int:
+def key_size_at_least(conn: Connection, key: str, cap: int) -> int:
     """How many vectors `key` holds, counted up to `cap` (+1) only."""
     return int(query_value(conn, "SELECT count(*) FROM (SELECT 1 FROM memories WHERE vis_key = ? AND embedded = 1 "
                                  f"AND {ACTIVE} LIMIT ?)", (key, cap + 1)))
 
 
-def load_key(conn: apsw.Connection, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def load_key(conn: Connection, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All vectors of one key: (ids, created_at, matrix). Through vec0's
     chunk tables (one row per chunk of vectors) when their layout is the known one: reading
     vectors one by one out of vec0 is far slower."""
@@ -777,7 +777,7 @@ def load_key(conn: apsw.Connection, info: vectors.IndexInfo, key: str) -> tuple[
     return all_ids, created, matrix
 
 
-def read_vector(conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int) -> np.ndarray | None:
+def read_vector(conn: Connection, info: vectors.IndexInfo, memory_id: int) -> np.ndarray | None:
     vector = vectors.vector_bytes(conn, info, memory_id)
     return None if vector is None else np.frombuffer(vector, dtype=np.float32).copy()
 
@@ -786,7 +786,7 @@ class SQLiteVectorSource:
     """The cache's reads on SQLite: vec0's chunk tables, and the log by `seq` (one writer at a
     time, so seq order is commit order and a rollback reuses its numbers)."""
 
-    def poll(self, conn: apsw.Connection, mark: int | None) -> tuple[str | None, list[int], int, bool, None]:
+    def poll(self, conn: Connection, mark: int | None) -> tuple[str | None, list[int], int, bool, None]:
         epoch = get_meta(conn, "vec_epoch")
         if mark is None:
             return epoch, [], int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")), True, None
@@ -796,25 +796,25 @@ class SQLiteVectorSource:
             return epoch, [], mark, True, None
         return epoch, [memory_id for _, memory_id in rows], rows[-1][0], rows[0][0] == mark + 1, None
 
-    def changed_between(self, conn: apsw.Connection, older: int, newer: int) -> set[int]:
+    def changed_between(self, conn: Connection, older: int, newer: int) -> set[int]:
         return {int(mid) for (mid,) in conn.execute(
             "SELECT memory_id FROM vector_changes WHERE seq > ? AND seq <= ?", (older, newer))}
 
     # module functions looked up at call time (tests replace them)
-    def key_size_at_least(self, conn: apsw.Connection, key: str, cap: int) -> int:
+    def key_size_at_least(self, conn: Connection, key: str, cap: int) -> int:
         return key_size_at_least(conn, key, cap)
 
-    def load_key(self, conn: apsw.Connection, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def load_key(self, conn: Connection, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return load_key(conn, info, key)
 
-    def read_vectors(self, conn: apsw.Connection, info: vectors.IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
+    def read_vectors(self, conn: Connection, info: vectors.IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
         found = {memory_id: read_vector(conn, info, memory_id) for memory_id in ids}
         return {memory_id: vector for memory_id, vector in found.items() if vector is not None}
 
-    def search(self, conn: apsw.Connection, info: vectors.IndexInfo, query: list[float], keys: list[str], k: int,
+    def search(self, conn: Connection, info: vectors.IndexInfo, query: list[float], keys: list[str], k: int,
                as_of: float | None) -> list[tuple[int, float]]:
         return vectors.knn_vec0(conn, info, query, keys, k, as_of)
 
-    def similar_to_memory(self, conn: apsw.Connection, info: vectors.IndexInfo, memory_id: int, keys: list[str],
+    def similar_to_memory(self, conn: Connection, info: vectors.IndexInfo, memory_id: int, keys: list[str],
                           k: int) -> list[tuple[int, float]]:
         return vectors.similar_to_memory(conn, info, memory_id, keys, k)
