@@ -38,7 +38,8 @@ def test_warm_fits_the_budget_without_evicting_and_stops_when_asked(tmp_path):
     conn = db.connect(tmp_path / "v.db")
     info = fill(conn, np.random.default_rng(22), 90)
     counts = dict(conn.execute("SELECT vis_key, count(*) FROM memories GROUP BY vis_key"))
-    small = VectorCache(DIM * 4 * 25)  # room for ~25 vectors: not for r:1 (a third of all, 30+)
+    # room for ~25 vectors: not for r:1 (a third of all, 30+)
+    small = VectorCache(DIM * 4 * 25, source=vectors.SQLiteVectorSource())
     vectors.attach_cache(conn, small)
     loaded = small.warm(conn, info)
     assert 0 < loaded < len(KEYS) and "r:1" not in small.cached_keys()
@@ -46,7 +47,7 @@ def test_warm_fits_the_budget_without_evicting_and_stops_when_asked(tmp_path):
     assert all(counts[key] <= 25 for key in small.cached_keys())
     stopped = threading.Event()
     stopped.set()
-    assert VectorCache(64 << 20).warm(conn, info, stopped) == 0
+    assert VectorCache(64 << 20, source=vectors.SQLiteVectorSource()).warm(conn, info, stopped) == 0
     conn.close()
 
 

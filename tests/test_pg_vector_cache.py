@@ -16,6 +16,7 @@ from bot.memory.scope import Viewer
 from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.vectors.cache import VectorCache
+from bot.memory.vectors.index import cosine_from_distance
 
 DIM = 8
 KEYS = ["g", "r:1", "r:2", "p:7:dm", "p:7:1"]
@@ -82,7 +83,7 @@ def test_the_cache_answers_like_the_servers_exact_search(pg_pair):
     items = [(int(mid), str(key)) for mid, key in other.pg.execute("SELECT id, vis_key FROM memories ORDER BY id")]
     batched = cached.neighbours_many(conn, info, items, 4)
     for memory_id, key in items[::9]:
-        server = [(mid, vectors.cosine_from_distance(d)) for mid, d in
+        server = [(mid, cosine_from_distance(d)) for mid, d in
                   plain._server_similar(other, info, memory_id, [key], 4)]
         assert [m for m, _ in batched[memory_id]] == [m for m, _ in server]
 

@@ -11,7 +11,7 @@ from bot.memory.recall import ranking, retrieval
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import Viewer
 from bot.memory.sql.store import NewMemory
-from bot.memory.sqlite import vec0 as vectors
+from bot.memory.vectors import index as vectors
 
 
 @pytest.fixture

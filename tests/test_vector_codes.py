@@ -31,7 +31,7 @@ def world(tmp_path):
     rng = np.random.default_rng(5)
     centres = rng.standard_normal((20, DIM))
     cached, plain = db.connect(tmp_path / "v.db"), db.connect(tmp_path / "v.db")
-    cache = VectorCache(64 << 20, codes_min=1000)
+    cache = VectorCache(64 << 20, codes_min=1000, source=vectors.SQLiteVectorSource())
     vectors.attach_cache(cached, cache)
     with plain:
         info = vectors.create_index(plain, "m", DIM)
@@ -330,7 +330,8 @@ def test_warm_leaves_room_for_the_codes_a_search_by_code_packs(world, monkeypatc
     cached, plain, cache, info, rng, centres = world
     monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 100)
     row, code = DIM * 4 + 16, vector_codes.words_for(DIM) * 8
-    warm = VectorCache((1504 + 204) * row + 1000, codes_min=1600)  # both fit without codes, not with
+    # both fit without codes, not with
+    warm = VectorCache((1504 + 204) * row + 1000, codes_min=1600, source=vectors.SQLiteVectorSource())
     conn = db.connect(tmp_path / "v.db")
     vectors.attach_cache(conn, warm)
     assert warm.warm(conn, info) == 1 and warm.cached_keys() == [BIG]

@@ -221,7 +221,6 @@ def test_a_key_loading_elsewhere_is_searched_in_vec0_and_changes_meanwhile_are_c
     """The load runs outside the cache's lock: a search on another connection goes on meanwhile
     (the loading key from vec0), and what it applied while the loaded rows were read is applied
     to them before they are published."""
-    from bot.memory.vectors import cache as vector_cache
     cached, plain = pair
     rng = np.random.default_rng(11)
     info = fill(plain, rng, 150)
@@ -229,7 +228,7 @@ def test_a_key_loading_elsewhere_is_searched_in_vec0_and_changes_meanwhile_are_c
     other = db.connect(tmp_path / "v.db")
     vectors.attach_cache(other, cache)
     q = random_unit(rng)
-    real_load = vector_cache.load_key
+    real_load = vectors.load_key
     seen_during: list = []
 
     def slow_load(conn, info_, key):
@@ -243,7 +242,7 @@ def test_a_key_loading_elsewhere_is_searched_in_vec0_and_changes_meanwhile_are_c
             seen_during.append(vectors.knn(other, info, q, KEYS, 5))  # syncs the change, r:1 from vec0
         return loaded
 
-    monkeypatch.setattr(vector_cache, "load_key", slow_load)
+    monkeypatch.setattr(vectors, "load_key", slow_load)
     try:
         got = vectors.knn(cached, info, q, ["r:1"], 5)
         assert same(seen_during[0], vectors.knn_vec0(plain, info, q, KEYS, 5))
@@ -281,12 +280,12 @@ async def test_the_engine_loads_a_big_cold_key_on_its_loader_thread(tmp_path, ma
 
     from bot.memory.vectors import cache as vector_cache
     monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 25)  # r:1 holds ~40, g ~10
-    real_load, loaded_on = vector_cache.load_key, {}
+    real_load, loaded_on = vectors.load_key, {}
 
     def load_key(conn, info, key):
         loaded_on[key] = threading.current_thread().name
         return real_load(conn, info, key)
-    monkeypatch.setattr(vector_cache, "load_key", load_key)
+    monkeypatch.setattr(vectors, "load_key", load_key)
     rng = np.random.default_rng(13)
     conn = db.connect(tmp_path / "muninn.db")
     fill(conn, rng, 90)

@@ -36,8 +36,8 @@ from bot.memory.sql import store
 from bot.memory.sql.queries import query_value
 from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import fts
-from bot.memory.sqlite import vec0 as vectors
 from bot.memory.storage import storage_of
+from bot.memory.vectors import index as vectors
 from bot.settings import Settings
 
 NEAR_JACCARD = 0.7        # two sentences with this share of content words say the same thing

@@ -38,9 +38,9 @@ from bot.memory.scope import Viewer
 from bot.memory.sql import store, transactions
 from bot.memory.sql.marks import mark_pending
 from bot.memory.sqlite import db
-from bot.memory.sqlite import vec0 as vectors
 from bot.memory.storage import Connection
 from bot.memory.vectors import gc_pauses
+from bot.memory.vectors import index as vectors
 from bot.memory.vectors.cache import VectorCache
 from bot.settings import Settings
 from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT

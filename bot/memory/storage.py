@@ -20,7 +20,7 @@ from bot.memory.connection import Connection
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import Viewer
 from bot.memory.sql import store
-from bot.memory.sqlite.vec0 import IndexInfo
+from bot.memory.vectors.index import IndexInfo
 
 ConnT = TypeVar("ConnT")  # a backend's own connection type
 SCRUBBED = ("memories", "messages")  # what a scrub cleans up after, unless told less

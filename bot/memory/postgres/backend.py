@@ -41,10 +41,10 @@ from bot.memory.recall import ranking, retrieval
 from bot.memory.recall.retrieval import VITALS_COLUMNS, Candidate
 from bot.memory.scope import ACTIVE, Viewer, visible_keys
 from bot.memory.sql import privacy, removals, store
-from bot.memory.sqlite import vec0 as vectors
-from bot.memory.sqlite.vec0 import IndexInfo, VectorSizeError
 from bot.memory.storage import SCRUBBED, PlanState
+from bot.memory.vectors import index as vectors
 from bot.memory.vectors.cache import VectorCache
+from bot.memory.vectors.index import IndexInfo, VectorSizeError
 
 log = logging.getLogger(__name__)
 

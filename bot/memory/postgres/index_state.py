@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from bot.memory.sql import removals
-from bot.memory.sqlite import vec0 as vectors
-from bot.memory.sqlite.vec0 import IndexInfo
+from bot.memory.vectors import index as vectors
+from bot.memory.vectors.index import IndexInfo
 
 # The meta rows of the index, as one JSON object (NULL without any): a subquery or a statement.
 INDEX_STATE_SQL = ("SELECT json_object_agg(key, value)::text FROM meta "

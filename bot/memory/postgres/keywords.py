@@ -24,7 +24,7 @@ from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
 from bot.memory.recall.retrieval import Candidate, KeywordHits
 from bot.memory.sql import removals
 from bot.memory.sqlite import fts
-from bot.memory.sqlite.vec0 import IndexInfo
+from bot.memory.vectors.index import IndexInfo
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from bot.memory.scope import ACTIVE, key_filter
 from bot.memory.sql import store
 from bot.memory.sqlite import fts
 from bot.memory.sqlite import vec0 as vectors
+from bot.memory.vectors.index import cosine_from_distance
 
 GRAPH_LINK_KINDS = ("co_extracted", "consolidated", "semantic")
 
@@ -48,7 +49,7 @@ class Candidate:
     def cosine(self) -> float | None:
         if self.similarity is not None:
             return self.similarity
-        return None if self.distance is None else vectors.cosine_from_distance(self.distance)
+        return None if self.distance is None else cosine_from_distance(self.distance)
 
     @property
     def via(self) -> str:

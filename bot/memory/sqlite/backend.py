@@ -22,9 +22,9 @@ from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import db, fts, vector_keys
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.checkpoints import Checkpoints
-from bot.memory.sqlite.vec0 import IndexInfo
 from bot.memory.storage import SCRUBBED, PlanState
 from bot.memory.vectors.cache import VectorCache
+from bot.memory.vectors.index import IndexInfo, cosine_from_distance
 
 
 class SQLiteStorage:
@@ -114,7 +114,7 @@ class SQLiteStorage:
 
     def neighbours_many(self, conn: apsw.Connection, info: IndexInfo, items: Sequence[tuple[int, str]],
                         k: int) -> dict[int, list[tuple[int, float]]]:
-        return {mid: [(other, vectors.cosine_from_distance(d)) for other, d in found]
+        return {mid: [(other, cosine_from_distance(d)) for other, d in found]
                 for mid, found in vectors.neighbours_many(conn, info, items, k).items()}
 
     # -- what the lifecycle's write rules need -------------------------------------------

@@ -17,17 +17,19 @@ dimension; the model and dimension are recorded in `meta`.
 from __future__ import annotations
 
 import logging
-import math
 import struct
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
+
+import numpy as np
 
 from bot.logs import Throttle
 from bot.memory.connection import Connection
+from bot.memory.scope import ACTIVE
 from bot.memory.sql.queries import get_meta, query_value, set_meta
 from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import vector_keys
+from bot.memory.vectors.index import MAX_DIM, REINDEX_PENDING, IndexInfo, VectorSizeError, pack, usable_dim
 
 if TYPE_CHECKING:
     from bot.memory.vectors.cache import VectorCache
@@ -37,33 +39,6 @@ _warnings = Throttle()
 
 DEFAULT_CHUNK_SIZE = 8  # with thousands of small keys, bigger chunks leave many slots empty
 LAYOUT = "key"           # meta vec_layout; databases without it have the old bucketed table
-MAX_DIM = 8192
-REINDEX_PENDING = "reindex_pending"
-
-
-class VectorSizeError(ValueError):
-    """An embedding does not have the dimension of the index."""
-
-
-@dataclass(frozen=True)
-class IndexInfo:
-    model: str
-    dim: int
-
-
-def normalise(vector: Sequence[float]) -> list[float]:
-    norm = math.hypot(*vector)  # no overflow for huge components, unlike sqrt(sum(x * x))
-    if not math.isfinite(norm) or norm == 0.0:
-        raise VectorSizeError("embedding is zero or not finite")
-    return [x / norm for x in vector]
-
-
-def pack(vector: Sequence[float]) -> bytes:
-    return struct.pack(f"{len(vector)}f", *normalise(vector))
-
-
-def cosine_from_distance(distance: float) -> float:
-    return 1.0 - distance * distance / 2.0
 
 
 def index_info(conn: Connection) -> IndexInfo | None:
@@ -158,10 +133,6 @@ def upgrade_layout(conn: Connection, *, chunk_size: int = DEFAULT_CHUNK_SIZE) ->
     return int(moved)
 
 
-def usable_dim(dim: int) -> bool:
-    return 1 <= dim <= MAX_DIM
-
-
 def mark_reindex_pending(conn: Connection) -> None:
     set_meta(conn, REINDEX_PENDING, "1")
 
@@ -235,7 +206,10 @@ _caches: "weakref.WeakKeyDictionary[Connection, VectorCache]" = weakref.WeakKeyD
 
 
 def attach_cache(conn: Connection, cache: "VectorCache") -> None:
-    """Searches on `conn` go through `cache` (shared by the engine's connections)."""
+    """Searches on `conn` go through `cache` (shared by the engine's connections); a cache without
+    a source reads vec0 (SQLiteVectorSource)."""
+    if not cache.has_source():
+        cache.source = SQLiteVectorSource()
     _caches[conn] = cache
 
 
@@ -362,3 +336,87 @@ def prune_changes(conn: Connection, keep: int = 100_000) -> int:
         conn.execute("DELETE FROM vector_changes WHERE seq <= ?", (last - keep,))
         pruned = conn.changes()
     return pruned
+
+
+# -- what the vector cache reads from SQLite (its VectorSource) ---------------------
+
+def key_size_at_least(conn: Connection, key: str, cap: int) -> int:
+    """How many vectors `key` holds, counted up to `cap` (+1) only."""
+    return int(query_value(conn, "SELECT count(*) FROM (SELECT 1 FROM memories WHERE vis_key = ? AND embedded = 1 "
+                                 f"AND {ACTIVE} LIMIT ?)", (key, cap + 1)))
+
+
+def load_key(conn: Connection, info: IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All vectors of one key: (ids, created_at, matrix). Through vec0's
+    chunk tables (one row per chunk of vectors) when their layout is the known one: reading
+    vectors one by one out of vec0 is far slower."""
+    # Two statements, no transaction: a vector stored or removed between them is missing or
+    # dropped here and put right by the next sync (its change is newer than the cache's mark).
+    created_of = dict(conn.execute(
+        f"SELECT id, created_at FROM memories WHERE vis_key = ? AND embedded = 1 AND {ACTIVE}", (key,)))
+    ids: list[np.ndarray] = []
+    blocks: list[np.ndarray] = []
+    if has_chunk_tables(conn):
+        # The chunk table's `rowid` column has no type: `+` drops chunk_id's affinity so that the
+        # lookup uses its index (without it, SQLite scanned every chunk once per chunk).
+        for size, validity, rowids, blob in conn.execute(
+                "SELECT c.size, c.validity, c.rowids, v.vectors FROM vec_memories_chunks c "
+                "CROSS JOIN vec_memories_vector_chunks00 v ON v.rowid = +c.chunk_id WHERE c.partition00 = ?", (key,)):
+            valid = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")[:size].astype(bool)
+            chunk_ids = np.frombuffer(rowids, dtype=np.int64)[:size]
+            matrix = np.frombuffer(blob, dtype=np.float32).reshape(-1, info.dim)[:size]
+            ids.append(chunk_ids[valid])
+            blocks.append(matrix[valid])
+    else:  # pragma: no cover - a future sqlite-vec with other shadow tables
+        for memory_id, blob in conn.execute("SELECT memory_id, embedding FROM vec_memories WHERE vis_key = ?", (key,)):
+            ids.append(np.array([memory_id], dtype=np.int64))
+            blocks.append(np.frombuffer(blob, dtype=np.float32).reshape(1, info.dim))
+    all_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+    matrix = np.concatenate(blocks) if blocks else np.zeros((0, info.dim), dtype=np.float32)
+    known = np.fromiter((mid in created_of for mid in all_ids.tolist()), dtype=bool, count=len(all_ids))
+    all_ids, matrix = all_ids[known], matrix[known]
+    created = np.fromiter((created_of[mid] for mid in all_ids.tolist()), dtype=np.float64, count=len(all_ids))
+    return all_ids, created, matrix
+
+
+def read_vector(conn: Connection, info: IndexInfo, memory_id: int) -> np.ndarray | None:
+    vector = vector_bytes(conn, info, memory_id)
+    return None if vector is None else np.frombuffer(vector, dtype=np.float32).copy()
+
+
+class SQLiteVectorSource:
+    """The cache's reads on SQLite: vec0's chunk tables, and the log by `seq` (one writer at a
+    time, so seq order is commit order and a rollback reuses its numbers)."""
+
+    def poll(self, conn: Connection, mark: int | None) -> tuple[str | None, list[int], int, bool, None]:
+        epoch = get_meta(conn, "vec_epoch")
+        if mark is None:
+            return epoch, [], int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")), True, None
+        rows: list[tuple[int, int]] = [(int(seq), int(mid)) for seq, mid in conn.execute(
+            "SELECT seq, memory_id FROM vector_changes WHERE seq > ? ORDER BY seq", (mark,))]
+        if not rows:
+            return epoch, [], mark, True, None
+        return epoch, [memory_id for _, memory_id in rows], rows[-1][0], rows[0][0] == mark + 1, None
+
+    def changed_between(self, conn: Connection, older: int, newer: int) -> set[int]:
+        return {int(mid) for (mid,) in conn.execute(
+            "SELECT memory_id FROM vector_changes WHERE seq > ? AND seq <= ?", (older, newer))}
+
+    # module functions looked up at call time (tests replace them)
+    def key_size_at_least(self, conn: Connection, key: str, cap: int) -> int:
+        return key_size_at_least(conn, key, cap)
+
+    def load_key(self, conn: Connection, info: IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return load_key(conn, info, key)
+
+    def read_vectors(self, conn: Connection, info: IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
+        found = {memory_id: read_vector(conn, info, memory_id) for memory_id in ids}
+        return {memory_id: vector for memory_id, vector in found.items() if vector is not None}
+
+    def search(self, conn: Connection, info: IndexInfo, query: list[float], keys: list[str], k: int,
+               as_of: float | None) -> list[tuple[int, float]]:
+        return knn_vec0(conn, info, query, keys, k, as_of)
+
+    def similar_to_memory(self, conn: Connection, info: IndexInfo, memory_id: int, keys: list[str],
+                          k: int) -> list[tuple[int, float]]:
+        return similar_to_memory(conn, info, memory_id, keys, k)

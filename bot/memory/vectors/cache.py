@@ -17,7 +17,7 @@ and only the shortlist is scored in float32 (vector_codes.py); a key's codes are
 first time a search needs them.
 
 The storage reads the cache makes (the change log, one key's vectors, one vector, the
-fallback search) go through a `VectorSource`: SQLiteVectorSource below (vec0), and on
+fallback search) go through a `VectorSource`: SQLite's (sqlite/vec0.py), and on
 PostgreSQL postgres/vector_source.py (memory_vectors; the log read by transaction). The
 cache and its scoring are one code path for both.
 """
@@ -37,9 +37,8 @@ import numpy as np
 
 from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE
-from bot.memory.sql.queries import get_meta, query_value
-from bot.memory.sqlite import vec0 as vectors
 from bot.memory.vectors import codes as vector_codes
+from bot.memory.vectors import index as vectors
 
 SLACK_ROWS = 4             # room for a few new vectors before a key's arrays are copied
 GROWTH = 1.25              # then 25 % more, so appends cost O(1) on average
@@ -198,6 +197,14 @@ class VectorSource(Protocol):
 _EMPTY: dict[int, KeyVectors] = {}
 
 
+class _NoSource:
+    """A cache not yet given its backend's source: any read is a programming error."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError("this VectorCache has no source yet: attach it to a connection (vec0.attach_cache) "
+                           "or hand it to a storage backend")
+
+
 def _empty_key(dim: int) -> KeyVectors:
     """A key without vectors, shared: its searches never write to it (only cached keys get appends)."""
     empty = _EMPTY.get(dim)
@@ -211,7 +218,8 @@ class VectorCache:
 
     def __init__(self, budget_bytes: int, source: VectorSource | None = None, codes_min: int = 0):
         self.budget_bytes = budget_bytes
-        self.source: VectorSource = source or SQLiteVectorSource()  # the backend replaces it (storage_for)
+        # where the vectors come from: the backend sets it (SQLite: vec0.attach_cache; PostgreSQL: its storage)
+        self.source: VectorSource = source or _NoSource()
         # A search over at least this many vectors (all the viewer's keys) shortlists them by sign
         # code, then rescores exactly (vector_codes.py); 0: never.
         self.codes_min = codes_min
@@ -234,6 +242,10 @@ class VectorCache:
         self._applied = 0  # how many polls' changes were applied (_sync: did one land meanwhile?)
         self._bytes = 0
         self._reads = threading.local()  # one_log_read: this thread's block, and whether it read the log
+
+    def has_source(self) -> bool:
+        """Whether a backend has given this cache the source of its vectors."""
+        return not isinstance(self.source, _NoSource)
 
     @contextmanager
     def one_log_read(self) -> Iterator[None]:
@@ -734,87 +746,3 @@ def top_scores_of(ids: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[flo
     else:
         top = np.arange(len(scores))
     return [(float(scores[i]), int(ids[i])) for i in top if scores[i] != -np.inf]
-
-
-# -- reading vec0's storage -----------------------------------------------------
-
-def key_size_at_least(conn: Connection, key: str, cap: int) -> int:
-    """How many vectors `key` holds, counted up to `cap` (+1) only."""
-    return int(query_value(conn, "SELECT count(*) FROM (SELECT 1 FROM memories WHERE vis_key = ? AND embedded = 1 "
-                                 f"AND {ACTIVE} LIMIT ?)", (key, cap + 1)))
-
-
-def load_key(conn: Connection, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All vectors of one key: (ids, created_at, matrix). Through vec0's
-    chunk tables (one row per chunk of vectors) when their layout is the known one: reading
-    vectors one by one out of vec0 is far slower."""
-    # Two statements, no transaction: a vector stored or removed between them is missing or
-    # dropped here and put right by the next sync (its change is newer than the cache's mark).
-    created_of = dict(conn.execute(
-        f"SELECT id, created_at FROM memories WHERE vis_key = ? AND embedded = 1 AND {ACTIVE}", (key,)))
-    ids: list[np.ndarray] = []
-    blocks: list[np.ndarray] = []
-    if vectors.has_chunk_tables(conn):
-        # The chunk table's `rowid` column has no type: `+` drops chunk_id's affinity so that the
-        # lookup uses its index (without it, SQLite scanned every chunk once per chunk).
-        for size, validity, rowids, blob in conn.execute(
-                "SELECT c.size, c.validity, c.rowids, v.vectors FROM vec_memories_chunks c "
-                "CROSS JOIN vec_memories_vector_chunks00 v ON v.rowid = +c.chunk_id WHERE c.partition00 = ?", (key,)):
-            valid = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")[:size].astype(bool)
-            chunk_ids = np.frombuffer(rowids, dtype=np.int64)[:size]
-            matrix = np.frombuffer(blob, dtype=np.float32).reshape(-1, info.dim)[:size]
-            ids.append(chunk_ids[valid])
-            blocks.append(matrix[valid])
-    else:  # pragma: no cover - a future sqlite-vec with other shadow tables
-        for memory_id, blob in conn.execute("SELECT memory_id, embedding FROM vec_memories WHERE vis_key = ?", (key,)):
-            ids.append(np.array([memory_id], dtype=np.int64))
-            blocks.append(np.frombuffer(blob, dtype=np.float32).reshape(1, info.dim))
-    all_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-    matrix = np.concatenate(blocks) if blocks else np.zeros((0, info.dim), dtype=np.float32)
-    known = np.fromiter((mid in created_of for mid in all_ids.tolist()), dtype=bool, count=len(all_ids))
-    all_ids, matrix = all_ids[known], matrix[known]
-    created = np.fromiter((created_of[mid] for mid in all_ids.tolist()), dtype=np.float64, count=len(all_ids))
-    return all_ids, created, matrix
-
-
-def read_vector(conn: Connection, info: vectors.IndexInfo, memory_id: int) -> np.ndarray | None:
-    vector = vectors.vector_bytes(conn, info, memory_id)
-    return None if vector is None else np.frombuffer(vector, dtype=np.float32).copy()
-
-
-class SQLiteVectorSource:
-    """The cache's reads on SQLite: vec0's chunk tables, and the log by `seq` (one writer at a
-    time, so seq order is commit order and a rollback reuses its numbers)."""
-
-    def poll(self, conn: Connection, mark: int | None) -> tuple[str | None, list[int], int, bool, None]:
-        epoch = get_meta(conn, "vec_epoch")
-        if mark is None:
-            return epoch, [], int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")), True, None
-        rows: list[tuple[int, int]] = [(int(seq), int(mid)) for seq, mid in conn.execute(
-            "SELECT seq, memory_id FROM vector_changes WHERE seq > ? ORDER BY seq", (mark,))]
-        if not rows:
-            return epoch, [], mark, True, None
-        return epoch, [memory_id for _, memory_id in rows], rows[-1][0], rows[0][0] == mark + 1, None
-
-    def changed_between(self, conn: Connection, older: int, newer: int) -> set[int]:
-        return {int(mid) for (mid,) in conn.execute(
-            "SELECT memory_id FROM vector_changes WHERE seq > ? AND seq <= ?", (older, newer))}
-
-    # module functions looked up at call time (tests replace them)
-    def key_size_at_least(self, conn: Connection, key: str, cap: int) -> int:
-        return key_size_at_least(conn, key, cap)
-
-    def load_key(self, conn: Connection, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return load_key(conn, info, key)
-
-    def read_vectors(self, conn: Connection, info: vectors.IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
-        found = {memory_id: read_vector(conn, info, memory_id) for memory_id in ids}
-        return {memory_id: vector for memory_id, vector in found.items() if vector is not None}
-
-    def search(self, conn: Connection, info: vectors.IndexInfo, query: list[float], keys: list[str], k: int,
-               as_of: float | None) -> list[tuple[int, float]]:
-        return vectors.knn_vec0(conn, info, query, keys, k, as_of)
-
-    def similar_to_memory(self, conn: Connection, info: vectors.IndexInfo, memory_id: int, keys: list[str],
-                          k: int) -> list[tuple[int, float]]:
-        return vectors.similar_to_memory(conn, info, memory_id, keys, k)
