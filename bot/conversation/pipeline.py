@@ -18,11 +18,11 @@ Forgetting a person (`forget_person`, /memory forget-all) also wins against work
 was already under way for them: a message received before it is answered, but neither
 it nor the reply is kept, nor handed to the extractor.
 
-Outlets may offer more than `send`, and the pipeline uses what they offer:
-- `stream()`: the reply is shown as Ollama writes it (MUNINN_STREAM_REPLIES), with the
+Outlets may offer more than `send`, declared by a protocol each, and the pipeline uses what they offer:
+- `stream()` (StreamingOutlet): the reply is shown as Ollama writes it (MUNINN_STREAM_REPLIES), with the
   reasoning of reasoning models held back; what stays posted equals the non-streamed reply;
-- `busy()`: a visible sign for a message past the queue limit (never silence);
-- `confirm_forget(offer)`: "forget that I live in Oslo" in plain words
+- `busy()` (BusyOutlet): a visible sign for a message past the queue limit (never silence);
+- `confirm_forget(offer)` (ConfirmingOutlet): "forget that I live in Oslo" in plain words
   (bot/conversation/forget_intent.py) shows the person's matching memories and forgets them
   on confirmation; such a request is neither answered by the model nor kept.
 A person who paused Muninn's memory (/memory pause) is answered, but nothing of theirs is
@@ -37,7 +37,7 @@ import logging
 import time
 from contextlib import aclosing, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import AsyncContextManager, AsyncIterator, Awaitable, Callable, Iterable, Protocol, TypeVar
+from typing import AsyncContextManager, AsyncIterator, Awaitable, Callable, Iterable, Protocol, TypeVar, runtime_checkable
 
 from bot.conversation import forget_intent, prompt
 from bot.conversation.arrivals import Arrivals
@@ -51,11 +51,9 @@ from bot.llm.ollama import (
 )
 from bot.logs import Throttle
 from bot.memory.engine import Engine
+from bot.memory.messages import Edit, Forgotten, HistoryMessage, storable_text
 from bot.memory.scope import Viewer
-from bot.memory.sql import channels as channel_settings
-from bot.memory.sql import history, store
-from bot.memory.sql.transactions import write_transaction
-from bot.memory.storage import storage_of
+from bot.memory.sql.store import Memory
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -107,6 +105,27 @@ class Outlet(Protocol):
     async def send(self, text: str) -> list[Sent]: ...
 
 
+@runtime_checkable
+class StreamingOutlet(Outlet, Protocol):
+    """An outlet that can show a reply while it is written (Discord, the terminal)."""
+
+    def stream(self) -> "ReplyStream | None": ...   # None: not this time (e.g. no permission to edit)
+
+
+@runtime_checkable
+class BusyOutlet(Outlet, Protocol):
+    """An outlet that can show a quiet sign that Muninn is busy (too many people waiting)."""
+
+    async def busy(self) -> None: ...
+
+
+@runtime_checkable
+class ConfirmingOutlet(Outlet, Protocol):
+    """An outlet that can ask a person before forgetting what they asked, in plain words, to forget."""
+
+    async def confirm_forget(self, offer: "ForgetOffer") -> list[Sent]: ...
+
+
 class ReplyStream(Protocol):
     """A reply shown while it is written (an outlet's `stream()`)."""
 
@@ -119,7 +138,7 @@ class ReplyStream(Protocol):
 class ForgetOffer:
     """Memories a person asked in plain words to forget, shown to them before anything goes."""
     author_id: int
-    memories: list[store.Memory]
+    memories: list[Memory]
     intro: str                                  # one line saying what was found
     forget: Callable[[], Awaitable[int]]        # forgets them; returns how many went
     in_private: bool = True                     # a DM or a terminal: the texts may be listed openly
@@ -143,14 +162,6 @@ class ExchangeSink(Protocol):
 
     async def close(self) -> None:
         """Finish queued work, then stop."""
-
-
-@dataclass(frozen=True)
-class Forgotten:
-    """What forgetting a person removed."""
-    personal: int   # their personal memories
-    taught: int     # room memories they taught
-    messages: int   # history rows: theirs, and whole DM conversations with them
 
 
 @dataclass
@@ -248,25 +259,21 @@ class Pipeline:
         received = time.monotonic()
         extractor = self.extractor
 
-        def edit_job(conn, *args) -> history.Edited:
-            edit = history.edit_and_take_back(conn, *args)
-            if edit.kind is not history.Edit.SAME_WORDS and extractor is not None:
-                # on the database thread: a fact write of the old words queued behind this job sees it
-                extractor.mark_gone([message_id])
-            return edit
-        edit = await self.engine.write(edit_job, message_id, content, edited_at,
-                                       self.settings.history_limit, what="record an edit")
+        # on the database thread: a fact write of the old words queued behind this edit sees it
+        gone = None if extractor is None else (lambda: extractor.mark_gone([message_id]))
+        edit = await self.engine.messages.edit(message_id, content, edited_at, self.settings.history_limit,
+                                               on_change=gone)
         if edit.taken_back:
             log.info("message %s was edited: %d memories learned from its old words alone were taken back",
                      message_id, len(edit.taken_back))
-        if edit.kind is not history.Edit.SAME_WORDS and extractor is not None:
+        if edit.kind is not Edit.SAME_WORDS and extractor is not None:
             extractor.forget_messages([message_id])  # and never extract the old words still waiting
         if edit.message is not None and edit.reply is not None:
             await self._extract_edited(edit.message, edit.reply, edit.before, private, received)
-        return edit.kind is not history.Edit.UNKNOWN
+        return edit.kind is not Edit.UNKNOWN
 
-    async def _extract_edited(self, message: history.HistoryMessage, reply: history.HistoryMessage,
-                              before: tuple[history.HistoryMessage, ...], private: bool, received: float) -> None:
+    async def _extract_edited(self, message: HistoryMessage, reply: HistoryMessage,
+                              before: tuple[HistoryMessage, ...], private: bool, received: float) -> None:
         if self.extractor is None or await self.engine.memory_paused(message.author_id):
             return
         if self._forgotten_since(message.author_id, received):
@@ -285,19 +292,18 @@ class Pipeline:
         learned from them alone (and what it was about to learn), in one transaction."""
         if self.extractor is not None:
             self.extractor.forget_messages(message_ids)
-        return await self.engine.write(history.delete_and_take_back, list(message_ids), deleted_at,
-                                       what=f"mark {len(message_ids)} deleted messages")
+        return await self.engine.messages.delete(message_ids, deleted_at)
 
     async def is_own_message(self, message_id: int) -> bool:
-        return await self.engine.read(history.is_assistant_message, message_id)
+        return await self.engine.messages.is_own(message_id)
 
     async def always_answer(self, channel_id: int) -> bool:
         """An admin's choice for the channel, else the MUNINN_ALWAYS_ANSWER_CHANNELS default."""
-        chosen = await self.engine.read(channel_settings.always_answer, channel_id)
+        chosen = await self.engine.messages.always_answer(channel_id)
         return chosen if chosen is not None else channel_id in self.settings.always_answer_channels
 
     async def set_always_answer(self, channel_id: int, guild_id: int | None, enabled: bool) -> None:
-        await self.engine.write(channel_settings.set_always_answer, channel_id, guild_id, enabled)
+        await self.engine.messages.set_always_answer(channel_id, guild_id, enabled)
 
     async def forget_person(self, user_id: int) -> Forgotten:
         """Delete a person's personal memories, the room memories they taught (with FTS rows,
@@ -307,14 +313,13 @@ class Pipeline:
         self._forgotten_at[user_id] = time.monotonic()
         if self.extractor is not None:
             self.extractor.forget(user_id)
-        return await self.engine.write(_forget_person, user_id, what=f"forget everything about user {user_id}")
+        return await self.engine.messages.forget_person(user_id)
 
     async def pause(self, user_id: int) -> bool:
         """/memory pause: keep nothing of this person from now on, their messages still waiting
         for extraction included. False when it was already paused."""
-        forget = getattr(self.extractor, "forget", None)
-        if forget is not None:
-            forget(user_id)
+        if self.extractor is not None:
+            self.extractor.forget(user_id)
         return await self.engine.pause_memory(user_id)
 
     async def resume(self, user_id: int) -> bool:
@@ -350,8 +355,7 @@ class Pipeline:
         try:
             async with self._turns.turn(incoming.channel_id):
                 incoming = storable(incoming)
-                intent = forget_intent.detect(incoming.content) if hasattr(outlet, "confirm_forget") else None
-                if intent is not None:
+                if isinstance(outlet, ConfirmingOutlet) and (intent := forget_intent.detect(incoming.content)):
                     return await self._offer_to_forget(incoming, intent, outlet)
                 return await self._answer(incoming, outlet, received)
         finally:
@@ -360,27 +364,26 @@ class Pipeline:
                 self._idle.set()
 
     async def _show_busy(self, outlet: Outlet) -> None:
-        busy = getattr(outlet, "busy", None)
-        if busy is None:
+        if not isinstance(outlet, BusyOutlet):
             return
         try:
-            await busy()
+            await outlet.busy()
         except Exception as exc:  # a sign that cannot be shown is no reason to fail
             self._log("busy", logging.WARNING, "could not show that Muninn is busy: %s: %s", type(exc).__name__, exc)
 
     async def _answer(self, incoming: Incoming, outlet: Outlet, received: float) -> Reply:
         paused = await self.engine.memory_paused(incoming.author_id)
         message_id = None if paused else await self._record(self._user_row(incoming))
-        current = history.HistoryMessage(
+        current = HistoryMessage(
             id=message_id if message_id is not None else incoming.message_id or 0, channel_id=incoming.channel_id,
             guild_id=incoming.guild_id, author_id=incoming.author_id, author_name=incoming.author_name,
             role="user", content=incoming.content, created_at=incoming.created_at)
-        stream = outlet.stream() if self.settings.stream_replies and hasattr(outlet, "stream") else None
+        stream = outlet.stream() if self.settings.stream_replies and isinstance(outlet, StreamingOutlet) else None
         async with outlet.typing():
             memories = await self._recall(incoming, touch=not paused)  # paused: not even recall counts
             await self.arrivals.earlier_settled(incoming.channel_id, incoming.message_id)
-            recent: list[history.HistoryMessage] = await self._db_or([], "read the channel history", self.engine.read(
-                history.recent, incoming.channel_id, self.settings.history_limit, before=current))
+            recent: list[HistoryMessage] = await self._db_or([], "read the channel history", self.engine.messages.recent(
+                incoming.channel_id, self.settings.history_limit, before=current))
             built = prompt.build(persona=self.settings.persona, tz=self.settings.timezone,
                                  memories=memories, history=recent, current=current,
                                  token_budget=self.settings.token_budget, place=incoming.place)
@@ -416,7 +419,8 @@ class Pipeline:
                 participants=participants(recent, incoming), private=incoming.private))
         return reply
 
-    async def _offer_to_forget(self, incoming: Incoming, intent: forget_intent.ForgetIntent, outlet) -> Reply:
+    async def _offer_to_forget(self, incoming: Incoming, intent: forget_intent.ForgetIntent,
+                               outlet: ConfirmingOutlet) -> Reply:
         """A plain-words forget request: find the person's matching personal memories that could
         surface here, and let the outlet ask before forgetting them. Nothing of it is kept."""
         author = incoming.author_id
@@ -425,7 +429,7 @@ class Pipeline:
         if intent.about is None:  # "don't remember this": their previous message here
             previous = await self.engine.last_message_of(incoming.channel_id, author, before=incoming.message_id)
             ids = [previous] if previous is not None else []
-            if ids and self.extractor is not None and hasattr(self.extractor, "forget_messages"):
+            if ids and self.extractor is not None:
                 self.extractor.forget_messages(ids)  # not extracted yet: never will be
             memories = await self.engine.personal_from_messages(author, ids)
             if ids:
@@ -473,14 +477,11 @@ class Pipeline:
         channel_id = row["channel_id"]
         inserts = self._inserts[channel_id] = self._inserts.get(channel_id, 0) + 1
         prune = inserts % PRUNE_EVERY == 1  # the first insert after a start, then every PRUNE_EVERY
-        return await self._db_or(None, "record a message", self.engine.write(
-            _record_and_prune, row, self.settings.history_keep if prune else None))
+        return await self._db_or(None, "record a message", self.engine.messages.record(
+            row, keep=self.settings.history_keep if prune else None))
 
     async def _drop_forgotten(self, message_ids: list[int]) -> None:
-        def drop(conn) -> None:
-            history.remove(conn, message_ids)
-            storage_of(conn).scrub(conn, ("messages",))
-        await self._db_or(None, "drop the messages of a forgotten person", self.engine.write(drop))
+        await self._db_or(None, "drop the messages of a forgotten person", self.engine.messages.drop(message_ids))
 
     async def _think(self, built: prompt.Prompt) -> tuple[str, bool]:
         """The model's reply, or the friendly fallback (and one log line saying what to fix)."""
@@ -548,33 +549,15 @@ def _clip(text: str, limit: int) -> str:
 
 def storable(incoming: Incoming) -> Incoming:
     """The message with text SQLite and Ollama accept (no lone surrogates), used everywhere after."""
-    return dataclasses.replace(incoming, content=history.storable(incoming.content),
-                               author_name=history.storable(incoming.author_name))
+    return dataclasses.replace(incoming, content=storable_text(incoming.content),
+                               author_name=storable_text(incoming.author_name))
 
 
-def participants(recent: list[history.HistoryMessage], incoming: Incoming) -> tuple[str, ...]:
+def participants(recent: list[HistoryMessage], incoming: Incoming) -> tuple[str, ...]:
     """Display names of the people in the conversation (the recent history and the author), so
     extraction can tell a fact about the author from one about someone else who was there."""
     names = [m.author_name for m in recent if m.role == "user"] + [incoming.author_name]
     return tuple(dict.fromkeys(name for name in names if name))
-
-
-def _record_and_prune(conn, row: dict, keep: int | None) -> int:
-    message_id = history.record(conn, **row)
-    if keep is not None:
-        history.prune(conn, row["channel_id"], keep)
-    return message_id
-
-
-def _forget_person(conn, user_id: int) -> Forgotten:
-    storage = storage_of(conn)
-    with write_transaction(conn):
-        memories = storage.memories_of(conn, user_id, ("personal", "room"))
-        storage.delete(conn, [memory.id for memory in memories])
-        messages = history.forget_author(conn, user_id)
-    storage.scrub(conn)  # after the commit: the checkpoint (SQLite) or VACUUM (PostgreSQL) cannot run inside one
-    personal = sum(memory.scope == "personal" for memory in memories)
-    return Forgotten(personal=personal, taught=len(memories) - personal, messages=messages)
 
 
 def no_typing() -> AsyncContextManager:

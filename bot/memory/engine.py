@@ -32,6 +32,7 @@ from bot.llm.ollama import (
 from bot.logs import Throttle
 from bot.memory.backends import storage_for
 from bot.memory.errors import DatabaseBusy, DatabaseError
+from bot.memory.messages import Messages
 from bot.memory.recall import dates, ranking, retrieval, subqueries, touches
 from bot.memory.recall.retrieval import VectorStatus
 from bot.memory.scope import Viewer
@@ -77,6 +78,7 @@ class Engine:
         self._throttle = Throttle()
         self.vector_cache = VectorCache(settings.vector_cache_mb << 20, codes_min=settings.vector_codes_min)
         self.storage = storage_for(settings, self.vector_cache)  # SQLite, or PostgreSQL (storage.py)
+        self.messages = Messages(self)  # the channel history and channels' options
         # Readers need a database that other connections can open; ":memory:" is one per connection.
         self._shared_file = self.storage.shares_readers()
         self._readers = (ThreadPoolExecutor(max_workers=settings.db_readers, thread_name_prefix="muninn-read")

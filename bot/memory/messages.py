@@ -1,0 +1,113 @@
+"""The channel history and per-channel options, as the conversation layer uses them.
+
+Named methods over the SQL of `sql/history.py` and `sql/channels.py`, run on the engine's
+threads (`engine.messages`); nothing above the memory layer runs SQL or sees a connection.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from bot.memory.connection import Connection
+from bot.memory.jobs import Jobs
+from bot.memory.sql import channels, history
+from bot.memory.sql.history import Edit, Edited, HistoryMessage
+from bot.memory.sql.history import storable as storable_text
+from bot.memory.sql.transactions import write_transaction
+from bot.memory.storage import storage_of
+
+__all__ = ["Edit", "Edited", "Forgotten", "HistoryMessage", "Messages", "storable_text"]
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What forgetting a person removed."""
+    personal: int   # their personal memories
+    taught: int     # room memories they taught
+    messages: int   # history rows: theirs, and whole DM conversations with them
+
+
+class Messages:
+    """`engine.messages`: record, read, edit and delete the history; the channels' options."""
+
+    def __init__(self, jobs: Jobs) -> None:
+        self._jobs = jobs
+
+    async def record(self, row: dict, *, keep: int | None = None) -> int:
+        """Store one message (idempotent for a re-delivered Discord message) and, with `keep`,
+        prune its channel to the newest `keep` messages in the same job; returns its id."""
+        return await self._jobs.write(_record_and_prune, row, keep, what="record a message")
+
+    async def recent(self, channel_id: int, limit: int, *, before: HistoryMessage | None = None) -> list[HistoryMessage]:
+        """The last `limit` messages of a channel, oldest first (history.recent)."""
+        return await self._jobs.read(history.recent, channel_id, limit, before=before)
+
+    async def edit(self, message_id: int, content: str, edited_at: float | None, context: int, *,
+                   on_change: Callable[[], None] | None = None) -> Edited:
+        """Record an edit and take back what the old words alone taught, in one transaction
+        (history.edit_and_take_back). `on_change` runs on the database thread right after a change
+        of words, before any job queued behind this one (a fact write of the old words sees it)."""
+        return await self._jobs.write(_edit, message_id, content, edited_at, context, on_change, what="record an edit")
+
+    async def delete(self, message_ids: Sequence[int], deleted_at: float | None = None) -> int:
+        """Mark messages deleted and take back what they alone taught, in one transaction."""
+        return await self._jobs.write(history.delete_and_take_back, list(message_ids), deleted_at,
+                                      what=f"mark {len(message_ids)} deleted messages")
+
+    async def is_own(self, message_id: int) -> bool:
+        """Whether the message is one of Muninn's replies."""
+        return await self._jobs.read(history.is_assistant_message, message_id)
+
+    async def drop(self, message_ids: Sequence[int]) -> None:
+        """Delete rows outright (a forgotten person's message that arrived meanwhile) and scrub
+        the history's files."""
+        await self._jobs.write(_drop_and_scrub, list(message_ids), what="drop the messages of a forgotten person")
+
+    async def forget_person(self, user_id: int) -> Forgotten:
+        """Delete a person's personal memories, the room memories they taught and their messages
+        in the history in one transaction, then scrub the database files."""
+        return await self._jobs.write(_forget_person, user_id, what=f"forget everything about user {user_id}")
+
+    async def prune_all(self, keep: int) -> int:
+        """Every channel down to its newest `keep` messages; returns how many went."""
+        return await self._jobs.write(history.prune_all, keep, what="prune the history")
+
+    async def always_answer(self, channel_id: int) -> bool | None:
+        """A channel's always-answer option, or None when nobody has set it there."""
+        return await self._jobs.read(channels.always_answer, channel_id)
+
+    async def set_always_answer(self, channel_id: int, guild_id: int | None, enabled: bool) -> None:
+        """Set a channel's always-answer option."""
+        await self._jobs.write(channels.set_always_answer, channel_id, guild_id, enabled,
+                               what="set a channel's option")
+
+
+def _record_and_prune(conn: Connection, row: dict, keep: int | None) -> int:
+    message_id = history.record(conn, **row)
+    if keep is not None:
+        history.prune(conn, row["channel_id"], keep)
+    return message_id
+
+
+def _edit(conn: Connection, message_id: int, content: str, edited_at: float | None, context: int,
+          on_change: Callable[[], None] | None) -> Edited:
+    edit = history.edit_and_take_back(conn, message_id, content, edited_at, context)
+    if edit.kind is not Edit.SAME_WORDS and on_change is not None:
+        on_change()
+    return edit
+
+
+def _drop_and_scrub(conn: Connection, message_ids: list[int]) -> None:
+    history.remove(conn, message_ids)
+    storage_of(conn).scrub(conn, ("messages",))
+
+
+def _forget_person(conn: Connection, user_id: int) -> Forgotten:
+    storage = storage_of(conn)
+    with write_transaction(conn):
+        memories = storage.memories_of(conn, user_id, ("personal", "room"))
+        storage.delete(conn, [memory.id for memory in memories])
+        messages = history.forget_author(conn, user_id)
+    storage.scrub(conn)  # after the commit: the checkpoint (SQLite) or VACUUM (PostgreSQL) cannot run inside one
+    personal = sum(memory.scope == "personal" for memory in memories)
+    return Forgotten(personal=personal, taught=len(memories) - personal, messages=messages)
