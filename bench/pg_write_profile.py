@@ -42,6 +42,7 @@ import time
 from typing import Any
 
 from bot.memory.engine import Engine
+from bot.memory.writing import facts as fact_writes
 from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess
@@ -162,7 +163,6 @@ def _short(filename: str) -> str:
 
 def instrument() -> None:
     """Time the phases, the jobs on their threads, every psycopg round trip and the fact lock."""
-    from bot.lifecycle import fact_store
     from bot.memory.postgres.backend import PostgresStorage
     from bot.memory.sql import transactions
 
@@ -201,8 +201,8 @@ def instrument() -> None:
                         totals["lock_held"] += ended - _here.locked_at
                 _here.job, _here.locked_at = None, None
         return wrapper
-    fact_store._plan_updates = job("plan", fact_store._plan_updates)  # type: ignore[assignment]
-    fact_store._write_if_kept = job("write", fact_store._write_if_kept)  # type: ignore[assignment]
+    fact_writes.plan_updates = job("plan", fact_writes.plan_updates)  # type: ignore[assignment]
+    fact_writes.write_if_kept = job("write", fact_writes.write_if_kept)  # type: ignore[assignment]
 
     def timed_lock(method: Any) -> Any:  # the wait for the key locks: the statement(s) taking them
         def wrapper(self: Any, conn: Any, *args: Any, **kwargs: Any) -> Any:

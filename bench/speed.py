@@ -10,7 +10,7 @@ ignored, made on demand). Per viewer class (typical, busy channel, heavy user in
 product's `Engine.recall` without the embedding call, its steps and the numpy anchor over
 exactly that viewer's visible vectors, in one run; then, on a scratch copy, 20 concurrent
 recalls against one at a time, the DB side of storing an extracted fact (`_plan_updates` +
-`writes.write_facts`), `run_maintenance` from scratch and incrementally with recall latency
+`fact_writes.write_facts`), `run_maintenance` from scratch and incrementally with recall latency
 while it runs; and the resident memory of a process serving recalls (`memory_probe`).
 
 Round 1's shape (`--shape uniform`): for viewers drawn at random, time the product's own `Engine.recall`
@@ -49,6 +49,7 @@ from bot.memory.sql import queries, store
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.storage import storage_of
+from bot.memory.writing import facts as fact_writes
 from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess
@@ -699,11 +700,10 @@ async def measure_concurrency(path: Path, shape: SkewShape, concurrency: int = 2
 
 
 async def measure_fact_writes(path: Path, shape: SkewShape, per_kind: int = 30) -> dict:
-    """The DB side of storing one extracted fact (`fact_store._plan_updates`, then
-    `writes.write_facts`: duplicate check, update candidates, insert, semantic links), for a room
+    """The DB side of storing one extracted fact (`fact_writes.plan_updates`, then
+    `fact_writes.write_facts`: duplicate check, update candidates, insert, semantic links), for a room
     fact in the busy channel and a personal fact of a heavy user; alternately with the write
     reusing the planning search and searching again (`*_search_again`). Adds memories: run on a copy."""
-    from bot.lifecycle import fact_store, writes
     world = SkewWorld(shape, seed=555)
     out: dict = {}
     async with Engine(bench_settings(path)) as engine:
@@ -723,13 +723,13 @@ async def measure_fact_writes(path: Path, shape: SkewShape, per_kind: int = 30) 
                 memory = make()
                 vec = world.query()[1].tolist()
                 t0 = time.perf_counter()
-                planned = await engine.read(fact_store._plan_updates, st.embed_model, [memory], [vec], st, ["someone"])
+                planned = await engine.read(fact_writes.plan_updates, st.embed_model, [memory], [vec], st, ["someone"])
                 t1 = time.perf_counter()
                 if isinstance(planned, tuple):  # the planning search, reused by the write when nothing changed
-                    await engine.write(writes.write_facts, [memory], [vec], [None], settings=st, now=NOW,
+                    await engine.write(fact_writes.write_facts, [memory], [vec], [None], settings=st, now=NOW,
                                        searched=planned[1] if reuse else (), searched_mark=planned[2])
                 else:  # the code before issue 12
-                    await engine.write(writes.write_facts, [memory], [vec], [None], settings=st, now=NOW)
+                    await engine.write(fact_writes.write_facts, [memory], [vec], [None], settings=st, now=NOW)
                 t2 = time.perf_counter()
                 if i >= 3:
                     timings[reuse][0].append((t1 - t0) * 1000)

@@ -6,10 +6,11 @@ import re
 
 import pytest
 
-from bot.lifecycle import writes
 from bot.lifecycle.fact_store import store_facts, store_facts_detailed
 from bot.lifecycle.facts import Fact
 from bot.memory.scope import Viewer
+from bot.memory.writing import facts as fact_writes
+from bot.memory.writing import rules
 from tests.helpers import (
     ALICE,
     BOB,
@@ -155,7 +156,7 @@ async def test_an_update_never_touches_another_subject(engine, fake_ollama, scri
     assert (await one(engine, bob)).archived_at is None
     assert (await one(engine, alice_old)).archived_at is not None
     # and the database side refuses it too, whatever an LLM says
-    assert not await engine.write(lambda c: writes.supersede(c, bob, alice_new, now=0.0))
+    assert not await engine.write(lambda c: fact_writes.supersede(c, bob, alice_new, now=0.0))
     assert (await one(engine, bob)).archived_at is None
 
 
@@ -228,7 +229,7 @@ async def test_update_candidates_without_vectors_come_from_keywords(fts_engine):
 
     def candidates(conn):
         new = personal("Alice lives in Bergen.").to_new_memory()
-        return writes.update_candidates(conn, None, new, None, threshold=0.5, subject_name="Alice")
+        return fact_writes.update_candidates(conn, None, new, None, threshold=0.5, subject_name="Alice")
     assert await fts_engine.write(candidates) == [(old, "Alice lives in Oslo.")]
 
 
@@ -253,16 +254,16 @@ CLOSE_UPDATES = [
 
 @pytest.mark.parametrize("a, b", SAME_PAIRS)
 def test_value_guard_lets_paraphrases_through(a, b):
-    assert not writes.values_conflict(a, b)
+    assert not rules.values_conflict(a, b)
 
 
 @pytest.mark.parametrize("a, b", CLOSE_UPDATES)
 def test_value_guard_stops_close_updates(a, b):
-    assert writes.values_conflict(a, b)
+    assert rules.values_conflict(a, b)
 
 
 def test_near_text():
-    assert writes.near_text("Alice lives in Oslo.", "alice lives in oslo")
-    assert writes.near_text("Alice is a night owl.", "Alice is a night owl, I remember.")
-    assert not writes.near_text("Alice lives in Oslo.", "Alice lives in Bergen.")
-    assert not writes.near_text("Eve's favourite colour is green.", "Eve's favourite colour is blue.")
+    assert rules.near_text("Alice lives in Oslo.", "alice lives in oslo")
+    assert rules.near_text("Alice is a night owl.", "Alice is a night owl, I remember.")
+    assert not rules.near_text("Alice lives in Oslo.", "Alice lives in Bergen.")
+    assert not rules.near_text("Eve's favourite colour is green.", "Eve's favourite colour is blue.")

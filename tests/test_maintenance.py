@@ -16,6 +16,7 @@ from bot.memory.recall import touches
 from bot.memory.scope import Viewer
 from bot.memory.sql import store
 from bot.memory.sqlite import db
+from bot.memory.writing import upkeep
 from tests.fakes.ollama import FakeOllama, FakeOllamaThread
 from tests.helpers import (
     ALICE,
@@ -59,7 +60,7 @@ async def test_faded_unimportant_memories_are_archived_not_deleted(engine):
     assert len(await memories_of(engine, active_only=False)) == 4             # nothing hard-deleted
     assert faded not in (await engine.recall("toast breakfast", Viewer(ALICE, CHANNEL, GUILD), touch=False)).ids
 
-    listed, total = await engine.write(maintenance.list_archived, reason="decayed")
+    listed, total = await engine.write(upkeep.list_archived, reason="decayed")
     assert total == 1 and [m.id for m in listed] == [faded]
     assert (await maintenance.run_maintenance(engine)).archived == []         # idempotent
 
@@ -80,9 +81,9 @@ def test_faded_ids_matches_the_retention_formula(tmp_path):
     memories = store.get_many(conn, ids)
     # stability 7 x 1.4 = 9.8 days: retention 0.13 after 20 days, 0.017 after 40
     assert [round(memories[i].retention(now), 3) for i in ids] == [0.13, 0.017]
-    assert maintenance.faded_ids(conn, now=now, retention_below=0.05, importance_below=0.4, limit=10) == [ids[1]]
-    assert maintenance.faded_ids(conn, now=now, retention_below=0.2, importance_below=0.4, limit=10) == ids
-    assert maintenance.faded_ids(conn, now=now, retention_below=0.2, importance_below=0.2, limit=10) == []
+    assert upkeep.faded_ids(conn, now=now, retention_below=0.05, importance_below=0.4, limit=10) == [ids[1]]
+    assert upkeep.faded_ids(conn, now=now, retention_below=0.2, importance_below=0.4, limit=10) == ids
+    assert upkeep.faded_ids(conn, now=now, retention_below=0.2, importance_below=0.2, limit=10) == []
     conn.close()
 
 

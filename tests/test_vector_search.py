@@ -15,6 +15,7 @@ from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.vectors.cache import VectorCache
+from bot.memory.writing import facts as fact_writes
 
 # sqlite-vec's vec0 table, its layout upgrades and the in-process vector cache that mirrors it.
 # Vector recall on both backends: test_retrieval.py, test_scope.py, test_scope_change.py.
@@ -188,7 +189,6 @@ async def test_personal_keys_are_found_through_the_index(fts_engine):
 
 
 async def test_a_fact_write_reuses_the_planning_search_only_if_no_vector_changed(engine):
-    from bot.lifecycle import fact_store, writes
     await engine.remember(NewMemory("the index exists now", "global", owner_id=1))
     rng = np.random.default_rng(8)
     v = rng.standard_normal(768)
@@ -196,10 +196,10 @@ async def test_a_fact_write_reuses_the_planning_search_only_if_no_vector_changed
     settings = engine.settings
 
     async def plan(memory):
-        return await engine.read(fact_store._plan_updates, settings.embed_model, [memory], [vec], settings, ["Carol"])
+        return await engine.read(fact_writes.plan_updates, settings.embed_model, [memory], [vec], settings, ["Carol"])
 
     async def write(memory, planned):
-        return await engine.write(writes.write_facts, [memory], [vec], [None], settings=settings, now=1e9,
+        return await engine.write(fact_writes.write_facts, [memory], [vec], [None], settings=settings, now=1e9,
                                   searched=planned[1], searched_mark=planned[2])
     first = NewMemory("Carol keeps bees", "room", channel_id=7, guild_id=1)
     planned = await plan(first)

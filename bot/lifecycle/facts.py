@@ -44,10 +44,10 @@ from typing import Any, Iterable, Sequence, TypeVar
 
 from bot import validate
 from bot.conversation.exchange import Exchange
-from bot.lifecycle import writes
 from bot.llm.answers import InvalidReply, ask_json
 from bot.memory.engine import Engine
 from bot.memory.sql.store import NewMemory
+from bot.memory.writing import rules
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -141,7 +141,7 @@ def _symbols(text: str) -> str:
 def name_key(name: str) -> str:
     """A display name compared as the model will write it: "Alice 🌸" and "alice" match;
     a name of emoji only keeps its emoji."""
-    return writes.normalise(name) or _symbols(name)
+    return rules.normalise(name) or _symbols(name)
 
 
 def same_name(a: str, b: str) -> bool:
@@ -151,9 +151,9 @@ def same_name(a: str, b: str) -> bool:
 
 def mentions(text: str, name: str) -> bool:
     """Whether `text` names `name`, as a whole word ("Al" is not in "Alice")."""
-    key = writes.normalise(name)
+    key = rules.normalise(name)
     if key:
-        return f" {key} " in f" {writes.normalise(text)} "
+        return f" {key} " in f" {rules.normalise(text)} "
     symbols = _symbols(name)
     return bool(symbols) and symbols in _symbols(text)
 
@@ -314,15 +314,15 @@ def echo_reason(fact_text: str, own: Sequence[Exchange], batch: Sequence[Exchang
     author_id = own[0].author_id if own else None
     own_words: set[str] = set()
     for exchange in own:
-        own_words |= writes.content_words(exchange.user_message)
+        own_words |= rules.content_words(exchange.user_message)
     other_words: set[str] = set()
     for exchange in everyone:
         if exchange.author_id != author_id:
-            other_words |= writes.content_words(exchange.user_message)
+            other_words |= rules.content_words(exchange.user_message)
     name_words: set[str] = set()
     for name in [*names, *(e.author_name for e in everyone)]:
-        name_words |= writes.content_words(name)
-    fact_words = writes.content_words(fact_text) - name_words
+        name_words |= rules.content_words(name)
+    fact_words = rules.content_words(fact_text) - name_words
     support = len(fact_words & own_words) / len(fact_words) if fact_words else 1.0
     if support < REPLY_SUPPORT and fact_words & (other_words - own_words):
         return "leans on another person's message"
@@ -332,14 +332,14 @@ def echo_reason(fact_text: str, own: Sequence[Exchange], batch: Sequence[Exchang
         return None
     for exchange in everyone:
         for recalled in exchange.recalled:
-            if writes.near_text(fact_text, recalled):
+            if rules.near_text(fact_text, recalled):
                 return "restates a recalled memory"
     for sentence in _sentences(persona):
-        if writes.near_text(fact_text, sentence):
+        if rules.near_text(fact_text, sentence):
             return "restates the system prompt"
     for exchange in everyone:
         for sentence in _sentences(exchange.reply):
-            if writes.near_text(fact_text, sentence):
+            if rules.near_text(fact_text, sentence):
                 return "comes from Muninn's reply"
     return None
 
@@ -365,7 +365,7 @@ async def extract_author_facts(engine: Engine, own: Sequence[Exchange], batch: S
         if reason:
             log.debug("dropped %r: %s", raw.text, reason)
             continue
-        if any(writes.normalise(f.text) == writes.normalise(fact.text) and f.scope == fact.scope
+        if any(rules.normalise(f.text) == rules.normalise(fact.text) and f.scope == fact.scope
                for f in facts):
             continue
         facts.append(fact)

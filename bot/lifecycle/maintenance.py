@@ -27,48 +27,28 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
-import apsw
 import numpy as np
 
 from bot import validate
-from bot.lifecycle import writes
 from bot.lifecycle.facts import FIRST_PERSON, GENERIC_SUBJECT
 from bot.llm.answers import ask_json
-from bot.memory import decay
 from bot.memory.engine import Engine
-from bot.memory.scope import ACTIVE
-from bot.memory.sql import history, leases, store
-from bot.memory.sql.queries import get_meta, query_value, set_meta
-from bot.memory.sql.transactions import write_transaction
-from bot.memory.sqlite import vec0 as vectors
-from bot.memory.storage import storage_of
+from bot.memory.sql import leases, store
+from bot.memory.writing import rules
+from bot.memory.writing.upkeep import CONSOLIDATION_WATERMARK, LINKS_WATERMARK, Consolidation
 
 log = logging.getLogger(__name__)
 
 ARCHIVE_BATCH = 500
 SCAN_BATCH = 200
 CLUSTER_NEIGHBOURS = 8
-NEIGHBOURS = max(CLUSTER_NEIGHBOURS, writes.LINK_NEIGHBOURS)
+NEIGHBOURS = max(CLUSTER_NEIGHBOURS, rules.LINK_NEIGHBOURS)
 KEPT_NEIGHBOURS = 200_000  # memories whose neighbours wait for the links pass (~300 bytes each)
-MAX_CLUSTER = 8
-CLEAR_TEXT_CHARS = 300       # longer originals are not "clear": a summary is preferred
-LINKS_WATERMARK = "maintenance.links_through"
-CONSOLIDATION_WATERMARK = "maintenance.consolidated_through"
-
-
-@dataclass
-class Consolidation:
-    survivor: int                  # the memory that now stands for the cluster
-    originals: list[int]           # archived into it
-    merged_by: str                 # "llm" (a new memory) or "kept" (the clearest original)
-    text: str
 
 
 @dataclass
@@ -98,87 +78,21 @@ class MaintenanceReport:
 
 # -- decay ---------------------------------------------------------------------
 
-def faded_ids(conn: apsw.Connection, *, now: float, retention_below: float, importance_below: float,
-              limit: int) -> list[int]:
-    """Active memories with low importance whose retention fell below the threshold."""
-    if retention_below <= 0:
-        return []
-    # retention < r  <=>  elapsed_days > -ln(r) * stability (no exp() per row needed)
-    horizon = -math.log(retention_below)
-    return [row[0] for row in conn.execute(
-        f"SELECT id FROM memories WHERE {ACTIVE} AND importance < ? AND "
-        f"(? - coalesce(last_accessed, created_at)) / {decay.SECONDS_PER_DAY} > ? * stability "
-        "ORDER BY id LIMIT ?", (importance_below, now, horizon, limit))]
-
-
-def archive_faded(conn: apsw.Connection, ids: Sequence[int], *, now: float) -> list[int]:
-    done = []
-    with write_transaction(conn):
-        for memory_id in ids:
-            memory = store.get_many(conn, [memory_id]).get(memory_id)
-            if memory is None or memory.archived_at is not None:
-                continue  # forgotten or archived by another process since it was found
-            storage_of(conn).archive(conn, memory_id, f"decayed (retention {memory.retention(now):.3f})", now=now)
-            done.append(memory_id)
-    return done
-
-
 async def archive_decayed(engine: Engine, *, now: float | None = None) -> list[int]:
     settings = engine.settings
     now = time.time() if now is None else now
     archived: list[int] = []
     while True:
-        ids = await engine.read(faded_ids, now=now, retention_below=settings.archive_retention,
-                               importance_below=settings.archive_importance, limit=ARCHIVE_BATCH)
+        ids = await engine.upkeep.faded(now=now, retention_below=settings.archive_retention,
+                                        importance_below=settings.archive_importance, limit=ARCHIVE_BATCH)
         if not ids:
             return archived
-        archived += await engine.write(archive_faded, ids, now=now)
+        archived += await engine.upkeep.archive_faded(ids, now=now)
 
 
 async def archived(engine: Engine, *, reason: str | None = None, limit: int = 50) -> tuple[list[store.Memory], int]:
     """`muninn maintain --archived`: see list_archived."""
-    return await engine.read(list_archived, reason=reason, limit=limit)
-
-
-def list_archived(conn: apsw.Connection, *, owner_id: int | None = None, reason: str | None = None,
-                  limit: int = 50, offset: int = 0) -> tuple[list[store.Memory], int]:
-    """Archived memories, most recently archived first, and how many there are.
-    `reason` matches the start of the archive reason (decayed, superseded, consolidated)."""
-    where = "archived_at IS NOT NULL"
-    params: list = []
-    if owner_id is not None:
-        where += " AND owner_id = ?"
-        params.append(owner_id)
-    if reason:
-        where += " AND archive_reason LIKE ? ESCAPE '\\'"
-        params.append(reason.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
-    total = query_value(conn, f"SELECT count(*) FROM memories WHERE {where}", params)
-    rows = conn.execute(f"SELECT {store.COLUMNS} FROM memories WHERE {where} "
-                        "ORDER BY archived_at DESC, id DESC LIMIT ? OFFSET ?", (*params, limit, offset))
-    return [store.Memory.from_row(row) for row in rows], total
-
-
-# -- the id-order scans ---------------------------------------------------------
-
-def scan_batch(conn: apsw.Connection, watermark_key: str, limit: int) -> tuple[list[tuple[int, str]], bool]:
-    """The next active memories after the watermark, [(id, vis_key)], stopping before the first
-    one without a vector; and whether such a blocker was hit."""
-    after = int(get_meta(conn, watermark_key) or 0)
-    out: list[tuple[int, str]] = []
-    for memory_id, vis_key, embedded in conn.execute(
-            "SELECT id, vis_key, embedded FROM memories WHERE id > ? AND " + ACTIVE + " ORDER BY id LIMIT ?",
-            (after, limit)):
-        if not embedded:
-            return out, True
-        out.append((memory_id, vis_key))
-    return out, False
-
-
-def advance(conn: apsw.Connection, watermark_key: str, memory_id: int) -> None:
-    with write_transaction(conn):
-        current = int(get_meta(conn, watermark_key) or 0)
-        if memory_id > current:
-            set_meta(conn, watermark_key, str(memory_id))
+    return await engine.upkeep.archived(reason=reason, limit=limit)
 
 
 # -- neighbours -------------------------------------------------------------------
@@ -220,21 +134,6 @@ class Neighbours:
 
 # -- links ------------------------------------------------------------------------
 
-def write_links(conn: apsw.Connection, batch: Sequence[tuple[int, str]],
-                found: dict[int, list[tuple[int, float]]], *, threshold: float, now: float) -> int:
-    """Semantic links for a scanned batch from its precomputed neighbours (id, cosine), and the
-    watermark moved past it: one short transaction on the writer."""
-    added = 0
-    with write_transaction(conn):
-        for memory_id, _ in batch:
-            for other, cosine in found.get(memory_id, []):
-                if cosine >= threshold:
-                    added += writes.add_semantic_link(conn, memory_id, other, cosine, now=now)
-        if batch:
-            advance(conn, LINKS_WATERMARK, batch[-1][0])
-    return added
-
-
 async def build_links(engine: Engine, *, now: float | None = None, neighbours: Neighbours | None = None) -> int:
     """The neighbours of each batch are found on a read connection (one matrix product per
     visibility key), so the writer only holds the short link-writing transaction."""
@@ -242,56 +141,19 @@ async def build_links(engine: Engine, *, now: float | None = None, neighbours: N
     neighbours = neighbours or Neighbours(engine)
     total = 0
     while True:
-        batch, blocked = await engine.read(scan_batch, LINKS_WATERMARK, SCAN_BATCH)
+        batch, blocked = await engine.upkeep.scan(LINKS_WATERMARK, SCAN_BATCH)
         if not batch:
             return total
-        found = await neighbours.of(batch, writes.LINK_NEIGHBOURS, keep=False)
+        found = await neighbours.of(batch, rules.LINK_NEIGHBOURS, keep=False)
         if found is None:  # no usable index (none yet, or a reindex is pending)
             return total
         await engine.yield_to_recalls()  # the writer serves the recalls' touches
-        total += await engine.write(write_links, batch, found, threshold=engine.settings.link_cosine, now=now)
+        total += await engine.upkeep.write_links(batch, found, threshold=engine.settings.link_cosine, now=now)
         if blocked:
             return total
 
 
 # -- consolidation -------------------------------------------------------------
-
-def find_clusters(conn: apsw.Connection, batch: Sequence[tuple[int, str]],
-                  found: dict[int, list[tuple[int, float]]], *, threshold: float) -> list[list[store.Memory]]:
-    """Clusters of near-duplicates among a scanned batch and its precomputed neighbours (same
-    visibility key, (id, cosine) nearest first). Only the memories above the threshold are read."""
-    clusters: list[list[int]] = []
-    taken: set[int] = set()
-    for memory_id, _ in batch:
-        close = [other for other, cosine in found.get(memory_id, []) if cosine >= threshold and other not in taken]
-        if memory_id in taken or not close:
-            continue
-        rows = store.get_many(conn, [memory_id, *close])
-        seed = rows.get(memory_id)
-        if seed is None or seed.archived_at is not None:
-            continue
-        members = [memory_id]
-        for other_id in close:
-            other = rows.get(other_id)
-            if other is None or other.archived_at is not None or writes.values_conflict(seed.text, other.text):
-                continue
-            members.append(other_id)
-            if len(members) >= MAX_CLUSTER:
-                break
-        if len(members) > 1:
-            clusters.append(members)
-            taken.update(members)
-    return [sorted(store.get_many(conn, ids).values(), key=lambda m: (m.created_at, m.id)) for ids in clusters]
-
-
-def clearest(memories: Sequence[store.Memory]) -> store.Memory:
-    """Without an LLM, the original to keep: the most informative text that is still short,
-    the newest on a tie (it is the most current)."""
-    short = [m for m in memories if len(m.text) <= CLEAR_TEXT_CHARS]
-    if not short:
-        return min(memories, key=lambda m: (len(m.text), -m.created_at, -m.id))
-    return max(short, key=lambda m: (len(m.text), m.created_at, m.id))
-
 
 MERGE_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 
@@ -321,55 +183,11 @@ def check_merge(data: Any, memories: Sequence[store.Memory]) -> tuple[str, list[
         raise ValueError("'text' uses I/me/you or 'the user': name the subject")
     known: set[str] = set()
     for memory in memories:
-        known |= writes.value_tokens(memory.text)
-    invented = writes.value_tokens(text) - known
+        known |= rules.value_tokens(memory.text)
+    invented = rules.value_tokens(text) - known
     if invented:  # the reason is logged: it names how many, not which (those are the memory's words)
         raise ValueError(f"'text' adds {len(invented)} name(s) or number(s) that no memory has")
     return text, []
-
-
-def apply_consolidation(conn: apsw.Connection, cluster_ids: Sequence[int], merged_text: str | None,
-                        vector: Sequence[float] | None, *,
-                        model: str, base_stability_days: float, now: float) -> Consolidation | None:
-    """One cluster, one transaction: write the survivor (its vector in `model`'s index), archive
-    the others, link them."""
-    with write_transaction(conn):
-        found = store.get_many(conn, list(cluster_ids))
-        members = [found[i] for i in cluster_ids if i in found and found[i].archived_at is None]
-        if len(members) < 2 or len({m.vis_key for m in members}) != 1:
-            return None  # changed since it was found (restored, archived, recalled elsewhere)
-        sources: list[str] = []
-        for memory in members:
-            sources += [str(s) for s in memory.source_message_ids if str(s) not in sources]
-        importance = max(m.importance for m in members)
-        stability = max(m.stability for m in members)
-        last_seen = max(m.last_accessed or m.created_at for m in members)
-        first = min(members, key=lambda m: (m.created_at, m.id))
-        if merged_text is not None and writes.normalise(merged_text) not in {writes.normalise(m.text)
-                                                                                  for m in members}:
-            survivor_id = storage_of(conn).insert(  # the vector goes in only if it fits `model`'s index
-                conn, [store.NewMemory(text=merged_text, scope=first.scope, owner_id=first.owner_id,
-                                       channel_id=first.channel_id, guild_id=first.guild_id, importance=importance,
-                                       created_at=first.created_at, source_message_ids=sources,
-                                       private=first.private)],
-                base_stability_days=base_stability_days, model=model,
-                vecs=[list(vector)] if vector is not None else None, now=now)[0]
-            merged_by, originals = "llm", [m.id for m in members]
-        else:
-            if merged_text is not None:  # the LLM returned one of the originals verbatim: keep that one
-                keep = next(m for m in members if writes.normalise(m.text) == writes.normalise(merged_text))
-            else:
-                keep = clearest(members)
-            survivor_id, merged_by = keep.id, "kept"
-            originals = [m.id for m in members if m.id != keep.id]
-        conn.execute("UPDATE memories SET importance = ?, stability = ?, last_accessed = ?, source_message_ids = ?, "
-                     "updated_at = ? WHERE id = ?",
-                     (importance, stability, last_seen, json.dumps(sources), now, survivor_id))
-        for original in originals:
-            storage_of(conn).archive(conn, original, f"consolidated into #{survivor_id}", now=now)
-            storage_of(conn).add_link(conn, survivor_id, original, "consolidated", now=now)
-        text = store.get(conn, survivor_id).text
-    return Consolidation(survivor_id, originals, merged_by, text)
 
 
 async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool = True,
@@ -379,13 +197,13 @@ async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool
     neighbours = neighbours or Neighbours(engine)
     done: list[Consolidation] = []
     while True:
-        batch, blocked = await engine.read(scan_batch, CONSOLIDATION_WATERMARK, SCAN_BATCH)
+        batch, blocked = await engine.upkeep.scan(CONSOLIDATION_WATERMARK, SCAN_BATCH)
         if not batch:
             return done
         found = await neighbours.of(batch, CLUSTER_NEIGHBOURS, keep=True)
         if found is None:  # no usable index
             return done
-        clusters = await engine.read(find_clusters, batch, found, threshold=settings.dedup_cosine)
+        clusters = await engine.upkeep.clusters(batch, found, threshold=settings.dedup_cosine)
         for members in clusters:
             merged_text = None
             if use_llm and engine.ollama.enabled:
@@ -396,13 +214,13 @@ async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool
             if merged_text is not None:
                 vecs = await engine.embed_or_none([merged_text])
                 vector = vecs[0] if vecs else None
-            result = await engine.write(apply_consolidation, [m.id for m in members], merged_text, vector,
-                                      model=engine.settings.embed_model,
-                                      base_stability_days=settings.base_stability_days, now=now)
+            result = await engine.upkeep.consolidate([m.id for m in members], merged_text, vector,
+                                                     model=engine.settings.embed_model,
+                                                     base_stability_days=settings.base_stability_days, now=now)
             if result is not None:
                 log.info("consolidated %s into #%d (%s)", result.originals, result.survivor, result.merged_by)
                 done.append(result)
-        await engine.write(advance, CONSOLIDATION_WATERMARK, batch[-1][0])
+        await engine.upkeep.advance(CONSOLIDATION_WATERMARK, batch[-1][0])
         if blocked:
             return done
 
@@ -423,10 +241,10 @@ async def run_maintenance(engine: Engine, *, now: float | None = None, use_llm: 
     report.consolidated = await consolidate(engine, now=now, use_llm=use_llm, neighbours=neighbours)
     _say(on_step, report.lines()[2])
     report.links = await build_links(engine, now=now, neighbours=neighbours)
-    await engine.write(vectors.prune_changes)
+    await engine.upkeep.prune_vector_changes()
     await engine.finish_scrub()  # forgotten memories' vectors, on PostgreSQL (postgres/scrub.py)
     _say(on_step, report.lines()[3])
-    report.history_pruned = await engine.write(history.prune_all, engine.settings.history_keep)
+    report.history_pruned = await engine.upkeep.prune_history(engine.settings.history_keep)
     _say(on_step, report.lines()[4])
     report.seconds = time.perf_counter() - started
     return report

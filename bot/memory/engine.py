@@ -43,6 +43,8 @@ from bot.memory.storage import Connection
 from bot.memory.vectors import gc_pauses
 from bot.memory.vectors import index as vectors
 from bot.memory.vectors.cache import VectorCache
+from bot.memory.writing.facts import FactWrites
+from bot.memory.writing.upkeep import Upkeep
 from bot.settings import Settings
 from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
 
@@ -79,6 +81,8 @@ class Engine:
         self.vector_cache = VectorCache(settings.vector_cache_mb << 20, codes_min=settings.vector_codes_min)
         self.storage = storage_for(settings, self.vector_cache)  # SQLite, or PostgreSQL (storage.py)
         self.messages = Messages(self)  # the channel history and channels' options
+        self.facts = FactWrites(self)   # planning and writing extracted facts
+        self.upkeep = Upkeep(self)      # maintenance's jobs
         # Readers need a database that other connections can open; ":memory:" is one per connection.
         self._shared_file = self.storage.shares_readers()
         self._readers = (ThreadPoolExecutor(max_workers=settings.db_readers, thread_name_prefix="muninn-read")

@@ -87,7 +87,7 @@ class Storage(Protocol[ConnT]):
     def keyword_search(self, conn: ConnT, words: list[str], keys: list[str], *, all_words: bool,
                        limit: int) -> list[tuple[int, str]]:
         """Active memories under `keys` holding every word (oldest first) or any word (most
-        relevant first): [(id, text)]. `words` are fts.tokens, never raw user text."""
+        relevant first): [(id, text)]. `words` are recall.words.tokens, never raw user text."""
     def begin_fact_write(self, conn: ConnT, keys: Sequence[str], model: str, dim: int | None, mark: Any,
                          probes: Sequence[tuple[str, list[str]]], same_text_limit: int, searched: Sequence[int] = ()
                          ) -> tuple[IndexInfo | None, bool, list[list[tuple[int, str]]]]:

@@ -1,7 +1,7 @@
 """The PostgreSQL backend of the storage interface (bot/memory/storage.py).
 
 Keyword path: the generated `text_search` tsvector (english stems, no accents) with a GIN index over active
-memories; the query is built from our own tokens (fts.tokens: \\w+ runs, no stop words, at
+memories; the query is built from our own tokens (recall.words.tokens: \\w+ runs, no stop words, at
 most 24), each through plainto_tsquery and OR'd, so no user text ever reaches to_tsquery's
 syntax; ranked by ts_rank_cd, scoped in the same statement; common words are handled as on
 SQLite (left out, or only the newest matches ranked: keywords.py).

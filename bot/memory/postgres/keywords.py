@@ -22,6 +22,7 @@ import psycopg
 from bot.memory.postgres.connection import PgConnection
 from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
 from bot.memory.recall.retrieval import Candidate, KeywordHits
+from bot.memory.recall.words import tokens
 from bot.memory.sql import removals
 from bot.memory.sqlite import fts
 from bot.memory.vectors.index import IndexInfo
@@ -270,7 +271,7 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
     the recall's fts step needs it next, and a statement of its own was a round trip per recall.
     The state is None when no statement ran (no word to search, no key)."""
     common_limit = fts.common_limit(conn, newest_id(conn))
-    words = searched_words(conn, fts.tokens(query), common_limit)
+    words = searched_words(conn, tokens(query), common_limit)
     if not words or not keys:
         return KeywordHits(), None
     counts = {w: doc_count(conn, w, common_limit) for w in words}

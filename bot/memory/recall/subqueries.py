@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 
 from bot.memory.connection import Connection
+from bot.memory.recall import words
 from bot.memory.recall.dates import MONTHS
 from bot.memory.recall.retrieval import Candidate
-from bot.memory.sqlite import fts
 from bot.memory.storage import storage_of
 
 # Chosen on LoCoMo dev: the name list's weight against the
@@ -46,7 +46,7 @@ def names(question: str) -> list[str]:
             if match.start() == len(sentence) - len(sentence.lstrip()):
                 continue  # the sentence's first word is capitalised anyway
             word = word.lower()
-            if word not in fts.STOP_WORDS and word not in _NOT_NAMES:
+            if word not in words.STOP_WORDS and word not in _NOT_NAMES:
                 found.setdefault(word, None)
     return list(found)[:MAX_NAMES]
 
@@ -62,7 +62,7 @@ def name_hits(conn: Connection, question: str, hits: list[Candidate]) -> list[Ca
         return []
     # the words the keyword path searched, as it chose them (retrieval.KeywordHits), else asked again
     known = getattr(hits, "searched", None)
-    searched = set(known if known is not None else storage_of(conn).searched_words(conn, fts.tokens(question)))
+    searched = set(known if known is not None else storage_of(conn).searched_words(conn, words.tokens(question)))
     people = {p for p in mentioned if p not in searched}  # only names the plain query left out
     if not people:
         return []

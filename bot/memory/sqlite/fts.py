@@ -8,7 +8,6 @@ of hostile queries. Returns None when nothing searchable is left.
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
 import weakref
@@ -17,36 +16,8 @@ from typing import Any, Callable
 
 import apsw
 
+from bot.memory.recall.words import tokens
 from bot.memory.sql import removals
-
-MAX_TOKENS = 24
-_WORD = re.compile(r"\w+", re.UNICODE)
-
-STOP_WORDS = frozenset("""
-a about above after again against all am an and any are aren't as at be because been before being below
-between both but by can can't cannot could couldn't did didn't do does doesn't doing don't down during each
-few for from further had hadn't has hasn't have haven't having he he'd he'll he's her here here's hers
-herself him himself his how how's i i'd i'll i'm i've if in into is isn't it it's its itself let's me more
-most mustn't my myself no nor not of off on once only or other ought our ours ourselves out over own same
-shan't she she'd she'll she's should shouldn't so some such than that that's the their theirs them
-themselves then there there's these they they'd they'll they're they've this those through to too under
-until up very was wasn't we we'd we'll we're we've were weren't what what's when when's where where's which
-while who who's whom why why's with won't would wouldn't you you'd you'll you're you've your yours yourself
-yourselves s t d ll m re ve just also really yes yeah ok okay oh hey hi hello please thanks thank tell
-know remember remind muninn does did get got like
-""".split())
-
-
-def tokens(text: str) -> list[str]:
-    """Searchable words of `text`: lowercase, no stop words, de-duplicated, in order."""
-    seen: dict[str, None] = {}
-    for word in _WORD.findall(text.lower()):
-        if word in STOP_WORDS or word.replace("_", "") == "":
-            continue
-        seen.setdefault(word, None)
-        if len(seen) >= MAX_TOKENS:
-            break
-    return list(seen)
 
 
 def quote(token: str) -> str:
