@@ -6,7 +6,7 @@ from typing import Iterable, Sequence
 
 import apsw
 
-from bot.memory.sql import store
+from bot.memory import records
 from bot.memory.sqlite import fts
 
 
@@ -20,7 +20,7 @@ class Bm25Index:
                           "created_at UNINDEXED, text, tokenize = 'porter unicode61 remove_diacritics 2')")
         with self.conn:
             self.conn.executemany("INSERT INTO t VALUES (?, ?, ?, ?)",
-                                  [(group, eid, created, store.clean_text(text)) for group, eid, created, text in rows])
+                                  [(group, eid, created, records.clean_text(text)) for group, eid, created, text in rows])
 
     def ask(self, question: str, groups: Sequence[str], limit: int, as_of: float | None = None) -> list[str]:
         expression = fts.match_expression(question)

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.keyword_ab --base-commit 204f79c --size 100000
 
-The step as `Engine._fts_step` runs it (visibility keys, `fts_candidates`, the name re-rank) on
+The step as `recall.steps.keyword_step` runs it (visibility keys, `fts_candidates`, the name re-rank) on
 a read connection, per viewer class of `bench.speed`'s skewed world. Each side gets its own copy
 of the saved world, fresh each run and removed after it (the other commit may predate a
 migration this code applies; the saved world is never written), and before each side's query the busy channel stores the

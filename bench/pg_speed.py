@@ -27,8 +27,8 @@ from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 from bot.cli.migrate import DONE_KEY, copy_database
+from bot.memory import records
 from bot.memory.engine import Engine
-from bot.memory.sql import store
 from bot.memory.storage import storage_of
 from bot.settings import load_settings
 
@@ -141,7 +141,7 @@ def _writer(settings_env: dict, count: int, seed: int, ready: Any, results: Any,
         facts = writer_facts(mode, count, seed)
         async with Engine(load_settings(settings_env)) as engine:
             await engine.warmed()
-            await engine.remember(store.NewMemory("warm-up", "global", owner_id=1))
+            await engine.remember(records.NewMemory("warm-up", "global", owner_id=1))
             await asyncio.to_thread(ready.wait)
             started = time.time()
             for fact in facts:

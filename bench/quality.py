@@ -38,7 +38,6 @@ from bot.cli import importer
 from bot.memory.engine import Engine
 from bot.memory.recall import ranking
 from bot.memory.scope import Viewer
-from bot.memory.sql import store
 from bot.settings import SETTINGS, load_settings
 
 from . import shared_world
@@ -272,7 +271,7 @@ async def floor_report(corpus: Corpus, path: Path, url: str, env: dict) -> dict:
     (categories 1-4) and its evidence turns versus every other turn of its conversation, and
     the share of each above candidate floors."""
     async with Engine(load_settings(dict(env, MUNINN_DB_PATH=str(path), OLLAMA_URL=url))) as engine:
-        texts = {sid: [store.clean_text(r["text"]) for r in records] for sid, records in corpus.records.items()}
+        texts = {sid: [records.clean_text(r["text"]) for r in records] for sid, records in corpus.records.items()}
         asks = [q for q in corpus.asks if q["category"] != 5]
         turn_vecs = {sid: np.asarray(await engine.embed_or_none(t), dtype=np.float32) for sid, t in texts.items()}
         question_vecs = np.asarray(await engine.embed_or_none([q["question"] for q in asks]), dtype=np.float32)

@@ -88,7 +88,7 @@ def recall_steps(pkg: str, engine: Any, reader: Any, writer: Any, text: str, vie
     hits = steps("fts", storage.fts_candidates, reader, text, keys, limit * 3, None)
     hits = mod["subqueries"].fuse_keyword_lists(
         hits, steps("name_hits", mod["subqueries"].name_hits, reader, text, hits), limit * 3)
-    if hasattr(storage, "index_state"):  # as Engine._search_step reads it (one round trip on PostgreSQL)
+    if hasattr(storage, "index_state"):  # as recall.steps.search_step reads it (one round trip on PostgreSQL)
         info, _ = steps("index_state", storage.index_state, reader)
     else:  # a base commit from before index_state
         info = steps("index_info", storage.index_info, reader)

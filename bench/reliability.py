@@ -127,7 +127,7 @@ async def _bot_writes(db_path: Path, ollama_url: str, ops: int, stop_after: floa
     from bot.lifecycle.fact_store import store_facts
     from bot.lifecycle.facts import Fact
     from bot.memory.engine import Engine
-    from bot.memory.sql.store import NewMemory
+    from bot.memory.records import NewMemory
     from bot.settings import load_settings
 
     settings = load_settings({k: v for k, v in cli_env(db_path, ollama_url).items()

@@ -20,6 +20,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from bot.llm.hosts import OllamaHosts
+from bot.memory import records
 from tests.fakes.ollama import FakeOllama
 
 
@@ -41,7 +42,7 @@ def _write(path: str, count: int, start: multiprocessing.synchronize.Event, offs
     start.wait()
     for n in range(count):
         with db.write_transaction(conn):
-            store.insert_many(conn, [store.NewMemory(f"writer {offset} fact number {n} about ravens", "global")],
+            store.insert_many(conn, [records.NewMemory(f"writer {offset} fact number {n} about ravens", "global")],
                               base_stability_days=7.0)
     conn.close()
 

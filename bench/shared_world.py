@@ -26,8 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from bot.memory import records
 from bot.memory.scope import Viewer
-from bot.memory.sql import store
 
 from .bm25 import Bm25Index
 
@@ -104,7 +104,7 @@ class ScopeLeak(AssertionError):
     """A recall returned a memory its asker may not see."""
 
 
-def may_see(memory: store.Memory, viewer: Viewer) -> bool:
+def may_see(memory: records.Memory, viewer: Viewer) -> bool:
     """The scope rule, restated: global everywhere; room memories only in their channel;
     personal memories only to their owner, in DMs, or in the guild they were learned in
     (a private channel's only in that channel)."""
@@ -121,7 +121,7 @@ def may_see(memory: store.Memory, viewer: Viewer) -> bool:
     return not memory.vis_key.count(":") == 3 or memory.channel_id == viewer.channel_id
 
 
-def check_scope(memories: list[store.Memory], viewer: Viewer, question: str) -> None:
+def check_scope(memories: list[records.Memory], viewer: Viewer, question: str) -> None:
     for memory in memories:
         if not may_see(memory, viewer):
             raise ScopeLeak(f"{viewer} was shown memory {memory.id} ({memory.vis_key}) for {question!r}")

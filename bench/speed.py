@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer, visible_keys
 from bot.memory.sql import queries, store
@@ -120,16 +121,16 @@ class World:
             created = NOW - float(rng.random()) * 365 * DAY
             importance = float(np.round(rng.beta(2, 3), 2))
             if roll < s.global_share:
-                mem = store.NewMemory(self.sentence(), "global", owner_id=1, importance=importance,
+                mem = records.NewMemory(self.sentence(), "global", owner_id=1, importance=importance,
                                       created_at=created)
             elif roll < s.global_share + s.personal_share:
                 user = int(rng.integers(0, self.users))
                 guild = None if rng.random() < s.dm_share else int(self.user_guild[user]) + 1
-                mem = store.NewMemory(self.sentence(), "personal", owner_id=user + 1000, guild_id=guild,
+                mem = records.NewMemory(self.sentence(), "personal", owner_id=user + 1000, guild_id=guild,
                                       importance=importance, created_at=created)
             else:
                 ch = int(rng.choice(s.channels, p=self.channel_p))
-                mem = store.NewMemory(self.sentence(), "room", owner_id=int(rng.integers(0, self.users)) + 1000,
+                mem = records.NewMemory(self.sentence(), "room", owner_id=int(rng.integers(0, self.users)) + 1000,
                                       channel_id=ch + 100_000, guild_id=int(self.channel_guild[ch]) + 1,
                                       importance=importance, created_at=created)
             vec = rng.standard_normal(DIM, dtype=np.float32)
@@ -207,26 +208,26 @@ class SkewWorld(World):
             importance = float(np.round(rng.beta(2, 3), 2))
             user = int(rng.choice(s.users, p=self.user_p))
             if roll < s.global_share:
-                mem = store.NewMemory(self.sentence(), "global", owner_id=1, importance=importance, created_at=created)
+                mem = records.NewMemory(self.sentence(), "global", owner_id=1, importance=importance, created_at=created)
             elif roll < s.global_share + s.busy_share:
-                mem = store.NewMemory(self.sentence(), "room", owner_id=user + 1000, channel_id=100_000, guild_id=1,
+                mem = records.NewMemory(self.sentence(), "room", owner_id=user + 1000, channel_id=100_000, guild_id=1,
                                       importance=importance, created_at=created)
             elif roll < s.global_share + s.busy_share + s.personal_share:
                 origin = rng.random()
                 guild = int(self.user_guild[user])
                 if origin < s.dm_share:
-                    mem = store.NewMemory(self.sentence(), "personal", owner_id=user + 1000, importance=importance,
+                    mem = records.NewMemory(self.sentence(), "personal", owner_id=user + 1000, importance=importance,
                                           created_at=created)
                 elif origin < s.dm_share + s.private_share:
-                    mem = store.NewMemory(self.sentence(), "personal", owner_id=user + 1000, guild_id=guild + 1,
+                    mem = records.NewMemory(self.sentence(), "personal", owner_id=user + 1000, guild_id=guild + 1,
                                           channel_id=self._channel_of_guild(guild) + 100_000, private=True,
                                           importance=importance, created_at=created)
                 else:
-                    mem = store.NewMemory(self.sentence(), "personal", owner_id=user + 1000, guild_id=guild + 1,
+                    mem = records.NewMemory(self.sentence(), "personal", owner_id=user + 1000, guild_id=guild + 1,
                                           importance=importance, created_at=created)
             else:
                 ch = 1 + int(rng.choice(s.channels - 1, p=self.other_channel_p))
-                mem = store.NewMemory(self.sentence(), "room", owner_id=user + 1000, channel_id=ch + 100_000,
+                mem = records.NewMemory(self.sentence(), "room", owner_id=user + 1000, channel_id=ch + 100_000,
                                       guild_id=int(self.channel_guild[ch]) + 1, importance=importance,
                                       created_at=created)
             vec = rng.standard_normal(DIM, dtype=np.float32)
@@ -386,7 +387,7 @@ async def measure_writes(path: Path, shape: Shape, url: str, singles: int = 300,
         gen = world.memories()
         one = [next(gen)[0] for _ in range(singles)]
         many = [[next(gen)[0] for _ in range(batch_size)] for _ in range(batches)]
-        await engine.remember(store.NewMemory("warm-up", "global", owner_id=1))
+        await engine.remember(records.NewMemory("warm-up", "global", owner_id=1))
         t = time.perf_counter()
         for mem in one:
             await engine.remember(mem)
@@ -472,7 +473,7 @@ def said_in_busy_channel(conn: Any, info: vectors.IndexInfo, chatter: "SkewWorld
     changes to apply, the keyword index and the readers' pages change). `said`: made ahead
     (busy_channel_message); else made here."""
     text, vec = said if said is not None else busy_channel_message(chatter, info.dim)
-    storage_of(conn).insert(conn, [store.NewMemory(text, "room", owner_id=1000, channel_id=100_000,
+    storage_of(conn).insert(conn, [records.NewMemory(text, "room", owner_id=1000, channel_id=100_000,
                                                    guild_id=1)], base_stability_days=7.0, model=info.model,
                             vecs=[vec], now=None)
 
@@ -713,9 +714,9 @@ async def measure_fact_writes(path: Path, shape: SkewShape, per_kind: int = 30) 
         # that, not the write, was the busy room's p95 (78 ms against a 6.5 ms median, issue 12).
         await engine.warmed()
         st = engine.settings
-        kinds = {"busy_room": lambda: store.NewMemory(world.sentence(), "room", owner_id=1001, channel_id=100_000,
+        kinds = {"busy_room": lambda: records.NewMemory(world.sentence(), "room", owner_id=1001, channel_id=100_000,
                                                       guild_id=1),
-                 "personal_heavy": lambda: store.NewMemory(world.sentence(), "personal", owner_id=1000, guild_id=1)}
+                 "personal_heavy": lambda: records.NewMemory(world.sentence(), "personal", owner_id=1000, guild_id=1)}
         for kind, make in kinds.items():
             timings: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
             for i in range(2 * per_kind + 3):

@@ -28,9 +28,9 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot import validate
+from bot.memory import records
+from bot.memory.records import Memory, MemoryNotFound, NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql import store
-from bot.memory.sql.store import Memory, MemoryNotFound, NewMemory
 
 from .chat import is_private_channel
 from .client import Refusal, answer_privately
@@ -191,7 +191,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
     @app_commands.command(name="remember", description="Tell Muninn something to remember")
     @app_commands.describe(text="What to remember", scope="personal (default): only you; room: this channel; "
                                                           "global: everyone (bot owner only)")
-    async def remember(self, interaction: discord.Interaction, text: app_commands.Range[str, 1, store.MAX_TEXT_CHARS],
+    async def remember(self, interaction: discord.Interaction, text: app_commands.Range[str, 1, records.MAX_TEXT_CHARS],
                        scope: Scope = "personal") -> None:
         if scope == "room" and interaction.guild_id is None:
             raise Refusal("A room memory belongs to a server channel; in a DM, use the personal scope.")

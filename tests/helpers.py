@@ -17,6 +17,7 @@ from bot.lifecycle.facts import (
     extract_author_facts,
     usable,
 )
+from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.sql import store
 from tests.fakes.ollama import FakeOllama
@@ -121,10 +122,10 @@ class Script:
         return item(request) if callable(item) else item
 
 
-async def memories_of(engine: Engine, *, active_only: bool = True) -> list[store.Memory]:
+async def memories_of(engine: Engine, *, active_only: bool = True) -> list[records.Memory]:
     def read(conn):
-        sql = f"SELECT {store.COLUMNS} FROM memories" + (" WHERE archived_at IS NULL" if active_only else "")
-        return [store.Memory.from_row(r) for r in conn.execute(sql + " ORDER BY id")]
+        sql = f"SELECT {records.COLUMNS} FROM memories" + (" WHERE archived_at IS NULL" if active_only else "")
+        return [records.Memory.from_row(r) for r in conn.execute(sql + " ORDER BY id")]
     return await engine.write(read)
 
 
@@ -149,7 +150,7 @@ def blend(i: int, j: int, cos: float) -> list[float]:
     return v
 
 
-async def one(engine, memory_id: int) -> store.Memory:
+async def one(engine, memory_id: int) -> records.Memory:
     return await engine.write(store.get, memory_id)
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bench import quality, shared_world, speed
-from bot.memory.sql import store
+from bot.memory import records
 from bot.memory.sqlite import db
 from tests.fakes.ollama import FakeOllama
 
@@ -163,8 +163,8 @@ async def test_shared_world_protocol_asks_in_a_busy_room_and_checks_scope(tmp_pa
 def test_shared_world_scope_rule_refuses_what_the_asker_may_not_see():
     dm, room = shared_world.viewer_for(1, "dm"), shared_world.viewer_for(1, "room")
 
-    def memory(scope: str, owner: int | None, channel: int | None, key: str) -> store.Memory:
-        return store.Memory(id=1, text="x", scope=scope, owner_id=owner, channel_id=channel,
+    def memory(scope: str, owner: int | None, channel: int | None, key: str) -> records.Memory:
+        return records.Memory(id=1, text="x", scope=scope, owner_id=owner, channel_id=channel,
                             guild_id=shared_world.GUILD_ID, vis_key=key, importance=0.5, stability=1.0,
                             access_count=0, last_accessed=None, created_at=0.0, updated_at=0.0, archived_at=None,
                             archive_reason=None)

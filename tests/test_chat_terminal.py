@@ -20,8 +20,8 @@ import pytest
 
 from bot.cli.chat import LOCAL_CHANNEL_ID, LOCAL_GUILD_ID, LOCAL_USER_ID, run_chat
 from bot.memory.engine import Engine
+from bot.memory.records import NewMemory
 from bot.memory.sql import store
-from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.usefixtures("backend")  # what touches the memory: on SQLite and on PostgreSQL
 

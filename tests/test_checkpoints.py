@@ -12,9 +12,10 @@ from typing import Iterator
 import apsw
 import pytest
 
+from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
-from bot.memory.sql import queries, store
+from bot.memory.sql import queries
 from bot.memory.sqlite import checkpoints, db
 from tests.helpers import until
 
@@ -30,10 +31,10 @@ def small_threshold(monkeypatch):
     monkeypatch.delenv("MUNINN_WAL_CHECKPOINT", raising=False)
 
 
-def bulky(i: int) -> store.NewMemory:
+def bulky(i: int) -> records.NewMemory:
     """A global memory of ~3 KB with a word of its own (`word{i}x`): a few WAL pages per commit."""
     filler = " ".join(f"filler{i}n{j}" for j in range(300))
-    return store.NewMemory(f"word{i}x {filler}", "global", owner_id=1)
+    return records.NewMemory(f"word{i}x {filler}", "global", owner_id=1)
 
 
 async def write_burst(engine: Engine, count: int, start: int = 0) -> list[int]:

@@ -16,8 +16,8 @@ import simcord
 from discord import app_commands
 
 from bot.conversation.pipeline import CANNOT_THINK
+from bot.memory.records import NewMemory
 from bot.memory.sql import history, store
-from bot.memory.sql.store import NewMemory
 from bot.memory.storage import storage_of
 from cogs.client import SOMETHING_WENT_WRONG, MuninnBot, Refusal
 from tests.fakes.ollama import FakeOllama

@@ -7,9 +7,9 @@ import pytest
 
 from bot.memory import decay
 from bot.memory.recall import touches
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 from bot.memory.sql import store
-from bot.memory.sql.store import NewMemory
 from bot.memory.storage import storage_of
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from bot.conversation.pipeline import Pipeline
-from bot.memory.sql import history, store
+from bot.memory import records
+from bot.memory.sql import history
 from tests.test_pipeline import ALICE, GENERAL, GUILD
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("backend")
 async def alice_said(engine, message_id: int, text: str, fact: str) -> int:
     await engine.write(history.record, channel_id=GENERAL, guild_id=GUILD, author_id=ALICE, author_name="Alice",
                        role="user", content=text, created_at=time.time(), message_id=message_id)
-    return await engine.remember(store.NewMemory(fact, "personal", owner_id=ALICE, source_message_ids=[message_id]))
+    return await engine.remember(records.NewMemory(fact, "personal", owner_id=ALICE, source_message_ids=[message_id]))
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # apsw's commit hook counts the transactions
@@ -38,7 +39,7 @@ async def test_a_delete_and_its_take_back_are_one_transaction(engine):
 
 async def test_a_delete_of_a_message_the_history_no_longer_holds_takes_back_what_it_taught(engine):
     pipeline = Pipeline(engine)
-    learned = await engine.remember(store.NewMemory("Alice lives in Oslo", "personal", owner_id=ALICE,
+    learned = await engine.remember(records.NewMemory("Alice lives in Oslo", "personal", owner_id=ALICE,
                                                     source_message_ids=[2000]))  # its message was pruned
     assert await pipeline.deleted([2000]) == 0  # no history row marked
     assert await engine.get_many([learned]) == {}

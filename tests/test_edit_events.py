@@ -14,7 +14,7 @@ import discord
 import pytest
 
 from bot.conversation.pipeline import Pipeline
-from bot.memory.sql.store import NewMemory
+from bot.memory.records import NewMemory
 from cogs.chat import Chat
 from tests import test_cogs
 from tests.test_cogs import World

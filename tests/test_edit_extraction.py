@@ -13,6 +13,7 @@ import pytest
 
 from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.extractor import Extractor
+from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from bot.memory.sql import history, store
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("backend")
 MOVES = facts_reply(("Oslo", "Alice lives in Oslo"), ("Bergen", "Alice lives in Bergen"))
 
 
-async def alices_memories(engine: Engine) -> list[store.Memory]:
+async def alices_memories(engine: Engine) -> list[records.Memory]:
     return await engine.read(lambda conn: store.memories_of(conn, ALICE, ("personal",)))
 
 
@@ -91,7 +92,7 @@ async def test_an_edit_and_its_take_back_are_one_transaction(engine):
     pipeline = Pipeline(engine)
     await engine.write(history.record, channel_id=GENERAL, guild_id=GUILD, author_id=ALICE, author_name="Alice",
                        role="user", content="I moved to Oslo", created_at=time.time(), message_id=2000)
-    learned = await engine.remember(store.NewMemory("Alice lives in Oslo", "personal", owner_id=ALICE,
+    learned = await engine.remember(records.NewMemory("Alice lives in Oslo", "personal", owner_id=ALICE,
                                                     source_message_ids=[2000]))
     commits: list[int] = []
     await engine.write(lambda conn: conn.set_commit_hook(lambda: commits.append(1) or False))

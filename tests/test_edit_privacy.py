@@ -11,8 +11,8 @@ import pytest
 from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.maintenance import run_maintenance
 from bot.memory.engine import Engine
+from bot.memory.records import NewMemory
 from bot.memory.sql import history, store
-from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.usefixtures("backend")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from bot.memory.postgres.backend import PostgresStorage
-from bot.memory.sql.store import NewMemory
+from bot.memory.records import NewMemory
 from bot.memory.vectors.cache import VectorCache
 from tests.test_pg_vector_cache import KEYS, fill, memory_for, pg_pair, random_unit  # noqa: F401  (fixture)
 

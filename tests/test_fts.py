@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer, visible_keys
 from bot.memory.sql import store
-from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import db, fts
 
 ALICE, BOB = 1, 2

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import fts
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL

@@ -11,6 +11,7 @@ import pytest
 
 from bot.cli import main as cli
 from bot.lifecycle import maintenance
+from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.recall import touches
 from bot.memory.scope import Viewer
@@ -36,8 +37,8 @@ DAY = 86400.0
 
 
 def alice(text: str, *, importance: float = 0.5, days_ago: float = 0.0, owner: int = ALICE,
-          source: int = 1) -> store.NewMemory:
-    return store.NewMemory(text=text, scope="personal", owner_id=owner, channel_id=CHANNEL, guild_id=GUILD,
+          source: int = 1) -> records.NewMemory:
+    return records.NewMemory(text=text, scope="personal", owner_id=owner, channel_id=CHANNEL, guild_id=GUILD,
                            importance=importance, created_at=time.time() - days_ago * DAY,
                            source_message_ids=[source])
 
@@ -130,7 +131,7 @@ async def tea_cluster(engine, fake_ollama):
     ids = [await engine.remember(alice(text, importance=0.3 + 0.1 * i, days_ago=3 - i, source=i))
            for i, text in enumerate(TEA)]
     bob = await engine.remember(alice("Bob likes green tea.", owner=BOB))
-    room = await engine.remember(store.NewMemory("This channel likes green tea.", "room", ALICE, CHANNEL, GUILD))
+    room = await engine.remember(records.NewMemory("This channel likes green tea.", "room", ALICE, CHANNEL, GUILD))
     return ids, bob, room
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from bot.cli.main import main
 from bot.cli.migrate import Interrupted, copy_database
+from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from bot.memory.sql import channels as channel_settings
@@ -30,16 +31,16 @@ async def build_source(settings) -> dict:
     async with Engine(settings) as engine:
         ids = []
         for n, topic in enumerate(TOPICS):
-            ids.append(await engine.remember(store.NewMemory(f"Alice {topic}", "personal", owner_id=ALICE,
+            ids.append(await engine.remember(records.NewMemory(f"Alice {topic}", "personal", owner_id=ALICE,
                                                              source_message_ids=[7000 + n])))
-            ids.append(await engine.remember(store.NewMemory(f"Bob {topic}", "personal", owner_id=BOB, guild_id=GUILD)))
-            ids.append(await engine.remember(store.NewMemory(f"The room says {topic}", "room", owner_id=CAROL,
+            ids.append(await engine.remember(records.NewMemory(f"Bob {topic}", "personal", owner_id=BOB, guild_id=GUILD)))
+            ids.append(await engine.remember(records.NewMemory(f"The room says {topic}", "room", owner_id=CAROL,
                                                              channel_id=ROOM, guild_id=GUILD)))
-        ids.append(await engine.remember(store.NewMemory("Muninn is a raven", "global", owner_id=1)))
+        ids.append(await engine.remember(records.NewMemory("Muninn is a raven", "global", owner_id=1)))
         await engine.write(store.add_link, ids[0], ids[3], "semantic", 0.8)
         await engine.write(store.add_link, ids[2], ids[5], "co_extracted")
         await engine.archive(ids[4], "decayed")
-        last = await engine.remember(store.NewMemory("a memory that gets deleted", "global", owner_id=1))
+        last = await engine.remember(records.NewMemory("a memory that gets deleted", "global", owner_id=1))
         await engine.forget([last])
         for n in range(12):
             await engine.write(history.record, channel_id=ROOM, guild_id=GUILD, author_id=ALICE, author_name="alice",
@@ -86,7 +87,7 @@ async def test_full_copy_keeps_ids_counts_and_the_source(source, postgres_url, f
     assert again.ok and again.resumed and sum(again.copied.values()) == 0
     # a new memory on PostgreSQL never takes the deleted memory's id (SQLite's AUTOINCREMENT high mark)
     async with Engine(make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url), warm=False) as engine:
-        new_id = await engine.remember(store.NewMemory("after the move", "global", owner_id=1))
+        new_id = await engine.remember(records.NewMemory("after the move", "global", owner_id=1))
         archived = await engine.get(facts["ids"][4])
     assert new_id > facts["deleted"]
     assert archived.archived_at is not None and archived.archive_reason == "decayed"

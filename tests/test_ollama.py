@@ -13,8 +13,8 @@ from bot.llm.ollama import (
     OllamaModelMissing,
     OllamaUnavailable,
 )
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 

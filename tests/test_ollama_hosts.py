@@ -11,8 +11,8 @@ from bot.cli.doctor import ollama_checks
 from bot.llm.hosts import OllamaHosts, split_urls
 from bot.llm.ollama import OllamaClient, OllamaUnavailable
 from bot.memory.engine import Engine
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql.store import NewMemory
 from tests.fakes.ollama import FakeOllama
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL

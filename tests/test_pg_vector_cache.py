@@ -12,8 +12,8 @@ import pytest
 from bot.memory.engine import Engine
 from bot.memory.postgres.backend import PostgresStorage
 from bot.memory.postgres.connection import PgConnection
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.vectors.cache import VectorCache
 from bot.memory.vectors.index import cosine_from_distance

@@ -13,8 +13,8 @@ import pytest
 from bot.conversation.pipeline import CANNOT_THINK, Incoming, Pipeline, Sent
 from bot.lifecycle.extractor import Extractor
 from bot.memory.engine import Engine
+from bot.memory.records import NewMemory
 from bot.memory.sql import history, store
-from bot.memory.sql.store import NewMemory
 from tests.fakes.ollama import FakeOllama
 from tests.helpers import QuietSink
 

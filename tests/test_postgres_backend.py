@@ -13,8 +13,8 @@ from bot.memory.errors import DatabaseError
 from bot.memory.postgres.backend import PostgresStorage
 from bot.memory.postgres.connection import translate
 from bot.memory.postgres.migrations import MIGRATIONS
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql.store import NewMemory
 from tests.postgres_server import free_port
 
 

@@ -10,7 +10,7 @@ import psycopg
 
 from bot.memory import errors as database_errors
 from bot.memory.engine import Engine
-from bot.memory.sql.store import NewMemory
+from bot.memory.records import NewMemory
 from tests.postgres_fixtures import TEMPLATE
 
 READ_ONLY_DB = "muninn_read_only"

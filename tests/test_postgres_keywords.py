@@ -8,8 +8,8 @@ import pytest
 
 from bot.memory.engine import Engine
 from bot.memory.postgres import keywords
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import fts
 from tests.postgres_fixtures import TEMPLATE
 

@@ -9,8 +9,8 @@ from bot.memory.engine import Engine
 from bot.memory.postgres import keywords
 from bot.memory.recall import ranking, retrieval
 from bot.memory.recall.retrieval import Candidate
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql.store import NewMemory
 from bot.memory.vectors import index as vectors
 
 

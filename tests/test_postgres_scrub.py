@@ -14,8 +14,8 @@ import pytest
 
 from bot.lifecycle.maintenance import run_maintenance
 from bot.memory.engine import Engine
+from bot.memory.records import NewMemory
 from bot.memory.sql import history
-from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 

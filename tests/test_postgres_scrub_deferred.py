@@ -11,9 +11,9 @@ from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.maintenance import run_maintenance
 from bot.memory.engine import Engine
 from bot.memory.postgres import scrub
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 from bot.memory.sql import history, marks
-from bot.memory.sql.store import NewMemory
 from tests.test_postgres_scrub import OWNER, SECRET, files_holding
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)

@@ -11,9 +11,9 @@ import pytest
 from bot.memory.engine import Engine
 from bot.memory.recall import ranking, touches
 from bot.memory.recall.dates import DateHint, hints
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 from bot.memory.sql import store
-from bot.memory.sql.store import NewMemory
 
 DAY = 86400.0
 NOW = datetime(2025, 9, 1, tzinfo=UTC).timestamp()

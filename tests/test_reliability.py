@@ -20,6 +20,7 @@ from bot.cli.main import main
 from bot.llm.ollama import OllamaError
 from bot.memory import engine as engine_module
 from bot.memory import errors as database_errors
+from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.errors import DatabaseBusy, DatabaseError
 from bot.memory.scope import Viewer
@@ -215,7 +216,7 @@ def test_doctor_warns_on_loose_modes_and_fix_tightens_them(cli, tmp_path):
 # -- stored values never break reading ---------------------------------------------------
 
 async def test_poisoned_rows_still_recall_and_export_and_doctor_fixes_them(fts_engine):
-    ids = [await fts_engine.remember(store.NewMemory(text=f"otters hold hands {i}", scope="personal", owner_id=5))
+    ids = [await fts_engine.remember(records.NewMemory(text=f"otters hold hands {i}", scope="personal", owner_id=5))
            for i in range(3)]
 
     postgres = fts_engine.storage.name == "postgresql"
@@ -275,14 +276,14 @@ async def test_a_forget_waits_out_a_long_lock_and_one_that_never_ends_is_logged(
     monkeypatch.setattr(engine_module, "WRITE_RETRY_DELAYS_S", (0.2, 0.2, 0.2))
     settings = make_settings("")
     async with Engine(settings) as engine:
-        memory_id = await engine.remember(store.NewMemory(text="a secret", scope="personal", owner_id=3))
+        memory_id = await engine.remember(records.NewMemory(text="a secret", scope="personal", owner_id=3))
         other = db.connect(settings.db_path)
         other.execute("BEGIN IMMEDIATE")
         threading.Timer(0.35, lambda: other.execute("COMMIT")).start()  # longer than one busy wait
         assert await engine.forget([memory_id]) == 1
         other.execute("BEGIN IMMEDIATE")  # and now it is never released
         with caplog.at_level(logging.DEBUG, logger="bot.memory"), pytest.raises(DatabaseBusy):
-            await engine.remember(store.NewMemory(text="another", scope="personal", owner_id=3))
+            await engine.remember(records.NewMemory(text="another", scope="personal", owner_id=3))
         other.execute("ROLLBACK")
         other.close()
     assert any("could not store 1 memories after 4 attempts" in r.getMessage() for r in caplog.records)
@@ -316,14 +317,14 @@ def test_database_error_messages_are_single_lines():
 async def test_a_first_embedding_wider_than_the_index_allows_still_stores_the_memory(fake_ollama, make_settings):
     fake_ollama.wrong_dim = 9000
     async with Engine(make_settings(fake_ollama.url)) as engine:
-        memory_id = await engine.remember(store.NewMemory(text="otters are wide", scope="global"))
+        memory_id = await engine.remember(records.NewMemory(text="otters are wide", scope="global"))
         memory = await engine.write(store.get, memory_id)
     assert memory.text == "otters are wide" and not memory.embedded
 
 
 async def test_recall_says_partial_while_a_reindex_is_unfinished(fake_ollama, make_settings):
     async with Engine(make_settings(fake_ollama.url)) as engine:
-        await engine.remember_many([store.NewMemory(text=f"otter fact {i}", scope="global") for i in range(40)])
+        await engine.remember_many([records.NewMemory(text=f"otter fact {i}", scope="global") for i in range(40)])
         viewer = Viewer(user_id=1, dm=True)
         assert (await engine.recall("otter", viewer, touch=False)).vector_status == "ok"
         calls = 0
@@ -368,7 +369,7 @@ def test_interaction_and_bot_tokens_never_reach_the_log(capsys):
 async def test_a_far_future_as_of_never_stamps_a_future_recall_time(fts_engine):
     """Validation refuses it at the boundary; the engine also never writes it (library callers)."""
     import time
-    memory_id = await fts_engine.remember(store.NewMemory(text="otters sleep holding hands", scope="global"))
+    memory_id = await fts_engine.remember(records.NewMemory(text="otters sleep holding hands", scope="global"))
     await fts_engine.recall("otters", Viewer(user_id=1, dm=True), as_of=1e12, touch=True)
     memory = await fts_engine.write(store.get, memory_id)
     assert memory.access_count == 1 and memory.last_accessed <= time.time() + 86400
@@ -376,7 +377,7 @@ async def test_a_far_future_as_of_never_stamps_a_future_recall_time(fts_engine):
 
 @pytest.mark.sqlite_only("SQLite stores bytes that are not UTF-8 in TEXT; PostgreSQL refuses them")
 async def test_text_that_is_not_utf8_reads_with_replacement_and_doctor_repairs_it(fts_engine):
-    memory_id = await fts_engine.remember(store.NewMemory(text="otters float", scope="global"))
+    memory_id = await fts_engine.remember(records.NewMemory(text="otters float", scope="global"))
 
     def scribble(conn):  # another program wrote bytes that are not UTF-8 into the TEXT column
         conn.execute("UPDATE memories SET text = CAST(X'6f7474657273ff20666c6f6174' AS TEXT) WHERE id = ?",

@@ -14,9 +14,9 @@ import pytest
 
 from bot.memory.engine import Engine
 from bot.memory.postgres import keywords
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 from bot.memory.sql import removals
-from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import fts
 from tests.helpers import ALICE, CHANNEL, GUILD
 

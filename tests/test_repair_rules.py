@@ -10,8 +10,8 @@ import psycopg
 
 from bot.memory.decay import MAX_STABILITY_DAYS
 from bot.memory.engine import Engine
+from bot.memory.records import NewMemory
 from bot.memory.sql import repair
-from bot.memory.sql.store import NewMemory
 from bot.validate import EARLIEST, FUTURE_SLACK_S
 
 INF = math.inf

@@ -10,8 +10,8 @@ import pytest
 from bot.memory.engine import Engine
 from bot.memory.recall import retrieval
 from bot.memory.recall.retrieval import NEIGHBOUR_FALLOFF, Candidate, fuse, lend_to_neighbours, spread_to_neighbours
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.usefixtures("backend")
 

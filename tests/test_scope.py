@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
+from bot.memory import records
 from bot.memory.engine import Engine
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql import store
-from bot.memory.sql.store import NewMemory
 from bot.settings import load_settings
 from tests.fakes.ollama import FakeOllamaThread
 from tests.postgres_fixtures import empty_database
@@ -106,7 +106,7 @@ async def check_listing_and_lookups(engine: Engine, viewer: Viewer, ids, allowed
         try:
             await engine.get_visible(viewer, memory_id)
             seen = True
-        except store.MemoryNotFound:
+        except records.MemoryNotFound:
             seen = False
         assert seen == (memory_id in allowed), f"get_visible #{memory_id} for {viewer}"
 

@@ -33,10 +33,10 @@ import time
 import pytest
 
 from bot.memory.engine import Engine
-from bot.memory.recall import retrieval, subqueries
+from bot.memory.recall import retrieval, steps, subqueries
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 from bot.memory.sql import removals
-from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import fts
 from bot.memory.vectors import cache as vector_cache
 from bot.memory.vectors import codes as vector_codes
@@ -354,7 +354,8 @@ async def check_viewer(engine: Engine, world: dict[int, dict], links: list[tuple
                    for a, b, kind in links if kind in retrieval.GRAPH_LINK_KINDS and a in world and b in world):
                 paths.hit("graph:invisible-link-offered")
         # the keyword step alone, deeper than recall's limit
-        keys, hits, *_ = await engine.read(engine._fts_step, text, viewer, 60, None)
+        found = await engine.read(steps.keyword_step, engine.storage, text, viewer, 60, None)
+        keys, hits = found.keys, found.hits
         found = {h.memory_id for h in hits}
         assert found <= allowed, f"LEAK in the keyword step ({text!r}) to {viewer}: {sorted(found - allowed)}"
         # the vector step alone: k small, so that a shortlist by code really cuts
@@ -369,7 +370,8 @@ async def check_viewer(engine: Engine, world: dict[int, dict], links: list[tuple
     # a rare word of a visible memory is found by keywords (the check above is not vacuous)
     if allowed:
         mid = rng.choice(sorted(allowed))
-        keys, hits, *_ = await engine.read(engine._fts_step, f"tok{world[mid]['index']}", viewer, 5, None)
+        found = await engine.read(steps.keyword_step, engine.storage, f"tok{world[mid]['index']}", viewer, 5, None)
+        keys, hits = found.keys, found.hits
         assert [h.memory_id for h in hits] == [mid]
     # listings and single lookups
     sample = rng.sample(sorted(world), min(25, len(world)))

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer, memory_key
 from bot.memory.sql import store
-from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.usefixtures("backend")
 

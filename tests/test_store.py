@@ -4,9 +4,9 @@ from __future__ import annotations
 import apsw
 import pytest
 
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 from bot.memory.sql import queries, store
-from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.migrations import MIGRATIONS

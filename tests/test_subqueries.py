@@ -5,8 +5,8 @@ import pytest
 
 from bot.memory.recall import retrieval, subqueries
 from bot.memory.recall.retrieval import Candidate
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer, visible_keys
-from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import fts
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL

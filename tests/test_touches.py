@@ -7,11 +7,10 @@ import time
 
 import pytest
 
-from bot.memory import decay
+from bot.memory import decay, records
 from bot.memory.recall import touches
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql import store
-from bot.memory.sql.store import NewMemory
 
 ME = Viewer(user_id=7, dm=True)
 
@@ -54,7 +53,7 @@ async def test_a_failed_job_is_retried_one_request_at_a_time_and_the_next_job_ru
     async def run(requests):
         calls.append(len(requests))
         if len(calls) == 1 or requests[0][0] == [2]:  # the batch fails, then request 2 alone
-            raise store.MemoryNotFound("gone")
+            raise records.MemoryNotFound("gone")
         return [{r[0][0]: "touched"} for r in requests]
 
     async def load(ids):

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from bot import validate
 from bot.cli.importer import import_lines, memory_from_record
 from bot.cli.main import main
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sql import store
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 
@@ -74,7 +74,7 @@ def test_text_surrogates_rejected_when_stored_and_replaced_in_queries():
     assert validate.query_text("ott\ud800ers") == ("ott\ufffders", True)
     assert validate.query_text("otters") == ("otters", False)
     with pytest.raises(ValueError):
-        store.NewMemory(text="x\udc00", scope="global")  # the store refuses it too (LLM output, slash commands)
+        NewMemory(text="x\udc00", scope="global")  # the store refuses it too (LLM output, slash commands)
 
 
 def test_limit_capped():
@@ -115,7 +115,7 @@ async def test_bad_bytes_and_constants_are_reported_lines_and_the_rest_stored(ft
 async def test_a_row_the_database_refuses_costs_only_its_own_line(fts_engine, monkeypatch):
     """A batch the database rejects (here: a duplicate external_id inside one file racing another
     import) is stored line by line, so only the offending line is lost, and it is reported."""
-    await fts_engine.remember(store.NewMemory(text="already here", scope="global", external_id="dup"))
+    await fts_engine.remember(NewMemory(text="already here", scope="global", external_id="dup"))
     lines = [json.dumps({"text": f"row {i}", "scope": "global", "external_id": f"e{i}"}) for i in range(5)]
 
     async def nothing_stored_yet(ids):  # as if another process stored "dup" right after the check

@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
+from bot.memory.records import NewMemory
 from bot.memory.sql import store
-from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.vectors import cache as vector_cache

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bot.memory.records import NewMemory
 from bot.memory.sql import store
-from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.vectors.cache import VectorCache

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from bot.memory.engine import Engine
+from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 from bot.memory.sql import queries, store
-from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.vectors.cache import VectorCache

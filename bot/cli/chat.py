@@ -24,8 +24,8 @@ from typing import TextIO
 
 from bot.conversation.pipeline import ForgetOffer, Incoming, Pipeline, Sent, no_typing
 from bot.memory.engine import Engine
+from bot.memory.records import MemoryNotFound
 from bot.memory.scope import Viewer
-from bot.memory.sql.store import MemoryNotFound
 from bot.settings import Settings
 
 LOCAL_USER_ID = 1

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 from bot import validate
 from bot.memory.engine import Engine
-from bot.memory.sql.store import NewMemory
+from bot.memory.records import NewMemory
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from typing import Awaitable, Callable, Protocol, TypeVar
 from bot import validate
 from bot.cli.importer import import_lines
 from bot.cli.progress import Progress
+from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.scope import SCOPES, Viewer
-from bot.memory.sql import store
 from bot.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("muninn")
@@ -78,7 +78,7 @@ def human_recall(result) -> str:
 
 async def cmd_remember(args, settings: Settings) -> int:
     try:
-        memory = store.NewMemory(text=args.text, scope=args.scope, owner_id=args.user, channel_id=args.channel,
+        memory = records.NewMemory(text=args.text, scope=args.scope, owner_id=args.user, channel_id=args.channel,
                                  guild_id=args.guild, importance=args.importance)
     except ValueError as exc:  # validate.Invalid included: a lone surrogate from a bad terminal byte
         raise UsageError(str(exc)) from None
@@ -269,7 +269,7 @@ async def cmd_maintain(args, settings: Settings) -> int:
         if args.restore is not None:
             try:
                 memory = await engine.get(args.restore)
-            except store.MemoryNotFound as exc:
+            except records.MemoryNotFound as exc:
                 raise UsageError(str(exc)) from None
             if memory.archived_at is None:
                 raise UsageError(f"memory #{memory.id} is not archived")
@@ -279,7 +279,7 @@ async def cmd_maintain(args, settings: Settings) -> int:
         if args.archived:
             memories, total = await maintenance.archived(engine, reason=args.reason, limit=args.limit or 50)
             human = "\n".join([f"{total} archived memories"] + [
-                f"#{m.id} [{m.scope}] {m.text}  ({m.archive_reason}, {store.iso(m.archived_at)})" for m in memories])
+                f"#{m.id} [{m.scope}] {m.text}  ({m.archive_reason}, {records.iso(m.archived_at)})" for m in memories])
             emit(args, {"total": total, "memories": [m.to_dict() for m in memories]}, human)
             return 0
         # Each step commits as it goes and prints when done, so an interrupted run keeps (and shows) its work.

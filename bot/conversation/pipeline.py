@@ -52,8 +52,8 @@ from bot.llm.ollama import (
 from bot.logs import Throttle
 from bot.memory.engine import Engine
 from bot.memory.messages import Edit, Forgotten, HistoryMessage, storable_text
+from bot.memory.records import Memory
 from bot.memory.scope import Viewer
-from bot.memory.sql.store import Memory
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -46,7 +46,7 @@ from bot import validate
 from bot.conversation.exchange import Exchange
 from bot.llm.answers import InvalidReply, ask_json
 from bot.memory.engine import Engine
-from bot.memory.sql.store import NewMemory
+from bot.memory.records import NewMemory
 from bot.memory.writing import rules
 
 log = logging.getLogger(__name__)

@@ -37,8 +37,9 @@ import numpy as np
 from bot import validate
 from bot.lifecycle.facts import FIRST_PERSON, GENERIC_SUBJECT
 from bot.llm.answers import ask_json
+from bot.memory import records
 from bot.memory.engine import Engine
-from bot.memory.sql import leases, store
+from bot.memory.sql import leases
 from bot.memory.writing import rules
 from bot.memory.writing.upkeep import CONSOLIDATION_WATERMARK, LINKS_WATERMARK, Consolidation
 
@@ -90,7 +91,7 @@ async def archive_decayed(engine: Engine, *, now: float | None = None) -> list[i
         archived += await engine.upkeep.archive_faded(ids, now=now)
 
 
-async def archived(engine: Engine, *, reason: str | None = None, limit: int = 50) -> tuple[list[store.Memory], int]:
+async def archived(engine: Engine, *, reason: str | None = None, limit: int = 50) -> tuple[list[records.Memory], int]:
     """`muninn maintain --archived`: see list_archived."""
     return await engine.upkeep.archived(reason=reason, limit=limit)
 
@@ -164,12 +165,12 @@ MERGE_SYSTEM = (
     "Add nothing that is not in the memories. Reply with JSON only: {\"text\": \"...\"}")
 
 
-def merge_messages(memories: Sequence[store.Memory]) -> list[dict[str, str]]:
-    listing = "\n".join(f"{i}. ({(store.iso(m.created_at) or '')[:10]}) {m.text}" for i, m in enumerate(memories, start=1))
+def merge_messages(memories: Sequence[records.Memory]) -> list[dict[str, str]]:
+    listing = "\n".join(f"{i}. ({(records.iso(m.created_at) or '')[:10]}) {m.text}" for i, m in enumerate(memories, start=1))
     return [{"role": "system", "content": MERGE_SYSTEM}, {"role": "user", "content": f"Memories, oldest first:\n{listing}"}]
 
 
-def check_merge(data: Any, memories: Sequence[store.Memory]) -> tuple[str, list[str]]:
+def check_merge(data: Any, memories: Sequence[records.Memory]) -> tuple[str, list[str]]:
     """The merged sentence, or ValueError: empty, first person, or a value none of the originals has.
     The reasons are logged, so they never quote the memories."""
     if isinstance(data, str):
@@ -177,7 +178,7 @@ def check_merge(data: Any, memories: Sequence[store.Memory]) -> tuple[str, list[
     if not isinstance(data, dict) or not isinstance(data.get("text"), str):
         raise ValueError("expected {\"text\": \"...\"}")
     text = " ".join(validate.stored_text(data["text"], "'text'").split())
-    if not 3 <= len(text) <= store.MAX_TEXT_CHARS:
+    if not 3 <= len(text) <= records.MAX_TEXT_CHARS:
         raise ValueError("'text' is empty or too long")
     if FIRST_PERSON.search(text) or GENERIC_SUBJECT.search(text):
         raise ValueError("'text' uses I/me/you or 'the user': name the subject")

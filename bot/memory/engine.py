@@ -21,22 +21,21 @@ from typing import Any, Callable, Sequence, TypeVar
 import apsw
 
 from bot.llm.ollama import (
-    OllamaBadResponse,
     OllamaClient,
-    OllamaDisabled,
-    OllamaError,
-    OllamaModelMissing,
     OllamaUnavailable,
     usable_vector,
 )
 from bot.logs import Throttle
+from bot.memory import records
+from bot.memory.access import NamedAccess
 from bot.memory.backends import storage_for
+from bot.memory.embeddings import Embedding
 from bot.memory.errors import DatabaseBusy, DatabaseError
 from bot.memory.messages import Messages
-from bot.memory.recall import dates, ranking, retrieval, subqueries, touches
+from bot.memory.recall import dates, ranking, retrieval, steps, touches
 from bot.memory.recall.retrieval import VectorStatus
 from bot.memory.scope import Viewer
-from bot.memory.sql import store, transactions
+from bot.memory.sql import transactions
 from bot.memory.sql.marks import mark_pending
 from bot.memory.sqlite import db
 from bot.memory.storage import Connection
@@ -68,7 +67,9 @@ async def _given(vector: list[float]) -> tuple[list[float] | None, VectorStatus]
     return (vector, VectorStatus.OK) if usable_vector(vector) else (None, VectorStatus.BAD_RESPONSE)
 
 
-class Engine:
+class Engine(NamedAccess, Embedding):
+    """The memory engine: opens the database, runs every job off the event loop, recalls."""
+
     def __init__(self, settings: Settings, ollama: OllamaClient | None = None, *, warm: bool = True):
         """`warm`: load the vector cache in the background at start (a long-running bot wants it;
         a one-shot command would only pay for loading what it never searches)."""
@@ -288,16 +289,16 @@ class Engine:
 
     # -- writes --------------------------------------------------------------
 
-    async def remember(self, memory: store.NewMemory) -> int:
+    async def remember(self, memory: records.NewMemory) -> int:
         return (await self.remember_many([memory]))[0]
 
-    async def remember_many(self, memories: Sequence[store.NewMemory], *, now: float | None = None) -> list[int]:
+    async def remember_many(self, memories: Sequence[records.NewMemory], *, now: float | None = None) -> list[int]:
         """Embed (if Ollama can) and store memories in one transaction; a failed embedding
         stores them without vectors, for the backfill to finish later."""
         vecs = await self.embed_or_none([m.text for m in memories])
         return await self.write(self._insert, list(memories), vecs, now, what=f"store {len(memories)} memories")
 
-    def _insert(self, conn: Connection, memories: list[store.NewMemory],
+    def _insert(self, conn: Connection, memories: list[records.NewMemory],
                 vecs: list[list[float]] | None, now: float | None) -> list[int]:
         return self.storage.insert(conn, memories, base_stability_days=self.settings.base_stability_days,
                                    model=self.settings.embed_model, vecs=vecs, now=now)
@@ -410,13 +411,14 @@ class Engine:
         embedding = asyncio.create_task(self._query_vector(query) if query_vector is None
                                         else _given(list(query_vector)))
         try:
-            keys, fts_hits, info, partial = await self._read(self._fts_step, query, viewer, limit * 3, as_of)
+            found = await self._read(steps.keyword_step, self.storage, query, viewer, limit * 3, as_of)
         except BaseException:
             embedding.cancel()
             raise
         fts_done = time.perf_counter()
         vector, status = await embedding
         embed_done = time.perf_counter()
+        info = found.info
         if vector is not None:
             if info is None:
                 vector, status = None, VectorStatus.NO_EMBEDDINGS
@@ -428,10 +430,11 @@ class Engine:
                 self._warn_once("wrong-size", f"{self.settings.embed_model} returned a {len(vector)}-dimensional "
                                               f"vector, the index holds {info.dim}: run `muninn reindex`")
                 vector, status = None, VectorStatus.WRONG_SIZE
-            elif partial:
+            elif found.partial:
                 status = VectorStatus.PARTIAL  # a re-index is under way or was interrupted: some vectors are missing
-        candidates, mode, finish = await self._read(self._search_step, keys, fts_hits, info, vector, limit, now, as_of,
-                                                    dates.hints(query))
+        searched = await self._read(steps.search_step, self.storage, self.settings, found, vector, limit, now, as_of,
+                                    dates.hints(query))
+        candidates, mode, finish = searched.chosen, searched.mode, searched.timings_ms
         t0 = time.perf_counter()
         ids = [c.memory_id for c in candidates]
         if touch and ids:  # only what was relevant counts as recalled (ranking.py: the touch floor)
@@ -452,168 +455,13 @@ class Engine:
                              **finish, "total": (time.perf_counter() - started) * 1000}
         return result
 
-    def _fts_step(self, conn, query, viewer, candidates, as_of):
-        keys = self.storage.visible_keys(conn, viewer)
-        hits, state = self.storage.keyword_step(conn, query, keys, candidates, as_of)
-        # names the plain query left out as too common re-rank its hits (bot/memory/recall/subqueries.py)
-        hits = subqueries.fuse_keyword_lists(hits, subqueries.name_hits(conn, query, hits), candidates)
-        return (keys, hits, *state)
-
-    def _search_step(self, conn, keys, fts_hits, info, vector, limit, now, as_of, date_hints=()):
-        t0 = time.perf_counter()
-        vector_hits = (self.storage.vector_candidates(conn, info, vector, keys, limit * 3, as_of)
-                       if vector is not None else [])
-        t1 = time.perf_counter()
-        fused = retrieval.fuse(fts_hits, vector_hits, k=self.settings.rrf_k, limit=len(fts_hits) + len(vector_hits),
-                               weight_fts=self.settings.rrf_weight_fts, weight_vector=self.settings.rrf_weight_vec)
-        fused = self.storage.spread_to_neighbours(conn, fused, keys, self.settings.neighbour_share, as_of)
-        fused = self.storage.final_order(conn, fused, now, time_weight=self.settings.time_weight, date_hints=date_hints,
-                                    date_boost=self.settings.date_boost, tz=self.settings.timezone)
-        if self.settings.rrf_weight_fts > 0:
-            fused = ranking.keyword_winner_first(fused, self.settings.keyword_lead)
-        fused = fused[:limit]
-        linked = self.storage.graph_neighbours(conn, fused, keys, self.settings.graph_limit, as_of)
-        chosen = fused + linked
-        if vector is not None and chosen:
-            self.storage.measure_similarity(conn, vector, chosen, info)
-        t2 = time.perf_counter()
-        return (chosen, retrieval.mode_of(vector is not None, fts_hits),
-                {"vector": (t1 - t0) * 1000, "fuse_graph_touch": (t2 - t1) * 1000})
-
-    async def _touch_batch(self, requests: list[tuple[list[int], list[int], float]]) -> list[dict[int, store.Memory]]:
+    async def _touch_batch(self, requests: list[tuple[list[int], list[int], float]]) -> list[dict[int, records.Memory]]:
         """The touches of the recalls waiting for one (touches.TouchBatcher), in one writer job."""
         # One wait for the lock, not write_transaction's four: a reply does not wait 20 s for bookkeeping
         # (a touch that fails is retried alone or skipped: touches.TouchBatcher).
         return await self._run(_waiting_once, touches.touch_and_load_all, self.storage, requests,
                                self.settings.stability_growth)
 
-    async def _load_untouched(self, ids: list[int]) -> dict[int, store.Memory]:
+    async def _load_untouched(self, ids: list[int]) -> dict[int, records.Memory]:
         """A recall's memories when its touch failed: read as they are."""
         return await self._read(self.storage.get_many, ids)
-
-    async def _query_vector(self, query: str) -> tuple[list[float] | None, VectorStatus]:
-        if not self.ollama.enabled:
-            return None, VectorStatus.DISABLED
-        if not any(ch.isalnum() for ch in query):
-            return None, VectorStatus.EMPTY_QUERY
-        vecs, status = await self.embed_with_status([query])
-        return (vecs[0] if vecs else None), status
-
-    async def embed_or_none(self, texts: list[str]) -> list[list[float]] | None:
-        """Embeddings, or None when Ollama cannot give them (the reason is logged)."""
-        return (await self.embed_with_status(texts))[0]
-
-    async def embed_with_status(self, texts: list[str]) -> tuple[list[list[float]] | None, VectorStatus]:
-        """(embeddings, OK), or (None, why not) — the vector_status values of RecallResult."""
-        if not texts or not self.ollama.enabled:
-            return None, VectorStatus.DISABLED
-        try:
-            return await self.ollama.embed(texts), VectorStatus.OK
-        except OllamaDisabled:
-            status = VectorStatus.DISABLED
-        except OllamaModelMissing as exc:
-            self._warn_once("missing", str(exc))
-            status = VectorStatus.MODEL_MISSING
-        except OllamaUnavailable:
-            status = VectorStatus.UNREACHABLE  # the client has logged it, once per cooldown
-        except OllamaBadResponse as exc:
-            self._warn_once("bad", f"{exc}; recall uses keywords only")
-            status = VectorStatus.BAD_RESPONSE
-        except OllamaError as exc:  # pragma: no cover - future subclasses
-            self._warn_once("other", str(exc))
-            status = VectorStatus.UNREACHABLE
-        return None, status
-
-    def _warn_once(self, key: str, message: str, every: float = 60.0) -> None:
-        if self._throttle.ready(key, every):
-            log.warning(message)
-
-    # -- inspection (never touches) -----------------------------------------
-
-    async def list_visible(self, viewer: Viewer, *, scope: str | None = None, limit: int = 50, offset: int = 0):
-        return await self._run(self.storage.list_visible, viewer, scope=scope, limit=limit, offset=offset)
-
-    async def get_visible(self, viewer: Viewer, memory_id: int) -> store.Memory:
-        return await self._run(self.storage.get_visible, viewer, memory_id)
-
-    async def get(self, memory_id: int) -> store.Memory:
-        """Any memory, whoever's it is: for operators (the command line), never for a viewer."""
-        return await self._run(self.storage.get, memory_id)
-
-    async def get_many(self, memory_ids: Sequence[int]) -> dict[int, store.Memory]:
-        return await self._run(self.storage.get_many, list(memory_ids))
-
-    async def memories_of(self, user_id: int, scopes: Sequence[str] = ("personal", "room")) -> list[store.Memory]:
-        """A person's personal memories and the room memories they taught (their data, for
-        export and forget-all), archived ones included."""
-        return await self._run(self.storage.memories_of, user_id, tuple(scopes))
-
-    async def existing_external_ids(self, ids: Sequence[str]) -> set[str]:
-        return await self._run(self.storage.existing_external_ids, list(ids))
-
-    async def stats(self) -> dict:
-        return await self._run(self.storage.stats)
-
-    # -- privacy controls ------------------------------------------------------
-
-    async def pause_memory(self, user_id: int) -> bool:
-        """Stop storing anything of this person until `resume_memory`; False if already paused."""
-        changed = await self.write(self.storage.pause, user_id, what=f"pause the memory of user {user_id}")
-        (await self._paused_users()).add(user_id)
-        return changed
-
-    async def resume_memory(self, user_id: int) -> bool:
-        changed = await self.write(self.storage.resume, user_id, what=f"resume the memory of user {user_id}")
-        (await self._paused_users()).discard(user_id)
-        return changed
-
-    async def memory_paused(self, user_id: int) -> bool:
-        return user_id in await self._paused_users()
-
-    async def take_pause_notice(self, user_id: int) -> bool:
-        """True the first time this is asked during a pause (Muninn then says so, once)."""
-        return await self.write(self.storage.take_pause_notice, user_id, what="note the pause notice")
-
-    async def _paused_users(self) -> set[int]:
-        if self._paused is None or self.settings.shard_count:  # other shards' processes pause people too
-            self._paused = await self._read(self.storage.paused_users)
-        return self._paused
-
-    async def personal_from_messages(self, owner_id: int, message_ids: Sequence[int]) -> list[store.Memory]:
-        return await self._read(self.storage.personal_from_messages, owner_id, list(message_ids))
-
-    async def own_memory(self, owner_id: int, memory_id: int) -> store.Memory:
-        """The caller's own memory (personal, or a room memory they taught); MemoryNotFound otherwise."""
-        return await self._read(self.storage.own_memory, owner_id, memory_id)
-
-    async def forget_personal(self, owner_id: int, memory_ids: Sequence[int]) -> int:
-        """Delete those of the ids that are the owner's personal memories, leaving no trace."""
-        return await self.write(self.storage.forget_personal, owner_id, list(memory_ids),
-                                what=f"forget {len(memory_ids)} memories of user {owner_id}")
-
-    async def last_message_of(self, channel_id: int, author_id: int, before: int | None = None) -> int | None:
-        """The author's latest message in the channel's history, other than `before`."""
-        return await self._read(self.storage.last_message_of, channel_id, author_id, before)
-
-    async def drop_own_message(self, author_id: int, message_id: int) -> bool:
-        """"Don't remember this": the author's message leaves the conversation history."""
-        return await self.write(self.storage.drop_own_message, author_id, message_id, what="drop a message from the history")
-
-    # -- several processes on one database (shards) ------------------------------
-
-    async def take_lease(self, name: str, holder: str, seconds: float) -> bool:
-        """Take or renew the lease `name` for `seconds`; False while another process holds it."""
-        return await self.write(self.storage.take_lease, name, holder, seconds, what=f"take the {name} lease")
-
-    async def release_lease(self, name: str, holder: str) -> bool:
-        return await self.write(self.storage.release_lease, name, holder, what=f"release the {name} lease")
-
-    async def lease_holder(self, name: str) -> str | None:
-        return await self._read(self.storage.lease_holder, name)
-
-    async def last_run(self, job: str) -> float | None:
-        """When a periodic job last finished (unix seconds), in whichever process ran it."""
-        return await self._read(self.storage.last_run, job)
-
-    async def record_run(self, job: str, at: float) -> None:
-        await self.write(self.storage.record_run, job, at, what=f"record the {job} run")

@@ -29,7 +29,7 @@ import psycopg
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
-from bot.memory import decay, scope
+from bot.memory import decay, records, scope
 from bot.memory.errors import DatabaseError
 from bot.memory.postgres import keywords
 from bot.memory.postgres import scrub as postgres_scrub
@@ -423,7 +423,7 @@ class PostgresStorage:
             "embedding = excluded.embedding", (memory_id, vis_key, float(created_at), vector_binary(vector)))
         conn.pg.execute("UPDATE memories SET embedded = 1 WHERE id = %s", (memory_id,))
 
-    def insert(self, conn: PgConnection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
+    def insert(self, conn: PgConnection, memories: Sequence[records.NewMemory], *, base_stability_days: float,
                model: str, vecs: list[list[float]] | None, now: float | None,
                info: IndexInfo | None = None) -> list[int]:
         now = time.time() if now is None else now
@@ -514,7 +514,7 @@ class PostgresStorage:
                         "updated_at = %s WHERE id = %s", (now, now, memory_id))
 
     def touch_and_load(self, conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]],
-                       wanted: Sequence[int], *, growth: float) -> dict[int, store.Memory] | None:
+                       wanted: Sequence[int], *, growth: float) -> dict[int, records.Memory] | None:
         """One recall's touch (touch_many's UPDATE) and the load of `wanted`, in one statement
         outside a transaction, its rows locked in id order by its subquery (BEGIN, the lock, the
         UPDATE and COMMIT were four round trips on every recall's path): the touched rows as the
@@ -524,7 +524,7 @@ class PostgresStorage:
             return None
         ids, now = recalls[0]
         touched = sorted(set(ids))
-        columns = translate(store.COLUMNS)
+        columns = translate(records.COLUMNS)
         rows = conn.pg.execute(
             (f"WITH touched AS (UPDATE memories SET {_TOUCH_SET} "
              f"WHERE id IN (SELECT id FROM memories WHERE id = ANY(%s) AND {ACTIVE} ORDER BY id FOR UPDATE) "
@@ -532,7 +532,7 @@ class PostgresStorage:
              f"SELECT * FROM touched UNION ALL SELECT {columns} FROM memories WHERE id = ANY(%s) "
              "AND NOT id = ANY(%s)").encode(),
             (now, growth, decay.MAX_STABILITY_DAYS, touched, list(wanted), touched)).fetchall()
-        return {int(row[0]): store.Memory.from_row(row) for row in rows}
+        return {int(row[0]): records.Memory.from_row(row) for row in rows}
 
     def touch_many(self, conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]], *, growth: float) -> None:
         """Several recalls' touches in one transaction (bot/memory/recall/touches.py; one recall's alone
@@ -557,7 +557,7 @@ class PostgresStorage:
                 (wanted, learned_before, learned_before)).fetchall()
             emptied: list[int] = []
             for memory_id, sources in rows:
-                left = [s for s in store._id_list(sources) if str(s) not in wanted]
+                left = [s for s in records._id_list(sources) if str(s) not in wanted]
                 if left:
                     conn.pg.execute("UPDATE memories SET source_message_ids = %s WHERE id = %s",
                                     (json.dumps(left), memory_id))
@@ -568,7 +568,7 @@ class PostgresStorage:
 
     def add_link(self, conn: PgConnection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
                  now: float | None = None) -> bool:
-        if kind not in store.LINK_KINDS:
+        if kind not in records.LINK_KINDS:
             raise ValueError(f"unknown link kind {kind!r}")
         row = conn.pg.execute("SELECT count(*) FROM memories a, memories b WHERE a.id = %s AND b.id = %s AND "
                               "a.scope = 'personal' AND b.scope = 'personal' AND a.owner_id != b.owner_id",
@@ -582,20 +582,20 @@ class PostgresStorage:
         return True
 
     # -- reads (the backend-neutral SQL of store.py, through PgConnection) --------------
-    def get(self, conn: PgConnection, memory_id: int) -> store.Memory:
+    def get(self, conn: PgConnection, memory_id: int) -> records.Memory:
         return store.get(conn, memory_id)
 
-    def get_many(self, conn: PgConnection, memory_ids: Sequence[int]) -> dict[int, store.Memory]:
+    def get_many(self, conn: PgConnection, memory_ids: Sequence[int]) -> dict[int, records.Memory]:
         return store.get_many(conn, memory_ids)
 
-    def get_visible(self, conn: PgConnection, viewer: Viewer, memory_id: int) -> store.Memory:
+    def get_visible(self, conn: PgConnection, viewer: Viewer, memory_id: int) -> records.Memory:
         return store.get_visible(conn, viewer, memory_id)
 
     def list_visible(self, conn: PgConnection, viewer: Viewer, *, scope: str | None, limit: int,
-                     offset: int) -> tuple[list[store.Memory], int]:
+                     offset: int) -> tuple[list[records.Memory], int]:
         return store.list_visible(conn, viewer, scope=scope, limit=limit, offset=offset)
 
-    def memories_of(self, conn: PgConnection, user_id: int, scopes: Sequence[str]) -> list[store.Memory]:
+    def memories_of(self, conn: PgConnection, user_id: int, scopes: Sequence[str]) -> list[records.Memory]:
         return store.memories_of(conn, user_id, scopes)
 
     def existing_external_ids(self, conn: PgConnection, ids: Sequence[str]) -> set[str]:
@@ -751,10 +751,10 @@ class PostgresStorage:
         return privacy.take_pause_notice(conn, user_id)
 
     def personal_from_messages(self, conn: PgConnection, owner_id: int,
-                               message_ids: Sequence[int]) -> list[store.Memory]:
+                               message_ids: Sequence[int]) -> list[records.Memory]:
         return privacy.personal_from_messages(conn, owner_id, message_ids)
 
-    def own_memory(self, conn: PgConnection, owner_id: int, memory_id: int) -> store.Memory:
+    def own_memory(self, conn: PgConnection, owner_id: int, memory_id: int) -> records.Memory:
         return privacy.own_memory(conn, owner_id, memory_id)
 
     def forget_personal(self, conn: PgConnection, owner_id: int, memory_ids: Sequence[int]) -> int:

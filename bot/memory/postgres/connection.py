@@ -2,7 +2,7 @@
 
 `PgConnection` wraps one psycopg (sync, autocommit) connection. Its `execute(sql, params)`
 takes the same statements as apsw: `?` and `:name` placeholders, `CAST(x AS BLOB)`
-(store.COLUMNS reads free text as bytes, to survive bad UTF-8 in a SQLite file) becomes
+(records.COLUMNS reads free text as bytes, to survive bad UTF-8 in a SQLite file) becomes
 `convert_to(x, 'UTF8')` and `LIMIT -1` (no limit) `LIMIT ALL`; `changes()` and
 `transaction()` stand in for apsw's (transactions.write_transaction uses the latter).
 So the backend-neutral SQL (store's listings and scope-filtered gets, scope.personal_keys,

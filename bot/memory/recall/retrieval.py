@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Iterable
 
+from bot.memory import records
 from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE, key_filter
-from bot.memory.sql import store
 from bot.memory.sqlite import fts
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.vectors.index import cosine_from_distance
@@ -81,7 +81,7 @@ class Candidate:
 
 @dataclass
 class Recalled:
-    memory: store.Memory
+    memory: records.Memory
     candidate: Candidate
 
     def to_dict(self, now: float | None = None) -> dict:

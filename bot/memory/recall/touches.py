@@ -27,8 +27,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
+from bot.memory import records
 from bot.memory.errors import explain
-from bot.memory.sql import store
 from bot.memory.storage import Connection
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class TouchRequest:
 
 
 def touch_and_load_all(conn: Connection, storage: Any, requests: Sequence[tuple[list[int], list[int], float]],
-                       growth: float) -> list[dict[int, store.Memory]]:
+                       growth: float) -> list[dict[int, records.Memory]]:
     """On the writer: every request's touch (in order) in one transaction, then all their
     memories in one read."""
     touches = [(touched, now) for touched, _, now in requests if touched]
@@ -64,15 +64,15 @@ class TouchBatcher:
     """Queues recalls' touches; `run(requests)` applies a batch on the writer (touch_and_load_all),
     `load(ids)` reads memories without touching them (a recall whose touch failed)."""
 
-    def __init__(self, run: Callable[[Batch], Awaitable[list[dict[int, store.Memory]]]],
-                 load: Callable[[list[int]], Awaitable[dict[int, store.Memory]]]) -> None:
+    def __init__(self, run: Callable[[Batch], Awaitable[list[dict[int, records.Memory]]]],
+                 load: Callable[[list[int]], Awaitable[dict[int, records.Memory]]]) -> None:
         self._run = run
         self._load = load
         self._waiting: list[TouchRequest] = []
         self._drain_task: asyncio.Task | None = None
         self.jobs = 0  # writer jobs run (for tests and benchmarks: how much was shared)
 
-    async def touch_and_load(self, touched: list[int], ids: list[int], now: float) -> dict[int, store.Memory]:
+    async def touch_and_load(self, touched: list[int], ids: list[int], now: float) -> dict[int, records.Memory]:
         request = TouchRequest(touched, ids, now, asyncio.get_running_loop().create_future())
         self._waiting.append(request)
         if self._drain_task is None:

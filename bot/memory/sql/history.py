@@ -43,7 +43,7 @@ COLUMNS = "id, channel_id, guild_id, author_id, author_name, role, content, crea
 def storable(text: str) -> str:
     """Text both backends can store: a lone surrogate (which Discord's JSON can carry) becomes '?'
     instead of failing the write with UnicodeEncodeError, and NUL (PostgreSQL's text refuses
-    it) goes, as it does from memories (store.clean_text)."""
+    it) goes, as it does from memories (records.clean_text)."""
     return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
+from bot.memory import records
 from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE
 from bot.memory.sql import store
@@ -43,7 +44,7 @@ def take_pause_notice(conn: Connection, user_id: int) -> bool:
         return conn.changes() > 0
 
 
-def personal_from_messages(conn: Connection, owner_id: int, message_ids: Sequence[int]) -> list[store.Memory]:
+def personal_from_messages(conn: Connection, owner_id: int, message_ids: Sequence[int]) -> list[records.Memory]:
     """The owner's active personal memories learned from any of these messages."""
     wanted = [str(m) for m in message_ids]
     if not wanted:
@@ -57,14 +58,14 @@ def personal_from_messages(conn: Connection, owner_id: int, message_ids: Sequenc
     return [found[row[0]] for row in rows if row[0] in found]
 
 
-def own_memory(conn: Connection, owner_id: int, memory_id: int) -> store.Memory:
+def own_memory(conn: Connection, owner_id: int, memory_id: int) -> records.Memory:
     """A memory whose owner is this person (personal, or a room memory they taught), archived or
     not; MemoryNotFound otherwise, with no hint whether the id exists."""
-    row = query_one(conn, f"SELECT {store.COLUMNS} FROM memories WHERE id = ? AND owner_id = ? "
+    row = query_one(conn, f"SELECT {records.COLUMNS} FROM memories WHERE id = ? AND owner_id = ? "
                           "AND scope IN ('personal', 'room')", (memory_id, owner_id))
     if row is None:
-        raise store.MemoryNotFound(f"no memory #{memory_id} of yours")
-    return store.Memory.from_row(row)
+        raise records.MemoryNotFound(f"no memory #{memory_id} of yours")
+    return records.Memory.from_row(row)
 
 
 def forget_personal(conn: Connection, owner_id: int, memory_ids: Sequence[int]) -> int:

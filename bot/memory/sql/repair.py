@@ -1,6 +1,6 @@
 """Stored values that make no sense, found and fixed (`muninn doctor`, `muninn doctor --fix`).
 
-Reading never crashes on them (store.iso clamps and marks them), but they still do harm:
+Reading never crashes on them (records.iso clamps and marks them), but they still do harm:
 a created_at before 2000 or in the future sorts and decays wrongly, and a last_accessed in
 the future (a touch at a far-future `as_of`, or an old import) pins a memory so that it
 never fades. Validation keeps new ones out; this finds those already in a file.

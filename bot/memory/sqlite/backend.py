@@ -12,7 +12,7 @@ from typing import Any, ContextManager, Sequence
 
 import apsw
 
-from bot.memory import decay
+from bot.memory import decay, records
 from bot.memory.recall import ranking, retrieval
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, personal_keys, visible_keys
@@ -178,7 +178,7 @@ class SQLiteStorage:
             (growth, decay.MAX_STABILITY_DAYS, importance, json.dumps(sources), now, now, memory_id))
 
     # -- writes ------------------------------------------------------------------
-    def insert(self, conn: apsw.Connection, memories: Sequence[store.NewMemory], *, base_stability_days: float,
+    def insert(self, conn: apsw.Connection, memories: Sequence[records.NewMemory], *, base_stability_days: float,
                model: str, vecs: list[list[float]] | None, now: float | None,
                info: IndexInfo | None = None) -> list[int]:
         with write_transaction(conn):
@@ -241,20 +241,20 @@ class SQLiteStorage:
         return store.add_link(conn, source_id, target_id, kind, weight, now)
 
     # -- reads -------------------------------------------------------------------
-    def get(self, conn: apsw.Connection, memory_id: int) -> store.Memory:
+    def get(self, conn: apsw.Connection, memory_id: int) -> records.Memory:
         return store.get(conn, memory_id)
 
-    def get_many(self, conn: apsw.Connection, memory_ids: Sequence[int]) -> dict[int, store.Memory]:
+    def get_many(self, conn: apsw.Connection, memory_ids: Sequence[int]) -> dict[int, records.Memory]:
         return store.get_many(conn, memory_ids)
 
-    def get_visible(self, conn: apsw.Connection, viewer: Viewer, memory_id: int) -> store.Memory:
+    def get_visible(self, conn: apsw.Connection, viewer: Viewer, memory_id: int) -> records.Memory:
         return store.get_visible(conn, viewer, memory_id)
 
     def list_visible(self, conn: apsw.Connection, viewer: Viewer, *, scope: str | None, limit: int,
-                     offset: int) -> tuple[list[store.Memory], int]:
+                     offset: int) -> tuple[list[records.Memory], int]:
         return store.list_visible(conn, viewer, scope=scope, limit=limit, offset=offset)
 
-    def memories_of(self, conn: apsw.Connection, user_id: int, scopes: Sequence[str]) -> list[store.Memory]:
+    def memories_of(self, conn: apsw.Connection, user_id: int, scopes: Sequence[str]) -> list[records.Memory]:
         return store.memories_of(conn, user_id, scopes)
 
     def existing_external_ids(self, conn: apsw.Connection, ids: Sequence[str]) -> set[str]:
@@ -302,7 +302,7 @@ class SQLiteStorage:
 
     def measure_similarity(self, conn: apsw.Connection, vector: Sequence[float], chosen: list[Candidate],
                            info: IndexInfo | None) -> None:
-        ranking.measure_similarity(conn, vector, chosen, info, after_search=True)  # Engine._search_step: just after it
+        ranking.measure_similarity(conn, vector, chosen, info, after_search=True)  # recall.steps.search_step: just after it
 
     # -- privacy -------------------------------------------------------------------
     def pause(self, conn: apsw.Connection, user_id: int) -> bool:
@@ -318,10 +318,10 @@ class SQLiteStorage:
         return privacy.take_pause_notice(conn, user_id)
 
     def personal_from_messages(self, conn: apsw.Connection, owner_id: int,
-                               message_ids: Sequence[int]) -> list[store.Memory]:
+                               message_ids: Sequence[int]) -> list[records.Memory]:
         return privacy.personal_from_messages(conn, owner_id, message_ids)
 
-    def own_memory(self, conn: apsw.Connection, owner_id: int, memory_id: int) -> store.Memory:
+    def own_memory(self, conn: apsw.Connection, owner_id: int, memory_id: int) -> records.Memory:
         return privacy.own_memory(conn, owner_id, memory_id)
 
     def forget_personal(self, conn: apsw.Connection, owner_id: int, memory_ids: Sequence[int]) -> int:

@@ -16,13 +16,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from bot.memory import records
 from bot.memory.connection import Connection
 from bot.memory.jobs import Jobs
 from bot.memory.recall.words import tokens
+from bot.memory.records import NewMemory
 from bot.memory.scope import ACTIVE, personal_keys
 from bot.memory.sql import store
 from bot.memory.sql.queries import query_value
-from bot.memory.sql.store import NewMemory
 from bot.memory.sql.transactions import write_transaction
 from bot.memory.storage import storage_of
 from bot.memory.vectors import index as vectors
@@ -40,7 +41,7 @@ from bot.settings import Settings
 
 log = logging.getLogger(__name__)
 
-def subject_keys(conn: Connection, memory: store.NewMemory | store.Memory,
+def subject_keys(conn: Connection, memory: records.NewMemory | records.Memory,
                  personal: dict[int, list[str]] | None = None) -> list[str]:
     """Visibility keys holding memories about the same subject as `memory`. `personal`: owners'
     personal_keys read already (storage.plan_state)."""
@@ -86,7 +87,7 @@ def texts_of(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
     return {mid: m.text for mid, m in store.get_many(conn, list(ids)).items()}
 
 
-def find_duplicate(conn: Connection, info: vectors.IndexInfo | None, memory: store.NewMemory,
+def find_duplicate(conn: Connection, info: vectors.IndexInfo | None, memory: records.NewMemory,
                    vector: Sequence[float] | None, threshold: float,
                    near: Sequence[tuple[int, float]] | None = None,
                    same_words: Sequence[tuple[int, str]] | None = None) -> int | None:
@@ -106,7 +107,7 @@ def find_duplicate(conn: Connection, info: vectors.IndexInfo | None, memory: sto
     return None
 
 
-def update_candidates(conn: Connection, info: vectors.IndexInfo | None, memory: store.NewMemory,
+def update_candidates(conn: Connection, info: vectors.IndexInfo | None, memory: records.NewMemory,
                       vector: Sequence[float] | None, *, threshold: float, subject_name: str | None = None,
                       exclude: Sequence[int] = (), limit: int = UPDATE_CANDIDATES,
                       near: Sequence[tuple[int, float]] | None = None,
@@ -204,7 +205,7 @@ class WriteOutcome:
     superseded: list[tuple[int, int]] = field(default_factory=list)  # (old, new)
 
 
-def write_facts(conn: Connection, memories: Sequence[store.NewMemory],
+def write_facts(conn: Connection, memories: Sequence[records.NewMemory],
                 vecs: Sequence[Sequence[float]] | None, decisions: Sequence[UpdateDecision | None], *,
                 settings: Settings, now: float, searched: Sequence[list[tuple[int, float]] | None] = (),
                 searched_mark: Any = None) -> WriteOutcome:
@@ -268,7 +269,7 @@ def write_facts(conn: Connection, memories: Sequence[store.NewMemory],
     return out
 
 
-def _llm_duplicate(conn: Connection, memory: store.NewMemory, decision: UpdateDecision) -> int | None:
+def _llm_duplicate(conn: Connection, memory: records.NewMemory, decision: UpdateDecision) -> int | None:
     """The first memory the LLM called the same fact, if it is still active and shares the
     new fact's visibility key (reinforcing it must not change who can see the fact)."""
     if not decision.same:

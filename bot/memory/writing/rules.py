@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from bot.memory.recall.words import STOP_WORDS, tokens
-from bot.memory.sql.store import Memory, NewMemory
+from bot.memory.records import Memory, NewMemory
 
 NEAR_JACCARD = 0.7        # two sentences with this share of content words say the same thing
 UPDATE_CANDIDATES = 5     # older memories shown to the LLM for one new fact

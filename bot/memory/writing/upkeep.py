@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from bot.memory import decay
+from bot.memory import decay, records
 from bot.memory.connection import Connection
 from bot.memory.jobs import Jobs
 from bot.memory.scope import ACTIVE
@@ -62,7 +62,7 @@ def archive_faded(conn: Connection, ids: Sequence[int], *, now: float) -> list[i
 
 
 def list_archived(conn: Connection, *, owner_id: int | None = None, reason: str | None = None,
-                  limit: int = 50, offset: int = 0) -> tuple[list[store.Memory], int]:
+                  limit: int = 50, offset: int = 0) -> tuple[list[records.Memory], int]:
     """Archived memories, most recently archived first, and how many there are.
     `reason` matches the start of the archive reason (decayed, superseded, consolidated)."""
     where = "archived_at IS NOT NULL"
@@ -74,9 +74,9 @@ def list_archived(conn: Connection, *, owner_id: int | None = None, reason: str 
         where += " AND archive_reason LIKE ? ESCAPE '\\'"
         params.append(reason.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
     total = query_value(conn, f"SELECT count(*) FROM memories WHERE {where}", params)
-    rows = conn.execute(f"SELECT {store.COLUMNS} FROM memories WHERE {where} "
+    rows = conn.execute(f"SELECT {records.COLUMNS} FROM memories WHERE {where} "
                         "ORDER BY archived_at DESC, id DESC LIMIT ? OFFSET ?", (*params, limit, offset))
-    return [store.Memory.from_row(row) for row in rows], total
+    return [records.Memory.from_row(row) for row in rows], total
 
 
 # -- the id-order scans ---------------------------------------------------------
@@ -120,7 +120,7 @@ def write_links(conn: Connection, batch: Sequence[tuple[int, str]],
 # -- consolidation -------------------------------------------------------------
 
 def find_clusters(conn: Connection, batch: Sequence[tuple[int, str]],
-                  found: dict[int, list[tuple[int, float]]], *, threshold: float) -> list[list[store.Memory]]:
+                  found: dict[int, list[tuple[int, float]]], *, threshold: float) -> list[list[records.Memory]]:
     """Clusters of near-duplicates among a scanned batch and its precomputed neighbours (same
     visibility key, (id, cosine) nearest first). Only the memories above the threshold are read."""
     clusters: list[list[int]] = []
@@ -167,7 +167,7 @@ def apply_consolidation(conn: Connection, cluster_ids: Sequence[int], merged_tex
         if merged_text is not None and normalise(merged_text) not in {normalise(m.text)
                                                                                   for m in members}:
             survivor_id = storage_of(conn).insert(  # the vector goes in only if it fits `model`'s index
-                conn, [store.NewMemory(text=merged_text, scope=first.scope, owner_id=first.owner_id,
+                conn, [records.NewMemory(text=merged_text, scope=first.scope, owner_id=first.owner_id,
                                        channel_id=first.channel_id, guild_id=first.guild_id, importance=importance,
                                        created_at=first.created_at, source_message_ids=sources,
                                        private=first.private)],
@@ -207,7 +207,7 @@ class Upkeep:
         return await self._jobs.write(archive_faded, list(ids), now=now, what=f"archive {len(ids)} faded memories")
 
     async def archived(self, *, owner_id: int | None = None, reason: str | None = None, limit: int = 50,
-                       offset: int = 0) -> tuple[list[store.Memory], int]:
+                       offset: int = 0) -> tuple[list[records.Memory], int]:
         """Archived memories, most recently archived first, and how many there are (list_archived)."""
         return await self._jobs.read(list_archived, owner_id=owner_id, reason=reason, limit=limit, offset=offset)
 
@@ -226,7 +226,7 @@ class Upkeep:
                                       what="write semantic links")
 
     async def clusters(self, batch: Sequence[tuple[int, str]], found: dict[int, list[tuple[int, float]]], *,
-                       threshold: float) -> list[list[store.Memory]]:
+                       threshold: float) -> list[list[records.Memory]]:
         """Near-duplicate clusters among a scanned batch (find_clusters)."""
         return await self._jobs.read(find_clusters, batch, found, threshold=threshold)
 

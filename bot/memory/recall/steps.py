@@ -1,0 +1,74 @@
+"""Recall's two steps on a read connection, as `Engine.recall` runs them around the embedding call.
+
+The keyword step runs while the question is being embedded: the viewer's visibility keys, the
+keyword hits (re-ranked by the names the plain query left out) and the vector index's state.
+The search step takes the embedding: vector candidates, fusion, the neighbour loan, the final
+order, the graph walk, and each chosen memory's cosine to the question.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from bot.memory.recall import ranking, retrieval, subqueries
+from bot.memory.recall.dates import DateHint
+from bot.memory.recall.retrieval import Candidate
+from bot.memory.scope import Viewer
+from bot.memory.storage import Storage
+from bot.memory.vectors.index import IndexInfo
+from bot.settings import Settings
+
+
+@dataclass
+class KeywordStep:
+    """What the keyword step found, and the index state the search step needs."""
+    keys: list[str]                 # the viewer's visibility keys
+    hits: list[Candidate]           # keyword hits, best first
+    info: IndexInfo | None          # the vector index (None: there is none)
+    partial: bool                   # a re-index is pending: some vectors are missing
+
+
+@dataclass
+class SearchStep:
+    """The chosen memories (fused, ordered, plus linked ones), the recall's mode, and the
+    step's timings in ms ("vector", "fuse_graph_touch")."""
+    chosen: list[Candidate]
+    mode: str
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+def keyword_step(conn: Any, storage: Storage[Any], query: str, viewer: Viewer, candidates: int,
+                 as_of: float | None) -> KeywordStep:
+    """The viewer's keys, their keyword hits and the vector index's state, as of one moment."""
+    keys = storage.visible_keys(conn, viewer)
+    hits, (info, partial) = storage.keyword_step(conn, query, keys, candidates, as_of)
+    # names the plain query left out as too common re-rank its hits (subqueries.py)
+    fused = subqueries.fuse_keyword_lists(hits, subqueries.name_hits(conn, query, hits), candidates)
+    return KeywordStep(keys, fused, info, partial)
+
+
+def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: KeywordStep,
+                vector: list[float] | None, limit: int, now: float, as_of: float | None,
+                date_hints: Sequence[DateHint] = ()) -> SearchStep:
+    """Vector candidates (when `vector` is usable), fused with the keyword hits, ordered, cut to
+    `limit`, then the graph's linked memories; measured against the question's vector."""
+    t0 = time.perf_counter()
+    keys, info = found.keys, found.info
+    vector_hits = (storage.vector_candidates(conn, info, vector, keys, limit * 3, as_of)
+                   if vector is not None and info is not None else [])
+    t1 = time.perf_counter()
+    fused = retrieval.fuse(found.hits, vector_hits, k=settings.rrf_k, limit=len(found.hits) + len(vector_hits),
+                           weight_fts=settings.rrf_weight_fts, weight_vector=settings.rrf_weight_vec)
+    fused = storage.spread_to_neighbours(conn, fused, keys, settings.neighbour_share, as_of)
+    fused = storage.final_order(conn, fused, now, time_weight=settings.time_weight, date_hints=date_hints,
+                                date_boost=settings.date_boost, tz=settings.timezone)
+    if settings.rrf_weight_fts > 0:
+        fused = ranking.keyword_winner_first(fused, settings.keyword_lead)
+    fused = fused[:limit]
+    chosen = fused + storage.graph_neighbours(conn, fused, keys, settings.graph_limit, as_of)
+    if vector is not None and chosen:
+        storage.measure_similarity(conn, vector, chosen, info)
+    t2 = time.perf_counter()
+    return SearchStep(chosen, retrieval.mode_of(vector is not None, found.hits),
+                      {"vector": (t1 - t0) * 1000, "fuse_graph_touch": (t2 - t1) * 1000})
