@@ -11,6 +11,8 @@ class Throttle:
         self._last: dict[str, float] = {}
 
     def ready(self, key: str, every: float = 60.0) -> bool:
+        """True, and the wait for `key` starts again, when it was
+        last ready `every` seconds ago or more (or never)."""
         now = time.monotonic()
         if now - self._last.get(key, -every) >= every:
             self._last[key] = now

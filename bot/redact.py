@@ -11,6 +11,7 @@ _BOT_TOKEN = re.compile(r"\b[A-Za-z0-9_\-]{24,28}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9
 
 
 def redact(text: str) -> str:
+    """`text` with interaction/webhook tokens in URLs and bot tokens replaced by "<token>"."""
     return _BOT_TOKEN.sub("<token>", _TOKEN_IN_URL.sub(r"\1<token>", text))
 
 
@@ -18,6 +19,7 @@ class RedactTokens(logging.Filter):
     """A handler filter that replaces interaction/webhook tokens and bot tokens in each record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Redact the record's formatted message in place; never drops a record."""
         try:
             message = record.getMessage()
         except Exception:  # a broken record is logging's business, not ours

@@ -20,6 +20,7 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class Spec:
+    """One setting: its environment variable, default (as text), help line and parser (name, raw) -> value."""
     env: str
     default: str
     help: str
@@ -197,6 +198,7 @@ SETTINGS: dict[str, Spec] = {
 
 @dataclass(frozen=True)
 class Settings:
+    """All settings, parsed and checked (load_settings); one field per entry of SETTINGS."""
     discord_token: str
     db_path: Path
     database_url: str
@@ -245,6 +247,7 @@ class Settings:
     log_level: str
 
     def replace(self, **changes: Any) -> "Settings":
+        """A copy with `changes` applied; the new values are not checked again."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)
         return Settings(**values)

@@ -121,6 +121,7 @@ def boolean(value: Any, name: str, *, default: bool = False) -> bool:
 
 
 def limit(value: Any, name: str = "limit", *, cap: int = MAX_RECALL_LIMIT) -> int | None:
+    """A result limit: a whole number from 1 to `cap`; None stays None."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cap:
@@ -155,6 +156,8 @@ def replace_invalid(text: str) -> str:
 
 
 def external_id(value: Any) -> str | None:
+    """The id an imported item has in its data set: text or a whole number,
+    stored as 1 to MAX_EXTERNAL_ID_CHARS characters of text; None stays None."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -187,6 +190,7 @@ def reject_json_constant(name: str) -> float:
 
 
 def encodable(text: str) -> bool:
+    """Whether `text` encodes as UTF-8 (False: it holds a lone surrogate)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

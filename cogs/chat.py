@@ -49,6 +49,8 @@ def guild_of(payload: discord.RawMessageUpdateEvent) -> int | None:
 
 
 def to_incoming(message: discord.Message) -> Incoming:
+    """The pipeline's view of a Discord message: author, text, time, whether the channel
+    is private, and a line for the prompt saying where the conversation takes place."""
     author = message.author.display_name
     if message.guild is None:
         place = f"You are in a private direct message with {author} on Discord."
@@ -72,6 +74,7 @@ class DiscordOutlet:
 
     @asynccontextmanager
     async def typing(self) -> AsyncIterator[None]:
+        """Show Discord's typing indicator during the block; when it cannot be shown, the block runs all the same."""
         indicator = self.message.channel.typing()
         try:
             await indicator.__aenter__()
@@ -84,6 +87,8 @@ class DiscordOutlet:
             await indicator.__aexit__(None, None, None)
 
     async def send(self, text: str) -> list[Sent]:
+        """Post `text` in 2,000-character parts, the first as a reply to the message, mentioning
+        nobody; returns the parts posted, which stop at the first one Muninn may not post."""
         sent: list[Sent] = []
         reference = self.message.to_reference(fail_if_not_exists=False)
         for part in split_message(text):
@@ -100,12 +105,16 @@ class DiscordOutlet:
         return sent
 
     def stream(self) -> DiscordReplyStream:
+        """A DiscordReplyStream answering this message."""
         return DiscordReplyStream(self.message)
 
     async def busy(self) -> None:
+        """React with ⏳: the message was seen, but its channel's queue is full and it will not be answered."""
         await self.message.add_reaction(BUSY)
 
     async def confirm_forget(self, offer: ForgetOffer) -> list[Sent]:
+        """Post the forget question with its buttons, as a reply to the
+        message; returns it as sent ([] when Muninn may not post here)."""
         view = ConfirmForget(offer)
         try:
             view.posted(await self.message.channel.send(
@@ -121,21 +130,28 @@ class DiscordOutlet:
 
 
 class Chat(commands.Cog):
+    """Conversation on Discord: answers the messages Muninn should answer (`should_answer`),
+    records the others, and follows edits and deletions into the history."""
     def __init__(self, bot: commands.Bot):
         self.bot = bot
 
     async def cog_load(self) -> None:
+        """Register the forget buttons, so that questions asked before a restart still answer."""
         self.bot.add_dynamic_items(ForgetButton)  # forget questions asked before a restart still answer
 
     async def cog_unload(self) -> None:
+        """Unregister the forget buttons."""
         self.bot.remove_dynamic_items(ForgetButton)
 
     @property
     def pipeline(self) -> Pipeline:
+        """The bot's conversation pipeline."""
         return self.bot.pipeline  # type: ignore[attr-defined]
 
     @commands.Cog.listener()
     async def on_message(self, message: discord.Message) -> None:
+        """Answer or record a person's message (bots', system and empty messages
+        are ignored); either way it is then settled in the channel's arrivals."""
         if message.author.bot or message.type not in CONVERSATION_TYPES or not message.content.strip():
             return
         incoming = to_incoming(message)
@@ -149,6 +165,8 @@ class Chat(commands.Cog):
             self.pipeline.arrivals.settled(incoming.channel_id, incoming.message_id)
 
     async def should_answer(self, message: discord.Message) -> bool:
+        """Whether Muninn answers: every DM; in a server, when Muninn or its role is mentioned,
+        when the message replies to one of Muninn's, or when the channel always answers."""
         if message.guild is None:
             return True
         me = self.bot.user
@@ -170,6 +188,8 @@ class Chat(commands.Cog):
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
+        """A person edited a message: the history and what was learned from
+        it follow (pins, link previews and bots' messages are ignored)."""
         message = payload.message
         # Pins, link previews and new threads also send updates: only an edit carries edited_at.
         if "content" not in payload.data or message.author.bot or message.edited_at is None:
@@ -179,12 +199,15 @@ class Chat(commands.Cog):
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
+        """A message was deleted: the pipeline takes back what was learned from it alone."""
         await self.pipeline.deleted([payload.message_id])
 
     @commands.Cog.listener()
     async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
+        """Messages were deleted at once: as on_raw_message_delete, for all of them."""
         await self.pipeline.deleted(list(payload.message_ids))
 
 
 async def setup(bot: commands.Bot) -> None:
+    """The extension's entry point: add the Chat cog."""
     await bot.add_cog(Chat(bot))

@@ -30,6 +30,8 @@ PREVIEW = 160
 
 
 def offer_text(offer: ForgetOffer) -> str:
+    """The question: in private, the memories listed; in a channel,
+    only how many matched (**Show** lists them to the asker alone)."""
     count = len(offer.memories)
     if not offer.in_private:
         return (f"I found {count} {'memory' if count == 1 else 'memories'} of yours that match. "
@@ -38,6 +40,8 @@ def offer_text(offer: ForgetOffer) -> str:
 
 
 def memory_list(offer: ForgetOffer) -> str:
+    """The offer's intro and up to 10 of its memories (id and shortened
+    text, markdown escaped), then how many more there are."""
     lines = [offer.intro]
     for memory in offer.memories[:10]:
         text = " ".join(memory.text.split())
@@ -55,6 +59,7 @@ EXPIRED = "This question has expired: nothing was forgotten. Ask me again if you
 
 
 def to_base36(number: int) -> str:
+    """A non-negative `number` in base 36, lowercase."""
     digits = "0123456789abcdefghijklmnopqrstuvwxyz"
     out = ""
     while True:
@@ -65,10 +70,12 @@ def to_base36(number: int) -> str:
 
 
 def custom_id(action: str, owner_id: int, memory_ids: list[int]) -> str:
+    """One button's custom id: the action, the owner and the memory ids, in base 36 (TEMPLATE)."""
     return f"muninn:forget:{action}:{to_base36(owner_id)}:" + ".".join(to_base36(i) for i in memory_ids)
 
 
 def fits(offer: ForgetOffer) -> bool:
+    """Whether the offer's custom ids fit CUSTOM_ID_LIMIT (if not, its buttons live only in this process)."""
     return len(custom_id(FORGET, offer.author_id, [m.id for m in offer.memories])) <= CUSTOM_ID_LIMIT
 
 
@@ -92,12 +99,15 @@ class ForgetButton(discord.ui.DynamicItem[discord.ui.Button], template=TEMPLATE)
     @classmethod
     async def from_custom_id(cls, interaction: discord.Interaction, item: discord.ui.Item,
                              match: re.Match[str]) -> "ForgetButton":
+        """The button a click's custom id describes (discord.py calls this on every click)."""
         return cls(match["action"], int(match["owner"], 36), [int(i, 36) for i in match["ids"].split(".")])
 
     async def interaction_check(self, interaction: discord.Interaction) -> bool:
+        """Only the asker may press it; anyone else is told so, privately."""
         return await _is_askers(interaction, self.owner_id)
 
     async def callback(self, interaction: discord.Interaction) -> None:
+        """Answer the click (Show, Forget or Keep); a failure is logged and the clicker told so."""
         await _answer_safely(interaction, self._answer(interaction))
 
     async def _answer(self, interaction: discord.Interaction) -> None:
@@ -173,15 +183,18 @@ class ConfirmForget(discord.ui.View):
                 self.add_item(_LiveButton(self, action))
 
     def posted(self, message: discord.Message) -> None:
+        """The question was posted as `message`: a click on any of its buttons now stops this view."""
         self.message = message
         _waiting[message.id] = self
 
     def stop(self) -> None:
+        """Stop waiting for an answer (no timeout follows)."""
         if self.message is not None:
             _waiting.pop(self.message.id, None)
         super().stop()
 
     async def on_timeout(self) -> None:
+        """Nobody answered in time: the question, without its buttons, says that nothing was forgotten."""
         if self.message is not None:
             _waiting.pop(self.message.id, None)
             try:

@@ -11,11 +11,13 @@ from bot.cli.main import main as cli_main
 
 
 def load_discord() -> ModuleType:
+    """The Discord adapter (cogs.client), imported only by the commands that need it."""
     from cogs import client
     return client
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the `muninn` command line on `argv` (default: the process's arguments); returns its exit status."""
     return cli_main(argv, load_discord=load_discord)
 
 

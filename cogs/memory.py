@@ -46,12 +46,14 @@ VIEW_TIMEOUT = 600
 
 
 def viewer_of(interaction: discord.Interaction) -> Viewer:
+    """Who asks, and where: the interaction's user and channel, and its guild (none: a DM)."""
     if interaction.guild_id is None:
         return Viewer(user_id=interaction.user.id, channel_id=interaction.channel_id, dm=True)
     return Viewer(user_id=interaction.user.id, channel_id=interaction.channel_id, guild_id=interaction.guild_id)
 
 
 def shorten(text: str, limit: int = TEXT_PREVIEW) -> str:
+    """`text` on one line (whitespace collapsed), cut to `limit` characters with an ellipsis."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
@@ -71,21 +73,26 @@ def fit(lines: list[str], limit: int = MESSAGE_LIMIT) -> str:
 
 class MemoryCog(commands.GroupCog, group_name="memory",
                 group_description="See and manage what Muninn remembers"):
+    """`/memory`: list, search, forget, forget-all, remember, pause,
+    resume, why and export, each answered to the caller alone."""
     def __init__(self, bot: commands.Bot):
         self.bot = bot
         super().__init__()
 
     @property
     def engine(self):
+        """The bot's memory engine."""
         return self.bot.engine  # type: ignore[attr-defined]
 
     @property
     def pipeline(self):
+        """The bot's conversation pipeline."""
         return self.bot.pipeline  # type: ignore[attr-defined]
 
     # -- presentation ----------------------------------------------------------
 
     def where(self, memory: Memory) -> str:
+        """Where a memory belongs, in words: its room, global, or personal and where it was learned."""
         if memory.scope == "room":
             return f"room <#{memory.channel_id}>"
         if memory.scope == "global":
@@ -96,11 +103,14 @@ class MemoryCog(commands.GroupCog, group_name="memory",
         return f"personal, from {guild.name if guild else 'a server'}"
 
     def describe(self, memory: Memory) -> str:
+        """One line for a memory: its id, where it belongs and its shortened text."""
         return f"`#{memory.id}` ({self.where(memory)}) {discord.utils.escape_markdown(shorten(memory.text))}"
 
     # -- permissions -----------------------------------------------------------
 
     async def may_change(self, interaction: discord.Interaction, memory: Memory) -> bool:
+        """Whether the caller may change a memory: a personal one, its owner; a room one, who
+        taught it or who has Manage Messages in its channel; a global one, the bot's owner."""
         user_id = interaction.user.id
         if memory.scope == "personal":
             return memory.owner_id == user_id
@@ -137,6 +147,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
     @app_commands.command(name="list", description="What Muninn remembers that you can see here")
     @app_commands.describe(scope="Only memories of this kind")
     async def list_memories(self, interaction: discord.Interaction, scope: Optional[Scope] = None) -> None:
+        """/memory list: the memories the caller may see here, a page at a time."""
         pages = MemoryPages(self, viewer_of(interaction), scope)
         content = await pages.render()
         if pages.pages > 1:
@@ -149,6 +160,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
     @app_commands.command(name="search", description="What Muninn would recall here for a text, and why")
     @app_commands.describe(query="The text to recall for, as if you had written it in this channel")
     async def search(self, interaction: discord.Interaction, query: app_commands.Range[str, 1, 500]) -> None:
+        """/memory search: what a recall of the text would find here, and why; nothing is touched."""
         await interaction.response.defer(ephemeral=True, thinking=True)  # embedding may take a moment
         result = await self.engine.recall(query, viewer_of(interaction), touch=False)
         lines = [f"Recall for “{discord.utils.escape_markdown(shorten(query, 100))}”: {result.mode} "
@@ -164,6 +176,8 @@ class MemoryCog(commands.GroupCog, group_name="memory",
     @app_commands.rename(memory_id="id")
     @app_commands.describe(memory_id="The memory's number, as /memory list shows it")
     async def forget(self, interaction: discord.Interaction, memory_id: app_commands.Range[int, 1]) -> None:
+        """/memory forget: forget one memory the caller may change. Any other id gets one answer,
+        unless the caller can see that memory here: then the refusal names the permission it needs."""
         try:
             memory = await self.engine.get(memory_id)
         except MemoryNotFound:
@@ -180,6 +194,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
 
     @app_commands.command(name="forget-all", description="Forget everything Muninn remembers about you")
     async def forget_all(self, interaction: discord.Interaction) -> None:
+        """/memory forget-all: asks first (ConfirmForgetAll), then forgets the caller's memories and messages."""
         memories = await self.engine.memories_of(interaction.user.id)
         personal = sum(memory.scope == "personal" for memory in memories)
         view = ConfirmForgetAll(self, interaction.user.id)
@@ -193,6 +208,8 @@ class MemoryCog(commands.GroupCog, group_name="memory",
                                                           "global: everyone (bot owner only)")
     async def remember(self, interaction: discord.Interaction, text: app_commands.Range[str, 1, records.MAX_TEXT_CHARS],
                        scope: Scope = "personal") -> None:
+        """/memory remember: store what the caller says as a personal memory (the default),
+        a room memory (Manage Messages here) or a global one (the bot's owner)."""
         if scope == "room" and interaction.guild_id is None:
             raise Refusal("A room memory belongs to a server channel; in a DM, use the personal scope.")
         if scope == "room" and not interaction.permissions.manage_messages:
@@ -218,6 +235,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
 
     @app_commands.command(name="pause", description="Stop Muninn from remembering anything of yours until you resume")
     async def pause(self, interaction: discord.Interaction) -> None:
+        """/memory pause: keep nothing of the caller from now on, until /memory resume."""
         changed = await self.pipeline.pause(interaction.user.id)
         await interaction.response.send_message(
             ("Paused: from now on I keep nothing of what you say (not your messages, not facts about you), "
@@ -227,6 +245,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
 
     @app_commands.command(name="resume", description="Let Muninn remember what you say again")
     async def resume(self, interaction: discord.Interaction) -> None:
+        """/memory resume: end the caller's pause."""
         changed = await self.pipeline.resume(interaction.user.id)
         await interaction.response.send_message(
             "Resumed: I remember what you tell me again." if changed else "Your memory with me was not paused.",
@@ -236,6 +255,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
     @app_commands.rename(memory_id="id")
     @app_commands.describe(memory_id="The memory's number, as /memory list shows it")
     async def why(self, interaction: discord.Interaction, memory_id: app_commands.Range[int, 1]) -> None:
+        """/memory why: where and when one of the caller's own memories was learned."""
         try:
             memory = await self.engine.own_memory(interaction.user.id, memory_id)
         except MemoryNotFound:
@@ -261,6 +281,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
     @app_commands.command(name="export",
                           description="Download your personal memories and the room memories you taught, as JSON")
     async def export(self, interaction: discord.Interaction) -> None:
+        """/memory export: the caller's personal memories and the room memories they taught, as a JSON file."""
         memories = await self.engine.memories_of(interaction.user.id)
         personal = sum(memory.scope == "personal" for memory in memories)
         now = datetime.now(timezone.utc)
@@ -296,16 +317,19 @@ class OwnerView(discord.ui.View):
         self.origin: discord.Interaction | None = None
 
     async def interaction_check(self, interaction: discord.Interaction) -> bool:
+        """Only the owner may press the buttons; anyone else is told so, privately."""
         if interaction.user.id != self.owner_id:
             await answer_privately(interaction, "These buttons belong to someone else.")
             return False
         return True
 
     async def on_error(self, interaction: discord.Interaction, error: Exception, item: discord.ui.Item) -> None:
+        """Log a failed button and tell the presser, privately."""
         log.error("button %r failed for user %s", getattr(item, "label", item), interaction.user.id, exc_info=error)
         await answer_privately(interaction, "Something went wrong on my side; it has been logged.")
 
     async def on_timeout(self) -> None:
+        """Take the buttons off the answer they belong to, if it is still there."""
         if self.origin is not None:
             try:
                 await self.origin.edit_original_response(view=None)
@@ -314,6 +338,7 @@ class OwnerView(discord.ui.View):
 
 
 class MemoryPages(OwnerView):
+    """The pages of /memory list for one viewer (of `scope` only, when given), with Previous and Next."""
     def __init__(self, cog: MemoryCog, viewer: Viewer, scope: str | None):
         super().__init__(viewer.user_id)
         self.cog = cog
@@ -323,6 +348,7 @@ class MemoryPages(OwnerView):
         self.pages = 1
 
     async def render(self) -> str:
+        """The current page's text; also updates the page count and which buttons work."""
         memories, total = await self.cog.engine.list_visible(self.viewer, scope=self.scope, limit=PAGE_SIZE,
                                                              offset=self.page * PAGE_SIZE)
         self.pages = max(1, math.ceil(total / PAGE_SIZE))
@@ -335,6 +361,7 @@ class MemoryPages(OwnerView):
         return fit([head, *(self.cog.describe(memory) for memory in memories)])
 
     async def turn(self, interaction: discord.Interaction, step: int) -> None:
+        """Move `step` pages, within the pages there are now, and show that page."""
         self.page = max(0, self.page + step)
         content = await self.render()
         if self.page >= self.pages:  # memories were forgotten meanwhile
@@ -344,20 +371,24 @@ class MemoryPages(OwnerView):
 
     @discord.ui.button(label="◀ Previous", style=discord.ButtonStyle.secondary)
     async def previous(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
+        """Show the previous page."""
         await self.turn(interaction, -1)
 
     @discord.ui.button(label="Next ▶", style=discord.ButtonStyle.secondary)
     async def next(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
+        """Show the next page."""
         await self.turn(interaction, +1)
 
 
 class ConfirmForgetAll(OwnerView):
+    """The question of /memory forget-all: Forget everything, or Cancel."""
     def __init__(self, cog: MemoryCog, owner_id: int):
         super().__init__(owner_id)
         self.cog = cog
 
     @discord.ui.button(label="Forget everything", style=discord.ButtonStyle.danger)
     async def confirm(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
+        """Forget all of the owner's memories and messages, then say how many went."""
         self.stop()
         await interaction.response.edit_message(content="Forgetting…", view=None)
         forgotten = await self.cog.pipeline.forget_person(self.owner_id)
@@ -367,11 +398,13 @@ class ConfirmForgetAll(OwnerView):
 
     @discord.ui.button(label="Cancel", style=discord.ButtonStyle.secondary)
     async def cancel(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
+        """Forget nothing."""
         self.stop()
         await interaction.response.edit_message(content="Nothing was forgotten.", view=None)
 
 
 class ChannelOptions(commands.Cog):
+    """`/always-answer`, for members who may manage the channel."""
     def __init__(self, bot: commands.Bot):
         self.bot = bot
 
@@ -382,6 +415,7 @@ class ChannelOptions(commands.Cog):
     @app_commands.default_permissions(manage_channels=True)
     @app_commands.checks.has_permissions(manage_channels=True)
     async def always_answer(self, interaction: discord.Interaction, enabled: bool) -> None:
+        """/always-answer: answer every message in this channel, or only when mentioned or replied to."""
         await self.bot.pipeline.set_always_answer(interaction.channel_id, interaction.guild_id, enabled)  # type: ignore[attr-defined]
         state = ("now answers every message in this channel" if enabled
                  else "now answers here only when mentioned or replied to")
@@ -389,5 +423,6 @@ class ChannelOptions(commands.Cog):
 
 
 async def setup(bot: commands.Bot) -> None:
+    """The extension's entry point: add the /memory and /always-answer cogs."""
     await bot.add_cog(MemoryCog(bot))
     await bot.add_cog(ChannelOptions(bot))

@@ -24,6 +24,8 @@ NO_MENTIONS = discord.AllowedMentions.none()
 
 
 class DiscordReplyStream:
+    """A reply to `message` shown while it is written: posted, then edited at most every
+    `interval` seconds (by `clock`), continued in new messages past 2,000 characters."""
     def __init__(self, message: discord.Message, *, interval: float = EDIT_INTERVAL,
                  clock: Callable[[], float] = time.monotonic):
         self.message = message
@@ -35,11 +37,15 @@ class DiscordReplyStream:
         self.blocked = False   # no permission to post here: stop trying
 
     async def update(self, text: str) -> None:
+        """Show the reply so far, unless the last update was less than
+        `interval` ago (the next update, or `finish`, shows it)."""
         if self.blocked or self.clock() - self.last_update < self.interval:
             return  # the next update (or finish) shows it
         await self._show(split_message(text), final=False)
 
     async def finish(self, text: str) -> list[Sent]:
+        """Make the posted messages exactly split_message(text): parts that differ are
+        edited, missing ones posted, extra ones deleted. Returns the messages posted."""
         if not self.blocked:
             await self._show(split_message(text), final=True)
         return [Sent(m.id, m.created_at.timestamp()) for m in self.posted]

@@ -18,14 +18,18 @@ WAIT_S = 2.0  # never hold an answer longer than this for a message still being 
 
 
 class Arrivals:
+    """Per channel, the messages that arrived and are not yet recorded or dropped; an
+    answer waits for the earlier ones (`earlier_settled`). Used on the event loop only."""
     def __init__(self) -> None:
         self._pending: dict[int, dict[int, asyncio.Event]] = {}  # channel id -> message id -> settled
 
     def arrived(self, channel_id: int, message_id: int | None) -> None:
+        """Note a message as it comes in, before any await (a None id is ignored)."""
         if message_id is not None:
             self._pending.setdefault(channel_id, {}).setdefault(message_id, asyncio.Event())
 
     def settled(self, channel_id: int, message_id: int | None) -> None:
+        """The message was recorded or dropped: wake the answers waiting for it (a None or unknown id is ignored)."""
         pending = self._pending.get(channel_id)
         if pending is None or message_id is None:
             return

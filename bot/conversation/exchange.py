@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Exchange:
+    """What a person said and what Muninn answered, with where and by whom: the input of fact extraction."""
     author_id: int
     author_name: str                 # display name, used to attribute facts
     channel_id: int

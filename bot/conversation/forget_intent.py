@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ForgetIntent:
+    """A forget request found by `detect`: the words to forget, the previous message, or everything."""
     about: str | None        # the words to look for; None = the person's previous message
     everything: bool = False
 

@@ -37,6 +37,7 @@ NO_MEMORIES = "(none)"
 
 @dataclass(frozen=True)
 class Prompt:
+    """What `build` made: the chat messages, the memories and history that fit, and the estimated size."""
     messages: list[dict[str, str]]
     memories: list[str]            # the memory texts that made it into the prompt, in order
     history: list[HistoryMessage]  # the history messages that made it into the prompt
@@ -52,6 +53,7 @@ def stamp(ts: float, tz: ZoneInfo) -> str:
 
 
 def estimate_tokens(text: str) -> int:
+    """Tokens in `text`, estimated at CHARS_PER_TOKEN characters each (rounded up)."""
     return -(-len(text) // CHARS_PER_TOKEN)
 
 
@@ -61,6 +63,7 @@ def quote(text: str) -> str:
 
 
 def system_prompt(persona: str, memories: Sequence[str], place: str = "") -> str:
+    """The system message: persona, guidance, `place` if any, then the quoted memories (or "(none)")."""
     lines = [persona.strip(), GUIDANCE]
     if place:
         lines.append(place)
@@ -70,16 +73,19 @@ def system_prompt(persona: str, memories: Sequence[str], place: str = "") -> str
 
 
 def user_line(message: HistoryMessage, tz: ZoneInfo) -> str:
+    """A person's message as the model sees it: stamp, speaker's name, text."""
     return f"{stamp(message.created_at, tz)} {message.author_name}: {message.content}"
 
 
 def to_chat_message(message: HistoryMessage, tz: ZoneInfo) -> dict[str, str]:
+    """A history message as a chat message: Muninn's replies as they are, people's as `user_line`."""
     if message.role == "assistant":
         return {"role": "assistant", "content": message.content}
     return {"role": "user", "content": user_line(message, tz)}
 
 
 def message_tokens(message: dict[str, str]) -> int:
+    """Estimated tokens of one chat message, with its per-message overhead."""
     return estimate_tokens(message["content"]) + MESSAGE_OVERHEAD_TOKENS
 
 

@@ -1,0 +1,1 @@
+"""The LLM layer: the Ollama client (one host or several) and making what chat models answer usable."""

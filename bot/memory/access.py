@@ -26,14 +26,17 @@ class NamedAccess:
         raise NotImplementedError
 
     async def write(self, job: Callable[..., T], *args: Any, what: str = "write to the database", **kwargs: Any) -> T:
+        """Run `job(conn, ...)` as one write transaction on the writer (Engine.write)."""
         raise NotImplementedError
 
     # -- inspection (never touches) -----------------------------------------
 
     async def list_visible(self, viewer: Viewer, *, scope: str | None = None, limit: int = 50, offset: int = 0):
+        """One page of the memories `viewer` may see, newest first, and how many there are."""
         return await self._run(self.storage.list_visible, viewer, scope=scope, limit=limit, offset=offset)
 
     async def get_visible(self, viewer: Viewer, memory_id: int) -> records.Memory:
+        """The memory if `viewer` may see it; MemoryNotFound otherwise."""
         return await self._run(self.storage.get_visible, viewer, memory_id)
 
     async def get(self, memory_id: int) -> records.Memory:
@@ -41,6 +44,7 @@ class NamedAccess:
         return await self._run(self.storage.get, memory_id)
 
     async def get_many(self, memory_ids: Sequence[int]) -> dict[int, records.Memory]:
+        """Those of the ids that exist, by id, whoever's they are (operators, maintenance)."""
         return await self._run(self.storage.get_many, list(memory_ids))
 
     async def memories_of(self, user_id: int, scopes: Sequence[str] = ("personal", "room")) -> list[records.Memory]:
@@ -49,9 +53,11 @@ class NamedAccess:
         return await self._run(self.storage.memories_of, user_id, tuple(scopes))
 
     async def existing_external_ids(self, ids: Sequence[str]) -> set[str]:
+        """Which of these imported external ids are stored already."""
         return await self._run(self.storage.existing_external_ids, list(ids))
 
     async def stats(self) -> dict:
+        """The counts `muninn stats` shows."""
         return await self._run(self.storage.stats)
 
     # -- privacy controls ------------------------------------------------------
@@ -63,11 +69,13 @@ class NamedAccess:
         return changed
 
     async def resume_memory(self, user_id: int) -> bool:
+        """Keep what this person says again; False if their memory was not paused."""
         changed = await self.write(self.storage.resume, user_id, what=f"resume the memory of user {user_id}")
         (await self._paused_users()).discard(user_id)
         return changed
 
     async def memory_paused(self, user_id: int) -> bool:
+        """Whether this person has paused Muninn's memory of them."""
         return user_id in await self._paused_users()
 
     async def take_pause_notice(self, user_id: int) -> bool:
@@ -80,6 +88,7 @@ class NamedAccess:
         return self._paused
 
     async def personal_from_messages(self, owner_id: int, message_ids: Sequence[int]) -> list[records.Memory]:
+        """The owner's active personal memories learned from any of these messages."""
         return await self._read(self.storage.personal_from_messages, owner_id, list(message_ids))
 
     async def own_memory(self, owner_id: int, memory_id: int) -> records.Memory:
@@ -106,9 +115,11 @@ class NamedAccess:
         return await self.write(self.storage.take_lease, name, holder, seconds, what=f"take the {name} lease")
 
     async def release_lease(self, name: str, holder: str) -> bool:
+        """Give the lease up if `holder` has it; False otherwise."""
         return await self.write(self.storage.release_lease, name, holder, what=f"release the {name} lease")
 
     async def lease_holder(self, name: str) -> str | None:
+        """Who holds the lease now, or None."""
         return await self._read(self.storage.lease_holder, name)
 
     async def last_run(self, job: str) -> float | None:
@@ -116,4 +127,5 @@ class NamedAccess:
         return await self._read(self.storage.last_run, job)
 
     async def record_run(self, job: str, at: float) -> None:
+        """Record that a periodic job finished at `at` (unix seconds)."""
         await self.write(self.storage.record_run, job, at, what=f"record the {job} run")

@@ -16,6 +16,7 @@ MAX_STABILITY_DAYS = 3650.0
 
 
 def initial_stability(importance: float, base_days: float) -> float:
+    """A new memory's stability in days: `base_days` x (1 + 2 x importance)."""
     return base_days * (1.0 + 2.0 * importance)
 
 

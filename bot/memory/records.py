@@ -31,11 +31,13 @@ COLUMNS = ("id, CAST(text AS BLOB), scope, owner_id, channel_id, guild_id, vis_k
 
 
 class MemoryNotFound(LookupError):
+    """No memory with that id (or none the caller may see)."""
     pass
 
 
 @dataclass
 class NewMemory:
+    """A memory to store: its text, scope and who and where it belongs to; checked on creation."""
     text: str
     scope: str
     owner_id: int | None = None
@@ -68,11 +70,13 @@ class NewMemory:
 
     @property
     def vis_key(self) -> str:
+        """The visibility key the scope rule files this memory under (scope.memory_key)."""
         return memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id, self.private)
 
 
 @dataclass
 class Memory:
+    """A memory as stored, archived or not."""
     id: int
     text: str
     scope: str
@@ -126,6 +130,7 @@ class Memory:
         return value if math.isfinite(value) else 0.0
 
     def to_dict(self, now: float | None = None) -> dict:
+        """The memory as JSON-ready values, times in ISO 8601, with its retention at `now`."""
         out = asdict(self)
         for key in ("last_accessed", "created_at", "updated_at", "archived_at"):
             out[key] = iso(out[key])

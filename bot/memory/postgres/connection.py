@@ -57,6 +57,8 @@ class PgConnection:
         self._after_commit: list[Callable[[], None]] = []
 
     def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor:
+        """Run apsw-style SQL (`translate`d) with `params`; returns
+        psycopg's cursor and records the rows it changed for `changes()`."""
         cursor = self.pg.execute(translate(sql).encode(), params or None)
         self._changes = max(cursor.rowcount, 0)
         return cursor
@@ -102,6 +104,7 @@ class PgConnection:
         _run_jobs(jobs)
 
     def close(self) -> None:
+        """Close the psycopg connection."""
         self.pg.close()
 
 

@@ -237,6 +237,8 @@ def count_at_once(conn: PgConnection, words: list[str], limit: int) -> None:
 
 
 def searched_words(conn: PgConnection, words: list[str], limit: int | None = None) -> list[str]:
+    """Which of `words` the keyword path searches (fts.selective with this backend's cached counts,
+    several words counted per statement); `limit`: fts.common_limit, when the caller has it already."""
     limit = fts.common_limit(conn, newest_id(conn)) if limit is None else limit
     if len(words) > 1:
         count_at_once(conn, words, limit)
@@ -324,4 +326,5 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
 
 def fts_candidates(conn: PgConnection, query: str, keys: list[str], limit: int,
                    as_of: float | None) -> KeywordHits:
+    """The keyword hits of `keyword_step`, without the index state."""
     return keyword_step(conn, query, keys, limit, as_of)[0]

@@ -298,6 +298,7 @@ CONTRIB_FIX = ("install PostgreSQL's contrib modules on the server (btree_gin is
 
 
 def schema_version(conn: psycopg.Connection) -> int:
+    """The schema version the database is at (0: no schema yet)."""
     row = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()
     if row is None or not row[0]:
         return 0

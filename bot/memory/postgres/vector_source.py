@@ -104,6 +104,7 @@ class PostgresVectorSource:
         return {int(row[0]) for row in rows}
 
     def key_size_at_least(self, conn: PgConnection, key: str, cap: int) -> int:
+        """How many vectors `key` holds in `memory_vectors`, counted up to `cap` (+1) only."""
         row = conn.pg.execute("SELECT count(*) FROM (SELECT 1 FROM memory_vectors WHERE vis_key = %s LIMIT %s) v",
                               (key, cap + 1)).fetchone()
         return int(row[0]) if row else 0
@@ -119,6 +120,7 @@ class PostgresVectorSource:
         return ids, created, _vectors(rows, info.dim)
 
     def read_vectors(self, conn: PgConnection, info: IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
+        """The stored vectors of those of `ids` that have one of the index's dimension."""
         if not ids:
             return {}
         with conn.pg.cursor(binary=True) as cursor:
@@ -129,8 +131,10 @@ class PostgresVectorSource:
 
     def search(self, conn: PgConnection, info: IndexInfo, query: list[float], keys: list[str], k: int,
                as_of: float | None) -> list[tuple[int, float]]:
+        """The server's own search (the backend's exact/HNSW KNN): [(id, L2 distance)], nearest first."""
         return self._server_knn(conn, info, query, keys, k, as_of)
 
     def similar_to_memory(self, conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str],
                           k: int) -> list[tuple[int, float]]:
+        """Nearest neighbours of a stored memory's own vector, searched in the server."""
         return self._server_similar(conn, info, memory_id, keys, k)

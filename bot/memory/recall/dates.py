@@ -27,11 +27,13 @@ _PATTERNS = (
 
 @dataclass(frozen=True)
 class DateHint:
+    """A calendar date named in a question: a month, with the day and the year when named."""
     month: int
     day: int | None = None
     year: int | None = None
 
     def covers(self, ts: float, tz: tzinfo) -> bool:
+        """Whether unix time `ts`, read in `tz`, falls on this date (in this month, for a month alone)."""
         moment = datetime.fromtimestamp(ts, tz)
         return (moment.month == self.month and (self.day is None or moment.day == self.day)
                 and (self.year is None or moment.year == self.year))

@@ -58,6 +58,7 @@ def vitality(now: float, last_seen: float, stability: float, importance: float) 
 
 
 def time_factor(vital: float, weight: float = TIME_WEIGHT) -> float:
+    """The multiplier a memory's vitality gives its relevance: 1 + weight x vitality."""
     return 1.0 + weight * vital
 
 

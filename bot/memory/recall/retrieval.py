@@ -47,12 +47,14 @@ class Candidate:
 
     @property
     def cosine(self) -> float | None:
+        """Cosine to the query: the measured similarity, else from the vector distance (None: neither)."""
         if self.similarity is not None:
             return self.similarity
         return None if self.distance is None else cosine_from_distance(self.distance)
 
     @property
     def via(self) -> str:
+        """Which path found it: "link", "both", "fts" or "vector"."""
         if self.link is not None:
             return "link"
         if self.fts_rank is not None and self.vector_rank is not None:
@@ -60,6 +62,7 @@ class Candidate:
         return "fts" if self.fts_rank is not None else "vector"
 
     def reason(self) -> dict:
+        """Why it was picked, as shown by `recall` and `/memory search`: path, ranks, scores, link."""
         out: dict = {"via": self.via}
         if self.fts_rank is not None:
             out["fts_rank"] = self.fts_rank
@@ -81,10 +84,12 @@ class Candidate:
 
 @dataclass
 class Recalled:
+    """A memory recall returns, with the candidate that says why."""
     memory: records.Memory
     candidate: Candidate
 
     def to_dict(self, now: float | None = None) -> dict:
+        """The memory's to_dict with its "reason"."""
         out = self.memory.to_dict(now)
         out["reason"] = self.candidate.reason()
         return out
@@ -106,6 +111,7 @@ class VectorStatus(StrEnum):
 
 @dataclass
 class RecallResult:
+    """What a recall returns: the memories in order, the mode and vector status, and the timings."""
     query: str
     mode: str
     vector_status: VectorStatus
@@ -114,13 +120,16 @@ class RecallResult:
 
     @property
     def texts(self) -> list[str]:
+        """The recalled memories' texts, in order."""
         return [r.memory.text for r in self.memories]
 
     @property
     def ids(self) -> list[int]:
+        """The recalled memories' ids, in order."""
         return [r.memory.id for r in self.memories]
 
     def to_dict(self, now: float | None = None) -> dict:
+        """The result as JSON-ready data (timings rounded to the microsecond)."""
         return {"query": self.query, "mode": self.mode, "vector_status": self.vector_status,
                 "memories": [r.to_dict(now) for r in self.memories],
                 "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()}}

@@ -38,6 +38,7 @@ Batch = list[tuple[list[int], list[int], float]]  # (touched, ids to load, time)
 
 @dataclass
 class TouchRequest:
+    """One recall waiting on the batcher: what it touches, what it loads, its time, and its answer."""
     touched: list[int]  # counted as recalled
     ids: list[int]      # to load (the recall's result)
     now: float
@@ -73,6 +74,8 @@ class TouchBatcher:
         self.jobs = 0  # writer jobs run (for tests and benchmarks: how much was shared)
 
     async def touch_and_load(self, touched: list[int], ids: list[int], now: float) -> dict[int, records.Memory]:
+        """Queue one recall's touch and load; returns those of `ids` found, by id (loaded untouched
+        when the touch failed). A cancelled caller stops waiting; its touch is applied all the same."""
         request = TouchRequest(touched, ids, now, asyncio.get_running_loop().create_future())
         self._waiting.append(request)
         if self._drain_task is None:

@@ -113,4 +113,5 @@ def last_run(conn: Connection, job: str) -> float | None:
 
 
 def record_run(conn: Connection, job: str, at: float) -> None:
+    """Record that `job` finished at `at` (unix seconds), for every process to see (last_run)."""
     set_meta(conn, f"{job}.last_run", repr(at))

@@ -23,6 +23,7 @@ def mark_pending(conn: Connection, key: str = SCRUB_PENDING) -> None:
 
 
 def pending_token(conn: Connection, key: str = SCRUB_PENDING) -> str | None:
+    """The token of the mark standing under `key`, or None."""
     rows = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchall()
     return str(rows[0][0]) if rows else None
 
@@ -38,6 +39,7 @@ def pending_marks(conn: Connection, keys: Sequence[str]) -> dict[str, str]:
 
 
 def clear_marks(conn: Connection, marks: dict[str, str]) -> None:
+    """Clear each of these marks (from pending_marks), leaving any made since."""
     for key, token in marks.items():
         clear_pending(conn, token, key)
 

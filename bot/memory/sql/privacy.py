@@ -34,6 +34,7 @@ def resume(conn: Connection, user_id: int) -> bool:
 
 
 def paused_users(conn: Connection) -> set[int]:
+    """The ids of everyone whose memory is paused."""
     return {row[0] for row in conn.execute("SELECT user_id FROM memory_pauses")}
 
 

@@ -43,6 +43,7 @@ def add(conn: Any, removed: int) -> int | None:
 
 
 def read(conn: Any) -> int | None:
+    """The counter's value now (None: no memory removed yet)."""
     rows = conn.execute("SELECT value FROM meta WHERE key = ?", (KEY,)).fetchall()
     return int(rows[0][0]) if rows else None
 

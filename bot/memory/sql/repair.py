@@ -24,6 +24,8 @@ from bot.validate import EARLIEST, FUTURE_SLACK_S
 
 @dataclass(frozen=True)
 class Rule:
+    """One kind of bad stored value that `muninn doctor` reports (and `--fix`
+    clamps): what is wrong, and the condition and fix in each dialect."""
     what: str
     where: str      # SQLite: SQL condition on memories, with :now, :earliest and :latest
     fix: str        # SQLite: SQL SET clause, with the same parameters
@@ -31,9 +33,11 @@ class Rule:
     pg_fix: str     # PostgreSQL: the same fix
 
     def condition(self, postgres: bool) -> str:
+        """The SQL condition for the connection's dialect."""
         return self.pg_where if postgres else self.where
 
     def change(self, postgres: bool) -> str:
+        """The SQL SET clause for the connection's dialect."""
         return self.pg_fix if postgres else self.fix
 
 

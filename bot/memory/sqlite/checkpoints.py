@@ -54,6 +54,7 @@ Background = Callable[[Callable[[Connection], object]], None]
 
 
 def inline_wanted() -> bool:
+    """Whether MUNINN_WAL_CHECKPOINT=inline asks for checkpoints inside the commit."""
     return os.environ.get("MUNINN_WAL_CHECKPOINT", "").strip().lower() == "inline"
 
 

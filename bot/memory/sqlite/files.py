@@ -50,6 +50,8 @@ def prepare(path: Path) -> None:
 
 
 def read_header(path: Path) -> bytes:
+    """The database file's first 100 bytes, its header (fewer in
+    a shorter file); DatabaseError when it cannot be read."""
     try:
         with path.open("rb") as f:
             return f.read(100)

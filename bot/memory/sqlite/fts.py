@@ -115,6 +115,7 @@ NEWEST_ID_SQL = "SELECT coalesce(max(id), 0) FROM memories"  # postgres/keywords
 
 
 def newest_id(conn) -> int:
+    """The highest memory id (0 when there is none); it stands in for the number of memories."""
     return int(conn.execute(NEWEST_ID_SQL).fetchall()[0][0])
 
 

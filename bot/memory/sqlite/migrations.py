@@ -193,6 +193,7 @@ MIGRATIONS: list[str] = [
 
 
 def schema_version(conn: apsw.Connection) -> int:
+    """The schema version the file is at (its user_version; 0: a new file)."""
     version: Any = conn.execute("PRAGMA user_version").fetchall()[0][0]
     return int(version)
 

@@ -42,6 +42,7 @@ LAYOUT = "key"           # meta vec_layout; databases without it have the old bu
 
 
 def index_info(conn: Connection) -> IndexInfo | None:
+    """The vector index (model, dimension) as recorded in meta; None without a vec0 table or a recorded model."""
     model = get_meta(conn, "embed_model")
     if model is None or not table_exists(conn):
         return None
@@ -77,6 +78,7 @@ def index_for(conn: Connection, model: str, dim: int) -> IndexInfo | None:
 
 
 def table_exists(conn: Connection) -> bool:
+    """Whether the vec0 table exists (it is created with the first embedding)."""
     return query_value(conn, "SELECT count(*) FROM sqlite_master WHERE name = 'vec_memories'") == 1
 
 
@@ -134,10 +136,12 @@ def upgrade_layout(conn: Connection, *, chunk_size: int = DEFAULT_CHUNK_SIZE) ->
 
 
 def mark_reindex_pending(conn: Connection) -> None:
+    """Note that the vectors were dropped for a new model (recall says "partial" until the backfill is done)."""
     set_meta(conn, REINDEX_PENDING, "1")
 
 
 def reindex_pending(conn: Connection) -> bool:
+    """Whether a reindex is unfinished."""
     return get_meta(conn, REINDEX_PENDING) is not None
 
 
@@ -192,6 +196,7 @@ def put(conn: Connection, info: IndexInfo, memory_id: int, vis_key: str, created
 
 
 def remove(conn: Connection, memory_ids: Iterable[int]) -> None:
+    """Delete these memories' vectors and log each one removed for the vector caches (no table: nothing to do)."""
     if not table_exists(conn):
         return
     for memory_id in memory_ids:
@@ -214,6 +219,7 @@ def attach_cache(conn: Connection, cache: "VectorCache") -> None:
 
 
 def cache_of(conn: Connection) -> "VectorCache | None":
+    """The vector cache searches on `conn` go through, or None."""
     return _caches.get(conn)
 
 
@@ -300,6 +306,7 @@ def vector_bytes(conn: Connection, info: IndexInfo, memory_id: int) -> bytes | N
 
 
 def vector_of(conn: Connection, info: IndexInfo, memory_id: int) -> list[float] | None:
+    """One stored vector as floats, or None."""
     blob = vector_bytes(conn, info, memory_id)
     return None if blob is None else list(struct.unpack(f"{info.dim}f", blob))
 
@@ -380,6 +387,7 @@ def load_key(conn: Connection, info: IndexInfo, key: str) -> tuple[np.ndarray, n
 
 
 def read_vector(conn: Connection, info: IndexInfo, memory_id: int) -> np.ndarray | None:
+    """One stored vector as a float32 array (a copy), or None."""
     vector = vector_bytes(conn, info, memory_id)
     return None if vector is None else np.frombuffer(vector, dtype=np.float32).copy()
 
@@ -389,6 +397,8 @@ class SQLiteVectorSource:
     time, so seq order is commit order and a rollback reuses its numbers)."""
 
     def poll(self, conn: Connection, mark: int | None) -> tuple[str | None, list[int], int, bool, None]:
+        """The cache's poll: vec_epoch, the ids changed since `mark` (in seq order), the new mark, and
+        whether the log still holds every change since `mark`. The changes themselves are not read here."""
         epoch = get_meta(conn, "vec_epoch")
         if mark is None:
             return epoch, [], int(query_value(conn, "SELECT coalesce(max(seq), 0) FROM vector_changes")), True, None
@@ -399,24 +409,30 @@ class SQLiteVectorSource:
         return epoch, [memory_id for _, memory_id in rows], rows[-1][0], rows[0][0] == mark + 1, None
 
     def changed_between(self, conn: Connection, older: int, newer: int) -> set[int]:
+        """Ids changed after `older` and up to `newer`."""
         return {int(mid) for (mid,) in conn.execute(
             "SELECT memory_id FROM vector_changes WHERE seq > ? AND seq <= ?", (older, newer))}
 
     # module functions looked up at call time (tests replace them)
     def key_size_at_least(self, conn: Connection, key: str, cap: int) -> int:
+        """How many vectors `key` holds, counted up to `cap` (+1) only."""
         return key_size_at_least(conn, key, cap)
 
     def load_key(self, conn: Connection, info: IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All vectors of one key: (ids, created_at, matrix)."""
         return load_key(conn, info, key)
 
     def read_vectors(self, conn: Connection, info: IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
+        """The stored vectors of those of `ids` that have one."""
         found = {memory_id: read_vector(conn, info, memory_id) for memory_id in ids}
         return {memory_id: vector for memory_id, vector in found.items() if vector is not None}
 
     def search(self, conn: Connection, info: IndexInfo, query: list[float], keys: list[str], k: int,
                as_of: float | None) -> list[tuple[int, float]]:
+        """The exact search inside sqlite-vec (knn_vec0): [(id, L2 distance)], nearest first."""
         return knn_vec0(conn, info, query, keys, k, as_of)
 
     def similar_to_memory(self, conn: Connection, info: IndexInfo, memory_id: int, keys: list[str],
                           k: int) -> list[tuple[int, float]]:
+        """Nearest neighbours of a stored memory's own vector, itself excluded."""
         return similar_to_memory(conn, info, memory_id, keys, k)

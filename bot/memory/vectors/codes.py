@@ -28,10 +28,12 @@ RERANK_PER_K = 8        # ... and this many per wanted result
 
 
 def words_for(dim: int) -> int:
+    """The uint64 words one code of `dim` dimensions takes."""
     return (dim + 63) // 64
 
 
 def empty(dim: int, capacity: int) -> np.ndarray:
+    """Zeroed codes for `capacity` rows: (words, capacity) uint64."""
     return np.zeros((words_for(dim), capacity), dtype=np.uint64)
 
 
@@ -85,6 +87,8 @@ def nearest_rows(distances: np.ndarray, count: int) -> np.ndarray:
 
 
 def rerank_count(n: int, k: int) -> int:
+    """How many of `n` shortlisted rows are scored exactly for `k` results: the
+    largest of RERANK_MIN, RERANK_PER_K x k and RERANK_SHARE of the rows."""
     return max(RERANK_MIN, RERANK_PER_K * k, int(RERANK_SHARE * n))
 
 

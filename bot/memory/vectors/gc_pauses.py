@@ -23,10 +23,12 @@ _holders = 0  # engines whose warm cache is frozen
 
 
 def freeze_wanted() -> bool:
+    """False when MUNINN_GC_FREEZE turns the freeze off (off, 0, false, no)."""
     return os.environ.get("MUNINN_GC_FREEZE", "").strip().lower() not in ("off", "0", "false", "no")
 
 
 def holders() -> int:
+    """How many engines hold the freeze now."""
     with _lock:
         return _holders
 
@@ -38,6 +40,7 @@ class FrozenWhileWarm:
         self._holding = False
 
     def warm(self) -> None:
+        """Freeze what is alive now (again, for an engine that holds already); does nothing when freezing is off."""
         global _holders
         if not freeze_wanted():
             return
@@ -48,6 +51,7 @@ class FrozenWhileWarm:
                 _holders += 1
 
     def release(self) -> None:
+        """Give this engine's share back; the last one to go unfreezes. Safe to call twice."""
         global _holders
         with _lock:
             if not self._holding:

@@ -17,11 +17,13 @@ class VectorSizeError(ValueError):
 
 @dataclass(frozen=True)
 class IndexInfo:
+    """The vector index's embedding model and dimension."""
     model: str
     dim: int
 
 
 def normalise(vector: Sequence[float]) -> list[float]:
+    """`vector` scaled to length 1; VectorSizeError when it is zero or not finite."""
     norm = math.hypot(*vector)  # no overflow for huge components, unlike sqrt(sum(x * x))
     if not math.isfinite(norm) or norm == 0.0:
         raise VectorSizeError("embedding is zero or not finite")
@@ -29,10 +31,12 @@ def normalise(vector: Sequence[float]) -> list[float]:
 
 
 def pack(vector: Sequence[float]) -> bytes:
+    """`vector`, normalised, as float32 bytes (the stored form)."""
     return struct.pack(f"{len(vector)}f", *normalise(vector))
 
 
 def cosine_from_distance(distance: float) -> float:
+    """The cosine of two unit vectors from their L2 distance: 1 - d^2 / 2."""
     return 1.0 - distance * distance / 2.0
 
 

@@ -84,6 +84,7 @@ def nearest(conn: Connection, info: vectors.IndexInfo | None, vector: Sequence[f
 
 
 def texts_of(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
+    """The texts of those of the ids that exist, by id."""
     return {mid: m.text for mid, m in store.get_many(conn, list(ids)).items()}
 
 

@@ -70,10 +70,12 @@ def _stem(word: str) -> str:
 
 
 def content_words(text: str) -> set[str]:
+    """The stemmed searchable words of a text."""
     return {_stem(word) for word in tokens(text)}
 
 
 def jaccard(a: set[str], b: set[str]) -> float:
+    """Jaccard similarity of two word sets (1.0 for two empty ones)."""
     return len(a & b) / len(a | b) if a or b else 1.0
 
 
@@ -93,6 +95,7 @@ class UpdateDecision:
 
 
 def same_subject(a: Memory | NewMemory, b: Memory | NewMemory) -> bool:
+    """Whether two memories are about the same subject: the same owner, the same room, or both global."""
     if a.scope != b.scope:
         return False
     if a.scope == "personal":

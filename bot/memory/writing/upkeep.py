@@ -28,6 +28,7 @@ CONSOLIDATION_WATERMARK = "maintenance.consolidated_through"
 
 @dataclass
 class Consolidation:
+    """One consolidated cluster: what stands for it now and what was archived into it."""
     survivor: int                  # the memory that now stands for the cluster
     originals: list[int]           # archived into it
     merged_by: str                 # "llm" (a new memory) or "kept" (the clearest original)
@@ -50,6 +51,7 @@ def faded_ids(conn: Connection, *, now: float, retention_below: float, importanc
 
 
 def archive_faded(conn: Connection, ids: Sequence[int], *, now: float) -> list[int]:
+    """Archive those of the faded ids still active, in one transaction; returns the ids archived."""
     done = []
     with write_transaction(conn):
         for memory_id in ids:
@@ -96,6 +98,7 @@ def scan_batch(conn: Connection, watermark_key: str, limit: int) -> tuple[list[t
 
 
 def advance(conn: Connection, watermark_key: str, memory_id: int) -> None:
+    """Move a watermark forward to `memory_id` (never back)."""
     with write_transaction(conn):
         current = int(get_meta(conn, watermark_key) or 0)
         if memory_id > current:
