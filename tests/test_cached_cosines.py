@@ -77,7 +77,7 @@ def test_a_memory_stored_before_its_key_was_cached_gets_the_same_cosine(tmp_path
 def test_one_selection_over_all_keys_equals_one_per_key():
     """vector_cache.top_scores_over (one argpartition over every visible key) picks what
     selecting per key and merging did, with removed rows, an as_of and skipped ids."""
-    from bot.memory.vectors.cache import KeyVectors, top_scores, top_scores_over
+    from bot.memory.vectors.arrays import KeyVectors, top_scores, top_scores_over
     rng = np.random.default_rng(16)
     entries = []
     for size in (0, 3, 40, 7, 120):

@@ -257,8 +257,8 @@ async def test_the_engine_loads_a_big_cold_key_on_its_loader_thread_on_postgresq
         fake_ollama, make_settings, postgres_url, monkeypatch):
     import asyncio
 
-    from bot.memory.vectors import cache as vector_cache
-    monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 5)
+    from bot.memory.vectors import keys as cache_keys
+    monkeypatch.setattr(cache_keys, "INLINE_LOAD_MAX", 5)
     settings = make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url)
     async with Engine(settings, warm=False) as engine:
         await engine.remember_many([NewMemory(f"busy fact {i}", "room", channel_id=1, guild_id=1) for i in range(12)])
@@ -299,10 +299,10 @@ def test_a_change_pruned_before_the_cache_saw_it_starts_the_cache_over(pg_pair, 
 
 
 def test_too_many_changes_at_once_start_the_cache_over(pg_pair, monkeypatch):
-    from bot.memory.vectors import cache as vector_cache
+    from bot.memory.vectors import keys as cache_keys
     cached, conn, plain, other = pg_pair
     rng, info, q = filled_and_loaded(pg_pair, 7, 20)  # every key loaded
-    monkeypatch.setattr(vector_cache, "MAX_APPLY", 5)  # as if another process had imported 70k vectors
+    monkeypatch.setattr(cache_keys, "MAX_APPLY", 5)  # as if another process had imported 70k vectors
     fill(plain, other, rng, 12)
     assert same(cached.knn(conn, info, q, KEYS, 5), plain._server_knn(other, info, q, KEYS, 5))
 

@@ -40,6 +40,7 @@ from bot.memory.sql import removals
 from bot.memory.sqlite import fts
 from bot.memory.vectors import cache as vector_cache
 from bot.memory.vectors import codes as vector_codes
+from bot.memory.vectors import keys as cache_keys
 from tests.fakes.ollama import FakeOllama
 from tests.test_scope import check_listing_and_lookups, oracle_visible
 
@@ -167,9 +168,9 @@ def instrument(monkeypatch, paths: Paths, postgres: bool) -> None:
     monkeypatch.setattr(fts, "COMMON_EXACT", 100)
     monkeypatch.setattr(fts, "COMMON_WINDOW", 120)
     monkeypatch.setattr(fts, "DENSE_VISIBLE", 25)
-    monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 40)
-    monkeypatch.setattr(vector_cache, "RELOAD_AFTER_CHANGES", 5)
-    monkeypatch.setattr(vector_cache, "MAX_APPLY", 30)
+    monkeypatch.setattr(cache_keys, "INLINE_LOAD_MAX", 40)
+    monkeypatch.setattr(cache_keys, "RELOAD_AFTER_CHANGES", 5)
+    monkeypatch.setattr(cache_keys, "MAX_APPLY", 30)
     monkeypatch.setattr(vector_codes, "RERANK_MIN", 4)
     monkeypatch.setattr(vector_codes, "RERANK_PER_K", 1)
 

@@ -13,9 +13,10 @@ from bot.memory.records import NewMemory
 from bot.memory.sql import store
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
-from bot.memory.vectors import cache as vector_cache
 from bot.memory.vectors import codes as vector_codes
-from bot.memory.vectors.cache import KeyVectors, VectorCache
+from bot.memory.vectors import keys as cache_keys
+from bot.memory.vectors.arrays import KeyVectors
+from bot.memory.vectors.cache import VectorCache
 
 DIM = 100  # two 64-bit words, the second one partly padding
 BIG, SMALL = "r:1", "g"
@@ -150,7 +151,7 @@ def test_codes_are_packed_only_once_a_key_is_searched_by_code(world, monkeypatch
     """A key searched exactly holds no codes (they cost ~26 % of a load and memory no search
     reads); the first search after it grows past the threshold packs them, equal to pack()."""
     cached, plain, cache, info, rng, centres = world
-    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 100)
+    monkeypatch.setattr(cache_keys, "CODES_KEY_MIN", 100)
     vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG], 10)
     vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [SMALL], 10)
     big, small = cache._keys[BIG], cache._keys[SMALL]
@@ -187,7 +188,7 @@ def test_codes_packed_beside_appends_cover_them_and_a_regrow_voids_them():
 
 def test_a_big_key_loads_with_free_rows_so_the_first_appends_copy_nothing(world, monkeypatch):
     cached, plain, cache, info, rng, centres = world
-    monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 1000)  # 1,500 rows: a big key here
+    monkeypatch.setattr(cache_keys, "INLINE_LOAD_MAX", 1000)  # 1,500 rows: a big key here
     vectors.knn(cached, info, clustered(rng, 1, centres)[0].tolist(), [BIG, SMALL], 10)
     entry, small = cache._keys[BIG], cache._keys[SMALL]
     assert len(small.ids) == small.n + 4                        # a small key: a few rows of slack only
@@ -204,7 +205,7 @@ def test_keys_seen_together_past_the_threshold_share_one_shortlist(world, monkey
     user in a DM at 1M) gets one shortlist by code over all of them, sized by their total."""
     cached, plain, cache, info, rng, centres = world
     cache.codes_min = 1600  # BIG (1,500) and SMALL (200) alone stay exact, together they do not
-    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 1000)  # SMALL is scored whole still
+    monkeypatch.setattr(cache_keys, "CODES_KEY_MIN", 1000)  # SMALL is scored whole still
     q = clustered(rng, 1, centres)[0]
     assert ids_of(vectors.knn(cached, info, q.tolist(), [BIG], 10)) == ids_of(
         vectors.knn_vec0(plain, info, q.tolist(), [BIG], 10))
@@ -215,7 +216,7 @@ def test_keys_seen_together_past_the_threshold_share_one_shortlist(world, monkey
                         lambda parts, *a: sizes.append(sum(part[3] for part in parts)) or real(parts, *a))
     vectors.knn(cached, info, q.tolist(), [BIG, SMALL], 10)
     assert sizes.pop() == 1500 and cache._keys[SMALL].codes is None  # under CODES_KEY_MIN: scored whole
-    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 100)
+    monkeypatch.setattr(cache_keys, "CODES_KEY_MIN", 100)
     recall = []
     for p in clustered(rng, 10, centres):
         got = vectors.knn(cached, info, p.tolist(), [BIG, SMALL], 10)
@@ -268,7 +269,7 @@ def test_one_thread_packs_a_key_and_searches_meanwhile_score_it_whole(world, mon
     packed and score it exactly meanwhile (they packed it four times)."""
     cached, plain, cache, info, rng, centres = world
     cache.codes_min = 1600  # BIG (1,500) is loaded without codes; with SMALL (200, scored whole) searched by code
-    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 1000)
+    monkeypatch.setattr(cache_keys, "CODES_KEY_MIN", 1000)
     entered, release = threading.Event(), threading.Event()
     packed: list[int] = []
     real = KeyVectors.pack_codes
@@ -328,7 +329,7 @@ def test_warm_leaves_room_for_the_codes_a_search_by_code_packs(world, monkeypatc
     the viewer's keys together (CODES_KEY_MIN): warm counts them, so that search evicts no key
     it warmed and keeps the budget."""
     cached, plain, cache, info, rng, centres = world
-    monkeypatch.setattr(vector_cache, "CODES_KEY_MIN", 100)
+    monkeypatch.setattr(cache_keys, "CODES_KEY_MIN", 100)
     row, code = DIM * 4 + 16, vector_codes.words_for(DIM) * 8
     # both fit without codes, not with
     warm = VectorCache((1504 + 204) * row + 1000, codes_min=1600, source=vectors.SQLiteVectorSource())

@@ -256,14 +256,14 @@ def test_a_key_loading_elsewhere_is_searched_in_vec0_and_changes_meanwhile_are_c
 def test_a_big_cold_key_is_searched_in_vec0_while_the_loader_loads_it(pair, monkeypatch):
     """Keys above INLINE_LOAD_MAX vectors go to the background loader; vec0 answers meanwhile,
     and a small key still loads inline."""
-    from bot.memory.vectors import cache as vector_cache
+    from bot.memory.vectors import keys as cache_keys
     cached, plain = pair
     rng = np.random.default_rng(12)
     info = fill(plain, rng, 120)
     cache = vectors.cache_of(cached)
     jobs: list = []
     cache.background = jobs.append
-    monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 30)  # r:1 holds ~50: big; the others are small
+    monkeypatch.setattr(cache_keys, "INLINE_LOAD_MAX", 30)  # r:1 holds ~50: big; the others are small
     q = random_unit(rng)
     assert same(vectors.knn(cached, info, q, KEYS, 7), vectors.knn_vec0(plain, info, q, KEYS, 7))
     assert "r:1" not in cache.cached_keys() and set(cache.cached_keys()) == set(KEYS) - {"r:1"}
@@ -278,8 +278,8 @@ def test_a_big_cold_key_is_searched_in_vec0_while_the_loader_loads_it(pair, monk
 async def test_the_engine_loads_a_big_cold_key_on_its_loader_thread(tmp_path, make_settings, monkeypatch):
     import threading
 
-    from bot.memory.vectors import cache as vector_cache
-    monkeypatch.setattr(vector_cache, "INLINE_LOAD_MAX", 25)  # r:1 holds ~40, g ~10
+    from bot.memory.vectors import keys as cache_keys
+    monkeypatch.setattr(cache_keys, "INLINE_LOAD_MAX", 25)  # r:1 holds ~40, g ~10
     real_load, loaded_on = vectors.load_key, {}
 
     def load_key(conn, info, key):

@@ -19,8 +19,8 @@ import numpy as np
 from psycopg import sql
 
 from bot.memory.postgres.connection import PgConnection
-from bot.memory.vectors.cache import Changed
 from bot.memory.vectors.index import IndexInfo
+from bot.memory.vectors.source import Changed
 
 Mark = tuple[str, str | None]  # (snapshot as text, vec_pruned_xid seen with it)
 
