@@ -37,6 +37,7 @@ import numpy as np
 from bot.cli import importer
 from bot.memory.engine import Engine
 from bot.memory.recall import ranking
+from bot.memory.records import clean_text
 from bot.memory.scope import Viewer
 from bot.settings import SETTINGS, load_settings
 
@@ -271,7 +272,7 @@ async def floor_report(corpus: Corpus, path: Path, url: str, env: dict) -> dict:
     (categories 1-4) and its evidence turns versus every other turn of its conversation, and
     the share of each above candidate floors."""
     async with Engine(load_settings(dict(env, MUNINN_DB_PATH=str(path), OLLAMA_URL=url))) as engine:
-        texts = {sid: [records.clean_text(r["text"]) for r in records] for sid, records in corpus.records.items()}
+        texts = {sid: [clean_text(r["text"]) for r in rows] for sid, rows in corpus.records.items()}
         asks = [q for q in corpus.asks if q["category"] != 5]
         turn_vecs = {sid: np.asarray(await engine.embed_or_none(t), dtype=np.float32) for sid, t in texts.items()}
         question_vecs = np.asarray(await engine.embed_or_none([q["question"] for q in asks]), dtype=np.float32)
