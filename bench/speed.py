@@ -614,7 +614,7 @@ async def measure_cold(path: Path, shape: SkewShape, per_class: int = 8) -> dict
 
 
 def forget_word_counts(package: str = "bot") -> None:
-    """Drop the keyword step's word counts (`fts._counts`, PostgreSQL's `keywords._counts`): they
+    """Drop the keyword step's word counts (`keywords._counts`, PostgreSQL's `keywords._counts`): they
     live in the module, keyed by database, for 600 s, so they outlive an Engine, and a measured
     run after another would reuse every count the earlier one made. `package`: bot, or an A/B's
     copy of another commit (bench.recall_cpu's bot_base)."""

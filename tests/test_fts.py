@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from bot.memory.recall import keywords
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer, visible_keys
 from bot.memory.sql import store
@@ -54,7 +55,7 @@ async def test_a_forgotten_rare_word_is_counted_again(fts_engine, monkeypatch):
     # when a recall counted it while the delete was being written (counts go after the commit)
     await crowd(fts_engine, "pizza", 600)
     rare = await fts_engine.remember(NewMemory("Alice has a dog named zebulon", "personal", owner_id=ALICE))
-    fts.forget_counts(None)
+    keywords.forget_counts(None)
     assert await fts_engine.write(fts.selective, ["zebulon", "pizza"]) == ["zebulon"]
     reader = db.connect(fts_engine.settings.db_path)
     real = store.vectors.remove
@@ -115,10 +116,10 @@ async def test_mid_frequency_words_join_only_within_the_match_budget(fts_engine,
     await crowd(fts_engine, "pasta", 900)
     await crowd(fts_engine, "salad", 20)
     await crowd(fts_engine, "soup", 10)
-    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", 100)  # above it a word is frequent: it must fit the budget
-    monkeypatch.setattr(fts, "COMMON_SHARE", 0.9)     # nothing here is common
-    monkeypatch.setattr(fts, "MATCH_BUDGET", 1000)
-    fts.forget_counts(None)
+    monkeypatch.setattr(keywords, "COMMON_MIN_DOCS", 100)  # above it a word is frequent: it must fit the budget
+    monkeypatch.setattr(keywords, "COMMON_SHARE", 0.9)     # nothing here is common
+    monkeypatch.setattr(keywords, "MATCH_BUDGET", 1000)
+    keywords.forget_counts(None)
     kept = await fts_engine.write(fts.selective, ["pizza", "pasta", "salad", "soup", "nowhere"])
     assert kept == ["pizza", "salad", "soup", "nowhere"]  # soup + salad + pizza = 730 matches; pasta would pass 1000
 
@@ -128,18 +129,18 @@ async def test_a_query_of_common_words_ranks_only_the_newest_visible_matches(fts
     in_channel = Viewer(ALICE, channel_id=5, guild_id=9)
     keys = await fts_engine.read(visible_keys, in_channel)
     hits, _ = await fts_engine.read(hits_of, "lamps channel", keys, None)
-    assert hits.startswith("visible(id)") and f"LIMIT {fts.COMMON_HITS}" in hits
+    assert hits.startswith("visible(id)") and f"LIMIT {keywords.COMMON_HITS}" in hits
     result = await fts_engine.recall("lamps channel", in_channel, touch=False)
     assert len(result.ids) == fts_engine.settings.recall_limit
 
 
 async def test_a_viewer_who_sees_much_walks_a_common_word_from_the_fts_side(fts_engine, monkeypatch):
     await busy_channel(fts_engine)
-    monkeypatch.setattr(fts, "DENSE_VISIBLE", 100)  # the 601 memories of channel 5 count as "much"
+    monkeypatch.setattr(keywords, "DENSE_VISIBLE", 100)  # the 601 memories of channel 5 count as "much"
     in_channel = Viewer(ALICE, channel_id=5, guild_id=9)
     keys = await fts_engine.read(visible_keys, in_channel)
     hits, _ = await fts_engine.read(hits_of, "lamps channel", keys, None)
-    assert hits.startswith("hits AS") and f"LIMIT {fts.COMMON_HITS}" in hits
+    assert hits.startswith("hits AS") and f"LIMIT {keywords.COMMON_HITS}" in hits
     result = await fts_engine.recall("lamps channel", in_channel, touch=False)
     assert len(result.ids) == fts_engine.settings.recall_limit
     bob = await fts_engine.recall("lamps", Viewer(BOB, channel_id=6, guild_id=9), touch=False)
@@ -149,7 +150,7 @@ async def test_a_viewer_who_sees_much_walks_a_common_word_from_the_fts_side(fts_
 async def test_a_query_of_only_common_words_keeps_the_rarest_of_them(fts_engine):
     await crowd(fts_engine, "pasta", 900)
     await crowd(fts_engine, "pizza", 600)  # both common (COMMON_MIN_DOCS 500), of equal length
-    fts.forget_counts(None)
+    keywords.forget_counts(None)
     assert await fts_engine.write(fts.selective, ["pasta", "pizza", "nowhere"]) == ["pizza", "nowhere"]
 
 
@@ -179,9 +180,9 @@ async def test_a_common_word_is_ranked_as_bm25_would_without_counting_it_again(f
     await fts_engine.write(lambda conn: store.insert_many(conn, [
         NewMemory(" ".join(["lamps"] * (1 + i % 3) + ["words"] * (i % 11)), "room", channel_id=5, guild_id=9)
         for i in range(700)], base_stability_days=7.0))
-    monkeypatch.setattr(fts, "COMMON_HITS", 200)
+    monkeypatch.setattr(keywords, "COMMON_HITS", 200)
     for dense in (100, 10_000):  # match first, visible set first
-        monkeypatch.setattr(fts, "DENSE_VISIBLE", dense)
+        monkeypatch.setattr(keywords, "DENSE_VISIBLE", dense)
         keys = await fts_engine.read(visible_keys, Viewer(ALICE, channel_id=5, guild_id=9))
         hits, params = await fts_engine.read(hits_of, "lamps", keys, None)
         assert fts.COUNTED_BM25 in hits and "bm25(memories_fts)" not in hits
@@ -211,11 +212,11 @@ async def test_each_match_is_checked_in_the_small_key_index(fts_engine):
 
 
 async def test_one_archived_memory_keeps_the_common_counts_many_forgotten_drop_them(fts_engine, monkeypatch):
-    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", fts.FORGET_SLACK - 10)  # pizza is common
-    ids = await crowd(fts_engine, "pizza", fts.FORGET_SLACK + 1)
-    fts.forget_counts(None)
+    monkeypatch.setattr(keywords, "COMMON_MIN_DOCS", keywords.FORGET_SLACK - 10)  # pizza is common
+    ids = await crowd(fts_engine, "pizza", keywords.FORGET_SLACK + 1)
+    keywords.forget_counts(None)
     await fts_engine.write(fts.selective, ["pizza", "salad"])
-    counted = lambda word: any(word in counts for counts in fts._counts.values())  # noqa: E731
+    counted = lambda word: any(word in counts for counts in keywords._counts.values())  # noqa: E731
     assert counted("salad")
     await fts_engine.archive(ids[0], "faded")
     assert counted("pizza") and not counted("salad")  # a rare word's count goes at once

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from bot.memory.recall import keywords
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sqlite import fts
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 
@@ -27,7 +27,7 @@ async def test_the_common_word_window_ends_at_the_viewers_newest_memory(fts_engi
     """A quiet DM in a busy bot: everything the viewer has is older than the last COMMON_WINDOW
     memories stored (other people's); a common word still finds it."""
     old = await _old_lamps_then_a_busy_channel(fts_engine)
-    monkeypatch.setattr(fts, "COMMON_WINDOW", 300)
+    monkeypatch.setattr(keywords, "COMMON_WINDOW", 300)
     assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [old]
     newer = await fts_engine.remember(NewMemory("Alice bought lamps again", "personal", owner_id=ALICE))
     # now the window ends at her new memory and holds the channel's talk before it, not the old one
@@ -37,9 +37,9 @@ async def test_the_common_word_window_ends_at_the_viewers_newest_memory(fts_engi
 async def test_as_of_a_moment_or_through_a_window_that_reaches_back_the_older_memory_counts(fts_engine, monkeypatch):
     old = await _old_lamps_then_a_busy_channel(fts_engine)
     newer = await fts_engine.remember(NewMemory("Alice bought lamps again", "personal", owner_id=ALICE))
-    monkeypatch.setattr(fts, "COMMON_WINDOW", 300)
+    monkeypatch.setattr(keywords, "COMMON_WINDOW", 300)
     assert (await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids == [newer]
     past = await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False, as_of=time.time() + 60)
     assert set(past.ids) == {old, newer}  # as of a moment: no window
-    monkeypatch.setattr(fts, "COMMON_WINDOW", 10_000)
+    monkeypatch.setattr(keywords, "COMMON_WINDOW", 10_000)
     assert set((await fts_engine.recall("lamps", Viewer(ALICE, dm=True), touch=False)).ids) == {old, newer}

@@ -8,9 +8,9 @@ import pytest
 
 from bot.memory.engine import Engine
 from bot.memory.postgres import keywords
+from bot.memory.recall import keywords as shared_keywords
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
-from bot.memory.sqlite import fts
 from tests.postgres_fixtures import TEMPLATE
 
 ALICE, BOB = 1, 2
@@ -84,7 +84,7 @@ def _analyse_and_choose(conn, words: list[str]) -> tuple[list[str], int, int]:
     conn.pg.execute("ANALYZE memories")
     keywords.forget_counts()
     keywords.refresh_estimates(conn)  # a recall would have the engine's loader read them
-    limit = fts.common_limit(conn)
+    limit = shared_keywords.common_limit(conn)
     chosen = keywords.searched_words(conn, words)
     return chosen, keywords.doc_count(conn, "pizza", limit), limit
 
@@ -93,7 +93,7 @@ async def test_a_word_the_statistics_put_in_many_memories_is_not_counted(make_se
     # ANALYZE's estimate stands in for the count of a word in ESTIMATE_MIN memories or more (a
     # count scanned its GIN entry up to the limit); rarer words are still counted. A database of
     # its own: the statistics would outlive the shared test database's TRUNCATE.
-    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", 40)  # common limit 40
+    monkeypatch.setattr(shared_keywords, "COMMON_MIN_DOCS", 40)  # common limit 40
     monkeypatch.setattr(keywords, "ESTIMATE_MIN", 80)
     url = postgres_server.create_database("muninn_estimates", template=TEMPLATE)
     try:
@@ -129,8 +129,8 @@ async def test_words_from_250_memories_on_are_estimated_rarer_ones_counted(make_
             await crowd(engine, "Bob cooked pasta", keywords.ESTIMATE_MIN)
             await crowd(engine, "Bob had soup", keywords.ESTIMATE_MIN - 1)
             known = await engine.read(_how_known, ["pasta", "soup"])
-            limit = fts.common_limit(None, keywords.ESTIMATE_MIN * 2)
-            assert known["pasta"] == (keywords.ESTIMATE_MIN, fts.COMMON_EXACT)  # the estimate: never counted
+            limit = shared_keywords.common_limit(None, keywords.ESTIMATE_MIN * 2)
+            assert known["pasta"] == (keywords.ESTIMATE_MIN, shared_keywords.COMMON_EXACT)  # the estimate: never counted
             assert known["soup"] == (keywords.ESTIMATE_MIN - 1, limit)  # counted up to the limit
     finally:
         keywords.forget_counts()
@@ -154,7 +154,7 @@ async def test_estimates_are_of_active_memories_and_off_after_a_mass_delete(make
     # The statistics (migration 14) leave archived memories out, so estimates hold in a bot whose
     # maintenance archives; a mass delete since the last ANALYZE outdates them: 140 of 150 pizza
     # memories gone, pizza's estimate (150) would make it common and drop it for soup (60)
-    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", 40)
+    monkeypatch.setattr(shared_keywords, "COMMON_MIN_DOCS", 40)
     monkeypatch.setattr(keywords, "ESTIMATE_MIN", 50)
     url = postgres_server.create_database("muninn_drift", template=TEMPLATE)
     try:
@@ -177,7 +177,7 @@ async def test_estimates_are_of_active_memories_and_off_after_a_mass_delete(make
 def _stale_estimates(conn) -> None:
     conn.pg.execute("ANALYZE memories")
     keywords.forget_counts()
-    keywords._estimates[keywords._database(conn)] = ({}, time.monotonic() - fts.COUNT_TTL_S, [])
+    keywords._estimates[keywords._database(conn)] = ({}, time.monotonic() - shared_keywords.COUNT_TTL_S, [])
 
 
 async def test_a_recall_uses_the_last_estimates_and_the_loader_reads_new_ones(make_settings, postgres_server):
@@ -214,8 +214,8 @@ def _hits_and_words(conn, queries: list[str], keys: list[str]) -> list[tuple[lis
 async def test_estimates_choose_and_find_as_exact_counts_do(make_settings, postgres_server, monkeypatch):
     # every row sampled (a small table): the estimates are the counts, so the words searched and
     # the hits are the same as with every word counted exactly
-    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", 40)
-    monkeypatch.setattr(fts, "MATCH_BUDGET", 150)
+    monkeypatch.setattr(shared_keywords, "COMMON_MIN_DOCS", 40)
+    monkeypatch.setattr(shared_keywords, "MATCH_BUDGET", 150)
     monkeypatch.setattr(keywords, "ESTIMATE_MIN", 30)
     url = postgres_server.create_database("muninn_estimate_same", template=TEMPLATE)
     try:

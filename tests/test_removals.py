@@ -14,6 +14,7 @@ import pytest
 
 from bot.memory.engine import Engine
 from bot.memory.postgres import keywords
+from bot.memory.recall import keywords as shared_keywords
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 from bot.memory.sql import removals
@@ -59,7 +60,7 @@ def cached_count(settings, word: str) -> int | None:
     if settings.database_url:
         hit = keywords._counts.get(settings.database_url, {}).get(word)
     else:
-        hit = fts._counts.get(str(settings.db_path), {}).get(word)
+        hit = shared_keywords._counts.get(str(settings.db_path), {}).get(word)
     return None if hit is None else hit[0]
 
 

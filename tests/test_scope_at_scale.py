@@ -1,9 +1,9 @@
 """The scope rule on the code paths that only run at scale, forced on small worlds.
 
 tests/test_scope.py property-tests the scope rule on tiny worlds. The engine takes other paths
-once keys and words get big: common words (fts.COMMON_MIN_DOCS, MATCH_BUDGET, COMMON_WINDOW,
+once keys and words get big: common words (recall.keywords.COMMON_MIN_DOCS, MATCH_BUDGET, COMMON_WINDOW,
 COMMON_HITS, COMMON_EXACT, the counted_bm25 scorer), match-first or visible-first keyword plans
-(fts.DENSE_VISIBLE), the shared word-count cache and the removals counter, the vector cache's
+(recall.keywords.DENSE_VISIBLE), the shared word-count cache and the removals counter, the vector cache's
 sign-code shortlists (MUNINN_VECTOR_CODES_MIN, vector_codes.RERANK_*), keys loaded in the
 background (vector_cache.INLINE_LOAD_MAX), keys too big for the cache budget (searched in vec0 /
 the server), evictions, the change log, the neighbour loan, the graph walk, the name re-rank,
@@ -33,6 +33,7 @@ import time
 import pytest
 
 from bot.memory.engine import Engine
+from bot.memory.recall import keywords as shared_keywords
 from bot.memory.recall import retrieval, steps, subqueries
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
@@ -162,12 +163,12 @@ class Paths:
 
 def instrument(monkeypatch, paths: Paths, postgres: bool) -> None:
     """Thresholds down, and wrappers that count each path taken."""
-    monkeypatch.setattr(fts, "COMMON_MIN_DOCS", 10)
-    monkeypatch.setattr(fts, "MATCH_BUDGET", 20)
-    monkeypatch.setattr(fts, "COMMON_HITS", 15)
-    monkeypatch.setattr(fts, "COMMON_EXACT", 100)
-    monkeypatch.setattr(fts, "COMMON_WINDOW", 120)
-    monkeypatch.setattr(fts, "DENSE_VISIBLE", 25)
+    monkeypatch.setattr(shared_keywords, "COMMON_MIN_DOCS", 10)
+    monkeypatch.setattr(shared_keywords, "MATCH_BUDGET", 20)
+    monkeypatch.setattr(shared_keywords, "COMMON_HITS", 15)
+    monkeypatch.setattr(shared_keywords, "COMMON_EXACT", 100)
+    monkeypatch.setattr(shared_keywords, "COMMON_WINDOW", 120)
+    monkeypatch.setattr(shared_keywords, "DENSE_VISIBLE", 25)
     monkeypatch.setattr(cache_keys, "INLINE_LOAD_MAX", 40)
     monkeypatch.setattr(cache_keys, "RELOAD_AFTER_CHANGES", 5)
     monkeypatch.setattr(cache_keys, "MAX_APPLY", 30)
@@ -305,7 +306,8 @@ class OtherProcess:
 
     def __init__(self) -> None:
         from bot.memory.postgres import keywords
-        self.dicts: list[dict] = [fts._counts, fts._removed_since_forget, removals._seen, keywords._counts,
+        self.dicts: list[dict] = [shared_keywords._counts, shared_keywords._removed_since_forget, removals._seen,
+                                  keywords._counts,
                                   keywords._newest, keywords._estimates, keywords._generation]
 
     def __enter__(self) -> "OtherProcess":

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from bot.memory.recall import retrieval, subqueries
+from bot.memory.recall import subqueries
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer, visible_keys
-from bot.memory.sqlite import fts
+from bot.memory.sqlite import fts, recall_sql
 
 pytestmark = pytest.mark.usefixtures("backend")  # engine tests on SQLite and PostgreSQL
 
@@ -37,7 +37,7 @@ def test_keyword_lists_fuse_by_reciprocal_rank():
 
 
 async def test_a_name_too_common_to_search_still_separates_the_askers_memory_from_the_room(fts_engine):
-    # The asker talks a lot: "caroline" is in more memories than fts.COMMON_MIN_DOCS, so the
+    # The asker talks a lot: "caroline" is in more memories than keywords.COMMON_MIN_DOCS, so the
     # plain keyword query leaves it out and only "sunrise" is searched.
     chatter = [NewMemory(f"Caroline: small talk number {i} about the weather", "personal", owner_id=1, guild_id=100)
                for i in range(510)]
@@ -65,7 +65,7 @@ async def test_a_name_the_plain_query_searches_is_not_queried_again(fts_engine):
     assert (await fts_engine.recall("Which sunrise did Caroline see?", ASKER, touch=False)).ids == [mine]
 
 
-@pytest.mark.sqlite_only("calls SQLite's keyword path (retrieval.fts_candidates, fts.selective) directly")
+@pytest.mark.sqlite_only("calls SQLite's keyword path (recall_sql.fts_candidates, fts.selective) directly")
 async def test_the_keyword_path_hands_its_searched_words_to_the_name_query(fts_engine):
     chatter = [NewMemory(f"Caroline: small talk number {i} about the weather", "personal", owner_id=1, guild_id=100)
                for i in range(510)]
@@ -73,7 +73,7 @@ async def test_the_keyword_path_hands_its_searched_words_to_the_name_query(fts_e
     mine = await fts_engine.remember(NewMemory("Caroline: the sunrise over the fjord", "personal", owner_id=1,
                                                guild_id=100))
     keys = await fts_engine.read(visible_keys, ASKER)
-    hits = await fts_engine.read(retrieval.fts_candidates, "Which sunrise did Caroline see?", keys, 10)
+    hits = await fts_engine.read(recall_sql.fts_candidates, "Which sunrise did Caroline see?", keys, 10)
     assert hits.searched == ["sunrise", "see"]  # "caroline" is too common here: left out, as fts.selective says
     assert hits.searched == await fts_engine.read(fts.selective, fts.tokens("Which sunrise did Caroline see?"))
     assert [h.memory_id for h in await fts_engine.read(subqueries.name_hits, "Which sunrise did Caroline see?",

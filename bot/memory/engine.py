@@ -30,14 +30,13 @@ from bot.memory import records
 from bot.memory.access import NamedAccess
 from bot.memory.backends import storage_for
 from bot.memory.embeddings import Embedding
-from bot.memory.errors import DatabaseBusy, DatabaseError
+from bot.memory.errors import DatabaseBusy, DatabaseError, explain
 from bot.memory.messages import Messages
 from bot.memory.recall import dates, ranking, retrieval, steps, touches
 from bot.memory.recall.retrieval import VectorStatus
 from bot.memory.scope import Viewer
 from bot.memory.sql import transactions
 from bot.memory.sql.marks import mark_pending
-from bot.memory.sqlite import db
 from bot.memory.storage import Connection
 from bot.memory.vectors import gc_pauses
 from bot.memory.vectors import index as vectors
@@ -281,7 +280,7 @@ class Engine(NamedAccess, Embedding):
                 log.warning("could not %s yet (attempt %d): %s; retrying in %.0f s", what, attempt, exc, delay)
                 await asyncio.sleep(delay)
             except Exception as exc:
-                message = db.explain(exc)
+                message = explain(exc)
                 if message is not None:  # a full disk, a damaged file: say so in one line
                     log.error("could not %s: %s", what, message)
                 raise

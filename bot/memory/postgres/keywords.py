@@ -1,12 +1,12 @@
-"""PostgreSQL's keyword step, with SQLite's rules for common words (bot/memory/sqlite/fts.py).
+"""PostgreSQL's keyword step, with the rules for common words both backends share (recall/keywords.py).
 
-Which words are searched: fts.selective's rule (a word in too many memories is left out
+Which words are searched: keywords.selective's rule (a word in too many memories is left out
 while rarer ones are there), on counts taken here from the GIN index, capped with LIMIT and
 cached per database for a while; a word the planner's statistics put in ESTIMATE_MIN memories
 or more is not counted, its estimate stands in (where the choice can differ from SQLite's).
 How much is ranked: when a searched word is common (over
-fts.common_limit), only the newest fts.COMMON_HITS visible matches among the newest
-fts.COMMON_WINDOW memories are ranked, as on SQLite; `ts_rank_cd` over every visible match
+shared.common_limit), only the newest shared.COMMON_HITS visible matches among the newest
+shared.COMMON_WINDOW memories are ranked, as on SQLite; `ts_rank_cd` over every visible match
 of a very common word dominated the keyword step's cost in a busy channel.
 """
 from __future__ import annotations
@@ -21,15 +21,15 @@ import psycopg
 
 from bot.memory.postgres.connection import PgConnection
 from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
+from bot.memory.recall import keywords as shared
 from bot.memory.recall.retrieval import Candidate, KeywordHits
 from bot.memory.recall.words import tokens
 from bot.memory.sql import removals
-from bot.memory.sqlite import fts
 from bot.memory.vectors.index import IndexInfo
 
 log = logging.getLogger(__name__)
 
-# Per database URL: word -> (count up to its limit, that limit, when counted); as fts._counts.
+# Per database URL: word -> (count up to its limit, that limit, when counted); as shared._counts.
 _counts: dict[str, dict[str, tuple[int, int, float]]] = {}
 # Per database URL: (max(id), when read). fts's common-word rule takes max(id) as the size of
 # the database; a few seconds old only widens the newest-memories window.
@@ -42,11 +42,11 @@ def _database(conn: PgConnection) -> str:
 
 
 def newest_id(conn: PgConnection) -> int:
-    """fts.newest_id, read at most every NEWEST_TTL_S per database (it was 2-3 round trips a recall)."""
+    """shared.newest_id, read at most every NEWEST_TTL_S per database (it was 2-3 round trips a recall)."""
     where, now = _database(conn), time.monotonic()
     hit = _newest.get(where)
     if hit is None or now - hit[1] >= NEWEST_TTL_S:
-        row = conn.pg.execute(fts.NEWEST_ID_SQL).fetchone()
+        row = conn.pg.execute(shared.NEWEST_ID_SQL).fetchone()
         hit = (int(row[0]) if row else 0, now)
         _newest[where] = hit
     return hit[0]
@@ -55,7 +55,7 @@ def newest_id(conn: PgConnection) -> int:
 def _cached(cache: dict[str, tuple[int, int, float]], word: str, limit: int, now: float) -> int | None:
     """A count still good for `limit`: young enough, and exact or counted at least that far."""
     hit = cache.get(word)
-    if hit is not None and now - hit[2] < fts.COUNT_TTL_S and (hit[0] <= hit[1] or hit[1] >= limit):
+    if hit is not None and now - hit[2] < shared.COUNT_TTL_S and (hit[0] <= hit[1] or hit[1] >= limit):
         return hit[0]
     return None
 
@@ -72,11 +72,11 @@ def doc_count(conn: PgConnection, word: str, limit: int) -> int:
 
 
 def forget_counts(conn: PgConnection | None = None, removed: int | None = None) -> None:
-    """Memories left `conn`'s database: as fts.forget_counts (FORGET_SLACK: the common words'
+    """Memories left `conn`'s database: as shared.forget_counts (FORGET_SLACK: the common words'
     counts may stay), else its counts, the statistics' estimates and the newest id go (conn
     None: every database's)."""
     if conn is None:
-        fts.reset_slack([*_counts, *_estimates])
+        shared.reset_slack([*_counts, *_estimates])
         with _refresh_lock:
             for where in _estimates:
                 _generation[where] = _generation.get(where, 0) + 1
@@ -84,8 +84,8 @@ def forget_counts(conn: PgConnection | None = None, removed: int | None = None) 
                 cache.clear()
         return
     database = _database(conn)
-    if fts.slack_left(database, removed):
-        fts.keep_common_counts(_counts.get(database, {}))
+    if shared.slack_left(database, removed):
+        shared.keep_common_counts(_counts.get(database, {}))
         return
     with _refresh_lock:
         _generation[database] = _generation.get(database, 0) + 1
@@ -94,7 +94,7 @@ def forget_counts(conn: PgConnection | None = None, removed: int | None = None) 
 
 
 # A word the planner's statistics put in ESTIMATE_MIN memories or more is not counted: its
-# estimate stands in for the count (fts.selective orders words by it and weighs it against
+# estimate stands in for the count (keywords.selective orders words by it and weighs it against
 # MATCH_BUDGET), capped at COMMON_EXACT + 1 (past it words tie and the longer wins, as on
 # SQLite). Counting was a scan of the word's GIN entry up to the limit (1,501 at 100k), or up to
 # COMMON_EXACT when a query held only common words (the slow tail of a typical recall's keyword
@@ -105,7 +105,7 @@ def forget_counts(conn: PgConnection | None = None, removed: int | None = None) 
 # Near MATCH_BUDGET or the common limit a word's class can therefore differ from SQLite's.
 ESTIMATE_MIN = 250
 # Per database URL: (stem -> estimated active memories holding it, when read). Read again
-# after fts.COUNT_TTL_S (autovacuum's ANALYZE renews the statistics as the table changes) in
+# after shared.COUNT_TTL_S (autovacuum's ANALYZE renews the statistics as the table changes) in
 # the background (`refresh_estimates` on the engine's loader thread): a recall uses the last
 # read and never waits for one (inside a recall, the read made one recall per 10 minutes much
 # slower, the more so the bigger the database). Until the first read, and while the statistics
@@ -123,7 +123,7 @@ REFRESH_STUCK_S = 60.0  # a read handed over this long ago never ran (its engine
 # (1 - STATS_DRIFT) x then) would make the estimates call words common that are not: none are
 # used then. Not pg_stat_user_tables' n_mod_since_analyze: every recall's touch is an UPDATE
 # there, and an archive is an UPDATE alike. The count is off the recall (background), once
-# per fts.COUNT_TTL_S.
+# per shared.COUNT_TTL_S.
 STATS_DRIFT = 0.05
 _STATS = ("SELECT e.most_common_elems::text::text[], e.most_common_elem_freqs, e.null_frac, c.reltuples, "
           "(SELECT count(*) FROM memories WHERE archived_at IS NULL) FROM pg_class c "
@@ -194,7 +194,7 @@ def _refresh_later(conn: PgConnection) -> bool:
 
 
 def estimates(conn: PgConnection) -> dict[str, int]:
-    """The last estimates read for `conn`'s database; when they are older than fts.COUNT_TTL_S (or
+    """The last estimates read for `conn`'s database; when they are older than shared.COUNT_TTL_S (or
     none were read yet) a new read is started in the background, or done here without a loader."""
     return _last_estimates(conn)[0]
 
@@ -202,7 +202,7 @@ def estimates(conn: PgConnection) -> dict[str, int]:
 def _last_estimates(conn: PgConnection) -> tuple[dict[str, int], float, list[str]]:
     where = _database(conn)
     hit = _estimates.get(where)
-    if hit is None or time.monotonic() - hit[1] >= fts.COUNT_TTL_S:
+    if hit is None or time.monotonic() - hit[1] >= shared.COUNT_TTL_S:
         if not _refresh_later(conn):
             refresh_estimates(conn)
             hit = _estimates.get(where, hit)
@@ -218,7 +218,7 @@ def count_at_once(conn: PgConnection, words: list[str], limit: int) -> None:
     wanted = [w for w in dict.fromkeys(words) if _cached(cache, w, limit, now) is None]
     if not wanted:
         return
-    if len(cache) + len(wanted) >= fts.COUNT_CACHE_MAX:
+    if len(cache) + len(wanted) >= shared.COUNT_CACHE_MAX:
         cache.clear()
     estimated, _, not_counted = _last_estimates(conn)
     params: dict[str, Any] = {"common": not_counted, "limit": limit + 1}
@@ -231,23 +231,23 @@ def count_at_once(conn: PgConnection, words: list[str], limit: int) -> None:
     rows = conn.pg.execute(sql.encode(), params).fetchall()
     for word, (_, stems, count) in zip(wanted, rows, strict=True):
         if count is None:  # one stem, estimated
-            cache[word] = (min(estimated[stems[0]], fts.COMMON_EXACT + 1), fts.COMMON_EXACT, now)
+            cache[word] = (min(estimated[stems[0]], shared.COMMON_EXACT + 1), shared.COMMON_EXACT, now)
         else:
             cache[word] = (int(count), limit, now)
 
 
 def searched_words(conn: PgConnection, words: list[str], limit: int | None = None) -> list[str]:
-    """Which of `words` the keyword path searches (fts.selective with this backend's cached counts,
-    several words counted per statement); `limit`: fts.common_limit, when the caller has it already."""
-    limit = fts.common_limit(conn, newest_id(conn)) if limit is None else limit
+    """Which of `words` the keyword path searches (keywords.selective with this backend's cached counts,
+    several words counted per statement); `limit`: shared.common_limit, when the caller has it already."""
+    limit = shared.common_limit(conn, newest_id(conn)) if limit is None else limit
     if len(words) > 1:
         count_at_once(conn, words, limit)
         found = [w for w in words if doc_count(conn, w, limit) > 0]
         if found and all(doc_count(conn, w, limit) > limit for w in found):
-            # only common words: fts.selective orders them by counts up to COMMON_EXACT (those
+            # only common words: keywords.selective orders them by counts up to COMMON_EXACT (those
             # not estimated: counted here at once, not one statement each)
-            count_at_once(conn, found, fts.COMMON_EXACT)
-    return fts.selective(conn, words, count=doc_count, limit=limit)
+            count_at_once(conn, found, shared.COMMON_EXACT)
+    return shared.selective(conn, words, lambda c, ws, cap: {w: doc_count(c, w, cap) for w in ws}, limit=limit)
 
 
 def _tsquery(words: list[str]) -> str:
@@ -272,7 +272,7 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
     """The keyword hits, and the vector index's state (INDEX_STATE_SQL) read in the same statement:
     the recall's fts step needs it next, and a statement of its own was a round trip per recall.
     The state is None when no statement ran (no word to search, no key)."""
-    common_limit = fts.common_limit(conn, newest_id(conn))
+    common_limit = shared.common_limit(conn, newest_id(conn))
     words = searched_words(conn, tokens(query), common_limit)
     if not words or not keys:
         return KeywordHits(), None
@@ -286,17 +286,17 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
         # it), so only the viewer's own rows are matched and no heap page is read. Walking all ids
         # matched the tsvectors of every other viewer's memories in the window, per recall (slow in
         # a busy channel under load). The window ends at the viewer's newest memory, as on SQLite
-        # (fts.newest_visible_id), read in the same statement (one seek per key).
+        # (shared.newest_visible_id), read in the same statement (one seek per key).
         window = ""
         if as_of is None:  # a recall as of a past moment has no "newest memories" to cut at
             window = (" AND m.id > (SELECT coalesce(max((SELECT max(n.id) FROM memories n WHERE n.vis_key = v.key "
                       "AND n.archived_at IS NULL)), 0) FROM unnest(%s::text[]) v(key)) - %s")
-            after = [keys, fts.COMMON_WINDOW]
+            after = [keys, shared.COMMON_WINDOW]
         hits = ("SELECT w.id, w.text_search FROM unnest(%s::text[]) k(key) CROSS JOIN LATERAL (SELECT m.id, "
                 "m.text_search FROM memories m WHERE m.vis_key = k.key AND m.archived_at IS NULL AND m.id > 0"
                 f"{window}{since} AND m.text_search @@ ({match}) ORDER BY m.id DESC LIMIT %s) w "
                 "ORDER BY w.id DESC LIMIT %s")
-        hit_params = [keys, *after, *words, fts.COMMON_HITS, fts.COMMON_HITS]
+        hit_params = [keys, *after, *words, shared.COMMON_HITS, shared.COMMON_HITS]
     else:
         # The match is written out here, not read from a CTE: from a CTE the planner cannot see
         # the words and guesses 500 matches for any of them, so it led with the GIN index for a

@@ -39,7 +39,6 @@ from bot.memory import decay
 from bot.memory.connection import Connection
 from bot.memory.recall.dates import DateHint
 from bot.memory.recall.retrieval import VITALS_COLUMNS, Candidate, rank
-from bot.memory.sqlite import vec0 as vectors
 
 TIME_WEIGHT = 0.02
 DATE_BOOST = 1.0
@@ -99,24 +98,6 @@ def keyword_winner_first(ranked: list[Candidate], margin: float = KEYWORD_LEAD) 
     if best is None or runner_up is None or runner_up >= 0 or best / runner_up < margin:  # bm25 < 0: lower is better
         return ranked
     return [hits[0]] + [c for c in ranked if c is not hits[0]]
-
-
-def measure_similarity(conn: Connection, query_vector: Sequence[float], candidates: Iterable[Candidate],
-                       info: vectors.IndexInfo | None = None, *, after_search: bool = False) -> None:
-    """Give every candidate its cosine to the query; the vector path's hits know it already,
-    the others (keyword hits, graph links) get it from their stored vector (vectors.cosines:
-    the search cache, or vec0 point lookups). `after_search`: the vector search has just run on
-    `conn` (and brought the cache up to date): outside a transaction the change log is not read
-    again (two statements per recall)."""
-    unknown = {c.memory_id: c for c in candidates if c.cosine is None}
-    if not unknown:
-        return
-    info = info or vectors.index_info(conn)
-    if info is None:
-        return
-    synced = after_search and conn.get_autocommit()
-    for memory_id, cosine in vectors.cosines(conn, info, query_vector, list(unknown), synced=synced).items():
-        unknown[memory_id].similarity = cosine
 
 
 def touch_floor(model: str, override: float | None) -> float | None:

@@ -14,8 +14,6 @@ from typing import Iterable
 from bot.memory import records
 from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE, key_filter
-from bot.memory.sqlite import fts
-from bot.memory.sqlite import vec0 as vectors
 from bot.memory.vectors.index import cosine_from_distance
 
 GRAPH_LINK_KINDS = ("co_extracted", "consolidated", "semantic")
@@ -39,7 +37,7 @@ class Candidate:
     fused: float = 0.0
     link: dict | None = None            # {"from": id, "kind": ..., "weight": ...} for graph additions
     neighbour_of: int | None = None     # the hit stored next to it that lent it score (spread_to_neighbours)
-    similarity: float | None = None     # cosine to the query, for what recall returns (ranking.measure_similarity)
+    similarity: float | None = None     # cosine to the query, for what recall returns (each backend's recall_sql)
     touched: bool | None = None         # counted as recalled (above the touch floor); None = touch was off
     # (last recalled or created, stability, importance, created_at) as the neighbour step read them,
     # for ranking.final_order (which then reads no row again); None = not read
@@ -139,35 +137,6 @@ class KeywordHits(list[Candidate]):
     """The keyword path's hits, and the words it searched (`searched`: the name re-rank of
     subqueries.py needs them; a backend that does not say leaves it None and is asked again)."""
     searched: list[str] | None = None
-
-
-def fts_candidates(conn: Connection, query: str, keys: list[str], limit: int,
-                   as_of: float | None = None) -> KeywordHits:
-    """Keyword path: BM25 alone (time is ranking.py's business), scoped, active only."""
-    planned = fts.plan(conn, query, keys, as_of)
-    found = KeywordHits()
-    found.searched = planned.words
-    if planned.hits is None:
-        return found
-    hits, params = planned.hits  # `hits(id, relevance)`: matches first or the visible set first (fts.py)
-    # Every hit is an active, visible memory already (fts.py checks its row): joining memories
-    # again cost one row lookup per hit, a large share of the query.
-    sql = (
-        f"WITH {hits} "
-        "SELECT h.id, h.relevance AS score "  # relevance only: time enters later, as a tie-breaker (ranking.py)
-        "FROM hits h ORDER BY score ASC, h.id DESC LIMIT ?")
-    params += [limit]
-    found.extend(Candidate(row[0], fts_rank=rank, fts_score=row[1])
-                 for rank, row in enumerate(conn.execute(sql, params), start=1))
-    return found
-
-
-def vector_candidates(conn: Connection, info: vectors.IndexInfo, query_vector: list[float],
-                      keys: list[str], limit: int, as_of: float | None = None) -> list[Candidate]:
-    """Semantic path: KNN inside the viewer's visibility keys."""
-    return [Candidate(memory_id, vector_rank=rank, distance=distance)
-            for rank, (memory_id, distance) in enumerate(
-                vectors.knn(conn, info, query_vector, keys, limit, as_of), start=1)]
 
 
 def fuse(fts_hits: list[Candidate], vector_hits: list[Candidate], *, k: float, limit: int,

@@ -5,7 +5,7 @@ The keyword path caches how many memories hold a word (fts.py, postgres/keywords
 `forget_counts`, `slack_left`). A process forgets them when it removes memories itself; but
 when another process does (a second bot process on one PostgreSQL, `muninn maintain` beside
 the bot on one SQLite file), this one kept counting the removed memories for up to
-fts.COUNT_TTL_S: a word whose only memories went would still look common, or rare but present.
+keywords.COUNT_TTL_S: a word whose only memories went would still look common, or rare but present.
 So every removal adds its number to the meta row `removed_memories`, and the keyword plan
 reads it: a value other than the one last seen forgets that many memories' counts
 (`forget_counts(conn, delta)`: the common words' counts stay within FORGET_SLACK).

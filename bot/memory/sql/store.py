@@ -13,6 +13,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from bot.memory import decay
 from bot.memory.connection import Connection
+from bot.memory.recall import keywords
 from bot.memory.records import COLUMNS, LINK_KINDS, Memory, MemoryNotFound, NewMemory, lenient_text
 from bot.memory.scope import (
     ACTIVE,
@@ -24,7 +25,6 @@ from bot.memory.scope import (
 from bot.memory.sql import removals
 from bot.memory.sql.queries import query_one, query_value
 from bot.memory.sql.transactions import after_commit, write_transaction
-from bot.memory.sqlite import fts
 from bot.memory.sqlite import vec0 as vectors
 
 # -- writes ------------------------------------------------------------------
@@ -103,8 +103,8 @@ def delete(conn: Connection, memory_ids: Iterable[int]) -> int:
 def _counts_after_removal(conn: Connection, removed: int, added: int | None) -> None:
     """Once the removal is committed (a caller's transaction included): before it, a recall that
     counted a word still saw the removed rows and would cache the old count again."""
-    fts.forget_counts(conn, removed)
-    removals.seen_own(fts.database_of(conn), added, removed)
+    keywords.forget_counts(conn, removed)
+    removals.seen_own(keywords.database_of(conn), added, removed)
 
 
 def taught_anything(conn: Any, message_ids: Sequence[int], learned_before: float | None = None) -> bool:

@@ -19,7 +19,7 @@ from bot.memory.scope import ACTIVE, Viewer, key_filter, personal_keys, visible_
 from bot.memory.sql import leases, privacy, queries, store
 from bot.memory.sql.marks import MESSAGES_PENDING, SCRUB_PENDING, clear_marks, pending_marks
 from bot.memory.sql.transactions import write_transaction
-from bot.memory.sqlite import db, fts, vector_keys
+from bot.memory.sqlite import db, fts, recall_sql, vector_keys
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.checkpoints import Checkpoints
 from bot.memory.storage import SCRUBBED, PlanState
@@ -337,8 +337,8 @@ class SQLiteStorage:
 
     def fts_candidates(self, conn: apsw.Connection, query: str, keys: list[str], limit: int,
                        as_of: float | None) -> list[Candidate]:
-        """The keyword path through FTS5 (retrieval.fts_candidates)."""
-        return retrieval.fts_candidates(conn, query, keys, limit, as_of)
+        """The keyword path through FTS5 (recall_sql.fts_candidates)."""
+        return recall_sql.fts_candidates(conn, query, keys, limit, as_of)
 
     def keyword_step(self, conn: apsw.Connection, query: str, keys: list[str], limit: int,
                      as_of: float | None) -> tuple[list[Candidate], tuple[IndexInfo | None, bool]]:
@@ -351,8 +351,8 @@ class SQLiteStorage:
 
     def vector_candidates(self, conn: apsw.Connection, info: IndexInfo, vector: list[float], keys: list[str],
                           limit: int, as_of: float | None) -> list[Candidate]:
-        """The vector path (retrieval.vector_candidates)."""
-        return retrieval.vector_candidates(conn, info, vector, keys, limit, as_of)
+        """The vector path (recall_sql.vector_candidates)."""
+        return recall_sql.vector_candidates(conn, info, vector, keys, limit, as_of)
 
     def spread_to_neighbours(self, conn: apsw.Connection, ranked: list[Candidate], keys: list[str], share: float,
                              as_of: float | None) -> list[Candidate]:
@@ -371,9 +371,9 @@ class SQLiteStorage:
 
     def measure_similarity(self, conn: apsw.Connection, vector: Sequence[float], chosen: list[Candidate],
                            info: IndexInfo | None) -> None:
-        """ranking.measure_similarity, made just after the vector search on this
+        """recall_sql.measure_similarity, made just after the vector search on this
         connection: outside a transaction the change log is not read again."""
-        ranking.measure_similarity(conn, vector, chosen, info, after_search=True)  # recall.steps.search_step: just after it
+        recall_sql.measure_similarity(conn, vector, chosen, info, after_search=True)  # recall.steps.search_step: just after it
 
     # -- privacy -------------------------------------------------------------------
     def pause(self, conn: apsw.Connection, user_id: int) -> bool:
