@@ -85,6 +85,7 @@ class Incoming:
 
     @property
     def viewer(self) -> Viewer:
+        """Who is asking, for recall's scope rule: the author in this DM, or in this channel of its guild."""
         if self.dm:
             return Viewer(user_id=self.author_id, channel_id=self.channel_id, dm=True)
         return Viewer(user_id=self.author_id, channel_id=self.channel_id, guild_id=self.guild_id)
@@ -100,38 +101,49 @@ class Sent:
 class Outlet(Protocol):
     """Where a reply goes: shows that Muninn is working, then posts the reply."""
 
-    def typing(self) -> AsyncContextManager: ...
+    def typing(self) -> AsyncContextManager:
+        """A block during which the outlet shows that Muninn is
+        working (no_typing() for an outlet with nothing to show)."""
 
-    async def send(self, text: str) -> list[Sent]: ...
+    async def send(self, text: str) -> list[Sent]:
+        """Post the reply; returns the messages posted, in order ([] when none
+        could be), the first of which the history records as the reply."""
 
 
 @runtime_checkable
 class StreamingOutlet(Outlet, Protocol):
     """An outlet that can show a reply while it is written (Discord, the terminal)."""
 
-    def stream(self) -> "ReplyStream | None": ...   # None: not this time (e.g. no permission to edit)
+    def stream(self) -> "ReplyStream | None":   # None: not this time (e.g. no permission to edit)
+        """A stream to show this reply on while it is written (only with MUNINN_STREAM_REPLIES)."""
 
 
 @runtime_checkable
 class BusyOutlet(Outlet, Protocol):
     """An outlet that can show a quiet sign that Muninn is busy (too many people waiting)."""
 
-    async def busy(self) -> None: ...
+    async def busy(self) -> None:
+        """Show that this message was seen but will not be answered: its channel's queue is full."""
 
 
 @runtime_checkable
 class ConfirmingOutlet(Outlet, Protocol):
     """An outlet that can ask a person before forgetting what they asked, in plain words, to forget."""
 
-    async def confirm_forget(self, offer: "ForgetOffer") -> list[Sent]: ...
+    async def confirm_forget(self, offer: "ForgetOffer") -> list[Sent]:
+        """Show `offer` to the person and call `offer.forget()` only if they confirm (on Discord
+        later, from its buttons); returns the messages posted ([] when none could be)."""
 
 
 class ReplyStream(Protocol):
     """A reply shown while it is written (an outlet's `stream()`)."""
 
-    async def update(self, text: str) -> None: ...   # the visible reply so far (it only grows)
+    async def update(self, text: str) -> None:   # the visible reply so far (it only grows)
+        """Show `text` in place of what was shown so far; an outlet may skip an update (`finish` shows the end)."""
 
-    async def finish(self, text: str) -> list[Sent]: ...  # the final reply: exactly what stays posted
+    async def finish(self, text: str) -> list[Sent]:  # the final reply: exactly what stays posted
+        """End the stream with the final reply, which may not continue what was shown (the
+        fallback after a broken stream); returns the messages posted, as `Outlet.send` does."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +178,8 @@ class ExchangeSink(Protocol):
 
 @dataclass
 class Reply:
+    """What `respond` did with a message: the reply's text, whether the model gave it, the messages posted,
+    and the prompt it was built from (None for a plain-words forget request, which the model never sees)."""
     text: str
     ok: bool                         # False: the "can't think right now" fallback
     sent: list[Sent] = field(default_factory=list)
@@ -197,6 +211,9 @@ class _ChannelTurns:
 
 
 class Pipeline:
+    """Answers and records messages for one engine (the module docstring says how).
+    `extractor` receives the exchanges to learn from (None: nothing is extracted);
+    `assistant_id` and `assistant_name` are Muninn's own in the history."""
     def __init__(self, engine: Engine, extractor: ExchangeSink | None = None, *,
                  assistant_id: int = 0, assistant_name: str = "Muninn"):
         self.engine = engine
@@ -222,6 +239,7 @@ class Pipeline:
 
     @property
     def replies_in_flight(self) -> int:
+        """How many `respond` calls are in progress (a graceful shutdown waits for them: `wait_idle`)."""
         return self._active
 
     async def wait_idle(self, timeout: float) -> bool:
@@ -295,6 +313,7 @@ class Pipeline:
         return await self.engine.messages.delete(message_ids, deleted_at)
 
     async def is_own_message(self, message_id: int) -> bool:
+        """Whether the message is one of Muninn's own replies in the history (False when the history does not hold it)."""
         return await self.engine.messages.is_own(message_id)
 
     async def always_answer(self, channel_id: int) -> bool:
@@ -303,6 +322,8 @@ class Pipeline:
         return chosen if chosen is not None else channel_id in self.settings.always_answer_channels
 
     async def set_always_answer(self, channel_id: int, guild_id: int | None, enabled: bool) -> None:
+        """Record an admin's always-answer choice for the channel (it overrides
+        MUNINN_ALWAYS_ANSWER_CHANNELS there), in one transaction; raises when it cannot be written."""
         await self.engine.messages.set_always_answer(channel_id, guild_id, enabled)
 
     async def forget_person(self, user_id: int) -> Forgotten:
@@ -323,6 +344,7 @@ class Pipeline:
         return await self.engine.pause_memory(user_id)
 
     async def resume(self, user_id: int) -> bool:
+        """/memory resume: keep what this person says again; False when their memory was not paused."""
         return await self.engine.resume_memory(user_id)
 
     async def forget_memories(self, user_id: int, memory_ids: list[int]) -> int:

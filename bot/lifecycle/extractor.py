@@ -55,6 +55,8 @@ class Extractor:
 
     @property
     def enabled(self) -> bool:
+        """Whether submitted exchanges are extracted: MUNINN_EXTRACTION is
+        on and an Ollama URL is set (else `submit` drops them)."""
         return bool(self.engine.settings.extraction) and self.engine.ollama.enabled
 
     def submit(self, exchange: Exchange) -> None:

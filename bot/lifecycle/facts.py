@@ -126,6 +126,7 @@ class Fact:
     private: bool = False          # learned in a private guild channel (personal facts stay there)
 
     def to_new_memory(self, created_at: float | None = None) -> NewMemory:
+        """The fact as a memory to insert; `created_at` None: stored as of the insert."""
         return NewMemory(text=self.text, scope=self.scope, owner_id=self.owner_id, channel_id=self.channel_id,
                          guild_id=self.guild_id, importance=self.importance, created_at=created_at,
                          source_message_ids=self.source_message_ids, private=self.private)
@@ -145,6 +146,8 @@ def name_key(name: str) -> str:
 
 
 def same_name(a: str, b: str) -> bool:
+    """Whether two display names are the same person's as the model
+    writes them (name_key); a name that comes to nothing matches none."""
     key = name_key(a)
     return bool(key) and key == name_key(b)
 
@@ -244,6 +247,7 @@ def extraction_messages(own: Sequence[Exchange], context: Sequence[Exchange] = (
 
 
 def usable(exchanges: Exchange | Sequence[Exchange]) -> list[Exchange]:
+    """The exchanges (one or several) whose author wrote more than whitespace: the only ones worth extracting."""
     batch = [exchanges] if isinstance(exchanges, Exchange) else list(exchanges)
     return [e for e in batch if e.user_message and e.user_message.strip()]
 

@@ -54,6 +54,8 @@ KEPT_NEIGHBOURS = 200_000  # memories whose neighbours wait for the links pass (
 
 @dataclass
 class MaintenanceReport:
+    """What one maintenance run did: the ids decay archived, the vectors added, the
+    clusters merged, the links added, the history rows pruned, and how long it took."""
     archived: list[int] = field(default_factory=list)
     embedded: int = 0
     consolidated: list[Consolidation] = field(default_factory=list)
@@ -62,11 +64,14 @@ class MaintenanceReport:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
+        """The report as plain data, for `muninn maintain`'s output; its seconds rounded to milliseconds."""
         out = asdict(self)
         out["seconds"] = round(self.seconds, 3)
         return out
 
     def lines(self) -> list[str]:
+        """One line per step, in the order of the run: decay, embeddings, consolidation,
+        links, history (decay's line lists only the first archived ids)."""
         merged = sum(len(c.originals) for c in self.consolidated)
         return [f"decay: archived {len(self.archived)} faded memories"
                 + (f" ({', '.join(f'#{i}' for i in self.archived[:20])}{' ...' if len(self.archived) > 20 else ''})"
@@ -80,6 +85,8 @@ class MaintenanceReport:
 # -- decay ---------------------------------------------------------------------
 
 async def archive_decayed(engine: Engine, *, now: float | None = None) -> list[int]:
+    """Decay: archive the memories faded as of `now` (retention below MUNINN_ARCHIVE_RETENTION, importance below
+    MUNINN_ARCHIVE_IMPORTANCE), one transaction per batch, until none is left; returns the ids archived."""
     settings = engine.settings
     now = time.time() if now is None else now
     archived: list[int] = []
@@ -166,6 +173,8 @@ MERGE_SYSTEM = (
 
 
 def merge_messages(memories: Sequence[records.Memory]) -> list[dict[str, str]]:
+    """The consolidation prompt: the cluster's memories in the order given (clusters
+    come oldest first), each with its date, to be merged into one sentence."""
     listing = "\n".join(f"{i}. ({(records.iso(m.created_at) or '')[:10]}) {m.text}" for i, m in enumerate(memories, start=1))
     return [{"role": "system", "content": MERGE_SYSTEM}, {"role": "user", "content": f"Memories, oldest first:\n{listing}"}]
 
@@ -193,6 +202,10 @@ def check_merge(data: Any, memories: Sequence[records.Memory]) -> tuple[str, lis
 
 async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool = True,
                       neighbours: Neighbours | None = None) -> list[Consolidation]:
+    """Consolidation: merge the near-duplicate clusters (cosine >= MUNINN_DEDUP_COSINE) of each
+    scanned batch, one transaction per cluster; the LLM writes the merged sentence when `use_llm`
+    and Ollama allow, else the clearest original is kept. Moves the watermark past each batch, stops
+    at the first memory without a vector (or at once without a usable index); returns what was merged."""
     settings = engine.settings
     now = time.time() if now is None else now
     neighbours = neighbours or Neighbours(engine)

@@ -36,6 +36,8 @@ UPDATE_SYSTEM = (
 
 
 def update_messages(fact_text: str, candidates: Sequence[tuple[int, str]]) -> list[dict[str, str]]:
+    """The update decision's prompt: the new fact and the candidate
+    memories, numbered from 1 as `check_update_reply` reads them back."""
     listing = "\n".join(f"{number}. {text}" for number, (_, text) in enumerate(candidates, start=1))
     return [{"role": "system", "content": UPDATE_SYSTEM},
             {"role": "user", "content": f"NEW: {fact_text}\n\nEXISTING:\n{listing}"}]

@@ -155,6 +155,9 @@ class Engine(NamedAccess, Embedding):
         return await self._warming if self._warming is not None else 0
 
     async def close(self) -> None:
+        """Stop the engine: close the Ollama client and the writer connection (on the database thread),
+        then, off the loop, wait for the database threads to end and close the read connections;
+        the background jobs still queued are dropped. The engine is not usable afterwards."""
         try:
             await self.ollama.close()
             self._warm_stop.set()
@@ -289,6 +292,7 @@ class Engine(NamedAccess, Embedding):
     # -- writes --------------------------------------------------------------
 
     async def remember(self, memory: records.NewMemory) -> int:
+        """Store one memory (remember_many with one); returns its id."""
         return (await self.remember_many([memory]))[0]
 
     async def remember_many(self, memories: Sequence[records.NewMemory], *, now: float | None = None) -> list[int]:
@@ -324,6 +328,8 @@ class Engine(NamedAccess, Embedding):
         return await self._run(self.storage.finish_scrub)
 
     async def archive(self, memory_id: int, reason: str) -> None:
+        """Take a memory out of retrieval with `reason` (Storage.archive), on the
+        database thread, without the busy retries of `write`; it stays restorable."""
         await self._run(self.storage.archive, memory_id, reason)
 
     async def restore(self, memory_id: int) -> None:

@@ -49,6 +49,8 @@ _PERSONAL_KEYS = f"ARRAY({scope.personal_keys_sql('%s')})"
 
 
 def change_mark(conn: PgConnection) -> str:
+    """The mark a fact write's planning reads: the server's current snapshot,
+    as text (unchanged_since and begin_fact_write check against it)."""
     # A snapshot, not max(seq): a seq is numbered at insert, so a transaction holding a low
     # one can commit after a higher one was seen (a duplicate search would miss its fact).
     row = conn.pg.execute("SELECT pg_current_snapshot()::text").fetchone()
@@ -96,6 +98,8 @@ def plan_state(cache: VectorCache | None, conn: PgConnection, model: str, owners
 
 
 def unchanged_since(conn: PgConnection, mark: str) -> bool:
+    """Whether no vector change was committed since the snapshot `mark`:
+    no change-log row of a transaction it did not see (one statement)."""
     row = conn.pg.execute(_UNCHANGED_SINCE, (mark, mark)).fetchone()
     return bool(row and row[0])
 
@@ -110,6 +114,8 @@ def lock_keys(conn: PgConnection, keys: Sequence[str]) -> None:
 
 def keyword_search(conn: PgConnection, words: list[str], keys: list[str], *, all_words: bool,
                    limit: int) -> list[tuple[int, str]]:
+    """Active memories under `keys` holding every word (lowest id first) or any word (best
+    ts_rank_cd first), at most `limit`: [(id, text)]; [] without words or keys. Never prepared."""
     if not words or not keys:
         return []
     query, params = _keyword_statement(words, keys, all_words=all_words, limit=limit)

@@ -28,6 +28,9 @@ def server_knn(conn: PgConnection, info: IndexInfo, vector: Sequence[float], key
 
 def similar(conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str], k: int,
             search: Any) -> list[tuple[int, float]]:
+    """The k nearest under `keys` to a stored memory's own vector (read from
+    `memory_vectors`), found by `search` (the cache's knn or the server's),
+    itself left out: [(id, L2 distance)]; [] when it has no vector."""
     row = conn.pg.execute("SELECT embedding::text FROM memory_vectors WHERE memory_id = %s", (memory_id,)).fetchone()
     if row is None:
         return []
@@ -37,6 +40,8 @@ def similar(conn: PgConnection, info: IndexInfo, memory_id: int, keys: list[str]
 
 def neighbours_many(cache: VectorCache | None, conn: PgConnection, info: IndexInfo, items: Sequence[tuple[int, str]],
                     k: int) -> dict[int, list[tuple[int, float]]]:
+    """For each (id, vis_key): its k nearest others under that key as (id, cosine), nearest
+    first; through the vector cache outside a transaction, else one server statement per item."""
     if cache is not None and conn.get_autocommit():
         found = cache.neighbours(conn, info, items, k)
         return {mid: [(other, vectors.cosine_from_distance(d)) for other, d in near] for mid, near in found.items()}
@@ -90,6 +95,9 @@ def spread_to_neighbours(conn: PgConnection, ranked: list[Candidate], keys: list
 
 def measure_similarity(cache: VectorCache | None, conn: PgConnection, vector: Sequence[float], chosen: list[Candidate],
                        info: IndexInfo | None) -> None:
+    """Set the similarity of each of `chosen` that has no cosine yet: from the
+    vector cache where it holds the vector, the others in one statement; one
+    without a vector, or no index or a query of another size: left as it is."""
     unknown = {c.memory_id: c for c in chosen if c.cosine is None}
     if not unknown or info is None or len(vector) != info.dim:
         return

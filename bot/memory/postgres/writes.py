@@ -46,6 +46,7 @@ def _atomic(conn: PgConnection) -> Iterator[None]:
 
 def reinforce(conn: PgConnection, memory_id: int, *, importance: float, sources: list[str],
               growth: float, now: float) -> None:
+    """A fact was learned again (Storage.reinforce): one UPDATE, inside the caller's transaction when one is open."""
     conn.pg.execute(
         "UPDATE memories SET stability = least(stability * %s, %s), importance = greatest(importance, %s), "
         "source_message_ids = %s, last_accessed = greatest(%s, coalesce(last_accessed, 0)), updated_at = %s "
@@ -69,6 +70,9 @@ def _put_vector(conn: PgConnection, info: IndexInfo, memory_id: int, vis_key: st
 def insert(storage: Storage[PgConnection], conn: PgConnection, memories: Sequence[records.NewMemory], *,
            base_stability_days: float, model: str, vecs: list[list[float]] | None, now: float | None,
            info: IndexInfo | None = None) -> list[int]:
+    """Insert memories, each with its vector in the same statement when `vecs` fit the index (`info`
+    when it matches `model` and their size, else index_for), in one transaction (the caller's, when
+    one is open); returns their ids. VectorSizeError for a vector of another size than the first."""
     now = time.time() if now is None else now
     if info is None or not vecs or info.model != model or info.dim != len(vecs[0]):
         info = storage.index_for(conn, model, len(vecs[0])) if vecs else None
@@ -103,6 +107,8 @@ def insert(storage: Storage[PgConnection], conn: PgConnection, memories: Sequenc
 
 def store_vectors(storage: Storage[PgConnection], conn: PgConnection, model: str, ids: list[int],
                   vecs: list[list[float]]) -> int:
+    """Store the backfill's vectors in one transaction, skipping memories archived or deleted
+    meanwhile and vectors of another size; returns len(ids), or 0 when they do not fit the index."""
     info = storage.index_for(conn, model, len(vecs[0]))
     if info is None:
         return 0
@@ -116,6 +122,8 @@ def store_vectors(storage: Storage[PgConnection], conn: PgConnection, model: str
 
 
 def delete(conn: PgConnection, memory_ids: Sequence[int]) -> int:
+    """Hard-delete memories in one transaction, rows locked in id order (their vectors, links and
+    sources go by cascade); returns how many went. The keyword counts are corrected after the commit."""
     ids = list(memory_ids)
     if not ids:
         return 0
@@ -142,6 +150,8 @@ def _count_removed(conn: PgConnection, removed: int) -> None:
 
 
 def archive(conn: PgConnection, memory_id: int, reason: str, now: float | None = None) -> None:
+    """Archive an active memory (`reason`, at `now`) and delete its vector,
+    in one transaction; an archived or missing memory stays as it is."""
     with conn.pg.transaction():
         archived = conn.pg.execute(
             "UPDATE memories SET archived_at = %s, archive_reason = %s, embedded = 0, updated_at = %s "
@@ -152,6 +162,7 @@ def archive(conn: PgConnection, memory_id: int, reason: str, now: float | None =
 
 
 def restore(conn: PgConnection, memory_id: int) -> None:
+    """Bring an archived memory back in one UPDATE, counted as recalled now; its vector comes with the next backfill."""
     now = time.time()
     conn.pg.execute("UPDATE memories SET archived_at = NULL, archive_reason = NULL, last_accessed = %s, "
                     "updated_at = %s WHERE id = %s", (now, now, memory_id))
@@ -192,6 +203,9 @@ def touch_many(conn: PgConnection, recalls: Sequence[tuple[Sequence[int], float]
 
 def forget_sources(storage: Storage[PgConnection], conn: PgConnection, message_ids: Sequence[int],
                    learned_before: float | None = None) -> list[int]:
+    """Take deleted messages out of the sources of the memories learned from
+    them (before `learned_before`, when given) and delete those left with none,
+    in one transaction, rows locked in id order; returns the deleted ids."""
     wanted = [str(m) for m in message_ids]
     if not wanted:
         return []
@@ -215,6 +229,8 @@ def forget_sources(storage: Storage[PgConnection], conn: PgConnection, message_i
 
 def add_link(conn: PgConnection, source_id: int, target_id: int, kind: str, weight: float = 1.0,
              now: float | None = None) -> bool:
+    """Link two memories, keeping the larger weight when the link exists; False, and no
+    link, between two people's personal memories; ValueError for an unknown kind."""
     if kind not in records.LINK_KINDS:
         raise ValueError(f"unknown link kind {kind!r}")
     row = conn.pg.execute("SELECT count(*) FROM memories a, memories b WHERE a.id = %s AND b.id = %s AND "

@@ -12,6 +12,7 @@ from bot.memory.sql.transactions import write_transaction
 
 def set_always_answer(conn: Connection, channel_id: int, guild_id: int | None, enabled: bool,
                       now: float | None = None) -> None:
+    """Set the channel's always-answer option (an admin's slash command), in one transaction."""
     with write_transaction(conn):
         conn.execute(
             "INSERT INTO channel_settings (channel_id, guild_id, always_answer, updated_at) VALUES (?, ?, ?, ?) "

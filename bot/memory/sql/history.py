@@ -26,6 +26,8 @@ ROLES = ("user", "assistant")
 
 @dataclass(frozen=True)
 class HistoryMessage:
+    """One row of a channel's history: a person's message (role
+    "user") or Muninn's reply ("assistant"); times in unix seconds."""
     id: int
     channel_id: int
     guild_id: int | None
@@ -72,6 +74,7 @@ def next_local_id(conn: Connection) -> int:
 
 
 class Edit(enum.Enum):
+    """What `edit` did to a message."""
     UNKNOWN = "unknown"        # not in the history, or deleted: nothing changed
     SAME_WORDS = "same words"  # Discord also sends edits of embeds and pins: only edited_at moved
     NEW_WORDS = "new words"
@@ -229,11 +232,13 @@ def prune_all(conn: Connection, keep: int) -> int:
 
 
 def get(conn: Connection, message_id: int) -> HistoryMessage | None:
+    """A message by id, deleted ones included (their content empty), or None when the history does not hold it."""
     row = query_one(conn, f"SELECT {COLUMNS} FROM messages WHERE id = ?", (message_id,))
     return None if row is None else HistoryMessage(*row)
 
 
 def is_assistant_message(conn: Connection, message_id: int) -> bool:
+    """Whether the id is one of Muninn's replies in the history (False when the history does not hold it)."""
     return query_value(conn, "SELECT 1 FROM messages WHERE id = ? AND role = 'assistant'", (message_id,)) == 1
 
 

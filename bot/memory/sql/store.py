@@ -193,6 +193,8 @@ def touch_many(conn: Connection, recalls: Iterable[tuple[Iterable[int], float]],
 
 
 def set_vector(conn: Connection, info: vectors.IndexInfo, memory_id: int, vector: Sequence[float]) -> None:
+    """Store or replace an active memory's vector in vec0 (SQLite), in one
+    transaction; a memory archived or deleted meanwhile is skipped."""
     with write_transaction(conn):
         row = query_one(conn, "SELECT vis_key, created_at FROM memories WHERE id = ? AND " + ACTIVE, (memory_id,))
         if row is not None:  # archived or deleted meanwhile: nothing to index
@@ -202,6 +204,7 @@ def set_vector(conn: Connection, info: vectors.IndexInfo, memory_id: int, vector
 # -- reads -------------------------------------------------------------------
 
 def get(conn: Connection, memory_id: int) -> Memory:
+    """A memory by id, archived or not, with no scope check; MemoryNotFound when there is none."""
     row = query_one(conn, f"SELECT {COLUMNS} FROM memories WHERE id = ?", (memory_id,))
     if row is None:
         raise MemoryNotFound(f"no memory #{memory_id}")
@@ -209,6 +212,7 @@ def get(conn: Connection, memory_id: int) -> Memory:
 
 
 def get_many(conn: Connection, memory_ids: Sequence[int]) -> dict[int, Memory]:
+    """Those of `memory_ids` that exist, by id, archived ones included, with no scope check."""
     if not memory_ids:
         return {}
     rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE id IN ({','.join('?' * len(memory_ids))})",
@@ -263,12 +267,15 @@ def existing_external_ids(conn: Connection, ids: Sequence[str]) -> set[str]:
 
 
 def unembedded_ids(conn: Connection, limit: int) -> list[tuple[int, str]]:
+    """Up to `limit` active memories without a vector, as (id, text), lowest id first (records.lenient_text)."""
     return [(row[0], lenient_text(row[1])) for row in conn.execute(
         "SELECT id, CAST(text AS BLOB) FROM memories WHERE embedded = 0 AND " + ACTIVE + " ORDER BY id LIMIT ?",
         (limit,))]
 
 
 def stats(conn: Connection) -> dict:
+    """The counts `muninn stats` shows: memories (all, active, archived, embedded, active without a vector),
+    links, active memories by scope, links by kind, and vec0's index model and dimension (None without one)."""
     out = {
         "memories": query_value(conn, "SELECT count(*) FROM memories"),
         "active": query_value(conn, "SELECT count(*) FROM memories WHERE " + ACTIVE),

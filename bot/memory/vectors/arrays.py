@@ -41,6 +41,7 @@ class KeyVectors:
 
     @property
     def nbytes(self) -> int:
+        """The bytes its arrays take (ids, times, matrix, codes when packed), counted against the cache's budget."""
         codes = self.codes.nbytes if self.codes is not None else 0
         return self.matrix.nbytes + self.ids.nbytes + self.created.nbytes + codes
 
@@ -65,12 +66,17 @@ class KeyVectors:
 
     @property
     def live(self) -> int:
+        """How many rows hold a vector: rows [0, n) less the removed ones."""
         return self.n - self.dead
 
     def view(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """(ids, created, matrix, n) as of now: a search reads rows [0, n)
+        of these arrays, which later appends and swaps leave as they are."""
         return self.ids, self.created, self.matrix, self.n
 
     def discard(self, memory_id: int) -> None:
+        """Remove a memory's vector (its row gets id -1), compacting once enough rows
+        are dead; nothing when it is not here. The caller holds the cache's lock."""
         row = self.row_of.pop(memory_id, None)
         if row is not None:
             self.ids[row] = -1
@@ -79,6 +85,8 @@ class KeyVectors:
                 self._compact()
 
     def add(self, memory_id: int, created_at: float, vector: np.ndarray) -> None:
+        """Store a memory's vector in the next free row (replacing any it had here),
+        regrowing the arrays when they are full. The caller holds the cache's lock."""
         self.discard(memory_id)
         if self.n == len(self.ids):
             self._regrow(int(self.n * GROWTH) + SLACK_ROWS)
@@ -113,6 +121,7 @@ class KeyVectors:
 
 
 def unit(vector: Sequence[float]) -> np.ndarray:
+    """The query as a float32 unit vector; VectorSizeError when it is zero or not finite."""
     q = np.asarray(vector, dtype=np.float32)
     norm = float(np.sqrt(q @ q))
     if not np.isfinite(norm) or norm == 0.0:
@@ -127,6 +136,8 @@ def distance_of(score: float) -> float:
 
 def top_scores(ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, q: np.ndarray, k: int,
                as_of: float | None, skip: np.ndarray | None) -> list[tuple[float, int]]:
+    """The k best (dot product, id) of one key's rows for the unit query `q`, in no particular
+    order, leaving out removed rows, those created after `as_of` and the ids in `skip`."""
     if len(ids) == 0:
         return []
     scores = matrix @ q
@@ -159,6 +170,7 @@ def top_scores_over(views: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]],
 
 
 def top_scores_of(ids: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[float, int]]:
+    """The k highest of `scores` as (score, id), in no particular order, leaving out those set to -inf."""
     if len(scores) > k:
         top = np.argpartition(-scores, k - 1)[:k]
     else:

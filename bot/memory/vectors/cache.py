@@ -74,6 +74,10 @@ class VectorCache(CachedKeys):
 
     def knn(self, conn: Connection, info: vectors.IndexInfo, query: Sequence[float], keys: list[str],
             k: int, as_of: float | None = None) -> list[tuple[int, float]]:
+        """The k nearest vectors under `keys` to `query`: [(id, L2 distance)], nearest first (only those
+        stored by `as_of`, when given). Cached keys are scored here and the others searched by the source;
+        changes in `conn`'s open transaction are scored for this search alone. VectorSizeError for a zero
+        or non-finite query."""
         q = unit(query)
         overlay = self._sync(conn, info)
         if overlay is None:

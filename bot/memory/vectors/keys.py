@@ -34,6 +34,7 @@ CODES_KEY_MIN = 5000
 
 
 def spare_rows(n: int) -> int:
+    """Free rows to load a key of `n` vectors with: a share of `n` for a key too big to load inline, else none."""
     return int(n * LOAD_SPARE_SHARE) if n > INLINE_LOAD_MAX else 0
 
 
@@ -107,9 +108,11 @@ class CachedKeys:
 
     @property
     def nbytes(self) -> int:
+        """The bytes the cached keys take, counted against `budget_bytes`."""
         return self._bytes
 
     def cached_keys(self) -> list[str]:
+        """The keys held now, least recently used first."""
         return list(self._keys)
 
     def _reset(self) -> None:

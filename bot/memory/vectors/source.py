@@ -29,15 +29,20 @@ class VectorSource(Protocol):
         """(the index's epoch, ids changed since `mark` (None: none, just the current mark), the
         mark after them, False when the log was pruned past `mark`, and the changed memories as
         of that mark when the same read gives them (else None: `_apply` reads them))."""
-    def changed_between(self, conn: Any, older: Any, newer: Any) -> set[int]: ...
-    def key_size_at_least(self, conn: Any, key: str, cap: int) -> int: ...
-    def load_key(self, conn: Any, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
-    def read_vectors(self, conn: Any, info: vectors.IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]: ...
+    def changed_between(self, conn: Any, older: Any, newer: Any) -> set[int]:
+        """The ids changed after mark `older` and up to mark `newer`."""
+    def key_size_at_least(self, conn: Any, key: str, cap: int) -> int:
+        """How many vectors `key` holds, counted only up to `cap` + 1."""
+    def load_key(self, conn: Any, info: vectors.IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All vectors of one key: (ids, created_at, matrix)."""
+    def read_vectors(self, conn: Any, info: vectors.IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
+        """The stored vectors of those of `ids` that have one."""
     def search(self, conn: Any, info: vectors.IndexInfo, query: list[float], keys: list[str], k: int,
                as_of: float | None) -> list[tuple[int, float]]:
         """The store's own exact search (keys the cache does not hold)."""
     def similar_to_memory(self, conn: Any, info: vectors.IndexInfo, memory_id: int, keys: list[str],
-                          k: int) -> list[tuple[int, float]]: ...
+                          k: int) -> list[tuple[int, float]]:
+        """The k nearest under `keys` to a stored memory's own vector, itself left out: [(id, L2 distance)]."""
 
 
 def read_with(states: Changed, memory_id: int, dim: int) -> np.ndarray | None:
