@@ -1,7 +1,7 @@
 """An edited message's old words go as a deleted message's do: the history keeps only the new
 text, what was learned from the old text alone is taken back, and the next maintenance run
 leaves the old words in none of the database's files (SQLite's file and WAL, FTS5 segments;
-PostgreSQL's relation files, read back as tests/test_postgres_scrub.py does)."""
+PostgreSQL's relation files, read back as tests/memory/postgres/test_scrub.py does)."""
 from __future__ import annotations
 
 import time
@@ -23,7 +23,7 @@ SECRET = "Zanzibarite xylophonequeen"
 def _words_in_files(settings, backend: str) -> list[str]:
     """Where the old words can still be read: the files holding them."""
     if backend:
-        from tests.test_postgres_scrub import files_holding
+        from tests.memory.postgres.test_scrub import files_holding
         return [*files_holding(backend, "messages", "zanzibarit", "xylophonequeen"),
                 *files_holding(backend, "memories", "zanzibarit", "xylophonequeen")]
     path = settings.db_path

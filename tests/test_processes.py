@@ -178,7 +178,7 @@ def test_the_lease_row_is_one_statement_per_take(tmp_path):
     conn.close()
 
 
-@pytest.mark.sqlite_only("a new SQLite file (PostgreSQL's concurrent migrators: test_postgres_schema.py)")
+@pytest.mark.sqlite_only("a new SQLite file (PostgreSQL's concurrent migrators: memory/postgres/test_migrations.py)")
 def test_processes_starting_at_once_on_a_new_file_create_the_schema_once(tmp_path):
     """Several shards started together by systemd: each applies the migrations it finds missing."""
     from concurrent.futures import ThreadPoolExecutor

@@ -14,7 +14,7 @@ from bot.memory.postgres import scrub
 from bot.memory.scope import Viewer
 from bot.memory.sql import history, marks
 from bot.memory.sql.store import NewMemory
-from tests.test_postgres_scrub import OWNER, SECRET, files_holding
+from tests.memory.postgres.test_scrub import OWNER, SECRET, files_holding
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 

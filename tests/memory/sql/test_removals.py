@@ -22,7 +22,7 @@ from tests.helpers import ALICE, CHANNEL, GUILD
 
 pytestmark = pytest.mark.usefixtures("backend")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 VIEWER = Viewer(ALICE, CHANNEL, GUILD)
 
 _REMOVE = """

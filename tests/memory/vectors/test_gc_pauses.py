@@ -11,7 +11,7 @@ from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from bot.memory.sqlite import db
 from bot.memory.vectors import gc_pauses
-from tests.test_vector_search import KEYS, fill
+from tests.memory.vectors.test_cache import KEYS, fill
 
 pytestmark = pytest.mark.sqlite_only("the vector cache's start-up warm over a SQLite file")
 

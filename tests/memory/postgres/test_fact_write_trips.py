@@ -8,7 +8,7 @@ import numpy as np
 from bot.memory.postgres.backend import PostgresStorage
 from bot.memory.sql.store import NewMemory
 from bot.memory.vectors.cache import VectorCache
-from tests.test_pg_vector_cache import KEYS, fill, memory_for, pg_pair, random_unit  # noqa: F401  (fixture)
+from tests.memory.postgres.test_vector_source import KEYS, fill, memory_for, pg_pair, random_unit  # noqa: F401  (fixture)
 
 
 def begun(storage: PostgresStorage, conn, key: str, mark: str, searched: list[int]) -> bool:

@@ -1,6 +1,6 @@
 """The scope rule on the code paths that only run at scale, forced on small worlds.
 
-tests/test_scope.py property-tests the scope rule on tiny worlds. The engine takes other paths
+tests/memory/test_scope.py property-tests the scope rule on tiny worlds. The engine takes other paths
 once keys and words get big: common words (fts.COMMON_MIN_DOCS, MATCH_BUDGET, COMMON_WINDOW,
 COMMON_HITS, COMMON_EXACT, the counted_bm25 scorer), match-first or visible-first keyword plans
 (fts.DENSE_VISIBLE), the shared word-count cache and the removals counter, the vector cache's
@@ -15,7 +15,7 @@ and forgotten memories, viewers who see nothing, and memories added, archived, r
 forgotten by another engine ("another process") between recalls. Every path is instrumented and
 the test asserts that it really ran (`PATHS_*`); every surfaced memory (and every memory id a
 result's reason names) is checked against an oracle written independently of bot/memory/scope.py
-(tests/test_scope.py's `oracle_visible`). MUNINN_SCALE_SEED=N draws other worlds and queries.
+(tests/memory/test_scope.py's `oracle_visible`). MUNINN_SCALE_SEED=N draws other worlds and queries.
 
 No leak was found. Two other bugs it found (not leaks to another viewer) are tested at the end:
 a memory archived between a recall's search and its load was returned, and on PostgreSQL a key's
@@ -41,7 +41,7 @@ from bot.memory.sqlite import fts
 from bot.memory.vectors import cache as vector_cache
 from bot.memory.vectors import codes as vector_codes
 from tests.fakes.ollama import FakeOllama
-from tests.test_scope import check_listing_and_lookups, oracle_visible
+from tests.memory.test_scope import check_listing_and_lookups, oracle_visible
 
 pytestmark = pytest.mark.usefixtures("backend")
 

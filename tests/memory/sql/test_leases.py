@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bot.memory.sql import leases
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 # A process that cannot read /proc (as on a system without it, or a sandbox hiding it) prints
 # its place and the name it would hold a lease under, then exits.
 WITHOUT_PROC = """

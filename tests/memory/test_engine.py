@@ -11,7 +11,7 @@ from bot.memory.scope import Viewer
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.vectors.cache import VectorCache
-from tests.test_vector_search import DIM, KEYS, fill, random_unit, same
+from tests.memory.vectors.test_cache import DIM, KEYS, fill, random_unit, same
 
 
 async def test_start_warms_every_key_and_recall_stays_exact(make_settings):

@@ -13,7 +13,7 @@ from bot.memory.sqlite import db, fts
 
 ALICE, BOB = 1, 2
 # FTS5 itself: its MATCH syntax, its index's counts and segments. PostgreSQL's keyword step
-# follows the same rules through its own SQL: tests/test_postgres_keywords.py; keyword recall
+# follows the same rules through its own SQL: tests/memory/postgres/test_keywords.py; keyword recall
 # on both backends: test_retrieval.py, test_subqueries.py, test_scope.py.
 pytestmark = pytest.mark.sqlite_only("FTS5's MATCH syntax and index internals (fts.py)")
 

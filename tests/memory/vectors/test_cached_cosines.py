@@ -11,7 +11,7 @@ from bot.memory.sql.store import NewMemory
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.vectors.cache import VectorCache
-from tests.test_vector_search import KEYS, fill, random_unit
+from tests.memory.vectors.test_cache import KEYS, fill, random_unit
 
 DIM_ = 16  # top_scores_over's own vectors
 
