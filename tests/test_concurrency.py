@@ -19,7 +19,7 @@ from tests.fakes.ollama import FakeOllamaThread
 
 # SQLite's file under several writers: its write lock, BEGIN IMMEDIATE, kill -9 and PRAGMA integrity_check
 # (bench/reliability.py drives SQLite files). Two processes on PostgreSQL: test_processes.py,
-# memory/postgres/test_backend.py (two engines writing at once) and test_bench_pg.py (processes side by side).
+# memory/postgres/test_backend.py (two engines writing at once) and bench/test_pg_speed.py (processes side by side).
 pytestmark = pytest.mark.sqlite_only("SQLite's file locking and integrity under several writing processes")
 
 

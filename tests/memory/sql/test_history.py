@@ -10,7 +10,7 @@ import pytest
 
 from bot.conversation.pipeline import Pipeline
 from bot.memory.sql import history, store
-from tests.test_pipeline import ALICE, GENERAL, GUILD
+from tests.conversation.test_pipeline import ALICE, GENERAL, GUILD
 
 pytestmark = pytest.mark.usefixtures("backend")
 

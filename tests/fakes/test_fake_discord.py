@@ -23,7 +23,7 @@ import pytest_asyncio
 from discord import app_commands
 from discord.ext import commands
 
-_ROOT = str(Path(__file__).resolve().parents[1])
+_ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 

@@ -16,8 +16,8 @@ import pytest
 from bot.conversation.pipeline import Pipeline
 from bot.memory.sql.store import NewMemory
 from cogs.chat import Chat
-from tests import test_cogs
-from tests.test_cogs import World
+from tests.cogs import test_cogs
+from tests.cogs.test_cogs import World
 
 simcord_bot, world = test_cogs.simcord_bot, test_cogs.world  # the simcord world: MuninnBot unmodified
 

@@ -25,7 +25,7 @@ from bot.memory.sql.store import NewMemory
 
 pytestmark = pytest.mark.usefixtures("backend")  # what touches the memory: on SQLite and on PostgreSQL
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def local(text: str) -> NewMemory:

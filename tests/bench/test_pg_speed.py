@@ -54,7 +54,7 @@ def test_write_profile_splits_a_fact_and_its_transaction_is_four_round_trips(pos
     code = ("import json; from bench.pg_write_profile import run; "
             f"print('JSON', json.dumps(run({postgres_url!r}, 3, 'shared', 1, False)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parent.parent)
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("JSON"))[5:])
     assert out["facts"] == 3 and out["facts_per_s"] > 0 and out["write_trips"] == 4.0

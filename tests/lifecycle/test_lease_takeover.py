@@ -19,7 +19,7 @@ from bot.memory.sql import leases
 
 pytestmark = pytest.mark.usefixtures("backend")  # the lease row on a SQLite file or PostgreSQL
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOLDER_OF_A_CHILD = "from bot.memory.sql.leases import new_holder; print(new_holder(), flush=True)"
 
 

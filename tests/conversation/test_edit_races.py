@@ -12,10 +12,10 @@ import pytest
 from bot.conversation.pipeline import Pipeline
 from bot.lifecycle.extractor import Extractor
 from bot.memory.sql import history
-from tests import test_edit_extraction
+from tests.conversation import test_edit_extraction
+from tests.conversation.test_edit_extraction import MOVES, alices_memories
+from tests.conversation.test_pipeline import ALICE, RecordingOutlet, facts_reply, said
 from tests.fakes.ollama import FakeOllama
-from tests.test_edit_extraction import MOVES, alices_memories
-from tests.test_pipeline import ALICE, RecordingOutlet, facts_reply, said
 
 pytestmark = pytest.mark.usefixtures("backend")
 learning = test_edit_extraction.learning  # the same fixture: Alice moves, a pipeline and its extractor

@@ -16,7 +16,7 @@ from bot.lifecycle.extractor import Extractor
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from bot.memory.sql import history, store
-from tests.test_pipeline import ALICE, GENERAL, GUILD, RecordingOutlet, facts_reply, said
+from tests.conversation.test_pipeline import ALICE, GENERAL, GUILD, RecordingOutlet, facts_reply, said
 
 pytestmark = pytest.mark.usefixtures("backend")
 

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-_ROOT = str(Path(__file__).resolve().parents[1])
+_ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 

@@ -98,7 +98,7 @@ async def test_an_edit_that_changes_nothing_leaves_no_work(make_settings, backen
 
 async def test_old_words_still_waiting_for_extraction_are_never_extracted(engine, fake_ollama):
     from bot.lifecycle.extractor import Extractor
-    from tests.test_pipeline import ALICE, RecordingOutlet, facts_reply, said
+    from tests.conversation.test_pipeline import ALICE, RecordingOutlet, facts_reply, said
     fake_ollama.default_chat_reply = facts_reply(("called Ylva", "Alice's sister is called Ylva"))
     slow = Extractor(engine, batch_delay=5.0)
     pipeline = Pipeline(engine, slow)
