@@ -2,8 +2,8 @@
 
 Muninn runs unmodified (MuninnBot, its setup_hook and extensions) on each storage backend
 (a real SQLite file, and PostgreSQL: conftest's `backend`), talking to the fake Ollama on
-127.0.0.1. Extraction is off here (tests/test_story.py and
-tests/test_discord_e2e.py cover it); memories are stored through the engine directly.
+127.0.0.1. Extraction is off here (tests/scenarios/test_story.py and
+tests/scenarios/test_discord_e2e.py cover it); memories are stored through the engine directly.
 """
 from __future__ import annotations
 

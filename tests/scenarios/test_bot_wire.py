@@ -25,7 +25,7 @@ from tests.fakes.discord_server import FakeDiscord
 
 pytestmark = pytest.mark.usefixtures("backend")  # tests that open a database: on SQLite and PostgreSQL
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FACT = "Alice's sister is called Ylva"
 
 

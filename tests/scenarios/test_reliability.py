@@ -27,7 +27,7 @@ from bot.memory.sql import repair, store
 from bot.memory.sqlite import db, files
 from bot.memory.sqlite.files import APPLICATION_ID
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Engine-level tests run on SQLite and PostgreSQL; those about SQLite's file say why they do not.
 pytestmark = pytest.mark.usefixtures("backend")
 

@@ -2,7 +2,7 @@
 streamed replies that end as the plain ones, failed background calls that never block a reply,
 and the privacy controls (/memory pause, resume and why; forgetting in plain words).
 
-Extraction hands exchanges to `Handoff` (see tests/test_story.py for why), which also records
+Extraction hands exchanges to `Handoff` (see tests/scenarios/test_story.py for why), which also records
 what the pipeline asked it to drop.
 """
 from __future__ import annotations
