@@ -9,7 +9,7 @@
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.reliability [--scenario NAME] [--json]
 
-The tests (tests/test_concurrency.py, tests/test_reliability.py) run the same functions at a
+The tests (tests/scenarios/test_concurrency.py, tests/scenarios/test_reliability.py) run the same functions at a
 small size. Point PYTHONPATH at another checkout to measure that code instead.
 """
 from __future__ import annotations

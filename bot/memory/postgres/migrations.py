@@ -267,7 +267,7 @@ MIGRATIONS: list[str] = [
     # index), so a match under one key (`vis_key = k` AND text_search @@ q) can intersect the
     # key's and the words' entries in the index instead of reading every match's row to check
     # its key. (`vis_key = ANY(keys)`, the rare-word statement's, cannot: GIN has no array
-    # search, the rows are filtered as before; tests/test_postgres_schema.py.) On copies of a
+    # search, the rows are filtered as before; tests/memory/postgres/test_migrations.py.) On copies of a
     # database differing only in this index, the keyword statements were faster with it, most
     # in their tail (which statements gained was not broken down). A
     # word alone (its count) still uses it: GIN answers any subset of its columns. Same name, so

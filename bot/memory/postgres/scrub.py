@@ -4,7 +4,7 @@ words, "don't remember this", `muninn chat`'s forget).
 A DELETE leaves the row in its page as a dead tuple; VACUUM makes the space reusable but does
 not zero it: the page is compacted around the hole and the bytes stay readable in the
 relation file, as do the words' lexemes in the GIN index over `text_search` (GIN keeps its
-keys) and long text in the TOAST table. tests/test_postgres_scrub.py reads the files back:
+keys) and long text in the TOAST table. tests/memory/postgres/test_scrub.py reads the files back:
 after DELETE + VACUUM + CHECKPOINT the text was still there. Only a rewrite leaves it out:
 VACUUM FULL copies the live rows into new files (table, TOAST and every index) and drops the
 old ones. It holds an exclusive lock on the table while it runs, in proportion to its size.
