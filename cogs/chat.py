@@ -13,7 +13,8 @@ from typing import AsyncIterator
 import discord
 from discord.ext import commands
 
-from bot.conversation.pipeline import ForgetOffer, Incoming, Pipeline, Sent
+from bot.conversation.outlets import ForgetOffer, Sent
+from bot.conversation.pipeline import Incoming, Pipeline
 from bot.conversation.text import split_message
 
 from .confirm import ConfirmForget, ForgetButton, offer_text

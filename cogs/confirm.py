@@ -21,7 +21,7 @@ from typing import Awaitable, Callable
 
 import discord
 
-from bot.conversation.pipeline import ForgetOffer
+from bot.conversation.outlets import ForgetOffer
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 import discord
 
-from bot.conversation.pipeline import Sent
+from bot.conversation.outlets import Sent
 from bot.conversation.text import split_message
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from bot.conversation.pipeline import ForgetOffer, Incoming, Pipeline, Sent, no_typing
+from bot.conversation.outlets import ForgetOffer, Sent, no_typing
+from bot.conversation.pipeline import Incoming, Pipeline
 from bot.memory.engine import Engine
 from bot.memory.records import MemoryNotFound
 from bot.memory.scope import Viewer

@@ -7,6 +7,7 @@ extractor can leave them out (no feedback loop).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Protocol
 
 
 @dataclass(frozen=True)
@@ -27,3 +28,23 @@ class Exchange:
     # Display names of the people in the conversation (recent history and the author), so
     # extraction can tell a fact about the author from one about someone else who was there.
     participants: tuple[str, ...] = ()
+
+
+class ExchangeSink(Protocol):
+    """The fact extractor, as the pipeline and the bot see it (bot.lifecycle.extractor.Extractor)."""
+
+    def submit(self, exchange: Exchange) -> None:
+        """Take an exchange for extraction; never blocks, never raises."""
+
+    def forget(self, user_id: int) -> None:
+        """Drop that person's queued and in-flight work (their forget-all ran)."""
+
+    def forget_messages(self, message_ids: Iterable[int]) -> None:
+        """These messages were deleted or their words edited: drop their queued exchanges, and
+        make a batch already extracting them store nothing of them."""
+
+    def mark_gone(self, message_ids: Iterable[int]) -> None:
+        """Only the second half of `forget_messages`, safe on the database thread."""
+
+    async def close(self) -> None:
+        """Finish queued work, then stop."""

@@ -35,13 +35,23 @@ import asyncio
 import dataclasses
 import logging
 import time
-from contextlib import aclosing, asynccontextmanager, nullcontext
+from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import AsyncContextManager, AsyncIterator, Awaitable, Callable, Iterable, Protocol, TypeVar, runtime_checkable
+from typing import Awaitable, TypeVar
 
 from bot.conversation import forget_intent, prompt
 from bot.conversation.arrivals import Arrivals
-from bot.conversation.exchange import Exchange
+from bot.conversation.exchange import Exchange, ExchangeSink
+from bot.conversation.outlets import (
+    BusyOutlet,
+    ConfirmingOutlet,
+    ForgetOffer,
+    Outlet,
+    ReplyStream,
+    Sent,
+    StreamingOutlet,
+)
+from bot.conversation.turns import ChannelTurns
 from bot.llm.answers import strip_thinking, visible_so_far
 from bot.llm.ollama import (
     OllamaDisabled,
@@ -52,7 +62,6 @@ from bot.llm.ollama import (
 from bot.logs import Throttle
 from bot.memory.engine import Engine
 from bot.memory.messages import Edit, Forgotten, HistoryMessage, storable_text
-from bot.memory.records import Memory
 from bot.memory.scope import Viewer
 
 log = logging.getLogger(__name__)
@@ -91,91 +100,6 @@ class Incoming:
         return Viewer(user_id=self.author_id, channel_id=self.channel_id, guild_id=self.guild_id)
 
 
-@dataclass(frozen=True)
-class Sent:
-    """One message the outlet posted; id None when the outlet has no ids (a terminal)."""
-    message_id: int | None
-    created_at: float
-
-
-class Outlet(Protocol):
-    """Where a reply goes: shows that Muninn is working, then posts the reply."""
-
-    def typing(self) -> AsyncContextManager:
-        """A block during which the outlet shows that Muninn is
-        working (no_typing() for an outlet with nothing to show)."""
-
-    async def send(self, text: str) -> list[Sent]:
-        """Post the reply; returns the messages posted, in order ([] when none
-        could be), the first of which the history records as the reply."""
-
-
-@runtime_checkable
-class StreamingOutlet(Outlet, Protocol):
-    """An outlet that can show a reply while it is written (Discord, the terminal)."""
-
-    def stream(self) -> "ReplyStream | None":   # None: not this time (e.g. no permission to edit)
-        """A stream to show this reply on while it is written (only with MUNINN_STREAM_REPLIES)."""
-
-
-@runtime_checkable
-class BusyOutlet(Outlet, Protocol):
-    """An outlet that can show a quiet sign that Muninn is busy (too many people waiting)."""
-
-    async def busy(self) -> None:
-        """Show that this message was seen but will not be answered: its channel's queue is full."""
-
-
-@runtime_checkable
-class ConfirmingOutlet(Outlet, Protocol):
-    """An outlet that can ask a person before forgetting what they asked, in plain words, to forget."""
-
-    async def confirm_forget(self, offer: "ForgetOffer") -> list[Sent]:
-        """Show `offer` to the person and call `offer.forget()` only if they confirm (on Discord
-        later, from its buttons); returns the messages posted ([] when none could be)."""
-
-
-class ReplyStream(Protocol):
-    """A reply shown while it is written (an outlet's `stream()`)."""
-
-    async def update(self, text: str) -> None:   # the visible reply so far (it only grows)
-        """Show `text` in place of what was shown so far; an outlet may skip an update (`finish` shows the end)."""
-
-    async def finish(self, text: str) -> list[Sent]:  # the final reply: exactly what stays posted
-        """End the stream with the final reply, which may not continue what was shown (the
-        fallback after a broken stream); returns the messages posted, as `Outlet.send` does."""
-
-
-@dataclass(frozen=True)
-class ForgetOffer:
-    """Memories a person asked in plain words to forget, shown to them before anything goes."""
-    author_id: int
-    memories: list[Memory]
-    intro: str                                  # one line saying what was found
-    forget: Callable[[], Awaitable[int]]        # forgets them; returns how many went
-    in_private: bool = True                     # a DM or a terminal: the texts may be listed openly
-
-
-class ExchangeSink(Protocol):
-    """The fact extractor, as the pipeline and the bot see it (bot.lifecycle.extractor.Extractor)."""
-
-    def submit(self, exchange: Exchange) -> None:
-        """Take an exchange for extraction; never blocks, never raises."""
-
-    def forget(self, user_id: int) -> None:
-        """Drop that person's queued and in-flight work (their forget-all ran)."""
-
-    def forget_messages(self, message_ids: Iterable[int]) -> None:
-        """These messages were deleted or their words edited: drop their queued exchanges, and
-        make a batch already extracting them store nothing of them."""
-
-    def mark_gone(self, message_ids: Iterable[int]) -> None:
-        """Only the second half of `forget_messages`, safe on the database thread."""
-
-    async def close(self) -> None:
-        """Finish queued work, then stop."""
-
-
 @dataclass
 class Reply:
     """What `respond` did with a message: the reply's text, whether the model gave it, the messages posted,
@@ -184,30 +108,6 @@ class Reply:
     ok: bool                         # False: the "can't think right now" fallback
     sent: list[Sent] = field(default_factory=list)
     prompt: prompt.Prompt | None = None
-
-
-class _ChannelTurns:
-    """One turn at a time per channel, in arrival order; channels do not wait for each other."""
-
-    def __init__(self) -> None:
-        self._locks: dict[int, asyncio.Lock] = {}
-        self._waiting: dict[int, int] = {}
-
-    def waiting(self, channel_id: int) -> int:
-        return self._waiting.get(channel_id, 0)
-
-    @asynccontextmanager
-    async def turn(self, channel_id: int) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(channel_id, asyncio.Lock())
-        self._waiting[channel_id] = self._waiting.get(channel_id, 0) + 1
-        try:
-            async with lock:
-                yield
-        finally:
-            self._waiting[channel_id] -= 1
-            if not self._waiting[channel_id]:  # forget idle channels
-                del self._waiting[channel_id]
-                del self._locks[channel_id]
 
 
 class Pipeline:
@@ -221,7 +121,7 @@ class Pipeline:
         self.extractor = extractor
         self.assistant_id = assistant_id      # Muninn's own user id, for its rows in the history
         self.assistant_name = assistant_name
-        self._turns = _ChannelTurns()
+        self._turns = ChannelTurns()
         self.arrivals = Arrivals()                  # history in arrival order (arrivals.py)
         self._throttle = Throttle()
         self._forgotten_at: dict[int, float] = {}  # user id -> time.monotonic() of their forget-all
@@ -580,8 +480,3 @@ def participants(recent: list[HistoryMessage], incoming: Incoming) -> tuple[str,
     extraction can tell a fact about the author from one about someone else who was there."""
     names = [m.author_name for m in recent if m.role == "user"] + [incoming.author_name]
     return tuple(dict.fromkeys(name for name in names if name))
-
-
-def no_typing() -> AsyncContextManager:
-    """For outlets with nothing to show while Muninn thinks."""
-    return nullcontext()

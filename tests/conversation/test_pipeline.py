@@ -10,7 +10,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from bot.conversation.pipeline import CANNOT_THINK, Incoming, Pipeline, Sent
+from bot.conversation.outlets import Sent
+from bot.conversation.pipeline import CANNOT_THINK, Incoming, Pipeline
 from bot.lifecycle.extractor import Extractor
 from bot.memory.engine import Engine
 from bot.memory.records import NewMemory
