@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import apsw
 
+from bot.cli.args import positive_int
+from bot.cli.progress import Progress
 from bot.memory.errors import DatabaseError, explain
 from bot.memory.sql import queries
 from bot.memory.sqlite import db
@@ -516,8 +518,6 @@ def verify(source: apsw.Connection, pg: Any, report: Report, info: vectors.Index
 async def cmd_migrate(args: Any, settings: Any) -> int:
     """`muninn migrate --to URL`: blocking on purpose (a one-shot command with nothing else on
     its event loop), so that Ctrl-C stops it between two statements and the open batch rolls back."""
-    from bot.cli.progress import Progress
-
     source = Path(settings.db_path)
     bar = Progress(f"copying {source.name}", None)
 
@@ -555,7 +555,6 @@ async def cmd_migrate(args: Any, settings: Any) -> int:
 
 
 def add_parser(sub: Any, common: Any) -> None:
-    from bot.cli.main import positive_int
     p = sub.add_parser("migrate", parents=[common],
                        help="copy the SQLite database into PostgreSQL (resumable, verified)")
     p.add_argument("--to", required=True, metavar="postgresql://...",
