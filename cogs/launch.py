@@ -11,8 +11,8 @@ from bot.cli.main import main as cli_main
 
 
 def load_discord() -> ModuleType:
-    from cogs import client
-    return client
+    from cogs import adapter
+    return adapter
 
 
 def main(argv: list[str] | None = None) -> int:

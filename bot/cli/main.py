@@ -217,7 +217,7 @@ def discord_token_problem(settings: Settings) -> str | None:
 
 
 class DiscordAdapter(Protocol):
-    """What the command line needs from the Discord adapter (`cogs.client`)."""
+    """What the command line needs from the Discord adapter (`cogs.adapter`)."""
     StartupError: type[Exception]
 
     async def run_bot(self, settings: Settings) -> None: ...
