@@ -34,7 +34,7 @@ from bot.memory.engine import Engine
 from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess
-from .speed import EMBED_MODEL, SkewShape, SkewWorld, build, percentile
+from .world import EMBED_MODEL, SkewShape, SkewWorld, build, percentile
 
 WARM_RECALLS = 10
 WRITER_START_S = 60.0  # the writer opens its engine; then it is told when to write

@@ -33,7 +33,7 @@ from bot.memory.storage import storage_of
 from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess
-from .speed import EMBED_MODEL, VIEWER_CLASSES, SkewShape, SkewWorld, build, said_in_busy_channel, summary, world_path
+from .world import EMBED_MODEL, VIEWER_CLASSES, SkewShape, SkewWorld, build, said_in_busy_channel, summary, world_path
 
 WRITERS = (1, 4)
 WRITER_MODES = ("own", "shared")
