@@ -18,7 +18,7 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot.conversation.pipeline import ExchangeSink, Pipeline
-from bot.llm.ollama import OllamaError
+from bot.llm.errors import OllamaError
 from bot.memory.engine import Engine
 from bot.memory.errors import explain
 from bot.settings import Settings

@@ -5,8 +5,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bot.llm.errors import OllamaError
 from bot.llm.hosts import split_urls
-from bot.llm.ollama import OllamaClient, OllamaError
+from bot.llm.ollama import OllamaClient
 from bot.memory.sql import leases, queries, repair
 from bot.memory.sqlite import db, files
 from bot.memory.sqlite import vec0 as vectors

@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
     except Exception as exc:  # one line for operators; the traceback only with -v
         if args.verbose:
             raise
-        from bot.llm.ollama import OllamaError
+        from bot.llm.errors import OllamaError
         from bot.memory.errors import explain
         message = str(exc) if isinstance(exc, (OllamaError, SettingsError)) else explain(exc)
         if message is not None:
