@@ -165,7 +165,7 @@ def _scratch_copy(world: Path, workdir: Path) -> Path:
 
 
 def _postgres_copy(server_url: str, world: Path, size: int) -> str:
-    from bot.cli.migrate import copy_database
+    from bot.memory.postgres.copy import copy_database
 
     from .pg_speed import copied, create_database, database_url
     name = f"{urlparse(server_url).path.lstrip('/') or 'muninn'}_overlap_{size}"

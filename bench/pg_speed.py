@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
-from bot.cli.migrate import DONE_KEY, copy_database
 from bot.memory.engine import Engine
+from bot.memory.postgres.copy import DONE_KEY, copy_database
 from bot.memory.sql import store
 from bot.memory.storage import storage_of
 from bot.settings import load_settings

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from bench import pg_speed
 from bench.world import VIEWER_CLASSES, SkewShape, build
-from bot.cli.migrate import copy_database
+from bot.memory.postgres.copy import copy_database
 from tests.fakes.ollama import FakeOllamaThread
 
 
