@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .speed import RESULTS, SkewShape, build, percentile
+from .world import RESULTS, SkewShape, build, percentile
 
 VARIANTS = {  # name: (processes, recalls in flight in each, pinned to one core)
     "x1": (1, 1, False),
@@ -54,7 +54,8 @@ def _recalls(scratch: str, shape: SkewShape, index: int, in_flight: int, count: 
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before any thread: they inherit it
     from bot.memory.engine import Engine
 
-    from .speed import SkewWorld, before_a_burst, bench_settings, make_world, recall_in_turn
+    from .speed import before_a_burst, recall_in_turn
+    from .world import SkewWorld, bench_settings, make_world
 
     async def run() -> tuple[list[float], float, float, int, int]:
         chatter = SkewWorld(shape, seed=7_777 + index)

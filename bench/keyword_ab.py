@@ -20,9 +20,9 @@ from typing import Any
 
 import apsw
 
-from bench import speed
 from bench.recall_cpu import base_package
 from bench.trees import memory_module
+from bench.world import RESULTS, VIEWER_CLASSES, SkewShape, SkewWorld, summary
 from bot.memory.sqlite import db
 
 BUSY_CHANNEL = 100_000
@@ -93,10 +93,10 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _compare(args: argparse.Namespace, sides: dict[str, "Side"]) -> dict:
-    queries = speed.SkewWorld(speed.SkewShape(args.size), seed=99)
-    chatter = speed.SkewWorld(speed.SkewShape(args.size), seed=7_777)
+    queries = SkewWorld(SkewShape(args.size), seed=99)
+    chatter = SkewWorld(SkewShape(args.size), seed=7_777)
     out: dict = {"size": args.size, "base_commit": args.base_commit, "classes": {}}
-    for kind in speed.VIEWER_CLASSES:
+    for kind in VIEWER_CLASSES:
         cpu: dict[str, list[float]] = {name: [] for name in sides}
         wall: dict[str, list[float]] = {name: [] for name in sides}
         same = 0
@@ -114,7 +114,7 @@ def _compare(args: argparse.Namespace, sides: dict[str, "Side"]) -> dict:
                     wall[name].append((time.perf_counter() - started) * 1000)
             if i >= args.warm and found["base"] == found["new"]:
                 same += 1
-        row = {name: {"cpu": speed.summary(cpu[name]), "wall": speed.summary(wall[name])} for name in sides}
+        row = {name: {"cpu": summary(cpu[name]), "wall": summary(wall[name])} for name in sides}
         row["same"] = same
         out["classes"][kind] = row
         print(f"{kind:>12}: cpu " + " -> ".join(f"{row[n]['cpu']['median']:.2f} / {row[n]['cpu']['p95']:.2f}"
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-class", type=int, default=100)
     parser.add_argument("--warm", type=int, default=5)
     parser.add_argument("--limit", type=int, default=30, help="keyword hits asked for (the engine asks 3 x recall limit)")
-    parser.add_argument("--workdir", default=str(speed.RESULTS))
+    parser.add_argument("--workdir", default=str(RESULTS))
     parser.add_argument("--out", default=None, help="JSON file to save")
     args = parser.parse_args(argv)
     out = run(args)

@@ -27,15 +27,8 @@ from bot.memory.sql import queries
 from bot.memory.sqlite import db
 from bot.memory.sqlite import vec0 as vectors
 
-from .speed import (
-    EMBED_MODEL,
-    RESULTS,
-    Shape,
-    World,
-    load_vectors,
-    numpy_anchor,
-    summary,
-)
+from .speed import load_vectors, numpy_anchor
+from .world import EMBED_MODEL, RESULTS, Shape, World, summary
 
 
 def rebuild(path: Path, chunk: int) -> float:

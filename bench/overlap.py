@@ -34,7 +34,7 @@ from bot.memory.engine import Engine
 from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess
-from .speed import EMBED_MODEL, SkewShape, SkewWorld, build, percentile
+from .world import EMBED_MODEL, SkewShape, SkewWorld, build, percentile
 
 WARM_RECALLS = 10
 WRITER_START_S = 60.0  # the writer opens its engine; then it is told when to write
@@ -165,7 +165,7 @@ def _scratch_copy(world: Path, workdir: Path) -> Path:
 
 
 def _postgres_copy(server_url: str, world: Path, size: int) -> str:
-    from bot.cli.migrate import copy_database
+    from bot.memory.postgres.copy import copy_database
 
     from .pg_speed import copied, create_database, database_url
     name = f"{urlparse(server_url).path.lstrip('/') or 'muninn'}_overlap_{size}"

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
-from bot.cli.migrate import DONE_KEY, copy_database
 from bot.memory import records
 from bot.memory.engine import Engine
+from bot.memory.postgres.copy import DONE_KEY, copy_database
 from bot.memory.storage import storage_of
 from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess
-from .speed import EMBED_MODEL, VIEWER_CLASSES, SkewShape, SkewWorld, build, said_in_busy_channel, summary, world_path
+from .world import EMBED_MODEL, VIEWER_CLASSES, SkewShape, SkewWorld, build, said_in_busy_channel, summary, world_path
 
 WRITERS = (1, 4)
 WRITER_MODES = ("own", "shared")

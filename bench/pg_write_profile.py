@@ -46,7 +46,7 @@ from bot.memory.writing import facts as fact_writes
 from bot.settings import load_settings
 
 from .embed_server import EmbedServerProcess
-from .speed import EMBED_MODEL
+from .world import EMBED_MODEL
 
 COUNTERS = ("embed_wall", "plan_wall", "write_wall", "plan_job", "write_job", "plan_cpu", "write_cpu",
             "plan_trips", "write_trips", "plan_trip_wall", "write_trip_wall", "lock_wait", "lock_held")

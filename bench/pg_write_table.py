@@ -29,7 +29,7 @@ from typing import Any
 
 from .embed_server import EmbedServerProcess
 from .pg_speed import EMBED_LATENCY_MS, WRITER_MODES, create_database, measure_writers
-from .speed import EMBED_MODEL
+from .world import EMBED_MODEL
 
 WRITERS = (1, 4)
 

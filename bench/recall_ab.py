@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from bench import speed
 from bench.pg_speed import create_database
 from bench.recall_cpu import base_package
+from bench.world import EMBED_MODEL, VIEWER_CLASSES, SkewShape, SkewWorld
 
 
 def archive_share(url: str, share: float, seed: int = 5) -> int:
@@ -67,13 +67,13 @@ class Side:
     def __init__(self, package: str, url: str) -> None:
         self.package, self.url = package, url
         self.engine: Any = None
-        self.chatter = speed.SkewWorld(speed.SkewShape(1000), seed=7_777)  # the same sentences on both sides
+        self.chatter = SkewWorld(SkewShape(1000), seed=7_777)  # the same sentences on both sides
         self.ms: dict[str, list[float]] = {}
 
     async def start(self) -> None:
         settings = importlib.import_module(f"{self.package}.settings").load_settings(
             {"MUNINN_DB_PATH": "/nonexistent/unused.db", "MUNINN_DATABASE_URL": self.url, "OLLAMA_URL": "",
-             "OLLAMA_EMBED_MODEL": speed.EMBED_MODEL, "MUNINN_MAINTENANCE_HOURS": "0"})
+             "OLLAMA_EMBED_MODEL": EMBED_MODEL, "MUNINN_MAINTENANCE_HOURS": "0"})
         self.engine = await importlib.import_module(f"{self.package}.memory.engine").Engine(settings).start()
         await self.engine.warmed()
         self.info = await self.engine.write(lambda conn: self.engine.storage.index_info(conn))
@@ -106,10 +106,10 @@ async def run(args: argparse.Namespace) -> dict:
         sides[side] = Side(package, url)
     for side in sides.values():
         await side.start()
-    world = speed.SkewWorld(speed.SkewShape(args.size), seed=args.seed)
+    world = SkewWorld(SkewShape(args.size), seed=args.seed)
     out: dict = {"base_commit": args.base_commit, "archive": args.archive, "per_class": args.per_class,
                  "load": [round(os.getloadavg()[0], 2)], "classes": {}}
-    for kind in speed.VIEWER_CLASSES:
+    for kind in VIEWER_CLASSES:
         for side in sides.values():
             side.ms = {}
         same = 0

@@ -46,6 +46,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bench import speed
+from bench.world import EMBED_MODEL, RESULTS, VIEWER_CLASSES, SkewShape, SkewWorld, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -144,7 +145,7 @@ async def concurrency_rounds(args: argparse.Namespace, engines: dict[str, tuple[
     unless --no-messages): each recall first records its message in the history, as the bot does
     (a writer job and a commit per recall, beside the other recalls in flight)."""
     packages = list(engines)
-    world = speed.SkewWorld(speed.SkewShape(args.size), seed=321)
+    world = SkewWorld(SkewShape(args.size), seed=321)
     raw: dict[str, dict[int, dict[str, list[float]]]] = {
         pkg: {level: collections.defaultdict(list) for level in (1, args.level)} for pkg in packages}
     message_id = 1 << 40
@@ -179,7 +180,7 @@ async def concurrency_rounds(args: argparse.Namespace, engines: dict[str, tuple[
         row: dict = {}
         for level in (1, args.level):
             got = raw[pkg][level]
-            row[f"x{level}"] = {"latency_ms": speed.summary(got["latency_ms"]),
+            row[f"x{level}"] = {"latency_ms": summary(got["latency_ms"]),
                                 "cpu_ms_per_recall": round(float(np.mean(got["cpu_ms_per_recall"])), 2),
                                 "cores_used": round(float(np.mean(got["cores_used"])), 2),
                                 "load": [min(got["load"]), max(got["load"])]}
@@ -205,11 +206,11 @@ async def run(args: argparse.Namespace) -> dict:
         scratch = Path(tempfile.mkdtemp(prefix="muninn-conc-")) / path.name
         shutil.copy(path, scratch)
         path = scratch
-    world = speed.SkewWorld(speed.SkewShape(args.size), seed=99)
+    world = SkewWorld(SkewShape(args.size), seed=99)
     engines: dict[str, tuple[Any, Any, Any, Any]] = {}
     for pkg in packages:
         settings = importlib.import_module(f"{pkg}.settings").load_settings(
-            {"MUNINN_DB_PATH": str(path), "OLLAMA_URL": "", "OLLAMA_EMBED_MODEL": speed.EMBED_MODEL})
+            {"MUNINN_DB_PATH": str(path), "OLLAMA_URL": "", "OLLAMA_EMBED_MODEL": EMBED_MODEL})
         engine = await importlib.import_module(f"{pkg}.memory.engine").Engine(settings).start()
         await engine.warmed()
         engines[pkg] = (engine, engine.storage.open_reader(), engine.storage.open_writer(),
@@ -218,7 +219,7 @@ async def run(args: argparse.Namespace) -> dict:
                  "whole": args.whole, "classes": {}}
     if args.concurrency:
         out["concurrency"] = await concurrency_rounds(args, engines)
-    for kind in (() if args.concurrency else speed.VIEWER_CLASSES):
+    for kind in (() if args.concurrency else VIEWER_CLASSES):
         queries = [(world.viewer_of(kind), *world.query()) for _ in range(args.per_class + args.warm)]
         measured: dict[str, Steps] = {pkg: Steps() for pkg in packages}
         same = 0
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-messages", dest="messages", action="store_false",
                         help="--concurrency: recall without recording each recall's message in the history first "
                              "(the bot records every message)")
-    parser.add_argument("--workdir", default=str(speed.RESULTS))
+    parser.add_argument("--workdir", default=str(RESULTS))
     parser.add_argument("--out", default=None, help="JSON file to save")
     args = parser.parse_args(argv)
     out = asyncio.run(run(args))

@@ -19,7 +19,7 @@ import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from bot.llm.hosts import OllamaHosts
+from bot.llm.ollama import OllamaHosts
 from bot.memory import records
 from tests.fakes.ollama import FakeOllama
 

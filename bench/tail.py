@@ -38,17 +38,8 @@ from typing import Any
 from bot.memory.engine import Engine
 from bot.memory.sqlite import vec0 as vectors
 
-from .speed import (
-    RESULTS,
-    VIEWER_CLASSES,
-    SkewShape,
-    SkewWorld,
-    bench_settings,
-    build,
-    forget_word_counts,
-    percentile,
-    said_in_busy_channel,
-)
+from .speed import forget_word_counts
+from .world import RESULTS, VIEWER_CLASSES, SkewShape, SkewWorld, bench_settings, build, percentile, said_in_busy_channel
 
 VARIANTS = {"old": {"MUNINN_WAL_CHECKPOINT": "inline", "MUNINN_GC_FREEZE": "off"},
             "new": {"MUNINN_WAL_CHECKPOINT": "", "MUNINN_GC_FREEZE": ""},

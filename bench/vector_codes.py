@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from bench import speed
+from bench.world import RESULTS, VIEWER_CLASSES, SkewShape, SkewWorld, bench_settings, said_in_busy_channel
 from bot.memory.engine import Engine
 from bot.memory.scope import visible_keys
 from bot.memory.sqlite import vec0 as vectors
@@ -58,7 +59,7 @@ def shortlist_recall(matrix: np.ndarray, queries: np.ndarray, share: float, k: i
         vector_codes.RERANK_SHARE, vector_codes.RERANK_MIN, vector_codes.RERANK_PER_K = saved
 
 
-MINILM_CACHE = speed.RESULTS / "embeddings-minilm.npz"  # bench.quality's embedding cache (LoCoMo turns)
+MINILM_CACHE = RESULTS / "embeddings-minilm.npz"  # bench.quality's embedding cache (LoCoMo turns)
 
 
 def unit_rows(matrix: np.ndarray) -> np.ndarray:
@@ -98,8 +99,8 @@ def set_mode(engine: Engine, mode: str, codes_min: int) -> None:
 
 async def online(args: argparse.Namespace) -> dict:
     path = Path(args.workdir) / f"skew-{args.size}-{args.label}.db"
-    shape = speed.SkewShape(args.size)
-    world, chatter = speed.SkewWorld(shape, seed=99), speed.SkewWorld(shape, seed=7_777)
+    shape = SkewShape(args.size)
+    world, chatter = SkewWorld(shape, seed=99), SkewWorld(shape, seed=7_777)
     modes = args.modes.split(",")
     out: dict[str, Any] = {"size": args.size, "modes": modes, "codes_min": args.codes_min, "classes": {}}
 
@@ -109,7 +110,7 @@ async def online(args: argparse.Namespace) -> dict:
         found = engine.storage.vector_candidates(conn, info, qvec, keys, k, None)
         return ([c.memory_id for c in found], (time.perf_counter() - wall) * 1000, (time.thread_time() - cpu) * 1000)
 
-    async with Engine(speed.bench_settings(path)) as engine:
+    async with Engine(bench_settings(path)) as engine:
         info = await engine.write(vectors.index_info)
         started = time.perf_counter()
         await engine.warmed()
@@ -126,7 +127,7 @@ async def online(args: argparse.Namespace) -> dict:
             for i in range(args.per_class + args.warm):
                 viewer = world.viewer_of(kind)
                 _, qvec = world.query()
-                await engine.write(speed.said_in_busy_channel, info, chatter)
+                await engine.write(said_in_busy_channel, info, chatter)
                 keys = await engine.read(visible_keys, viewer)
                 got: dict[str, list[int]] = {}
                 for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
@@ -164,7 +165,7 @@ async def concurrency(args: argparse.Namespace) -> dict:
         for round_ in range(args.rounds):
             for codes_min in ((0, args.codes_min) if round_ % 2 == 0 else (args.codes_min, 0)):
                 os.environ["MUNINN_VECTOR_CODES_MIN"] = str(codes_min)
-                got = await speed.measure_concurrency(scratch, speed.SkewShape(args.size), burst=args.burst)
+                got = await speed.measure_concurrency(scratch, SkewShape(args.size), burst=args.burst)
                 got["codes_min"], got["load"] = codes_min, os.getloadavg()[0]
                 out["rounds"].append(got)
                 print(f"codes_min {codes_min} (load {got['load']:.1f}): one at a time p95 "
@@ -187,11 +188,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=100000)
     parser.add_argument("--label", default="speed")
     parser.add_argument("--modes", default="exact,codes")
-    parser.add_argument("--classes", default=",".join(speed.VIEWER_CLASSES))
+    parser.add_argument("--classes", default=",".join(VIEWER_CLASSES))
     parser.add_argument("--codes-min", type=int, default=20000)
     parser.add_argument("--per-class", type=int, default=40)
     parser.add_argument("--warm", type=int, default=5)
-    parser.add_argument("--workdir", default=str(speed.RESULTS))
+    parser.add_argument("--workdir", default=str(RESULTS))
     parser.add_argument("--out", default=None, help="JSON file to save")
     args = parser.parse_args(argv)
     world = Path(args.workdir) / f"skew-{args.size}-{args.label}.db"

@@ -2,17 +2,15 @@
 answers every slash-command failure politely, and never syncs commands on its own
 (`muninn sync` does that, once, on purpose).
 
-SIGTERM (systemd, `docker stop`) and SIGINT (Ctrl-C) stop it gracefully (`shutdown`): no new
-messages are taken, the replies being written get MUNINN_SHUTDOWN_SECONDS to finish, Discord
-is closed, the facts waiting for extraction get as long again to be saved, and the database
-is closed cleanly. A second signal skips the waiting.
+SIGTERM (systemd, `docker stop`) and SIGINT (Ctrl-C) stop it gracefully (`shutdown`, hooked to
+the signals by cogs/adapter.py): no new messages are taken, the replies being written get
+MUNINN_SHUTDOWN_SECONDS to finish, Discord is closed, the facts waiting for extraction get as
+long again to be saved, and the database is closed cleanly. A second signal skips the waiting.
 """
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import signal
 from typing import Callable
 
 import discord
@@ -20,7 +18,7 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot.conversation.pipeline import ExchangeSink, Pipeline
-from bot.llm.ollama import OllamaError
+from bot.llm.errors import OllamaError
 from bot.memory.engine import Engine
 from bot.memory.errors import explain
 from bot.settings import Settings
@@ -45,10 +43,6 @@ INVITE_PERMISSIONS = discord.Permissions(view_channel=True, send_messages=True, 
 SOMETHING_WENT_WRONG = "Something went wrong on my side; it has been logged. Please try again later."
 DATABASE_UNAVAILABLE = ("My memory is unavailable right now (busy with maintenance, or a disk problem); nothing "
                         "was changed. It has been logged. Please try again in a few minutes.")
-
-
-class StartupError(RuntimeError):
-    """The bot cannot start; the message says why in one line."""
 
 
 class Refusal(app_commands.AppCommandError):
@@ -223,60 +217,3 @@ def invite_url(application_id: int | None) -> str:
         return "https://discord.com/developers/applications (OAuth2 > URL Generator)"
     return discord.utils.oauth_url(application_id, permissions=INVITE_PERMISSIONS,
                                    scopes=("bot", "applications.commands"))
-
-
-LOGIN_REJECTED = ("Discord rejected DISCORD_TOKEN: open https://discord.com/developers/applications, pick the app, "
-                  "Bot > Reset Token, and put the new token in .env as DISCORD_TOKEN=...")
-INTENT_REFUSED = ("Discord refused the Message Content intent: open https://discord.com/developers/applications, "
-                  "pick the app, then Bot > Privileged Gateway Intents > Message Content Intent, and save.")
-
-
-def _start_shutdown(bot: MuninnBot, signal_name: str) -> None:
-    asyncio.get_running_loop().create_task(bot.shutdown(signal_name))
-
-
-def stop_on_signals(bot: MuninnBot) -> None:
-    """SIGTERM and SIGINT start a graceful shutdown instead of killing the bot mid-reply."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, functools.partial(_start_shutdown, bot, sig.name))
-        except (NotImplementedError, RuntimeError):  # Windows, or not the main thread
-            pass
-
-
-async def run_bot(settings: Settings) -> None:
-    """Run until stopped; StartupError when Discord turns the bot away."""
-    from cogs.sharding import make_bot  # several processes: MUNINN_SHARD_COUNT / MUNINN_SHARD_IDS
-    async with make_bot(settings) as bot:
-        stop_on_signals(bot)
-        try:
-            await bot.start(settings.discord_token.strip())
-        except discord.LoginFailure:
-            raise StartupError(LOGIN_REJECTED) from None
-        except discord.PrivilegedIntentsRequired:
-            raise StartupError(INTENT_REFUSED) from None
-        finally:
-            # `start` returns as soon as Discord is closed; a shutdown may still be saving facts.
-            await bot.close()
-
-
-async def sync_commands(settings: Settings, guild_id: int | None = None) -> list[str]:
-    """Register the slash commands with Discord: globally, or in one guild (instant, for testing)."""
-    async with MuninnBot(settings) as bot:
-        try:
-            await bot.login(settings.discord_token.strip())
-        except discord.LoginFailure:
-            raise StartupError(LOGIN_REJECTED) from None
-        guild = discord.Object(id=guild_id) if guild_id is not None else None
-        if guild is not None:
-            bot.tree.copy_global_to(guild=guild)
-        try:
-            synced = await bot.tree.sync(guild=guild)
-        except discord.Forbidden:
-            raise StartupError(f"Discord refused to register commands in guild {guild_id}: invite the bot there "
-                               f"with the applications.commands scope: {invite_url(bot.application_id)}") from None
-        except discord.HTTPException as exc:
-            raise StartupError(f"Discord refused the slash commands: {exc}") from None
-    return [command.name for command in synced]
-

@@ -11,9 +11,9 @@ from bot.cli.main import main as cli_main
 
 
 def load_discord() -> ModuleType:
-    """The Discord adapter (cogs.client), imported only by the commands that need it."""
-    from cogs import client
-    return client
+    """The Discord adapter (cogs.adapter), imported only by the commands that need it."""
+    from cogs import adapter
+    return adapter
 
 
 def main(argv: list[str] | None = None) -> int:

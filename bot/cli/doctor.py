@@ -2,20 +2,29 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from bot.llm.errors import OllamaError
 from bot.llm.hosts import split_urls
-from bot.llm.ollama import OllamaClient, OllamaError
-from bot.memory.sql import leases, queries, repair
+from bot.llm.ollama import OllamaClient
+from bot.memory.connection import Connection
+from bot.memory.sql import health, leases, repair
 from bot.memory.sqlite import db, files
+from bot.memory.sqlite import health as sqlite_health
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.migrations import MIGRATIONS, schema_version
 from bot.settings import Settings
 
+if TYPE_CHECKING:  # psycopg is optional: bot.memory.postgres is imported where it is used
+    from bot.memory.postgres.health import DefaultReader, Reader
+
 
 @dataclass
 class Check:
+    """One finding: what was checked, whether it is fine, what was found, and what to run if not."""
     name: str
     ok: bool
     detail: str
@@ -31,31 +40,27 @@ def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
     if settings.database_url:
         return postgres_checks(settings, fix)
     checks: list[Check] = []
-    try:
-        conn = db.connect(settings.db_path)
-    except Exception as exc:  # any failure to open is the finding itself
-        return [Check("database", False, str(exc), "point MUNINN_DB_PATH (or --db) at a writable file")]
-    try:
+    with ExitStack() as stack:
+        try:
+            conn = stack.enter_context(sqlite_health.opened(settings.db_path))
+        except Exception as exc:  # any failure to open is the finding itself
+            return [Check("database", False, str(exc), "point MUNINN_DB_PATH (or --db) at a writable file")]
         checks.append(permission_check(Path(settings.db_path), fix))
         checks.append(stored_values_check(conn, fix))
-        version = conn.execute("SELECT vec_version()").fetchall()[0][0]
-        checks.append(Check("sqlite-vec", True, f"{version} loaded from {db.vec_path()}"))
-        integrity = conn.execute("PRAGMA quick_check").fetchall()[0][0]
+        checks.append(Check("sqlite-vec", True, f"{sqlite_health.vec_version(conn)} loaded from {db.vec_path()}"))
+        integrity = sqlite_health.quick_check(conn)
         checks.append(Check("database", integrity == "ok",
                             f"{settings.db_path}: schema {schema_version(conn)}/{len(MIGRATIONS)}, integrity {integrity}",
                             "" if integrity == "ok" else "restore the file from a backup"))
-        info = vectors.index_info(conn)
-        missing = queries.query_value(conn, "SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL")
-        checks.append(vector_check(settings, info, int(missing or 0)))
+        checks.append(vector_check(settings, vectors.index_info(conn), health.unembedded_count(conn)))
         holder = leases.holder_of(conn, "maintenance")
         if holder is not None:  # a running bot (one of several shard processes) does the periodic maintenance
             checks.append(maintenance_check(holder))
-    finally:
-        conn.close()
     return checks
 
 
 def maintenance_check(holder: str) -> Check:
+    """Who runs the periodic maintenance (the holder of its lease), and whether that process is gone."""
     if leases.abandoned(holder):
         return Check("maintenance", True, f"the maintenance lease is held by {holder}, a process of this machine "
                                           "that is gone (killed?): the next `muninn maintain` takes it over at once, "
@@ -73,40 +78,33 @@ def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
     modes), who maintains it. A check changes nothing else: it opens a plain connection, never
     the writer's, so it does not migrate; it says what to run instead. `fix` clamps the stored
     values and says what it does not do on PostgreSQL (POSTGRES_FIX_LIMITS)."""
-    from bot.memory.postgres.backend import PostgresStorage
+    from bot.memory.postgres import health as postgres_health
     from bot.memory.postgres.migrations import MIGRATIONS as PG_MIGRATIONS
-    from bot.memory.postgres.migrations import schema_version as pg_schema_version
-    storage = PostgresStorage(settings.database_url)
-    try:
-        conn = storage.open_reader()
-    except Exception as exc:
-        return [Check("database", False, str(exc),
-                      "start the PostgreSQL server, or fix MUNINN_DATABASE_URL (unset it to use SQLite)")]
-    try:
-        server = conn.pg.execute("SHOW server_version").fetchone()
-        vector = conn.pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
-        checks = [Check("pgvector", vector is not None, f"pgvector {vector[0] if vector else 'missing'}",
-                        "" if vector else "CREATE EXTENSION vector (as a superuser), or install pgvector")]
-        gin = conn.pg.execute("SELECT (SELECT extversion FROM pg_extension WHERE extname = 'btree_gin'), "
-                              "EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'btree_gin')").fetchone()
-        checks.append(btree_gin_check(gin[0] if gin else None, bool(gin and gin[1])))
-        version, latest = pg_schema_version(conn.pg), len(PG_MIGRATIONS)
-        described = f"{storage.where()}: PostgreSQL {server[0] if server else '?'}, schema {version}/{latest}"
+    with ExitStack() as stack:
+        try:
+            storage, conn = stack.enter_context(postgres_health.opened(settings.database_url))
+        except Exception as exc:
+            return [Check("database", False, str(exc),
+                          "start the PostgreSQL server, or fix MUNINN_DATABASE_URL (unset it to use SQLite)")]
+        vector = postgres_health.extension_version(conn, "vector")
+        checks = [Check("pgvector", vector is not None, f"pgvector {vector or 'missing'}",
+                        "" if vector else postgres_health.PGVECTOR_FIX)]
+        checks.append(btree_gin_check(*postgres_health.btree_gin(conn)))
+        version, latest = postgres_health.schema_version(conn), len(PG_MIGRATIONS)
+        described = (f"{storage.where()}: PostgreSQL {postgres_health.server_version(conn) or '?'}, "
+                     f"schema {version}/{latest}")
         if version > latest:
             return checks + [Check("database", False, f"{described}: newer than this Muninn", "upgrade Muninn")]
         if version < latest:
             state = "no Muninn tables yet" if version == 0 else "older than this Muninn"
             return checks + [Check("database", False, f"{described}: {state}", MIGRATE_FIX)]
         checks += [Check("database", True, described), stored_values_check(conn, fix)]
-        info = storage.index_info(conn)
-        row = conn.execute("SELECT count(*) FROM memories WHERE embedded = 0 AND archived_at IS NULL").fetchone()
-        checks.append(vector_check(settings, info, int(row[0]) if row else 0))
-        checks.append(grants_check(conn))
+        checks.append(vector_check(settings, storage.index_info(conn), health.unembedded_count(conn)))
+        rows, later = postgres_health.readers(conn), postgres_health.default_readers(conn)
+        checks.append(grants_check(rows, later, postgres_health.revokes(rows, later)))
         holder = storage.lease_holder(conn, "maintenance")
         if holder is not None:
             checks.append(maintenance_check(holder))
-    finally:
-        storage.close(conn)
     if fix:
         checks.append(Check("--fix on PostgreSQL", True, POSTGRES_FIX_LIMITS))
     return checks
@@ -127,77 +125,23 @@ def btree_gin_check(installed: str | None, available: bool) -> Check:
 POSTGRES_FIX_LIMITS = ("--fix clamped stored values only: on PostgreSQL it changes no grants (who may read the "
                        "memories is the server's roles: see permissions), creates no extension and does not migrate, "
                        "embed or reindex; run the fix each failed check names")
-# The people's words: their text, their vectors (an embedding can be inverted back to much of
-# its text), and who asked Muninn to stop remembering them.
-PRIVATE_TABLES = ("memories", "messages", "memory_vectors", "memory_pauses")
-
-# Who besides the tables' owner may read them, one row each (role, table, column or NULL, how):
-# SELECT granted on a table or on some of its columns (to a role, or to every role: PUBLIC;
-# how NULL); members of pg_read_all_data (PostgreSQL 14+; to_regrole is NULL before it), which
-# read every table without any grant; members of the owner role itself (`GRANT owner TO x`:
-# x reads whatever the owner reads, by inheritance or SET ROLE). Superusers and the role Muninn
-# connects as are the server's administration and Muninn itself: not listed.
-_READERS_SQL = """
-SELECT coalesce(r.rolname, 'PUBLIC'), c.relname, NULL, NULL
-FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%(tables)s)
-  AND a.grantee <> c.relowner AND a.privilege_type = 'SELECT'
-UNION ALL
-SELECT coalesce(r.rolname, 'PUBLIC'), c.relname, att.attname::text, NULL
-FROM pg_class c JOIN pg_attribute att ON att.attrelid = c.oid AND att.attnum > 0 AND NOT att.attisdropped
-CROSS JOIN LATERAL aclexplode(att.attacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%(tables)s)
-  AND a.grantee <> c.relowner AND a.privilege_type = 'SELECT'
-UNION ALL
-SELECT m.rolname, c.relname, NULL, 'pg_read_all_data'
-FROM pg_class c JOIN pg_roles m ON pg_has_role(m.oid, to_regrole('pg_read_all_data'), 'MEMBER')
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%(tables)s)
-  AND NOT m.rolsuper AND m.oid <> c.relowner AND m.oid <> to_regrole('pg_read_all_data')
-UNION ALL
-SELECT m.rolname, c.relname, NULL, pg_get_userbyid(c.relowner)::text
-FROM pg_class c JOIN pg_roles m ON pg_has_role(m.oid, c.relowner, 'MEMBER')
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%(tables)s)
-  AND NOT m.rolsuper AND m.oid <> c.relowner AND m.rolname <> current_user
-ORDER BY 1, 2, 3
-"""
-# Default privileges of the owner role that grant SELECT on tables created later (every schema,
-# or Muninn's): the tables a future migration creates would be readable as soon as they exist.
-# One row each: (grantee, owner, schema or NULL for every schema).
-_DEFAULT_READERS_SQL = """
-SELECT coalesce(r.rolname, 'PUBLIC'), pg_get_userbyid(d.defaclrole)::text, n.nspname::text
-FROM pg_default_acl d CROSS JOIN LATERAL aclexplode(d.defaclacl) a
-LEFT JOIN pg_roles r ON r.oid = a.grantee LEFT JOIN pg_namespace n ON n.oid = d.defaclnamespace
-WHERE d.defaclobjtype = 'r' AND a.privilege_type = 'SELECT' AND a.grantee <> d.defaclrole
-  AND (d.defaclnamespace = 0 OR d.defaclnamespace = current_schema()::regnamespace)
-  AND d.defaclrole = (SELECT relowner FROM pg_class WHERE oid = 'memories'::regclass)
-ORDER BY 1, 3
-"""
-
-Reader = tuple[str, str, str | None, str | None]      # role, table, column, how (_READERS_SQL)
-DefaultReader = tuple[str, str, str | None]           # role, owner, schema (_DEFAULT_READERS_SQL)
 
 
-def grants_check(conn) -> Check:
+def grants_check(rows: Sequence[Reader], later: Sequence[DefaultReader], revokes: Sequence[str]) -> Check:
     """PostgreSQL's counterpart of the file modes: the roles other than the tables' owner that may
-    read the people's words now (_READERS_SQL) or in the tables created later
-    (_DEFAULT_READERS_SQL), with the statements that take it away."""
-    rows = conn.pg.execute(_READERS_SQL, {"tables": list(PRIVATE_TABLES)}).fetchall()
-    later = conn.pg.execute(_DEFAULT_READERS_SQL).fetchall()
+    read the people's words now (`rows`) or in the tables created later (`later`), with the
+    statements that take it away (`revokes`)."""
     if not rows and not later:
         return Check("permissions", True, "only the owner of Muninn's tables may read the memories, their vectors "
                                           "and the messages (and the server's superusers)")
     said = "; ".join(part for part in (describe_readers(rows), describe_default_readers(later)) if part)
     return Check("permissions", False, f"other roles can read your memories: {said}",
-                 revoke_readers(rows, later) + "; --fix changes no grants on PostgreSQL")
-
-
-def _quoted(role: str) -> str:
-    return role if role == "PUBLIC" else f'"{role}"'
+                 "if they should not: " + "; ".join(revokes) + "; --fix changes no grants on PostgreSQL")
 
 
 def describe_readers(rows: Sequence[Reader]) -> str:
     """'PUBLIC may read messages; "x" may read memories (content), memory_vectors; "y" may read
-    every table (a member of pg_read_all_data)', from _READERS_SQL's rows."""
+    every table (a member of pg_read_all_data)', from the rows of postgres.health.readers."""
     tables: dict[str, dict[str, list[str]]] = {}   # role -> table -> its granted columns ([]: all of it)
     through: dict[str, str] = {}                   # role -> the role it reads every table as a member of
     for role, table, column, how in rows:
@@ -222,6 +166,7 @@ def describe_readers(rows: Sequence[Reader]) -> str:
 
 
 def describe_default_readers(rows: Sequence[DefaultReader]) -> str:
+    """Who will read the tables a future migration creates, from the rows of postgres.health.default_readers."""
     roles = sorted({role for role, _, _ in rows})
     if not roles:
         return ""
@@ -230,27 +175,8 @@ def describe_default_readers(rows: Sequence[DefaultReader]) -> str:
             f'(default privileges of "{owner}": a future migration\'s tables)')
 
 
-def revoke_readers(rows: Sequence[Reader], later: Sequence[DefaultReader] = ()) -> str:
-    """The statements that take the reading away (revoking SELECT on a table revokes its column
-    grants too; a membership is revoked from the role that grants it)."""
-    def quoted(roles: set[str]) -> str:
-        return ", ".join(_quoted(role) for role in sorted(roles))
-    granted = {role for role, _, _, how in rows if how is None}
-    fixes = []
-    if granted:
-        fixes.append(f"REVOKE SELECT ON {', '.join(PRIVATE_TABLES)} FROM {quoted(granted)} (as the tables' owner)")
-    for how in sorted({how for _, _, _, how in rows if how is not None}):
-        members = {role for role, _, _, h in rows if h == how}
-        fixes.append(f"REVOKE {_quoted(how)} FROM {quoted(members)} (as a role that may: a superuser)")
-    for owner, schema in sorted({(owner, schema or "") for _, owner, schema in later}):
-        roles = {role for role, o, s in later if (o, s or "") == (owner, schema)}
-        where = f" IN SCHEMA {schema}" if schema else ""
-        fixes.append(f"ALTER DEFAULT PRIVILEGES FOR ROLE {_quoted(owner)}{where} REVOKE SELECT ON TABLES "
-                     f"FROM {quoted(roles)} (as that role or a superuser)")
-    return "if they should not: " + "; ".join(fixes)
-
-
 def vector_check(settings: Settings, info: vectors.IndexInfo | None, missing: int) -> Check:
+    """The vectors: made with the configured embedding model, and one for every active memory."""
     if info is not None and info.model != settings.embed_model:
         return Check("vector index", False,
                      f"vectors made with {info.model!r}, OLLAMA_EMBED_MODEL is {settings.embed_model!r}", "muninn reindex")
@@ -260,6 +186,7 @@ def vector_check(settings: Settings, info: vectors.IndexInfo | None, missing: in
 
 
 def permission_check(db_path: Path, fix: bool) -> Check:
+    """The database files readable by their owner only (with `fix`, made so)."""
     loose = files.loose_modes(db_path)
     if loose and fix:
         files.tighten_modes(db_path)
@@ -271,7 +198,8 @@ def permission_check(db_path: Path, fix: bool) -> Check:
     return Check("permissions", True, "database files readable by their owner only")
 
 
-def stored_values_check(conn, fix: bool) -> Check:
+def stored_values_check(conn: Connection, fix: bool) -> Check:
+    """No nonsense stored values (repair.RULES; with `fix`, clamped)."""
     bad = repair.find_bad_rows(conn)
     if not bad:
         return Check("stored values", True, "every memory has sane times, stability and sources")
@@ -285,6 +213,7 @@ def stored_values_check(conn, fix: bool) -> Check:
 
 
 async def ollama_checks(settings: Settings) -> list[Check]:
+    """Every Ollama host of OLLAMA_URL reachable, with both models pulled."""
     if not settings.ollama_url:
         return [Check("ollama", False, "OLLAMA_URL is empty: recall is keyword-only and Muninn cannot chat",
                       "set OLLAMA_URL=http://localhost:11434 in .env")]
@@ -312,6 +241,7 @@ async def host_checks(settings: Settings, suffix: str) -> list[Check]:
 
 
 async def run_doctor(settings: Settings, *, fix: bool = False) -> list[Check]:
+    """Every check: the database's (off the event loop), then Ollama's."""
     import asyncio
     database = await asyncio.to_thread(database_checks, settings, fix=fix)
     return database + await ollama_checks(settings)

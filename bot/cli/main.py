@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Awaitable, Callable, Protocol, TypeVar
 
 from bot import validate
+from bot.cli import migrate
+from bot.cli.args import importance, positive_int, recall_limit, snowflake
 from bot.cli.importer import import_lines
 from bot.cli.progress import Progress
 from bot.memory import records
@@ -215,7 +217,7 @@ def discord_token_problem(settings: Settings) -> str | None:
 
 
 class DiscordAdapter(Protocol):
-    """What the command line needs from the Discord adapter (`cogs.client`)."""
+    """What the command line needs from the Discord adapter (`cogs.adapter`)."""
     StartupError: type[Exception]
 
     async def run_bot(self, settings: Settings) -> None: ...
@@ -294,42 +296,6 @@ async def cmd_maintain(args, settings: Settings) -> int:
 
 # -- parser ------------------------------------------------------------------
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{validate.replace_invalid(repr(text))} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def recall_limit(text: str) -> int:
-    value = positive_int(text)
-    if value > validate.MAX_RECALL_LIMIT:
-        raise argparse.ArgumentTypeError(f"{text!r} is more than {validate.MAX_RECALL_LIMIT}")
-    return value
-
-
-def snowflake(text: str) -> int:
-    try:
-        value = validate.snowflake(text, "id", optional=False)
-    except validate.Invalid as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    assert value is not None
-    return value
-
-
-def importance(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{validate.replace_invalid(repr(text))} is not a number") from None
-    if not 0.0 <= value <= 1.0:  # NaN fails this too
-        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 1")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a subcommand's unset option must not overwrite one given before the subcommand.
@@ -399,8 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restore", type=snowflake, metavar="ID", help="bring an archived memory back")
     p.set_defaults(handler=cmd_maintain)
 
-    from bot.cli.migrate import add_parser as add_migrate_parser
-    add_migrate_parser(sub, common)
+    migrate.add_parser(sub, common)
     return parser
 
 
@@ -438,7 +403,7 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
     except Exception as exc:  # one line for operators; the traceback only with -v
         if args.verbose:
             raise
-        from bot.llm.ollama import OllamaError
+        from bot.llm.errors import OllamaError
         from bot.memory.errors import explain
         message = str(exc) if isinstance(exc, (OllamaError, SettingsError)) else explain(exc)
         if message is not None:

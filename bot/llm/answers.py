@@ -9,7 +9,8 @@ import logging
 import re
 from typing import Any, Callable, TypeVar
 
-from bot.llm.ollama import OllamaClient, OllamaError
+from bot.llm.errors import OllamaError
+from bot.llm.ollama import OllamaClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -2,25 +2,26 @@
 
 Each host is a plain `OllamaClient` with everything that client keeps per server: its
 cooldowns per purpose, its recovery probe, its chat slots (OLLAMA_MAX_CONCURRENCY per host).
-`OllamaHosts` only chooses: every call (reply, streamed reply, embedding, background work)
-goes to the least busy host that is not cooling down for that purpose (fewest of our calls in
-flight; ties take turns), and when a host cannot be reached the same call moves on to the
-next one, with one log line naming the failed host. A streamed reply moves on only before
-its first piece (a person never sees half an answer twice). Replies may still go to a
-cooling host when every other one failed: its probe (`OllamaClient._back_up`) is what brings
-a host back. Embeddings and background work skip cooling hosts until their cooldown ends.
-When every host failed, the call raises like the single-host client, so the callers' usual
-fallbacks apply (keyword-only recall, "cannot think right now").
+`OllamaHosts` (bot/llm/ollama.py) only chooses, through `HostChoice` here: every call (reply,
+streamed reply, embedding, background work) goes to the least busy host that is not cooling
+down for that purpose (fewest of our calls in flight; ties take turns), and when a host
+cannot be reached the same call moves on to the next one, with one log line naming the
+failed host. A streamed reply moves on only before its first piece (a person never sees
+half an answer twice). Replies may still go to a cooling host when every other one failed:
+its probe (`OllamaClient._back_up`) is what brings a host back. Embeddings and background
+work skip cooling hosts until their cooldown ends. When every host failed, the call raises
+like the single-host client, so the callers' usual fallbacks apply (keyword-only recall,
+"cannot think right now").
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
-from bot.llm.ollama import OllamaClient, OllamaError, OllamaUnavailable, Purpose
+from bot.llm.errors import OllamaError, OllamaUnavailable, Purpose
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -31,26 +32,40 @@ def split_urls(raw: str) -> list[str]:
     return list(dict.fromkeys(part.strip().rstrip("/") for part in raw.split(",") if part.strip()))
 
 
-class _Host(OllamaClient):
-    """One host of several: its failures are logged by `OllamaHosts`, which knows whether
-    another host took the call over (so the line never claims recall lost its vectors when it
-    did not)."""
+class Host(Protocol):
+    """What `HostChoice` uses of each host's client (an `OllamaClient`)."""
 
-    def _log_embed_failure(self, exc: OllamaError) -> None:
-        pass
+    url: str
+
+    async def close(self) -> None: ...
+
+    def cooling_down(self, purpose: Purpose) -> bool: ...
+
+    async def _back_up(self) -> bool: ...
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+    async def chat(self, messages: list[dict[str, str]], *, format: Any = None,
+                   options: dict[str, Any] | None = None, timeout: float | None = None,
+                   background: bool = False) -> str: ...
+
+    def chat_stream(self, messages: list[dict[str, str]], *,
+                    timeout: float | None = None) -> AsyncIterator[str]: ...
+
+    async def model_names(self) -> list[str]: ...
 
 
-class OllamaHosts(OllamaClient):
-    """The `OllamaClient` API over several hosts (see the module docstring)."""
+class HostChoice:
+    """The `OllamaClient` API over several hosts (see the module docstring): the half of
+    `OllamaHosts` that chooses a host for each call. The client half sets the attributes."""
 
-    def __init__(self, urls: Sequence[str], **options: Any):
-        if not urls:
-            raise ValueError("OllamaHosts needs at least one URL")
-        super().__init__(",".join(urls), **options)
-        self.hosts: list[OllamaClient] = [_Host(url, **options) for url in urls]
-        self.in_flight: dict[str, int] = {host.url: 0 for host in self.hosts}
-        self._turn = 0
-        self._probes: set[asyncio.Task] = set()
+    url: str
+    cooldown: float
+    chat_timeout: float
+    hosts: Sequence[Host]
+    in_flight: dict[str, int]      # our calls in flight, per host URL
+    _turn: int                     # whose turn it is among equally busy hosts
+    _probes: set[asyncio.Task]     # recovery probes of cooling hosts, running in the background
 
     async def close(self) -> None:
         for probe in list(self._probes):
@@ -64,7 +79,7 @@ class OllamaHosts(OllamaClient):
 
     # -- choosing a host -----------------------------------------------------
 
-    def candidates(self, purpose: Purpose) -> list[OllamaClient]:
+    def candidates(self, purpose: Purpose) -> list[Host]:
         """The hosts to try, best first: healthy ones by load (ties take turns); for replies
         then the cooling ones, whose recovery probe may find them back."""
         count = len(self.hosts)
@@ -77,14 +92,14 @@ class OllamaHosts(OllamaClient):
                 self._probe_soon(host)
         return healthy + cooling
 
-    def _probe_soon(self, host: OllamaClient) -> None:
+    def _probe_soon(self, host: Host) -> None:
         """While other hosts take the replies, ask a cooling host in the background whether it is
         back (its own probe: at most one at a time, none in the first PROBE_AFTER seconds)."""
         probe = asyncio.get_running_loop().create_task(host._back_up())
         self._probes.add(probe)
         probe.add_done_callback(self._probes.discard)
 
-    async def _first_that_answers(self, purpose: Purpose, call: Callable[[OllamaClient], Awaitable[T]],
+    async def _first_that_answers(self, purpose: Purpose, call: Callable[[Host], Awaitable[T]],
                                   deadline: float | None = None) -> T:
         hosts = self.candidates(purpose)
         if not hosts:
@@ -107,7 +122,7 @@ class OllamaHosts(OllamaClient):
         assert failure is not None
         raise failure
 
-    def _log_skip(self, host: OllamaClient, purpose: Purpose, exc: OllamaError) -> None:
+    def _log_skip(self, host: Host, purpose: Purpose, exc: OllamaError) -> None:
         log.warning("Ollama host %s failed a %s call, skipping it for %.0f s: %s", host.url, purpose,
                     self.cooldown, exc)
 
@@ -129,7 +144,7 @@ class OllamaHosts(OllamaClient):
         timeout = timeout or self.chat_timeout
         deadline = time.monotonic() + timeout
 
-        def ask(host: OllamaClient) -> Awaitable[str]:
+        def ask(host: Host) -> Awaitable[str]:
             return host.chat(messages, format=format, options=options, background=background,
                              timeout=max(0.1, deadline - time.monotonic()))
         return await self._first_that_answers("background" if background else "reply", ask, deadline)

@@ -2,7 +2,7 @@
 
 Ollama runs elsewhere and may be down, slow, or missing a model. Every call has a
 short timeout and a bounded number of retries, raises one of the OllamaError
-subclasses below, and logs one line that says what to fix.
+subclasses (bot/llm/errors.py), and logs one line that says what to fix.
 
 Cooldowns are kept per purpose, so one failure never blocks another kind of call:
 - embeddings: after a failure, none for `cooldown` seconds (recall goes keyword-only, so a
@@ -11,6 +11,9 @@ Cooldowns are kept per purpose, so one failure never blocks another kind of call
   first asks a cheap `/api/version` (one probe at a time): if Ollama is back the reply goes
   through at once instead of waiting out the cooldown;
 - background work (extraction, consolidation): its own cooldown, which replies never see.
+
+Several hosts (OLLAMA_URL=a,b) get an `OllamaHosts`: a client per host, and
+bot/llm/hosts.py's choice of the host for each call.
 """
 from __future__ import annotations
 
@@ -20,38 +23,25 @@ import logging
 import math
 import time
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Sequence
+
+from bot.llm.errors import (
+    OllamaBadResponse,
+    OllamaDisabled,
+    OllamaError,
+    OllamaModelMissing,
+    OllamaUnavailable,
+    Purpose,
+)
+from bot.llm.hosts import HostChoice, split_urls
 
 if TYPE_CHECKING:  # imported lazily: keyword-only command-line calls never need it
     import aiohttp
 
 log = logging.getLogger(__name__)
 
-Purpose = Literal["embed", "reply", "background"]
 PROBE_AFTER = 1.0      # seconds after a failed reply before the next one may probe Ollama
 PROBE_TIMEOUT = 1.0    # seconds a probe may take
-
-
-class OllamaError(RuntimeError):
-    """Base of every Ollama failure; the message says what to do."""
-
-
-class OllamaDisabled(OllamaError):
-    """No OLLAMA_URL is configured."""
-
-
-class OllamaUnavailable(OllamaError):
-    """Connection refused, timed out, or a server error."""
-
-
-class OllamaModelMissing(OllamaError):
-    def __init__(self, model: str):
-        super().__init__(f"Ollama has no model {model!r}: run `ollama pull {model}`")
-        self.model = model
-
-
-class OllamaBadResponse(OllamaError):
-    """The server answered, but not with what the API promises."""
 
 
 def usable_vector(vector: Any) -> bool:
@@ -89,12 +79,11 @@ class OllamaClient:
 
     @classmethod
     def from_settings(cls, settings) -> "OllamaClient":
-        """The client for OLLAMA_URL; several comma-separated hosts get a `hosts.OllamaHosts`."""
+        """The client for OLLAMA_URL; several comma-separated hosts get an `OllamaHosts`."""
         options = dict(chat_model=settings.chat_model, embed_model=settings.embed_model,
                        embed_timeout=settings.embed_timeout, chat_timeout=settings.chat_timeout,
                        retries=settings.ollama_retries, cooldown=settings.ollama_cooldown,
                        concurrency=settings.ollama_concurrency)
-        from bot.llm.hosts import OllamaHosts, split_urls
         urls = split_urls(settings.ollama_url)
         return OllamaHosts(urls, **options) if len(urls) > 1 else cls(settings.ollama_url, **options)
 
@@ -360,3 +349,26 @@ class OllamaClient:
         if status >= 500:
             raise OllamaUnavailable(f"Ollama at {self.url} answered {status} on {path}: {error or text[:200]}")
         raise OllamaBadResponse(f"Ollama at {self.url} answered {status} on {path}: {error or text[:200]}")
+
+
+class _Host(OllamaClient):
+    """One host of several: its failures are logged by `OllamaHosts`, which knows whether
+    another host took the call over (so the line never claims recall lost its vectors when it
+    did not)."""
+
+    def _log_embed_failure(self, exc: OllamaError) -> None:
+        pass
+
+
+class OllamaHosts(HostChoice, OllamaClient):
+    """The `OllamaClient` API over several hosts, each a plain client of its own; which host
+    takes a call is `HostChoice`'s (bot/llm/hosts.py)."""
+
+    def __init__(self, urls: Sequence[str], **options: Any):
+        if not urls:
+            raise ValueError("OllamaHosts needs at least one URL")
+        super().__init__(",".join(urls), **options)
+        self.hosts = [_Host(url, **options) for url in urls]
+        self.in_flight = {host.url: 0 for host in self.hosts}
+        self._turn = 0
+        self._probes = set()

@@ -6,15 +6,16 @@ import os
 
 import pytest
 
-from bench import concurrency, speed
+from bench import concurrency
+from bench.world import SkewShape, build
 
 pytestmark = pytest.mark.sqlite_only("the benchmark of SQLite's concurrent recalls")
 
 
 async def test_concurrency_variants_run_in_their_own_processes(tmp_path):
-    shape = speed.SkewShape(600, users=40, channels=12, guilds=3, vocab=2000)
+    shape = SkewShape(600, users=40, channels=12, guilds=3, vocab=2000)
     path = tmp_path / "world.db"
-    await speed.build(path, shape)
+    await build(path, shape)
     for name in ("x20_one_core", "x20_two_processes"):
         m = concurrency.measure(path, shape, name, recalls=24)
         assert m["n"] == 24 and 0 < m["p50"] <= m["p95"]

@@ -6,14 +6,15 @@ import time
 import apsw
 
 from bench import overlap, speed
+from bench.world import DIM, SkewShape, build
 
 
 async def test_recall_is_measured_idle_and_while_another_process_writes(tmp_path):
-    shape = speed.SkewShape(600, users=40, channels=12, guilds=3, vocab=2000)
+    shape = SkewShape(600, users=40, channels=12, guilds=3, vocab=2000)
     path = tmp_path / "skew.db"
-    await speed.build(path, shape)
+    await build(path, shape)
     started = time.time()
-    with speed.EmbedServerProcess("hash", dim=speed.DIM) as url:
+    with speed.EmbedServerProcess("hash", dim=DIM) as url:
         result = await overlap.measure(overlap._env(path, "", url), shape, rounds=2, recalls=3)
     assert result["idle"]["n"] == result["writing"]["n"] == 6
     assert 0 < result["idle"]["p50"] <= result["idle"]["p95"] and result["p95_ratio"] > 0

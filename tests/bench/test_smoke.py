@@ -6,22 +6,23 @@ import json
 import pytest
 
 from bench import quality, shared_world, speed
+from bench.world import DIM, VIEWER_CLASSES, Shape, SkewShape, build
 from bot.memory import records
 from bot.memory.sqlite import db
 from tests.fakes.ollama import FakeOllama
 
 
 async def test_speed_benchmark_on_500_memories(tmp_path):
-    shape = speed.Shape(500, channels=12, guilds=3, vocab=2000)
+    shape = Shape(500, channels=12, guilds=3, vocab=2000)
     path = tmp_path / "speed.db"
-    built = await speed.build(path, shape, chunk_size=16)
+    built = await build(path, shape, chunk_size=16)
     assert built["build_s"] > 0
     reads = await speed.measure_reads(path, shape, viewers=10)
     for step in ("fts", "vector", "fuse_graph_touch", "total", "numpy"):
         assert reads[step]["n"] == 10 and 0 <= reads[step]["median"] <= reads[step]["p95"]
     assert reads["visible"]["median"] >= 5  # the global memories at least
-    assert reads["raw_bytes"] > 500 * speed.DIM * 4
-    with speed.EmbedServerProcess("hash", dim=speed.DIM) as url:
+    assert reads["raw_bytes"] > 500 * DIM * 4
+    with speed.EmbedServerProcess("hash", dim=DIM) as url:
         writes = await speed.measure_writes(path, shape, url, singles=5, batches=2, batch_size=10)
         lag = await speed.measure_loop_lag(path, shape, url, burst=20, concurrency=5)
     assert writes["one_at_a_time_per_s"] > 0 and writes["batch_10_per_s"] > 0
@@ -45,11 +46,11 @@ def memories_in(path) -> int:
 
 
 async def test_skewed_speed_benchmark_measures_every_viewer_class(tmp_path, monkeypatch):
-    shape = speed.SkewShape(600, users=40, channels=12, guilds=3, vocab=2000)
+    shape = SkewShape(600, users=40, channels=12, guilds=3, vocab=2000)
     path = tmp_path / "skew.db"
-    await speed.build(path, shape)
+    await build(path, shape)
     classes = await speed.measure_classes(path, shape, per_class=4, warm=1)
-    assert set(classes) == set(speed.VIEWER_CLASSES)
+    assert set(classes) == set(VIEWER_CLASSES)
     assert classes["busy"]["visible"]["median"] > classes["global_only"]["visible"]["median"] >= 600 * 0.01
     assert all(c["ratio"]["n"] == 4 and c["total"]["median"] > 0 for c in classes.values())
     assert all(0 < c["vector_cpu"]["median"] and 0 < c["fts_search"]["median"] <= c["fts"]["median"]

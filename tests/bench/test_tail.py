@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import speed, tail
+from bench import tail
+from bench.world import VIEWER_CLASSES, SkewShape, build
 
 pytestmark = pytest.mark.sqlite_only("the benchmark of SQLite's recall tail")
 
@@ -12,13 +13,13 @@ pytestmark = pytest.mark.sqlite_only("the benchmark of SQLite's recall tail")
 async def test_tail_benchmark_splits_each_recall_and_switches_the_variants(tmp_path, monkeypatch):
     for name in tail.VARIANTS["old"]:
         monkeypatch.setenv(name, "")  # run_block sets them per variant; restored after the test
-    shape = speed.SkewShape(600, users=40, channels=12, guilds=3, vocab=2000)
+    shape = SkewShape(600, users=40, channels=12, guilds=3, vocab=2000)
     path = tmp_path / "tail.db"
-    await speed.build(path, shape)
+    await build(path, shape)
     old = await tail.run_block(path, shape, "old", per_class=3, seed=1, warm=1)
     new = await tail.run_block(path, shape, "new", per_class=3, seed=2, warm=1, beside_ms=5)
     for block in (old, new):
-        assert set(block.rows) == set(speed.VIEWER_CLASSES)
+        assert set(block.rows) == set(VIEWER_CLASSES)
         assert all(len(rows) == 3 for rows in block.rows.values())
         assert all(r["wall"] > 0 and r["cpu"] > 0 and r["runq"] >= 0 for rows in block.rows.values() for r in rows)
     assert {c["thread"] for c in old.checkpoints} <= {"muninn-db"}

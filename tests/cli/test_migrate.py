@@ -8,9 +8,9 @@ import psycopg
 import pytest
 
 from bot.cli.main import main
-from bot.cli.migrate import Interrupted, copy_database
 from bot.memory import records
 from bot.memory.engine import Engine
+from bot.memory.postgres.copy import Interrupted, MigrationError, copy_database
 from bot.memory.scope import Viewer
 from bot.memory.sql import channels as channel_settings
 from bot.memory.sql import history, store
@@ -170,7 +170,6 @@ async def test_text_postgresql_cannot_hold_is_repaired_and_counted(source, postg
 
 async def test_a_lost_connection_is_one_line_and_the_rerun_finishes(source, postgres_url):
     settings, facts = source
-    from bot.cli.migrate import MigrationError
 
     def cut(done: int, total: int) -> None:
         if done >= 8:  # after two committed batches the server drops the migrating connection

@@ -8,8 +8,9 @@ from contextlib import AsyncExitStack
 import pytest
 
 from bot.cli.doctor import ollama_checks
-from bot.llm.hosts import OllamaHosts, split_urls
-from bot.llm.ollama import OllamaClient, OllamaUnavailable
+from bot.llm.errors import OllamaUnavailable
+from bot.llm.hosts import split_urls
+from bot.llm.ollama import OllamaClient, OllamaHosts
 from bot.memory.engine import Engine
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer

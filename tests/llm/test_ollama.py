@@ -6,13 +6,8 @@ import time
 
 import pytest
 
-from bot.llm.ollama import (
-    OllamaBadResponse,
-    OllamaClient,
-    OllamaDisabled,
-    OllamaModelMissing,
-    OllamaUnavailable,
-)
+from bot.llm.errors import OllamaBadResponse, OllamaDisabled, OllamaModelMissing, OllamaUnavailable
+from bot.llm.ollama import OllamaClient
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 

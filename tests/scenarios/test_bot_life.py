@@ -12,7 +12,7 @@ from discord import app_commands
 
 from bot.conversation.pipeline import CANNOT_THINK, PAUSED_NOTE
 from bot.conversation.text import split_message
-from bot.llm.ollama import OllamaUnavailable
+from bot.llm.errors import OllamaUnavailable
 from bot.memory.records import NewMemory
 from bot.memory.sql import history, store
 from cogs.client import MuninnBot, Refusal

@@ -17,7 +17,7 @@ import pytest
 
 from bench import reliability
 from bot.cli.main import main
-from bot.llm.ollama import OllamaError
+from bot.llm.errors import OllamaError
 from bot.memory import engine as engine_module
 from bot.memory import errors as database_errors
 from bot.memory import records

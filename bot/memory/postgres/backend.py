@@ -20,7 +20,6 @@ vector search and the other recall statements recall_sql.py; this class delegate
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -31,10 +30,11 @@ import psycopg
 
 from bot.memory import records
 from bot.memory.errors import DatabaseError
-from bot.memory.postgres import fact_writes, keywords, recall_sql, writes
+from bot.memory.postgres import fact_writes, keywords, leases, recall_sql, writes
 from bot.memory.postgres import scrub as postgres_scrub
 from bot.memory.postgres.connection import PgConnection, connect, where
 from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
+from bot.memory.postgres.leases import set_meta_value
 from bot.memory.postgres.migrations import migrate
 from bot.memory.postgres.vector_source import PostgresVectorSource
 from bot.memory.recall import ranking, retrieval
@@ -49,17 +49,6 @@ from bot.memory.vectors.index import IndexInfo, VectorSizeError
 log = logging.getLogger(__name__)
 
 INDEX_LOCK = 7_277_402      # advisory lock: recording / resetting the embedding model
-LEASE_LOCK = 7_277_403      # advisory lock: taking a lease (read-check-write of one meta row)
-
-
-def _meta(conn: PgConnection, key: str) -> str | None:
-    row = conn.pg.execute("SELECT value FROM meta WHERE key = %s", (key,)).fetchone()
-    return None if row is None else str(row[0])
-
-
-def _set_meta(conn: PgConnection, key: str, value: str) -> None:
-    conn.pg.execute("INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (key, value))
 
 
 class PostgresStorage:
@@ -147,8 +136,8 @@ class PostgresStorage:
         return info
 
     def _create_index(self, conn: PgConnection, model: str, dim: int) -> None:
-        _set_meta(conn, "embed_model", model)
-        _set_meta(conn, "embed_dim", str(int(dim)))
+        set_meta_value(conn, "embed_model", model)
+        set_meta_value(conn, "embed_dim", str(int(dim)))
         # A new index: every process's vector cache starts over (vector_cache: the identity).
         conn.pg.execute("INSERT INTO meta (key, value) VALUES ('vec_epoch', '1') ON CONFLICT (key) "
                         "DO UPDATE SET value = (meta.value::bigint + 1)::text")
@@ -163,7 +152,7 @@ class PostgresStorage:
             conn.pg.execute("TRUNCATE memory_vectors, vector_changes")
             conn.pg.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1")
             self._create_index(conn, model, dim)
-            _set_meta(conn, vectors.REINDEX_PENDING, "1")
+            set_meta_value(conn, vectors.REINDEX_PENDING, "1")
 
     def index_state(self, conn: PgConnection) -> tuple[IndexInfo | None, bool]:
         """(index_info, reindex_pending) from one read of the `meta` rows (INDEX_STATE_SQL)."""
@@ -465,39 +454,23 @@ class PostgresStorage:
         """Take one of the author's messages out of the history, then scrub; False when there was none."""
         return privacy.drop_own_message(conn, author_id, message_id)
 
-    # -- several processes on one database -------------------------------------------
+    # -- several processes on one database (postgres/leases.py) -------------------------
     def take_lease(self, conn: PgConnection, name: str, holder: str, seconds: float) -> bool:
-        """Take or renew the lease (a JSON row of `meta`) under an advisory
-        transaction lock; False if another holder has it and it has not expired."""
-        now = time.time()
-        with conn.pg.transaction():
-            conn.pg.execute("SELECT pg_advisory_xact_lock(%s)", (LEASE_LOCK,))
-            raw = _meta(conn, f"lease.{name}")
-            if raw is not None:
-                lease = json.loads(raw)
-                if lease.get("holder") != holder and float(lease.get("expires", 0)) >= now:
-                    return False
-            _set_meta(conn, f"lease.{name}", json.dumps({"holder": holder, "expires": now + seconds}))
-        return True
+        """Take or renew the lease under an advisory lock (leases.take_lease)."""
+        return leases.take_lease(conn, name, holder, seconds)
 
     def release_lease(self, conn: PgConnection, name: str, holder: str) -> bool:
-        """Delete the lease's row if `holder` has it (True), so another process may take it at once."""
-        return conn.pg.execute("DELETE FROM meta WHERE key = %s AND (value::jsonb ->> 'holder') = %s",
-                               (f"lease.{name}", holder)).rowcount == 1
+        """Give the lease up if `holder` has it (leases.release_lease)."""
+        return leases.release_lease(conn, name, holder)
 
     def lease_holder(self, conn: PgConnection, name: str) -> str | None:
-        """Who holds the lease now, or None (nobody, or it expired)."""
-        raw = _meta(conn, f"lease.{name}")
-        if raw is None:
-            return None
-        lease = json.loads(raw)
-        return lease["holder"] if lease["expires"] >= time.time() else None
+        """Who holds the lease now, or None (leases.lease_holder)."""
+        return leases.lease_holder(conn, name)
 
     def last_run(self, conn: PgConnection, job: str) -> float | None:
-        """When `job` last finished, in unix seconds, from its `meta` row, or None."""
-        raw = _meta(conn, f"{job}.last_run")
-        return float(raw) if raw is not None else None
+        """When `job` last finished, or None (leases.last_run)."""
+        return leases.last_run(conn, job)
 
     def record_run(self, conn: PgConnection, job: str, at: float) -> None:
-        """Record in `meta` that `job` finished at `at` (unix seconds)."""
-        _set_meta(conn, f"{job}.last_run", repr(at))
+        """Record that `job` finished at `at` (leases.record_run)."""
+        leases.record_run(conn, job, at)

@@ -1,0 +1,46 @@
+"""The command line's argument types: each checks one option's text and says what is wrong in one line."""
+from __future__ import annotations
+
+import argparse
+
+from bot import validate
+
+
+def positive_int(text: str) -> int:
+    """A whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{validate.replace_invalid(repr(text))} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def recall_limit(text: str) -> int:
+    """How many memories a recall returns: 1 to validate.MAX_RECALL_LIMIT."""
+    value = positive_int(text)
+    if value > validate.MAX_RECALL_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {validate.MAX_RECALL_LIMIT}")
+    return value
+
+
+def snowflake(text: str) -> int:
+    """A Discord id (user, channel, guild or memory)."""
+    try:
+        value = validate.snowflake(text, "id", optional=False)
+    except validate.Invalid as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert value is not None
+    return value
+
+
+def importance(text: str) -> float:
+    """A memory's importance: a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{validate.replace_invalid(repr(text))} is not a number") from None
+    if not 0.0 <= value <= 1.0:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 1")
+    return value
