@@ -50,6 +50,8 @@ class Refusal(app_commands.AppCommandError):
 
 
 class MuninnTree(app_commands.CommandTree):
+    """The bot's command tree: the one error handler of every slash command (`on_error`)."""
+
     async def on_error(self, interaction: discord.Interaction, error: app_commands.AppCommandError) -> None:
         """The one error handler of every slash command: log, then answer the caller privately."""
         if isinstance(error, (Refusal, app_commands.CheckFailure)):
@@ -80,6 +82,10 @@ async def answer_privately(interaction: discord.Interaction, text: str) -> None:
 
 
 class MuninnBot(commands.Bot):
+    """The discord.py client of Muninn (see the module docstring). It reads message content (a
+    privileged intent), mentions nobody unless `options` say otherwise, and takes MUNINN_OWNER_IDS
+    as its owners (the application's owner when unset); `extractor_factory` replaces bot.lifecycle's `Extractor`."""
+
     def __init__(self, settings: Settings, *,
                  extractor_factory: Callable[[Engine], ExchangeSink] | None = None, **options):
         intents = discord.Intents.default()
@@ -99,6 +105,9 @@ class MuninnBot(commands.Bot):
         self._closing: asyncio.Future | None = None
 
     async def setup_hook(self) -> None:
+        """Run by discord.py at login, before the gateway connects: open the engine, make the pipeline,
+        load the cogs and start the periodic maintenance (unless MUNINN_MAINTENANCE_HOURS is 0). What
+        it raises stops the login."""
         self.engine = Engine(self.settings)
         await self.engine.start()
         counts = await self.engine.stats()
@@ -123,6 +132,8 @@ class MuninnBot(commands.Bot):
         """Muninn has no prefix commands; cogs.chat handles conversation."""
 
     async def on_ready(self) -> None:
+        """Log that Muninn is online, with its invite link (again after each reconnect); the first time
+        only, warn about the Ollama models missing."""
         assert self.user is not None
         log.info("Muninn is online as %s (id %s) in %d servers. Invite link: %s", self.user, self.user.id,
                  len(self.guilds), invite_url(self.application_id or self.user.id))
@@ -213,6 +224,8 @@ class MuninnBot(commands.Bot):
 
 
 def invite_url(application_id: int | None) -> str:
+    """The link that adds the bot to a server with the permissions it needs and its slash commands;
+    before login (no application id), where to make such a link by hand."""
     if application_id is None:  # not logged in yet: the generic page to add a bot
         return "https://discord.com/developers/applications (OAuth2 > URL Generator)"
     return discord.utils.oauth_url(application_id, permissions=INVITE_PERMISSIONS,

@@ -64,6 +64,8 @@ class LineReader:
         threading.Thread(target=read, name="muninn-chat-input", daemon=True).start()
 
     async def line(self) -> str | None:
+        """The next line of input, newline included; None once input has ended (or stdin was closed),
+        and nothing comes after that None."""
         return await self.queue.get()
 
 
@@ -77,6 +79,7 @@ class Screen:
         self.writing = False   # a streamed reply is being written on the last line
 
     def prompt(self) -> None:
+        """Show the prompt, on a terminal only (piped output gets none); log lines then go above it."""
         if self.interactive:
             self.out.write(PROMPT)
             self.out.flush()
@@ -105,6 +108,7 @@ class Screen:
         self.out.flush()
 
     def end_reply(self) -> None:
+        """End the line of the streamed reply being written, if there is one."""
         if self.writing:
             self.out.write("\n")
             self.out.flush()
@@ -121,11 +125,14 @@ class TerminalReplyStream:
         self.shown = ""
 
     async def update(self, text: str) -> None:
+        """Print what `text` adds to the reply shown so far; text that does not continue it is left to `finish`."""
         if text.startswith(self.shown):
             self.screen.write_on(text[len(self.shown):])
             self.shown = text
 
     async def finish(self, text: str) -> list[Sent]:
+        """Print the rest of the final reply, or all of it on a line of its own when it does not continue
+        what was shown; returns one Sent without a message id."""
         if self.shown and text.startswith(self.shown):
             self.screen.write_on(text[len(self.shown):])
             self.screen.end_reply()
@@ -136,12 +143,15 @@ class TerminalReplyStream:
 
 
 class AbovePrompt(logging.Handler):
+    """The log handler of `muninn chat` on a terminal: each record is one line above the prompt."""
+
     def __init__(self, screen: Screen):
         super().__init__()
         self.screen = screen
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Print the record above the prompt; a failure to print goes to `handleError`, not to the caller."""
         try:
             self.screen.line(self.format(record))
         except Exception:
@@ -149,14 +159,19 @@ class AbovePrompt(logging.Handler):
 
 
 class TerminalOutlet:
+    """The pipeline's outlet in `muninn chat`: replies are printed on the `Screen`, and a request to
+    forget is confirmed by the next line read from `reader`."""
+
     def __init__(self, screen: Screen, reader: LineReader):
         self.screen = screen
         self.reader = reader
 
     def typing(self):
+        """Nothing to show while Muninn thinks: `no_typing()`."""
         return no_typing()
 
     async def send(self, text: str) -> list[Sent]:
+        """Print the reply as one `muninn>` line; returns one Sent without a message id."""
         self.screen.line(f"muninn> {text}")
         return [Sent(None, time.time())]
 
@@ -182,6 +197,7 @@ class TerminalOutlet:
 
 
 def local_name() -> str:
+    """The login name Muninn calls you by when --name is not given; "you" when there is none."""
     try:
         return getpass.getuser() or "you"
     except (KeyError, OSError):  # no passwd entry (containers)
@@ -196,10 +212,14 @@ class Commands:
 
     @staticmethod
     def is_command(text: str) -> bool:
+        """Whether the line starts with a command word: a slash then letters only (anything else
+        goes to the model). `text` must not be blank."""
         word = text.split(maxsplit=1)[0]
         return word.startswith("/") and word[1:].isalpha()
 
     async def run(self, text: str) -> None:
+        """Run the command word of the line (any case) with the rest as its argument; an unknown
+        word gets one line pointing at /help."""
         word, _, rest = text.partition(" ")
         rest = rest.strip()
         handler = {"/help": self.help, "/memories": self.memories, "/search": self.search,
@@ -210,9 +230,12 @@ class Commands:
         await handler(rest)
 
     async def help(self, rest: str) -> None:
+        """/help: print the list of local commands."""
         self.screen.line(HELP)
 
     async def memories(self, rest: str) -> None:
+        """/memories: print how many active memories you can see here, then the newest of them
+        with their ids and scopes."""
         memories, total = await self.engine.list_visible(VIEWER, limit=50)
         self.screen.line(f"{total} memories you can see here" + (" (newest 50)" if total > 50 else "") + ":"
                          if total else "Muninn remembers nothing you can see here yet.")
@@ -220,6 +243,8 @@ class Commands:
             self.screen.line(f"  #{memory.id} [{memory.scope}] {memory.text}")
 
     async def search(self, rest: str) -> None:
+        """/search TEXT: print what a recall for TEXT would bring and by which way each memory came;
+        it does not count as a recall (nothing is touched)."""
         if not rest:
             self.screen.line("usage: /search TEXT")
             return
@@ -231,6 +256,8 @@ class Commands:
                              f"  (via {reason['via']})")
 
     async def forget(self, rest: str) -> None:
+        """/forget ID: delete one of your own memories (personal, or a room memory you taught) and scrub
+        it at once; an id that is not yours gets the same answer as one that does not exist."""
         if not rest.lstrip("#").isdigit():
             self.screen.line("usage: /forget ID (the number /memories shows)")
             return
@@ -244,11 +271,14 @@ class Commands:
         self.screen.line(f"Forgot #{memory.id}: {memory.text}")
 
     async def pause(self, rest: str) -> None:
+        """/pause: keep nothing of what you say from now on (the messages waiting for extraction
+        included); says so, or that memory was already paused."""
         changed = await self.pipeline.pause(LOCAL_USER_ID)
         self.screen.line("Paused: Muninn keeps nothing of what you say until /resume." if changed
                          else "Already paused; /resume turns memory back on.")
 
     async def resume(self, rest: str) -> None:
+        """/resume: keep what you say again; says so, or that memory was not paused."""
         changed = await self.pipeline.resume(LOCAL_USER_ID)
         self.screen.line("Resumed: Muninn remembers what you say again." if changed else "Memory was not paused.")
 
@@ -290,6 +320,10 @@ def _restore_logs(replaced: list[logging.Handler]) -> None:
 async def run_chat(settings: Settings, *, stdin: TextIO | None = None, stdout: TextIO | None = None,
                    extractor_factory=None, name: str | None = None, log_file: str | None = None,
                    verbose: bool = False) -> int:
+    """`muninn chat` on the running event loop until /quit or end of input; returns 0. Leaving so
+    gives the facts waiting for extraction up to MUNINN_SHUTDOWN_SECONDS; a cancellation (Ctrl-C)
+    drops them and is raised again. The log handlers are put back either way. `stdin`, `stdout`
+    and `extractor_factory` default to the process's streams and bot.lifecycle's `Extractor`."""
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     screen = Screen(stdout, interactive=stdin.isatty())

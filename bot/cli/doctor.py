@@ -31,6 +31,7 @@ class Check:
     fix: str = ""
 
     def to_dict(self) -> dict:
+        """The check as `muninn doctor --json` prints it."""
         return {"check": self.name, "ok": self.ok, "detail": self.detail, "fix": self.fix}
 
 

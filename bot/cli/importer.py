@@ -26,6 +26,8 @@ FIELDS = {"text", "scope", "user_id", "channel_id", "guild_id", "importance", "c
 
 @dataclass
 class ImportReport:
+    """What an import did: the lines imported, the lines skipped because their external_id was
+    already in the database or earlier in the file, and each bad line as (line number, reason)."""
     imported: int = 0
     skipped_existing: int = 0
     errors: list[tuple[int, str]] = field(default_factory=list)
@@ -47,6 +49,8 @@ def decode_line(raw: bytes | str) -> object:
 
 
 def memory_from_record(record) -> NewMemory:
+    """The memory one decoded line describes (personal unless the line names a scope); raises
+    ValueError, mostly validate.Invalid, naming what is wrong."""
     if not isinstance(record, dict):
         raise validate.Invalid("line is not a JSON object")
     unknown = set(record) - FIELDS
@@ -83,6 +87,9 @@ def parse_lines(lines: Iterable[bytes | str], report: ImportReport) -> Iterable[
 
 async def import_lines(engine: Engine, lines: Iterable[bytes | str], *, batch: int = BATCH,
                        on_progress: Callable[[int], None] | None = None) -> ImportReport:
+    """Import JSON lines in batches of `batch` as the module docstring says, and return the report
+    (its errors sorted by line). `on_progress` gets the number of good lines each batch handled.
+    A database failure other than a refused row is raised; the batches stored before it stay stored."""
     report = ImportReport()
     pending: list[tuple[int, NewMemory]] = []
 

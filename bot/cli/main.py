@@ -44,6 +44,8 @@ def emit(args: argparse.Namespace, data, human: str) -> None:
 
 
 def viewer_from(user_id, channel_id, guild_id, dm) -> Viewer:
+    """The Viewer of a recall from the raw option or batch values; UsageError says what is wrong
+    (no user, a bad id, a DM with a guild)."""
     if user_id is None:
         raise UsageError("a viewer needs --user ID (user_id in batch files)")
     try:
@@ -60,6 +62,8 @@ def viewer_from(user_id, channel_id, guild_id, dm) -> Viewer:
 
 
 def as_of_from(value, *, touch: bool = True) -> float | None:
+    """The --as-of time (or a batch line's as_of) in unix seconds, None when not given; UsageError
+    when validate.as_of refuses it."""
     try:
         return validate.as_of(value, touch=touch)
     except validate.Invalid as exc:
@@ -67,6 +71,7 @@ def as_of_from(value, *, touch: bool = True) -> float | None:
 
 
 def human_recall(result) -> str:
+    """The text `muninn recall` prints for a result: its mode, then each memory with why it came."""
     lines = [f"mode: {result.mode} (vectors: {result.vector_status}), {len(result.memories)} memories"]
     for i, recalled in enumerate(result.memories, start=1):
         reason = recalled.candidate.reason()
@@ -79,6 +84,8 @@ def human_recall(result) -> str:
 # -- subcommands -------------------------------------------------------------
 
 async def cmd_remember(args, settings: Settings) -> int:
+    """`muninn remember`: store one memory and print its id (with --json, also whether it got a
+    vector); returns 0. UsageError when a value is refused."""
     try:
         memory = records.NewMemory(text=args.text, scope=args.scope, owner_id=args.user, channel_id=args.channel,
                                  guild_id=args.guild, importance=args.importance)
@@ -92,6 +99,8 @@ async def cmd_remember(args, settings: Settings) -> int:
 
 
 async def cmd_recall(args, settings: Settings) -> int:
+    """`muninn recall`: print what the viewer would recall for QUERY, and why (counted as a recall
+    unless --no-touch); returns 0. With --batch, `recall_batch` runs instead."""
     if args.batch:
         return await recall_batch(args, settings)
     if args.query is None:
@@ -130,6 +139,8 @@ def batch_request(raw: bytes) -> tuple[dict, bool]:
 
 
 async def recall_batch(args, settings: Settings) -> int:
+    """`muninn recall --batch FILE`: for each non-blank line, one JSON line with its result or its
+    error; returns SOME_LINES_BAD when a line was bad, else 0. UsageError when there is no such file."""
     path = Path(args.batch)
     if not path.is_file():
         raise UsageError(f"--batch: no file {str(path)!r}")
@@ -154,6 +165,8 @@ async def recall_batch(args, settings: Settings) -> int:
 
 
 async def cmd_import(args, settings: Settings) -> int:
+    """`muninn import FILE`: import the file with a progress bar, each bad line on stderr, then print
+    the counts (and how many memories still await vectors); returns SOME_LINES_BAD when a line was bad, else 0."""
     path = Path(args.file)
     if not path.is_file():
         raise UsageError(f"no file {str(path)!r}")
@@ -176,6 +189,7 @@ async def cmd_import(args, settings: Settings) -> int:
 
 
 async def cmd_stats(args, settings: Settings) -> int:
+    """`muninn stats`: print the engine's counts and where the database is; returns 0."""
     async with Engine(settings, warm=False) as engine:
         data = await engine.stats()
         data["database"] = engine.storage.where()
@@ -185,6 +199,8 @@ async def cmd_stats(args, settings: Settings) -> int:
 
 
 async def cmd_reindex(args, settings: Settings) -> int:
+    """`muninn reindex`: re-embed every active memory with OLLAMA_EMBED_MODEL (progress on stderr),
+    then print how many; returns 0. When Ollama cannot embed, its error is raised before any vector is dropped."""
     async with Engine(settings, warm=False) as engine:
         bar = Progress(f"embedding with {settings.embed_model}", None)
 
@@ -198,6 +214,8 @@ async def cmd_reindex(args, settings: Settings) -> int:
 
 
 async def cmd_doctor(args, settings: Settings) -> int:
+    """`muninn doctor`: print each check, with its fix when it failed; returns 0 when every check
+    passed, else 1."""
     from bot.cli.doctor import run_doctor
     checks = await run_doctor(settings, fix=args.fix)
     human = "\n".join(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" + (f"\n     fix: {c.fix}" if c.fix else "")
@@ -211,6 +229,7 @@ TOKEN_HELP = ("create a bot at https://discord.com/developers/applications, enab
 
 
 def discord_token_problem(settings: Settings) -> str | None:
+    """The line to print when DISCORD_TOKEN is empty, saying how to get one; None when there is a token."""
     if not settings.discord_token.strip():
         return f"muninn: no DISCORD_TOKEN: {TOKEN_HELP}"
     return None
@@ -220,9 +239,11 @@ class DiscordAdapter(Protocol):
     """What the command line needs from the Discord adapter (`cogs.adapter`)."""
     StartupError: type[Exception]
 
-    async def run_bot(self, settings: Settings) -> None: ...
+    async def run_bot(self, settings: Settings) -> None:
+        """Run the bot until it is stopped; StartupError when Discord turns it away."""
 
-    async def sync_commands(self, settings: Settings, guild_id: int | None = None) -> list[str]: ...
+    async def sync_commands(self, settings: Settings, guild_id: int | None = None) -> list[str]:
+        """Register the slash commands globally, or in one guild; returns their names."""
 
 
 async def on_discord(args, settings: Settings, action: Callable[[DiscordAdapter], Awaitable[T]]) -> tuple[int, T | None]:
@@ -246,11 +267,15 @@ async def on_discord(args, settings: Settings, action: Callable[[DiscordAdapter]
 
 
 async def cmd_run(args, settings: Settings) -> int:
+    """`muninn run` (and plain `muninn`): run the Discord bot until it is stopped; returns the status
+    of `on_discord`."""
     status, _ = await on_discord(args, settings, lambda client: client.run_bot(settings))
     return status
 
 
 async def cmd_sync(args, settings: Settings) -> int:
+    """`muninn sync`: register the slash commands with Discord and print their names; returns 0, or
+    the status of `on_discord` when they could not be registered."""
     status, names = await on_discord(args, settings, lambda client: client.sync_commands(settings, args.guild))
     if status or names is None:
         return status
@@ -261,11 +286,15 @@ async def cmd_sync(args, settings: Settings) -> int:
 
 
 async def cmd_chat(args, settings: Settings) -> int:
+    """`muninn chat`: talk to Muninn in this terminal (bot/cli/chat.py); returns 0."""
     from bot.cli.chat import run_chat
     return await run_chat(settings, name=args.name, log_file=args.log_file, verbose=args.verbose)
 
 
 async def cmd_maintain(args, settings: Settings) -> int:
+    """`muninn maintain`: one maintenance run, printing each step as it ends (not with --json) and
+    then how long it took; --archived lists archived memories, --restore brings one back. Returns 0;
+    UsageError when another process is maintaining, or the memory to restore is missing or not archived."""
     from bot.lifecycle import maintenance
     async with Engine(settings, warm=False) as engine:
         if args.restore is not None:
@@ -297,6 +326,8 @@ async def cmd_maintain(args, settings: Settings) -> int:
 # -- parser ------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand: each sets `handler` to its `cmd_*` coroutine, and --db,
+    --json and -v are taken before or after the subcommand."""
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a subcommand's unset option must not overwrite one given before the subcommand.
     common.add_argument("--db", metavar="PATH", default=argparse.SUPPRESS,
@@ -370,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(settings: Settings, verbose: bool) -> None:
+    """Log to stderr at MUNINN_LOG_LEVEL (DEBUG with -v), with Discord's tokens redacted from
+    every line (bot.redact)."""
     logging.basicConfig(level=logging.DEBUG if verbose else getattr(logging, settings.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from bot import redact

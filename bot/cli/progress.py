@@ -6,6 +6,9 @@ import time
 
 
 class Progress:
+    """A progress bar of `total` steps (None: a plain count) on stderr or `stream`: redrawn in place
+    on a terminal, an occasional line otherwise. Used as a context manager, it finishes on exit."""
+
     def __init__(self, label: str, total: int | None, stream=None, width: int = 30):
         self.label, self.total, self.done = label, total, 0
         self.stream = stream or sys.stderr
@@ -14,9 +17,11 @@ class Progress:
         self._last_draw = 0.0
 
     def advance(self, n: int = 1) -> None:
+        """Count `n` more steps done (see `update`)."""
         self.update(self.done + n)
 
     def update(self, done: int) -> None:
+        """Set how many steps are done; the bar is redrawn only when its last drawing is old enough."""
         self.done = done
         now = time.monotonic()
         if now - self._last_draw >= (0.1 if self.tty else 2.0):
@@ -34,6 +39,7 @@ class Progress:
         self.stream.flush()
 
     def finish(self) -> None:
+        """Draw the bar as it stands and end its line."""
         self._draw(end="\n")
 
     def __enter__(self) -> "Progress":

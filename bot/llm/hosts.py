@@ -37,22 +37,28 @@ class Host(Protocol):
 
     url: str
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Close the host's HTTP session."""
 
-    def cooling_down(self, purpose: Purpose) -> bool: ...
+    def cooling_down(self, purpose: Purpose) -> bool:
+        """Whether calls of `purpose` to this host are in the cooldown after a failure."""
 
     async def _back_up(self) -> bool: ...
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One embedding per text, in order."""
 
     async def chat(self, messages: list[dict[str, str]], *, format: Any = None,
                    options: dict[str, Any] | None = None, timeout: float | None = None,
-                   background: bool = False) -> str: ...
+                   background: bool = False) -> str:
+        """The reply text; OllamaUnavailable when the host cannot answer."""
 
     def chat_stream(self, messages: list[dict[str, str]], *,
-                    timeout: float | None = None) -> AsyncIterator[str]: ...
+                    timeout: float | None = None) -> AsyncIterator[str]:
+        """The reply in pieces as it is written."""
 
-    async def model_names(self) -> list[str]: ...
+    async def model_names(self) -> list[str]:
+        """The models pulled on this host."""
 
 
 class HostChoice:
@@ -68,6 +74,7 @@ class HostChoice:
     _probes: set[asyncio.Task]     # recovery probes of cooling hosts, running in the background
 
     async def close(self) -> None:
+        """Cancel the recovery probes still running, then close every host's client."""
         for probe in list(self._probes):
             probe.cancel()
         await asyncio.gather(*self._probes, return_exceptions=True)
@@ -75,6 +82,7 @@ class HostChoice:
             await host.close()
 
     def cooling_down(self, purpose: Purpose) -> bool:
+        """Whether every host is cooling down for `purpose`."""
         return all(host.cooling_down(purpose) for host in self.hosts)
 
     # -- choosing a host -----------------------------------------------------
@@ -129,6 +137,8 @@ class HostChoice:
     # -- the OllamaClient API ------------------------------------------------
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One embedding per text, from the first host that answers. OllamaUnavailable when every host
+        is cooling down for embeddings, or failed (said in one warning); a host's other OllamaError is raised as it is."""
         if self.cooling_down("embed"):
             raise OllamaUnavailable("every Ollama host failed recently; skipping embeddings during the cooldown")
         try:
@@ -141,6 +151,8 @@ class HostChoice:
     async def chat(self, messages: list[dict[str, str]], *, format: Any = None,
                    options: dict[str, Any] | None = None, timeout: float | None = None,
                    background: bool = False) -> str:
+        """`OllamaClient.chat` on the first host that answers, `timeout` bounding the whole call over
+        every host tried; the last OllamaUnavailable when none answered."""
         timeout = timeout or self.chat_timeout
         deadline = time.monotonic() + timeout
 
@@ -151,6 +163,9 @@ class HostChoice:
 
     async def chat_stream(self, messages: list[dict[str, str]], *,
                           timeout: float | None = None) -> AsyncGenerator[str, None]:
+        """`OllamaClient.chat_stream` on the first host that answers: a host that fails before its first
+        piece hands the reply to the next one, after it the error is raised (part of the reply was shown).
+        OllamaUnavailable when no host answered."""
         hosts = self.candidates("reply")
         failure: OllamaUnavailable | None = None
         for host in hosts:

@@ -57,6 +57,9 @@ def usable_vector(vector: Any) -> bool:
 
 
 class OllamaClient:
+    """The client of one Ollama server (one host of several: `OllamaHosts`); `from_settings` makes
+    the right one. Use it on one event loop: its HTTP session is opened on the loop of its first call."""
+
     def __init__(self, url: str, *, chat_model: str = "llama3.2", embed_model: str = "nomic-embed-text",
                  embed_timeout: float = 2.0, chat_timeout: float = 60.0, retries: int = 1,
                  cooldown: float = 15.0, concurrency: int = 2):
@@ -89,9 +92,11 @@ class OllamaClient:
 
     @property
     def enabled(self) -> bool:
+        """Whether there is a URL; without one every call raises OllamaDisabled."""
         return bool(self.url)
 
     async def close(self) -> None:
+        """Close the HTTP session; a later call opens a new one."""
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -245,6 +250,8 @@ class OllamaClient:
     # -- cooldowns -----------------------------------------------------------
 
     def cooling_down(self, purpose: Purpose) -> bool:
+        """Whether calls of `purpose` are in the cooldown after a failure (a reply may still probe
+        whether Ollama is back: `_back_up`)."""
         return time.monotonic() < self._down_until[purpose]
 
     def _failed(self, purpose: Purpose) -> None:
@@ -286,6 +293,8 @@ class OllamaClient:
         return [m.get("name", "") for m in models if isinstance(m, dict)]
 
     async def has_model(self, model: str) -> bool:
+        """Whether the server has pulled `model` (a name without a tag matches its :latest); raises
+        OllamaError as `model_names` does."""
         names = await self.model_names()
         wanted = {model, f"{model}:latest"} if ":" not in model else {model}
         return any(name in wanted for name in names)
