@@ -13,6 +13,8 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from bot.redact import redact_url, secrets_in, shown
+
 
 class SettingsError(ValueError):
     """A setting has a value Muninn cannot use; the message names it."""
@@ -20,11 +22,13 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class Spec:
-    """One setting: its environment variable, default (as text), help line and parser (name, raw) -> value."""
+    """One setting: its environment variable, default (as text), help line and parser (name, raw) -> value;
+    `kind` "secret" (never printed) or "url" (printed without its credentials: bot/redact.py)."""
     env: str
     default: str
     help: str
     parse: Callable[[str, str], Any]
+    kind: str = ""
 
 
 def _float(lo: float | None = None, hi: float | None = None, *, positive: bool = False):
@@ -73,7 +77,7 @@ def _url(name: str, raw: str) -> str:
         return ""  # explicitly disabled
     parsed = urlparse(raw)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise SettingsError(f"{name}={raw!r} must be an http(s) URL such as http://localhost:11434 (or empty to disable)")
+        raise SettingsError(f"{name}={redact_url(raw)!r} must be an http(s) URL such as http://localhost:11434 (or empty to disable)")
     return raw.rstrip("/")
 
 
@@ -81,7 +85,7 @@ def _urls(name: str, raw: str) -> str:
     """One URL, or several separated by commas (several Ollama hosts); kept as one string."""
     parts = [part.strip() for part in raw.split(",")]
     if len(parts) > 1 and not all(parts):
-        raise SettingsError(f"{name}={raw!r} has an empty entry; separate the URLs with single commas")
+        raise SettingsError(f"{name}={redact_url(raw)!r} has an empty entry; separate the URLs with single commas")
     return ",".join(dict.fromkeys(_url(name, part) for part in parts))
 
 
@@ -147,10 +151,10 @@ def _shard_list(name: str, raw: str) -> tuple[int, ...]:
 
 
 SETTINGS: dict[str, Spec] = {
-    "discord_token": Spec("DISCORD_TOKEN", "", "Bot token from https://discord.com/developers/applications (Bot > Reset Token).", _str),
+    "discord_token": Spec("DISCORD_TOKEN", "", "Bot token from https://discord.com/developers/applications (Bot > Reset Token).", _str, "secret"),
     "db_path": Spec("MUNINN_DB_PATH", "data/muninn.db", "SQLite file holding all memories; created on first start.", _path),
-    "database_url": Spec("MUNINN_DATABASE_URL", "", "PostgreSQL instead of SQLite: postgresql://user:password@host/dbname (needs pgvector and `pip install muninn[postgres]`); empty = SQLite at MUNINN_DB_PATH.", _database_url),
-    "ollama_url": Spec("OLLAMA_URL", "http://localhost:11434", "Ollama server address, or several separated by commas (each call goes to the least busy healthy one); empty disables embeddings and chat (FTS-only recall).", _urls),
+    "database_url": Spec("MUNINN_DATABASE_URL", "", "PostgreSQL instead of SQLite: postgresql://user:password@host/dbname (needs pgvector and `pip install muninn[postgres]`); empty = SQLite at MUNINN_DB_PATH.", _database_url, "url"),
+    "ollama_url": Spec("OLLAMA_URL", "http://localhost:11434", "Ollama server address, or several separated by commas (each call goes to the least busy healthy one); empty disables embeddings and chat (FTS-only recall).", _urls, "url"),
     "chat_model": Spec("OLLAMA_CHAT_MODEL", "llama3.2", "Ollama model that writes replies and extracts facts (ollama pull it first).", _str),
     "embed_model": Spec("OLLAMA_EMBED_MODEL", "nomic-embed-text", "Ollama embedding model; changing it needs `muninn reindex`.", _str),
     "embed_timeout": Spec("OLLAMA_EMBED_TIMEOUT", "2.0", "Seconds to wait for one embedding call before recall falls back to FTS-only.", _float(positive=True)),
@@ -245,6 +249,14 @@ class Settings:
     vector_cache_mb: int
     vector_codes_min: int
     log_level: str
+
+    def shown(self, key: str) -> str:
+        """The setting `key` as it may be printed: tokens and URL credentials as `***` (bot/redact.py)."""
+        return shown(SETTINGS[key].kind, getattr(self, key))
+
+    def secrets(self) -> set[str]:
+        """Every value that must never be printed: the token, the passwords inside the URLs."""
+        return {secret for key, spec in SETTINGS.items() for secret in secrets_in(spec.kind, str(getattr(self, key)))}
 
     def replace(self, **changes: Any) -> "Settings":
         """A copy with `changes` applied; the new values are not checked again."""
