@@ -154,7 +154,7 @@ class MuninnBot(commands.Bot):
             for model in missing:
                 log.warning("Ollama has no model %r: run `ollama pull %s`", model, model)
             if not missing:
-                log.info("Ollama at %s has %s and %s", ollama.url, self.settings.chat_model, self.settings.embed_model)
+                log.info("Ollama at %s has %s and %s", ollama.where, self.settings.chat_model, self.settings.embed_model)
         except OllamaError as exc:
             log.warning("cannot check Ollama's models: %s", exc)
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from bot import redact
 from bot.conversation.outlets import ForgetOffer, Sent, no_typing
 from bot.conversation.pipeline import Incoming, Pipeline
 from bot.memory.engine import Engine
@@ -303,6 +304,7 @@ def _route_logs(screen: Screen, log_file: str | None, verbose: bool) -> list[log
         to_file = logging.FileHandler(Path(log_file).expanduser(), encoding="utf-8")
         to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(to_file)
+    redact.install()  # the new handlers need the secrets filter too
     return replaced
 
 

@@ -16,6 +16,7 @@ from bot.memory.sqlite import db, files
 from bot.memory.sqlite import health as sqlite_health
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.migrations import MIGRATIONS, schema_version
+from bot.redact import redact, redact_url
 from bot.settings import Settings
 
 if TYPE_CHECKING:  # psycopg is optional: bot.memory.postgres is imported where it is used
@@ -85,7 +86,7 @@ def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
         try:
             storage, conn = stack.enter_context(postgres_health.opened(settings.database_url))
         except Exception as exc:
-            return [Check("database", False, str(exc),
+            return [Check("database", False, redact(str(exc), settings.secrets()),
                           "start the PostgreSQL server, or fix MUNINN_DATABASE_URL (unset it to use SQLite)")]
         vector = postgres_health.extension_version(conn, "vector")
         checks = [Check("pgvector", vector is not None, f"pgvector {vector or 'missing'}",
@@ -221,7 +222,7 @@ async def ollama_checks(settings: Settings) -> list[Check]:
     urls = split_urls(settings.ollama_url)
     checks: list[Check] = []
     for url in urls:  # every host: a reply or an embedding may go to any of them
-        checks += await host_checks(settings.replace(ollama_url=url), "" if len(urls) == 1 else f" {url}")
+        checks += await host_checks(settings.replace(ollama_url=url), "" if len(urls) == 1 else f" {redact_url(url)}")
     return checks
 
 
@@ -232,7 +233,7 @@ async def host_checks(settings: Settings, suffix: str) -> list[Check]:
             names = await client.model_names()
         except OllamaError as exc:
             return [Check("ollama" + suffix, False, str(exc), "start Ollama with `ollama serve`, or fix OLLAMA_URL")]
-        checks = [Check("ollama" + suffix, True, f"reachable at {settings.ollama_url}")]
+        checks = [Check("ollama" + suffix, True, f"reachable at {settings.shown('ollama_url')}")]
         for role, model in (("chat model", settings.chat_model), ("embedding model", settings.embed_model)):
             wanted = {model, f"{model}:latest"}
             present = any(name in wanted for name in names)

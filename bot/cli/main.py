@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Awaitable, Callable, Protocol, TypeVar
 
-from bot import validate
+from bot import redact, validate
 from bot.cli import migrate
 from bot.cli.args import importance, positive_int, recall_limit, snowflake
 from bot.cli.importer import import_lines
@@ -40,7 +40,7 @@ def emit(args: argparse.Namespace, data, human: str) -> None:
     """Print a result; text that cannot be encoded (a lone surrogate in stored text) is replaced,
     never allowed to abort the output."""
     text = json.dumps(data, ensure_ascii=False) if getattr(args, "json", False) else human
-    print(validate.replace_invalid(text), flush=True)
+    print(validate.replace_invalid(redact.scrub(text)), flush=True)  # never a configured secret
 
 
 def viewer_from(user_id, channel_id, guild_id, dm) -> Viewer:
@@ -401,11 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(settings: Settings, verbose: bool) -> None:
-    """Log to stderr at MUNINN_LOG_LEVEL (DEBUG with -v), with Discord's tokens redacted from
-    every line (bot.redact)."""
+    """Log to stderr at MUNINN_LOG_LEVEL (DEBUG with -v), with the configured secrets (token, URL
+    passwords) and Discord's tokens redacted from every line (bot.redact)."""
     logging.basicConfig(level=logging.DEBUG if verbose else getattr(logging, settings.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    from bot import redact
+    redact.remember(settings.secrets())
     redact.install()  # discord.py logs interaction URLs (with their tokens) at DEBUG
 
 
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
         overrides = {"db_path": args.db} if getattr(args, "db", None) else {}
         settings = load_settings(**overrides)
     except SettingsError as exc:
-        print(f"muninn: setting error: {exc}", file=sys.stderr)
+        print(f"muninn: setting error: {redact.redact(str(exc))}", file=sys.stderr)
         return 2
     args.verbose = getattr(args, "verbose", False)
     args.json = getattr(args, "json", False)
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
         from bot.memory.errors import explain
         message = str(exc) if isinstance(exc, (OllamaError, SettingsError)) else explain(exc)
         if message is not None:
-            print(validate.replace_invalid(f"muninn {args.command}: {message}"), file=sys.stderr)
+            print(validate.replace_invalid(redact.redact(f"muninn {args.command}: {message}")), file=sys.stderr)
             return 1
         raise
 

@@ -36,6 +36,7 @@ class Host(Protocol):
     """What `HostChoice` uses of each host's client (an `OllamaClient`)."""
 
     url: str
+    where: str  # the URL as messages name it, without its credentials
 
     async def close(self) -> None:
         """Close the host's HTTP session."""
@@ -66,6 +67,7 @@ class HostChoice:
     `OllamaHosts` that chooses a host for each call. The client half sets the attributes."""
 
     url: str
+    where: str                     # the URLs as messages name them, without their credentials
     cooldown: float
     chat_timeout: float
     hosts: Sequence[Host]
@@ -111,7 +113,7 @@ class HostChoice:
                                   deadline: float | None = None) -> T:
         hosts = self.candidates(purpose)
         if not hosts:
-            raise OllamaUnavailable(f"every Ollama host ({self.url}) failed moments ago; "
+            raise OllamaUnavailable(f"every Ollama host ({self.where}) failed moments ago; "
                                     "not asking again for a few seconds")
         failure: OllamaUnavailable | None = None
         for host in hosts:
@@ -131,7 +133,7 @@ class HostChoice:
         raise failure
 
     def _log_skip(self, host: Host, purpose: Purpose, exc: OllamaError) -> None:
-        log.warning("Ollama host %s failed a %s call, skipping it for %.0f s: %s", host.url, purpose,
+        log.warning("Ollama host %s failed a %s call, skipping it for %.0f s: %s", host.where, purpose,
                     self.cooldown, exc)
 
     # -- the OllamaClient API ------------------------------------------------
@@ -185,7 +187,7 @@ class HostChoice:
                     self._log_skip(host, "reply", exc)
             finally:
                 self.in_flight[host.url] -= 1
-        raise failure or OllamaUnavailable(f"no Ollama host ({self.url}) answered")
+        raise failure or OllamaUnavailable(f"no Ollama host ({self.where}) answered")
 
     async def model_names(self) -> list[str]:
         """The models that every reachable host has (a reply may go to any of them); raises
@@ -203,11 +205,12 @@ class HostChoice:
         return [name for name in found[0] if all(name in names for names in found[1:])]
 
     async def models_per_host(self) -> dict[str, list[str] | OllamaError]:
-        """Each host's pulled models, or why it could not say (for `muninn doctor`)."""
+        """Each host's pulled models, or why it could not say (for `muninn doctor`), by the host's
+        URL without its credentials."""
         out: dict[str, list[str] | OllamaError] = {}
         for host in self.hosts:
             try:
-                out[host.url] = await host.model_names()
+                out[host.where] = await host.model_names()
             except OllamaError as exc:
-                out[host.url] = exc
+                out[host.where] = exc
         return out

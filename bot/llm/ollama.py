@@ -34,6 +34,7 @@ from bot.llm.errors import (
     Purpose,
 )
 from bot.llm.hosts import HostChoice, split_urls
+from bot.redact import redact_url
 
 if TYPE_CHECKING:  # imported lazily: keyword-only command-line calls never need it
     import aiohttp
@@ -64,6 +65,7 @@ class OllamaClient:
                  embed_timeout: float = 2.0, chat_timeout: float = 60.0, retries: int = 1,
                  cooldown: float = 15.0, concurrency: int = 2):
         self.url = url.rstrip("/")
+        self.where = redact_url(self.url)  # what messages name: the URL without its credentials
         self.chat_model = chat_model
         self.embed_model = embed_model
         self.embed_timeout = embed_timeout
@@ -194,10 +196,10 @@ class OllamaClient:
                         return
             raise OllamaBadResponse("/api/chat ended its stream without saying it was done")
         except asyncio.TimeoutError as exc:
-            raise OllamaUnavailable(f"Ollama at {self.url} stopped answering /api/chat for {timeout:g} s "
+            raise OllamaUnavailable(f"Ollama at {self.where} stopped answering /api/chat for {timeout:g} s "
                                     "(is the model loading? raise OLLAMA_CHAT_TIMEOUT if it is just slow)") from exc
         except aiohttp.ClientError as exc:
-            raise OllamaUnavailable(f"cannot reach Ollama at {self.url} ({exc.__class__.__name__}): "
+            raise OllamaUnavailable(f"cannot reach Ollama at {self.where} ({exc.__class__.__name__}): "
                                     "start it with `ollama serve` or fix OLLAMA_URL") from exc
 
     @staticmethod
@@ -232,7 +234,7 @@ class OllamaClient:
     async def _slot(self, purpose: Purpose, timeout: float) -> AsyncIterator[None]:
         """A free chat slot of the purpose's line, after checking its cooldown."""
         if self.cooling_down(purpose) and not (purpose == "reply" and await self._back_up()):
-            raise OllamaUnavailable(f"Ollama at {self.url} failed moments ago; not asking again for a few seconds")
+            raise OllamaUnavailable(f"Ollama at {self.where} failed moments ago; not asking again for a few seconds")
         slots = self._background_slots if purpose == "background" else self._reply_slots
         try:
             await asyncio.wait_for(slots.acquire(), timeout)
@@ -277,7 +279,7 @@ class OllamaClient:
         except OllamaError:
             self._last_failure["reply"] = time.monotonic()
             return False
-        log.info("Ollama at %s answers again", self.url)
+        log.info("Ollama at %s answers again", self.where)
         for purpose in ("reply", "background"):
             self._recovered(purpose)
         return True
@@ -330,11 +332,11 @@ class OllamaClient:
                 status = resp.status
         except asyncio.TimeoutError as exc:
             raise OllamaUnavailable(
-                f"Ollama at {self.url} did not answer {path} within {timeout:g} s "
+                f"Ollama at {self.where} did not answer {path} within {timeout:g} s "
                 "(is the model loading? raise the timeout setting if it is just slow)") from exc
         except aiohttp.ClientError as exc:
             raise OllamaUnavailable(
-                f"cannot reach Ollama at {self.url} ({exc.__class__.__name__}): "
+                f"cannot reach Ollama at {self.where} ({exc.__class__.__name__}): "
                 "start it with `ollama serve` or fix OLLAMA_URL") from exc
         try:
             data = json.loads(text) if text else {}
@@ -343,7 +345,7 @@ class OllamaClient:
         if status >= 400:
             self._raise_for(status, text, path, body)
         if not isinstance(data, dict):
-            raise OllamaBadResponse(f"Ollama at {self.url} answered {path} with something that is not JSON")
+            raise OllamaBadResponse(f"Ollama at {self.where} answered {path} with something that is not JSON")
         return data
 
     def _raise_for(self, status: int, text: str, path: str, body: dict | None) -> None:
@@ -356,8 +358,8 @@ class OllamaClient:
         if status == 404 and error and "not found" in str(error):
             raise OllamaModelMissing((body or {}).get("model", "?"))
         if status >= 500:
-            raise OllamaUnavailable(f"Ollama at {self.url} answered {status} on {path}: {error or text[:200]}")
-        raise OllamaBadResponse(f"Ollama at {self.url} answered {status} on {path}: {error or text[:200]}")
+            raise OllamaUnavailable(f"Ollama at {self.where} answered {status} on {path}: {error or text[:200]}")
+        raise OllamaBadResponse(f"Ollama at {self.where} answered {status} on {path}: {error or text[:200]}")
 
 
 class _Host(OllamaClient):

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 import psycopg
 
 from bot.memory.errors import DatabaseError
+from bot.redact import redact, secrets_in
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,9 @@ def connect(url: str, storage: Any = None) -> PgConnection:
         pg = psycopg.connect(url, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise DatabaseError(f"cannot connect to PostgreSQL at {where(url)}: {reason}") from exc
+        raise DatabaseError(f"cannot connect to PostgreSQL at {where(url)}: {redact(reason, secrets_in('url', url))}") from exc
     except Exception as exc:  # psycopg raises ProgrammingError/ValueError for malformed URLs
-        raise DatabaseError(f"MUNINN_DATABASE_URL is not a usable PostgreSQL URL: {exc}") from exc
+        # ... and may quote the part it could not read: the password, when its %-escape is bad
+        raise DatabaseError("MUNINN_DATABASE_URL is not a usable PostgreSQL URL: "
+                            f"{redact(str(exc).strip(), secrets_in('url', url))}") from exc
     return PgConnection(pg, storage)
