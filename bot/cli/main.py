@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import sys
+import traceback
 from pathlib import Path
 from typing import Awaitable, Callable, Protocol, TypeVar
 
@@ -434,15 +435,14 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # one line for operators; the traceback only with -v
-        if args.verbose:
-            raise
         from bot.llm.errors import OllamaError
         from bot.memory.errors import explain
-        message = str(exc) if isinstance(exc, (OllamaError, SettingsError)) else explain(exc)
-        if message is not None:
-            print(validate.replace_invalid(redact.redact(f"muninn {args.command}: {message}")), file=sys.stderr)
+        message = None if args.verbose else str(exc) if isinstance(exc, (OllamaError, SettingsError)) else explain(exc)
+        if message is None:  # the traceback, as Python prints it, minus the secrets a driver's error may quote
+            print(redact.redact("".join(traceback.format_exception(exc))), file=sys.stderr, end="", flush=True)
             return 1
-        raise
+        print(validate.replace_invalid(redact.redact(f"muninn {args.command}: {message}")), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
