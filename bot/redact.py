@@ -102,7 +102,9 @@ def secrets_in(kind: str, value: str) -> set[str]:
 
 
 def remember(secrets: set[str] | list[str]) -> None:
-    """Add values the log filter and `scrub` remove wherever they appear (see `secrets_in`)."""
+    """The values the log filter and `scrub` remove wherever they appear from now on (see
+    `secrets_in`), in place of those remembered before: the settings in use are the ones to hide."""
+    _remembered.clear()
     _remembered.update(secret for secret in secrets if len(secret) >= MIN_SECRET)
 
 
