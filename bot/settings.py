@@ -193,6 +193,7 @@ SETTINGS: dict[str, Spec] = {
     "archive_retention": Spec("MUNINN_ARCHIVE_RETENTION", "0.05", "Decay: maintenance archives a memory whose retention fell below this (and whose importance is low).", _float(0.0, 1.0)),
     "archive_importance": Spec("MUNINN_ARCHIVE_IMPORTANCE", "0.4", "Decay: only memories with importance below this are ever archived by decay.", _float(0.0, 1.0)),
     "maintenance_hours": Spec("MUNINN_MAINTENANCE_HOURS", "6", "Hours between automatic maintenance runs in the bot (decay, embeddings, links, consolidation); 0 = never.", _float(0)),
+    "guild_retention_days": Spec("MUNINN_GUILD_RETENTION_DAYS", "30", "Days Muninn keeps what it learned in a server after being removed from it (its room and personal memories, history, channel options); maintenance purges it then, unless Muninn was added back. 0 = at the next maintenance run.", _float(0, 36500)),
     "db_readers": Spec("MUNINN_DB_READERS", "3", "Database connections that serve recalls beside the one writer (WAL lets readers run while it writes).", _int(1, 32)),
     "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "4096", "Most memory for the vectors kept in RAM for fast search (float32, per visibility key; it takes only what the vectors need: ~3.2 GB for 1M 768-dim vectors, ~390 MB for 100k); keys beyond it are searched inside sqlite-vec, much slower. Lower it on a small host.", _int(0)),
     "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A viewer who sees at least this many vectors (over all their visibility keys) has them searched by sign-bit codes first (1 bit per dimension), then the best ~2 % of them (at least 256) are scored exactly (about 0.98 of the exact top 10 on real embeddings, measured on 4.4k MiniLM turns, at a fraction of the cost); viewers who see fewer and searches as of a past moment stay exact; 0 = always exact.", _int(0)),
@@ -245,6 +246,7 @@ class Settings:
     archive_retention: float
     archive_importance: float
     maintenance_hours: float
+    guild_retention_days: float
     db_readers: int
     vector_cache_mb: int
     vector_codes_min: int

@@ -1,7 +1,8 @@
 """Thin discord.py adapters around the engine and pipeline in `bot/`.
 
 `client.MuninnBot` is the `commands.Bot`; each feature is an extension loaded in its
-`setup_hook`: `chat` (answering messages, keeping the history) and `memory` (the
-`/memory` slash commands and the always-answer toggle).
+`setup_hook`: `chat` (answering messages, keeping the history), `memory` (the
+`/memory` slash commands and the always-answer toggle) and `guilds` (the servers Muninn
+leaves and rejoins, for the purge of what it kept of the ones it left).
 """
-EXTENSIONS = ("cogs.chat", "cogs.memory")
+EXTENSIONS = ("cogs.chat", "cogs.memory", "cogs.guilds")

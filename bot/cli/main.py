@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Awaitable, Callable, Protocol, TypeVar
 
 from bot import redact, validate
-from bot.cli import migrate
+from bot.cli import migrate, users
 from bot.cli.args import importance, positive_int, recall_limit, snowflake
 from bot.cli.importer import import_lines
 from bot.cli.progress import Progress
@@ -398,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_maintain)
 
     migrate.add_parser(sub, common)
+    users.add_parser(sub, common)
     return parser
 
 

@@ -1,10 +1,14 @@
-"""Periodic maintenance: decay archival, missing embeddings, missing links, consolidation.
+"""Periodic maintenance: departed servers purged, decay archival, missing embeddings, missing
+links, consolidation, history pruning.
 
 `run_maintenance` is what `muninn maintain` and the bot's periodic task call. Each
 step commits in small transactions (one batch of archivals, one cluster) and
 remembers how far it got, so it is safe to interrupt and idempotent: a second run
 right after the first finds nothing to do.
 
+  servers        purge what Muninn kept of each server it was removed from more than
+                 MUNINN_GUILD_RETENTION_DAYS ago and was not added back to (engine.guilds:
+                 one transaction per server, then a scrub of the database files).
   decay          archive active memories whose retention fell below
                  MUNINN_ARCHIVE_RETENTION and whose importance is below
                  MUNINN_ARCHIVE_IMPORTANCE. Archived memories leave retrieval and stay
@@ -39,6 +43,7 @@ from bot.lifecycle.facts import FIRST_PERSON, GENERIC_SUBJECT
 from bot.llm.answers import ask_json
 from bot.memory import records
 from bot.memory.engine import Engine
+from bot.memory.guilds import Purged
 from bot.memory.sql import leases
 from bot.memory.writing import rules
 from bot.memory.writing.upkeep import CONSOLIDATION_WATERMARK, LINKS_WATERMARK, Consolidation
@@ -54,8 +59,9 @@ KEPT_NEIGHBOURS = 200_000  # memories whose neighbours wait for the links pass (
 
 @dataclass
 class MaintenanceReport:
-    """What one maintenance run did: the ids decay archived, the vectors added, the
-    clusters merged, the links added, the history rows pruned, and how long it took."""
+    """What one maintenance run did: the departed servers purged, the ids decay archived, the
+    vectors added, the clusters merged, the links added, the history rows pruned, and how long it took."""
+    guilds_purged: list[Purged] = field(default_factory=list)
     archived: list[int] = field(default_factory=list)
     embedded: int = 0
     consolidated: list[Consolidation] = field(default_factory=list)
@@ -70,10 +76,14 @@ class MaintenanceReport:
         return out
 
     def lines(self) -> list[str]:
-        """One line per step, in the order of the run: decay, embeddings, consolidation,
+        """One line per step, in the order of the run: servers, decay, embeddings, consolidation,
         links, history (decay's line lists only the first archived ids)."""
         merged = sum(len(c.originals) for c in self.consolidated)
-        return [f"decay: archived {len(self.archived)} faded memories"
+        purged = self.guilds_purged
+        return [f"servers: purged {len(purged)} servers Muninn was removed from "
+                f"({sum(p.memories for p in purged)} memories, {sum(p.messages for p in purged)} messages; "
+                "MUNINN_GUILD_RETENTION_DAYS)",
+                f"decay: archived {len(self.archived)} faded memories"
                 + (f" ({', '.join(f'#{i}' for i in self.archived[:20])}{' ...' if len(self.archived) > 20 else ''})"
                    if self.archived else ""),
                 f"embeddings: added {self.embedded} missing vectors",
@@ -243,23 +253,26 @@ async def consolidate(engine: Engine, *, now: float | None = None, use_llm: bool
 
 async def run_maintenance(engine: Engine, *, now: float | None = None, use_llm: bool = True,
                           on_step: Callable[[str], None] | None = None) -> MaintenanceReport:
-    """Decay, embeddings, consolidation, links, in that order (archived memories are not
-    embedded, and clusters and links need the vectors). Each step's line goes to `on_step`."""
+    """Departed servers, decay, embeddings, consolidation, links, in that order (a purged server's
+    memories are neither embedded nor linked, archived memories are not embedded, and clusters and
+    links need the vectors). Each step's line goes to `on_step`."""
     started = time.perf_counter()
     report = MaintenanceReport()
-    report.archived = await archive_decayed(engine, now=now)
+    report.guilds_purged = await engine.guilds.purge_departed(engine.settings.guild_retention_days, now=now)
     _say(on_step, report.lines()[0])
-    report.embedded = await engine.backfill()
+    report.archived = await archive_decayed(engine, now=now)
     _say(on_step, report.lines()[1])
+    report.embedded = await engine.backfill()
+    _say(on_step, report.lines()[2])
     neighbours = Neighbours(engine)  # one search per memory serves both passes
     report.consolidated = await consolidate(engine, now=now, use_llm=use_llm, neighbours=neighbours)
-    _say(on_step, report.lines()[2])
+    _say(on_step, report.lines()[3])
     report.links = await build_links(engine, now=now, neighbours=neighbours)
     await engine.upkeep.prune_vector_changes()
     await engine.finish_scrub()  # forgotten memories' vectors, on PostgreSQL (postgres/scrub.py)
-    _say(on_step, report.lines()[3])
-    report.history_pruned = await engine.upkeep.prune_history(engine.settings.history_keep)
     _say(on_step, report.lines()[4])
+    report.history_pruned = await engine.upkeep.prune_history(engine.settings.history_keep)
+    _say(on_step, report.lines()[5])
     report.seconds = time.perf_counter() - started
     return report
 

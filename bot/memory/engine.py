@@ -31,6 +31,7 @@ from bot.memory.access import NamedAccess
 from bot.memory.backends import storage_for
 from bot.memory.embeddings import Embedding
 from bot.memory.errors import DatabaseBusy, DatabaseError, explain
+from bot.memory.guilds import Guilds
 from bot.memory.messages import Messages
 from bot.memory.recall import dates, ranking, retrieval, steps, touches
 from bot.memory.recall.retrieval import VectorStatus
@@ -83,6 +84,7 @@ class Engine(NamedAccess, Embedding):
         self.messages = Messages(self)  # the channel history and channels' options
         self.facts = FactWrites(self)   # planning and writing extracted facts
         self.upkeep = Upkeep(self)      # maintenance's jobs
+        self.guilds = Guilds(self)      # servers Muninn left, and their purge
         # Readers need a database that other connections can open; ":memory:" is one per connection.
         self._shared_file = self.storage.shares_readers()
         self._readers = (ThreadPoolExecutor(max_workers=settings.db_readers, thread_name_prefix="muninn-read")

@@ -68,6 +68,11 @@ class Messages:
         in the history in one transaction, then scrub the database files."""
         return await self._jobs.write(_forget_person, user_id, what=f"forget everything about user {user_id}")
 
+    async def of_person(self, user_id: int) -> list[HistoryMessage]:
+        """A person's messages in the history, Muninn's replies to them and their DM conversations,
+        oldest first: what `forget_person` erases of the history, for their data export."""
+        return await self._jobs.read(history.of_person, user_id)
+
     async def prune_all(self, keep: int) -> int:
         """Every channel down to its newest `keep` messages; returns how many went."""
         return await self._jobs.write(history.prune_all, keep, what="prune the history")

@@ -863,14 +863,17 @@ class FakeDiscord:
         make: Callable[[GatewayConnection], Optional[Dict[str, Any]]],
         *,
         require: bool,
+        guild_id: Optional[str] = None,
     ) -> int:
+        """``guild_id``: the guild whose shard gets the event, when the payload
+        names it otherwise (GUILD_CREATE / GUILD_DELETE carry it as ``id``)."""
         conns = self.live_connections
         if not conns and require:
             raise RuntimeError(f"FakeDiscord.dispatch({event}): no identified gateway connection")
         sent = 0
         for conn in conns:
             data = make(conn)
-            if data is None or not self.serves(conn, data.get("guild_id")):
+            if data is None or not self.serves(conn, guild_id if guild_id is not None else data.get("guild_id")):
                 continue
             if event == "MESSAGE_CREATE":
                 self._store_message(data)
@@ -878,6 +881,32 @@ class FakeDiscord:
             await self._send_dispatch(conn, event, data)
             sent += 1
         return sent
+
+    async def remove_guild(self, guild: Union[Dict[str, Any], Snowflake], *, unavailable: bool = False) -> int:
+        """Dispatch GUILD_DELETE as Discord does when the bot leaves or is removed
+        from a guild (kicked, banned, the guild deleted): the guild leaves the
+        world (a later IDENTIFY no longer lists it). With ``unavailable`` it is
+        an outage instead: the guild stays, and discord.py reports
+        ``on_guild_unavailable``, not ``on_guild_remove``. Returns the number
+        of connections it was sent to (the guild's shard only)."""
+        gid = _sid(guild)
+        data: Dict[str, Any] = {"id": gid}
+        if unavailable:
+            data["unavailable"] = True
+        else:
+            self.guilds.pop(gid, None)
+        return await self._dispatch("GUILD_DELETE", lambda conn: data, require=True, guild_id=gid)
+
+    async def join_guild(self, guild: Dict[str, Any]) -> int:
+        """Dispatch GUILD_CREATE for a guild the bot was just added to (one made
+        with :meth:`add_guild` after the bot connected, or one removed with
+        :meth:`remove_guild` and added back): discord.py reports
+        ``on_guild_join``. Without an ``unavailable`` key, as Discord sends a
+        join (``unavailable: false`` would be an outage ending)."""
+        gid = _sid(guild)
+        self.guilds[gid] = guild
+        data = {k: v for k, v in self._public_guild(guild).items() if k != "unavailable"}
+        return await self._dispatch("GUILD_CREATE", lambda conn: data, require=True, guild_id=gid)
 
     async def send_reconnect(self) -> None:
         """Send op 7 RECONNECT (discord.py closes and RESUMEs)."""

@@ -275,3 +275,25 @@ async def test_unknown_route_and_raw_zlib_gateway() -> None:
                 assert ready["t"] == "READY" and ready["s"] == 1 and ready["d"]["user"]["bot"] is True
                 assert ready["d"]["application"]["id"] == fake.application_id
         assert fake.heartbeat_acks == 1
+
+
+@pytest.mark.asyncio
+async def test_guild_removed_added_back_and_an_outage(world) -> None:
+    fake, bot, w = world
+    events: list = []
+    for name in ("on_guild_remove", "on_guild_join", "on_guild_unavailable"):
+        async def record(guild: discord.Guild, name: str = name) -> None:
+            events.append((name, guild.id))
+        bot.add_listener(record, name)
+    await asyncio.wait_for(bot.wait_until_ready(), 5)  # before it, a GUILD_CREATE counts as part of the start
+    gid = int(w["guild"]["id"])
+    assert await fake.remove_guild(w["guild"], unavailable=True) == 1       # an outage: not a removal
+    await fake.wait_for(lambda: events == [("on_guild_unavailable", gid)], timeout=3)
+    assert bot.get_guild(gid) is not None and str(gid) in fake.guilds
+    assert await fake.remove_guild(w["guild"]) == 1
+    await fake.wait_for(lambda: events[-1:] == [("on_guild_remove", gid)], timeout=3)
+    assert bot.get_guild(gid) is None and str(gid) not in fake.guilds
+    assert await fake.join_guild(w["guild"]) == 1
+    await fake.wait_for(lambda: events[-1:] == [("on_guild_join", gid)], timeout=3)
+    guild = bot.get_guild(gid)
+    assert guild is not None and guild.get_channel(int(w["general"]["id"])) is not None

@@ -287,6 +287,16 @@ MIGRATIONS: list[str] = [
     ALTER STATISTICS memories_active_words SET STATISTICS 400;
     ANALYZE memories;
     """,
+    # 15: servers Muninn was removed from, and the guild indexes of memories and messages
+    # (SQLite's migration 15 says why).
+    """
+    CREATE TABLE IF NOT EXISTS guild_departures (
+        guild_id BIGINT PRIMARY KEY,
+        departed_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS memories_guild ON memories (guild_id) WHERE guild_id IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS messages_guild ON messages (guild_id) WHERE guild_id IS NOT NULL;
+    """,
 ]
 
 

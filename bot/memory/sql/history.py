@@ -277,3 +277,16 @@ def take_back(conn: Connection, message_ids: Sequence[int], learned_before: floa
         if forgotten:
             mark_pending(conn)
     return forgotten
+
+
+def of_person(conn: Connection, user_id: int) -> list[HistoryMessage]:
+    """What `forget_author` would erase of a person, oldest first, for their data export: their
+    messages everywhere, Muninn's replies to them, and whole DM conversations with them (deleted
+    messages, whose text is gone, left out)."""
+    dm_channels = [row[0] for row in conn.execute(
+        "SELECT DISTINCT channel_id FROM messages WHERE author_id = ? AND guild_id IS NULL", (user_id,))]
+    in_dms = f" OR (guild_id IS NULL AND channel_id IN ({','.join('?' * len(dm_channels))}))" if dm_channels else ""
+    rows = conn.execute(f"SELECT {COLUMNS} FROM messages WHERE deleted_at IS NULL AND "
+                        f"(author_id = ? OR reply_to_author = ?{in_dms}) ORDER BY created_at, id",
+                        (user_id, user_id, *dm_channels))
+    return [HistoryMessage(*row) for row in rows]

@@ -81,6 +81,8 @@ TABLES: tuple[Table, ...] = (
           _select("channel_settings", ("channel_id", "guild_id", "always_answer", "updated_at"), ("channel_id",))),
     Table("memory_pauses", ("user_id", "paused_at", "notified"), ("user_id",),
           _select("memory_pauses", ("user_id", "paused_at", "notified"), ("user_id",))),
+    Table("guild_departures", ("guild_id", "departed_at"), ("guild_id",),
+          _select("guild_departures", ("guild_id", "departed_at"), ("guild_id",))),
     Table("meta", ("key", "value"), ("key",), _select("meta", ("key", "value"), ("key",), frozenset({"key", "value"}),
                                                       where=" AND ".join(
                                                           [f"key != '{k}'" for k in SKIPPED_META]
@@ -88,7 +90,7 @@ TABLES: tuple[Table, ...] = (
                                                       + " AND "), frozenset({"key", "value"})),
 )
 DATA_TABLES = ("memories", "memory_vectors", "memory_links", "memory_sources", "messages", "channel_settings",
-               "memory_pauses")
+               "memory_pauses", "guild_departures")
 
 
 def open_source(path: Path) -> apsw.Connection:

@@ -189,6 +189,18 @@ MIGRATIONS: list[str] = [
     """
     -- (no statement)
     """,
+    # 15: servers Muninn was removed from (bot/memory/sql/guilds.py): maintenance purges what it
+    # kept of one once it has been gone MUNINN_GUILD_RETENTION_DAYS, unless it was added back
+    # (the row goes). The guild indexes let that purge, and the start-up check of which servers
+    # the database knows, find a server's rows without reading every memory and message.
+    """
+    CREATE TABLE IF NOT EXISTS guild_departures (
+        guild_id INTEGER PRIMARY KEY,
+        departed_at REAL NOT NULL    -- unix seconds: removed then, or found gone at a start then
+    );
+    CREATE INDEX IF NOT EXISTS memories_guild ON memories (guild_id) WHERE guild_id IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS messages_guild ON messages (guild_id) WHERE guild_id IS NOT NULL;
+    """,
 ]
 
 
