@@ -194,9 +194,10 @@ class PostgresStorage:
         return fact_writes.change_mark(conn)
 
     def plan_state(self, conn: PgConnection, model: str, owners: Sequence[int] = (),
-                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0) -> PlanState:
+                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0,
+                   taught: Sequence[tuple[int, int]] = (), since: float = 0.0) -> PlanState:
         """What planning a fact write reads, in one round trip (fact_writes.plan_state)."""
-        return fact_writes.plan_state(self.vector_cache, conn, model, owners, probes, same_text_limit)
+        return fact_writes.plan_state(self.vector_cache, conn, model, owners, probes, same_text_limit, taught, since)
 
     def one_log_read(self, conn: PgConnection) -> ContextManager[None]:
         """VectorCache.one_log_read, or a no-op without a cache."""

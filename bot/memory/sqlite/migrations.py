@@ -189,6 +189,11 @@ MIGRATIONS: list[str] = [
     """
     -- (no statement)
     """,
+    # 15: what one person taught in one channel lately, by index alone: every fact write counts
+    # it for MUNINN_LEARN_PER_DAY (store.taught_since), and a heavy user's memories are many.
+    """
+    CREATE INDEX IF NOT EXISTS memories_taught ON memories (owner_id, channel_id, created_at);
+    """,
 ]
 
 
