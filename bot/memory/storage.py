@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, ContextManager, Protocol, Sequence, TypeVar
+from typing import Any, Callable, ContextManager, Protocol, Sequence, TypeVar
 
 from bot.memory import records
 from bot.memory.connection import Connection
@@ -209,9 +209,9 @@ class Storage(Protocol[ConnT]):
     def final_order(self, conn: ConnT, candidates: list[Candidate], now: float, **options: Any) -> list[Candidate]:
         """ranking.final_order: re-rank by relevance x time factor x date factor (`options`: its keywords)."""
     def graph_neighbours(self, conn: ConnT, seeds: list[Candidate], keys: list[str], limit: int,
-                         as_of: float | None) -> list[Candidate]:
-        """The 1-hop walk of the link graph from `seeds`: up to
-        `limit` linked memories that are active and under `keys`."""
+                         as_of: float | None, admit: Callable[[Candidate], bool] | None = None) -> list[Candidate]:
+        """The 1-hop walk of the link graph from `seeds`: up to `limit` linked memories that are
+        active and under `keys` (and that `admit` takes, when given: the fair share)."""
     def measure_similarity(self, conn: ConnT, vector: Sequence[float], chosen: list[Candidate],
                            info: IndexInfo | None) -> None:
         """Give each of `chosen` that has no cosine yet its cosine to the query `vector`,

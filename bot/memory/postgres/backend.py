@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from contextlib import nullcontext
-from typing import Any, ContextManager, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import psycopg
 
@@ -400,9 +400,9 @@ class PostgresStorage:
         return ranking.final_order(conn, candidates, now, **options)
 
     def graph_neighbours(self, conn: PgConnection, seeds: list[Candidate], keys: list[str], limit: int,
-                         as_of: float | None) -> list[Candidate]:
+                         as_of: float | None, admit: Callable[[Candidate], bool] | None = None) -> list[Candidate]:
         """The 1-hop walk of the link graph (retrieval.graph_neighbours, the portable SQL)."""
-        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of)
+        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of, admit)
 
     def measure_similarity(self, conn: PgConnection, vector: Sequence[float], chosen: list[Candidate],
                            info: IndexInfo | None) -> None:

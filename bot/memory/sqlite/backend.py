@@ -8,7 +8,7 @@ import json
 import threading
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, ContextManager, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import apsw
 
@@ -367,9 +367,9 @@ class SQLiteStorage:
         return ranking.final_order(conn, candidates, now, **options)
 
     def graph_neighbours(self, conn: apsw.Connection, seeds: list[Candidate], keys: list[str], limit: int,
-                         as_of: float | None) -> list[Candidate]:
+                         as_of: float | None, admit: Callable[[Candidate], bool] | None = None) -> list[Candidate]:
         """The 1-hop walk of the link graph (retrieval.graph_neighbours)."""
-        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of)
+        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of, admit)
 
     def measure_similarity(self, conn: apsw.Connection, vector: Sequence[float], chosen: list[Candidate],
                            info: IndexInfo | None) -> None:
