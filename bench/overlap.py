@@ -41,9 +41,10 @@ WRITER_START_S = 60.0  # the writer opens its engine; then it is told when to wr
 
 
 def _env(path: Path, database_url: str, embed_url: str) -> dict[str, str]:
+    # the same few people teach every fact: a learning cap no run reaches keeps them new memories (its count is measured)
     return {"MUNINN_DB_PATH": str(path), "MUNINN_DATABASE_URL": database_url, "OLLAMA_URL": embed_url,
             "OLLAMA_EMBED_MODEL": EMBED_MODEL, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30",
-            "MUNINN_MAINTENANCE_HOURS": "0"}
+            "MUNINN_MAINTENANCE_HOURS": "0", "MUNINN_LEARN_PER_DAY": "1000000"}
 
 
 def _writer(env: dict[str, str], seed: int, writing: Any, stop: Any, ready: Any, stored: Any) -> None:

@@ -284,9 +284,10 @@ def report_cprofile(count: int, top: int = 25) -> None:
 
 def _settings_env(target: str, embed_url: str) -> dict[str, str]:
     pg = target.startswith("postgresql://")
+    # the same few people teach every fact: a learning cap no run reaches keeps them new memories (its count is measured)
     return {"MUNINN_DB_PATH": "/nonexistent.db" if pg else target, "MUNINN_DATABASE_URL": target if pg else "",
             "OLLAMA_URL": embed_url, "OLLAMA_EMBED_MODEL": EMBED_MODEL, "OLLAMA_COOLDOWN": "0",
-            "OLLAMA_EMBED_TIMEOUT": "30", "MUNINN_MAINTENANCE_HOURS": "0"}
+            "OLLAMA_EMBED_TIMEOUT": "30", "MUNINN_MAINTENANCE_HOURS": "0", "MUNINN_LEARN_PER_DAY": "1000000"}
 
 
 async def profile(target: str, embed_url: str, count: int, mode: str, seed: int, start_at: float | None,

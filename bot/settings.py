@@ -182,6 +182,9 @@ SETTINGS: dict[str, Spec] = {
     "owner_ids": Spec("MUNINN_OWNER_IDS", "", "Comma-separated Discord user ids allowed to manage global memories (default: the application owner).", _id_list),
     "always_answer_channels": Spec("MUNINN_ALWAYS_ANSWER_CHANNELS", "", "Comma-separated channel ids where Muninn answers every message without being mentioned (admins can also toggle it with /always-answer).", _id_list),
     "reply_queue_limit": Spec("MUNINN_REPLY_QUEUE_LIMIT", "20", "Most messages waiting for an answer in one channel; beyond it messages are only recorded, so a flood cannot pile up work.", _int(1, 1000)),
+    "rate_per_minute": Spec("MUNINN_RATE_PER_MINUTE", "6", "Fair share: messages a minute Muninn answers from one person, over all channels and DMs together (after a quick run of MUNINN_RATE_BURST); the others are kept as context, not answered, and get a quiet sign (a 🐢 reaction) at most once a minute; 0 = no limit.", _int(0, 10_000)),
+    "rate_burst": Spec("MUNINN_RATE_BURST", "4", "Fair share: messages one person may send in a quick run before MUNINN_RATE_PER_MINUTE holds them back.", _int(1, 1000)),
+    "learn_per_day": Spec("MUNINN_LEARN_PER_DAY", "30", "Fair share: most new memories Muninn learns from one person in one channel (or DM) in 24 hours; their further facts are dropped until then (a fact repeated still strengthens the memory that holds it); 0 = no cap.", _int(0, 1_000_000)),
     "stream_replies": Spec("MUNINN_STREAM_REPLIES", "true", "Show replies on Discord as they are written (one message, edited about once a second) instead of all at once.", _bool),
     "shutdown_seconds": Spec("MUNINN_SHUTDOWN_SECONDS", "10", "On SIGTERM or Ctrl-C: seconds to finish replies in flight, then as many to save facts waiting for extraction, before stopping.", _float(0, 600)),
     "shard_count": Spec("MUNINN_SHARD_COUNT", "0", "Several bot processes on one database: the total number of Discord shards (0 = one process, no sharding; docs in README, Scaling out).", _int(0, 100_000)),
@@ -235,6 +238,9 @@ class Settings:
     owner_ids: frozenset[int]
     always_answer_channels: frozenset[int]
     reply_queue_limit: int
+    rate_per_minute: int
+    rate_burst: int
+    learn_per_day: int
     stream_replies: bool
     shutdown_seconds: float
     shard_count: int

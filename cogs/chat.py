@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 CONVERSATION_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 NO_MENTIONS = discord.AllowedMentions.none()
 BUSY = "⏳"  # on a message past the queue limit: seen, not answered
+SLOW_DOWN = "🐢"  # on a message of someone over their share of answers (MUNINN_RATE_PER_MINUTE): seen, not answered
 
 
 def is_private_channel(channel, guild_id: int | None, guild: discord.Guild | None) -> bool:
@@ -68,7 +69,8 @@ def to_incoming(message: discord.Message) -> Incoming:
 
 class DiscordOutlet:
     """Replies to one message: typing while Muninn thinks, then the answer in 2,000-character
-    parts (streamed, see cogs/streaming.py); a ⏳ reaction when it will not be answered."""
+    parts (streamed, see cogs/streaming.py); a ⏳ reaction when it will not be answered (🐢 when its
+    author is over their share of answers)."""
 
     def __init__(self, message: discord.Message):
         self.message = message
@@ -112,6 +114,10 @@ class DiscordOutlet:
     async def busy(self) -> None:
         """React with ⏳: the message was seen, but its channel's queue is full and it will not be answered."""
         await self.message.add_reaction(BUSY)
+
+    async def slow_down(self) -> None:
+        """React with 🐢: the message was seen, but its author is over their share of answers and it will not be answered."""
+        await self.message.add_reaction(SLOW_DOWN)
 
     async def confirm_forget(self, offer: ForgetOffer) -> list[Sent]:
         """Post the forget question with its buttons, as a reply to the

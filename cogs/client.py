@@ -37,9 +37,10 @@ class _NoVoice(logging.Filter):
 
 logging.getLogger("discord.client").addFilter(_NoVoice())
 
-# What the bot needs in a channel: see it, read the history it replies to, and write.
+# What the bot needs in a channel: see it, read the history it replies to, write, and react
+# (its quiet signs on a message it will not answer: ⏳ busy, 🐢 over the sender's share).
 INVITE_PERMISSIONS = discord.Permissions(view_channel=True, send_messages=True, send_messages_in_threads=True,
-                                         read_message_history=True)
+                                         read_message_history=True, add_reactions=True)
 SOMETHING_WENT_WRONG = "Something went wrong on my side; it has been logged. Please try again later."
 DATABASE_UNAVAILABLE = ("My memory is unavailable right now (busy with maintenance, or a disk problem); nothing "
                         "was changed. It has been logged. Please try again in a few minutes.")

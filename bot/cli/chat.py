@@ -43,6 +43,8 @@ HELP = """Local commands (never sent to the model):
   /help            this list
   /quit            leave (Ctrl-D too; Ctrl-C leaves at once)
 You can also say "forget that I live in Oslo": Muninn shows what matches and asks first."""
+SLOW_DOWN = ("muninn> (You are writing faster than I answer one person: I keep this message but do not "
+             "answer it. Wait a few seconds.)")  # at most once a minute (bot/conversation/rate.py)
 VIEWER = Viewer(user_id=LOCAL_USER_ID, channel_id=LOCAL_CHANNEL_ID, guild_id=LOCAL_GUILD_ID)
 
 
@@ -175,6 +177,10 @@ class TerminalOutlet:
         """Print the reply as one `muninn>` line; returns one Sent without a message id."""
         self.screen.line(f"muninn> {text}")
         return [Sent(None, time.time())]
+
+    async def slow_down(self) -> None:
+        """One short line: this message is kept but not answered (the author is over MUNINN_RATE_PER_MINUTE)."""
+        self.screen.line(SLOW_DOWN)
 
     def stream(self) -> TerminalReplyStream | None:
         """Replies are streamed on a terminal; piped output gets whole lines (scripts read them)."""

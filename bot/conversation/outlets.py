@@ -1,5 +1,5 @@
 """Where the pipeline's replies go: an outlet posts them (Discord, the terminal) and may offer
-more (streaming, a busy sign, asking before forgetting), each capability a protocol of its own."""
+more (streaming, a busy sign, a slow-down sign, asking before forgetting), each capability a protocol of its own."""
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -42,6 +42,15 @@ class BusyOutlet(Outlet, Protocol):
 
     async def busy(self) -> None:
         """Show that this message was seen but will not be answered: its channel's queue is full."""
+
+
+@runtime_checkable
+class SlowDownOutlet(Outlet, Protocol):
+    """An outlet that can show a person, quietly, that they write faster than Muninn answers one person."""
+
+    async def slow_down(self) -> None:
+        """Show that this message was seen but will not be answered: its author is
+        over their share of answers (MUNINN_RATE_PER_MINUTE; bot/conversation/rate.py)."""
 
 
 @runtime_checkable

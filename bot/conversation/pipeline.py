@@ -9,7 +9,9 @@ Messages of one channel are answered one at a time, in order (an asyncio.Lock pe
 channel, whose waiters are served first come, first served); different channels run
 side by side, each holding at most one Ollama request, and the client's semaphore
 bounds how many run at once. A flood in one channel therefore queues behind itself
-only, and past `reply_queue_limit` waiting messages it is recorded but not answered.
+only, and past `reply_queue_limit` waiting messages it is recorded but not answered. One
+person gets a fair share of answers (bot/conversation/rate.py): past MUNINN_RATE_PER_MINUTE
+their messages are recorded, not answered, and cost no call to the model.
 When Ollama cannot answer (down, too slow, model missing) the person gets a short
 "can't think right now" reply and the log says what to fix; when recall or the history
 fails (a busy or damaged database), the answer goes on without them.
@@ -22,6 +24,7 @@ Outlets may offer more than `send`, declared by a protocol each, and the pipelin
 - `stream()` (StreamingOutlet): the reply is shown as Ollama writes it (MUNINN_STREAM_REPLIES), with the
   reasoning of reasoning models held back; what stays posted equals the non-streamed reply;
 - `busy()` (BusyOutlet): a visible sign for a message past the queue limit (never silence);
+- `slow_down()` (SlowDownOutlet): a quiet sign, once a minute at most, for a person over their share;
 - `confirm_forget(offer)` (ConfirmingOutlet): "forget that I live in Oslo" in plain words
   (bot/conversation/forget_intent.py) shows the person's matching memories and forgets them
   on confirmation; such a request is neither answered by the model nor kept.
@@ -49,8 +52,10 @@ from bot.conversation.outlets import (
     Outlet,
     ReplyStream,
     Sent,
+    SlowDownOutlet,
     StreamingOutlet,
 )
+from bot.conversation.rate import MemberRate
 from bot.conversation.turns import ChannelTurns
 from bot.llm.answers import strip_thinking, visible_so_far
 from bot.llm.ollama import (
@@ -122,6 +127,7 @@ class Pipeline:
         self.assistant_id = assistant_id      # Muninn's own user id, for its rows in the history
         self.assistant_name = assistant_name
         self._turns = ChannelTurns()
+        self.rate = MemberRate(self.settings.rate_per_minute, self.settings.rate_burst)  # answers per person
         self.arrivals = Arrivals()                  # history in arrival order (arrivals.py)
         self._throttle = Throttle()
         self._forgotten_at: dict[int, float] = {}  # user id -> time.monotonic() of their forget-all
@@ -261,11 +267,21 @@ class Pipeline:
         (the outlet shows that it is busy) or the bot is stopping."""
         if not self.accepting:
             return None
+        # a plain-words forget request is never held back: it costs no reply, and privacy comes first
+        asks_to_forget = isinstance(outlet, ConfirmingOutlet) and forget_intent.detect(incoming.content)
+        if not asks_to_forget and not (verdict := self.rate.take(incoming.author_id)).allowed:
+            self._log("rate", logging.INFO, "user %s is over MUNINN_RATE_PER_MINUTE; recording their "
+                      "messages without answering", incoming.author_id)
+            if verdict.notify and isinstance(outlet, SlowDownOutlet):
+                await self._sign("slow down", outlet.slow_down())
+            await self.record(incoming)
+            return None
         if self._turns.waiting(incoming.channel_id) >= self.settings.reply_queue_limit:
             self._log("queue", logging.WARNING, "channel %s has %d messages waiting for an answer; "
                       "recording the rest without answering", incoming.channel_id,
                       self._turns.waiting(incoming.channel_id))
-            await self._show_busy(outlet)
+            if isinstance(outlet, BusyOutlet):
+                await self._sign("busy", outlet.busy())
             await self.record(incoming)
             return None
         received = time.monotonic()
@@ -285,13 +301,12 @@ class Pipeline:
             if not self._active:
                 self._idle.set()
 
-    async def _show_busy(self, outlet: Outlet) -> None:
-        if not isinstance(outlet, BusyOutlet):
-            return
+    async def _sign(self, what: str, shown: Awaitable[None]) -> None:
+        """Show a quiet sign (busy, slow down) on the outlet; one that cannot be shown is no reason to fail."""
         try:
-            await outlet.busy()
-        except Exception as exc:  # a sign that cannot be shown is no reason to fail
-            self._log("busy", logging.WARNING, "could not show that Muninn is busy: %s: %s", type(exc).__name__, exc)
+            await shown
+        except Exception as exc:
+            self._log(what, logging.WARNING, "could not show the %s sign: %s: %s", what, type(exc).__name__, exc)
 
     async def _answer(self, incoming: Incoming, outlet: Outlet, received: float) -> Reply:
         paused = await self.engine.memory_paused(incoming.author_id)

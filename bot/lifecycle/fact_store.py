@@ -1,5 +1,6 @@
 """Storing extracted facts: embed, find duplicates and older memories a fact updates (the LLM
-decides), then write everything of one author in one transaction."""
+decides), then write everything of one author in one transaction, new memories up to the
+author's MUNINN_LEARN_PER_DAY in each channel (bot/memory/writing/facts.py, LearnBudget)."""
 from __future__ import annotations
 
 import logging
@@ -55,14 +56,18 @@ async def store_facts_detailed(engine: Engine, facts: Sequence[Fact],
     # Embeddings first (network, outside the transaction) so the duplicate check can use them;
     # without them the facts are stored unembedded and maintenance embeds them later.
     vecs = await engine.embed_or_none([m.text for m in memories])
-    candidates, searched, mark = await engine.facts.plan(settings.embed_model, memories, vecs, settings,
-                                                         [f.about for f in facts])
+    candidates, searched, mark, taught = await engine.facts.plan(settings.embed_model, memories, vecs, settings,
+                                                                 [f.about for f in facts], now)
     decisions: list[UpdateDecision | None] = []
     for fact, found in zip(facts, candidates, strict=True):
         decisions.append(await decide_update(engine.ollama, fact.text, found) if found else None)
     outcome = await engine.facts.write(keep, memories, vecs, decisions, settings=settings, now=now,
-                                       searched=searched, searched_mark=mark)
+                                       searched=searched, searched_mark=mark, taught=taught)
     if outcome.inserted or outcome.reinforced or outcome.superseded:
         log.info("memories: stored %s, reinforced %s, superseded %s", outcome.inserted, outcome.reinforced,
                  [f"#{old}->#{new}" for old, new in outcome.superseded])
+    if outcome.dropped:  # counts and ids only: never what the facts said
+        log.info("MUNINN_LEARN_PER_DAY=%d reached: dropped %s", settings.learn_per_day, "; ".join(
+            f"{dropped} new facts of user {owner} in channel {channel} ({taught} taught there in 24 h)"
+            for (owner, channel), (dropped, taught) in outcome.dropped.items()))
     return outcome

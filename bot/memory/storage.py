@@ -13,8 +13,8 @@ a connection is only ever used by one thread at a time. Writes are one transacti
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any, ContextManager, Protocol, Sequence, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Protocol, Sequence, TypeVar
 
 from bot.memory import records
 from bot.memory.connection import Connection
@@ -33,6 +33,8 @@ class PlanState:
     info: IndexInfo | None          # current_index(model)
     personal: dict[int, list[str]]  # owner -> scope.personal_keys (the update check searches all of them)
     same_words: list[list[tuple[int, str]]]  # per probe: keyword_search(words, [vis_key], all_words=True)
+    # (owner, channel) -> what they taught there since plan_state's `since` (store.taught_since; MUNINN_LEARN_PER_DAY)
+    taught: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 class Storage(Protocol[ConnT]):
@@ -89,10 +91,12 @@ class Storage(Protocol[ConnT]):
         """The k nearest active memories under `keys` to a stored memory's own vector,
         itself left out: [(id, L2 distance)], nearest first ([] when it has no vector)."""
     def plan_state(self, conn: ConnT, model: str, owners: Sequence[int] = (),
-                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0) -> PlanState:
+                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0,
+                   taught: Sequence[tuple[int, int]] = (), since: float = 0.0) -> PlanState:
         """What planning a fact write reads first, as of one moment (PostgreSQL: one round trip):
-        the change mark, current_index(model), `owners`' personal keys, and for each (vis_key,
-        words) of `probes` its exact-text duplicate check (as begin_fact_write's)."""
+        the change mark, current_index(model), `owners`' personal keys, for each (vis_key,
+        words) of `probes` its exact-text duplicate check (as begin_fact_write's), and for each
+        (owner, channel) of `taught` store.taught_since(owner, channel, since)."""
     def one_log_read(self, conn: ConnT) -> ContextManager[None]:
         """Within the block, on this thread, the vector cache reads the change log once (its
         first search): the searches of one fact write's planning, whose results the write checks
@@ -205,9 +209,9 @@ class Storage(Protocol[ConnT]):
     def final_order(self, conn: ConnT, candidates: list[Candidate], now: float, **options: Any) -> list[Candidate]:
         """ranking.final_order: re-rank by relevance x time factor x date factor (`options`: its keywords)."""
     def graph_neighbours(self, conn: ConnT, seeds: list[Candidate], keys: list[str], limit: int,
-                         as_of: float | None) -> list[Candidate]:
-        """The 1-hop walk of the link graph from `seeds`: up to
-        `limit` linked memories that are active and under `keys`."""
+                         as_of: float | None, admit: Callable[[Candidate], bool] | None = None) -> list[Candidate]:
+        """The 1-hop walk of the link graph from `seeds`: up to `limit` linked memories that are
+        active and under `keys` (and that `admit` takes, when given: the fair share)."""
     def measure_similarity(self, conn: ConnT, vector: Sequence[float], chosen: list[Candidate],
                            info: IndexInfo | None) -> None:
         """Give each of `chosen` that has no cosine yet its cosine to the query `vector`,

@@ -11,6 +11,7 @@ from bot.cli.chat import (
     LOCAL_CHANNEL_ID,
     LOCAL_GUILD_ID,
     LOCAL_USER_ID,
+    SLOW_DOWN,
     local_name,
     run_chat,
 )
@@ -69,3 +70,17 @@ async def test_muninn_chat_subcommand(fake_ollama, tmp_path, monkeypatch, capsys
     fake_ollama.chat_replies.append("hello, human")
     assert await asyncio.to_thread(main, ["chat"]) == 0
     assert "muninn> hello, human" in capsys.readouterr().out
+
+
+async def test_chat_past_the_share_of_answers_says_so_in_one_line(fake_ollama, make_settings):
+    """Lines piped faster than MUNINN_RATE_PER_MINUTE: a quick run is answered, then one short
+    line says the rest are kept but not answered (once a minute, not once each)."""
+    fake_ollama.default_chat_reply = answers
+    settings = make_settings(fake_ollama.url, MUNINN_RATE_PER_MINUTE=6, MUNINN_RATE_BURST=2, MUNINN_EXTRACTION="false")
+    out = io.StringIO()
+    await run_chat(settings, stdin=io.StringIO("".join(f"line {n}\n" for n in range(5))), stdout=out)
+    assert out.getvalue().splitlines() == ["muninn> You said: line 0", "muninn> You said: line 1", SLOW_DOWN]
+    assert len(fake_ollama.chat_requests()) == 2
+    async with Engine(settings) as engine:
+        rows = await engine.write(history.recent, LOCAL_CHANNEL_ID, 20)
+    assert [r.content for r in rows if r.role == "user"] == [f"line {n}" for n in range(5)]  # all kept

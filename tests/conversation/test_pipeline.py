@@ -194,7 +194,9 @@ async def test_an_earlier_message_waiting_for_the_turn_does_not_stall_the_answer
 async def test_a_flood_in_one_channel_does_not_starve_another(make_settings, fake_ollama):
     fake_ollama.mode, fake_ollama.delay = "slow", 0.1
     fake_ollama.default_chat_reply = lambda req: "re: " + req["messages"][-1]["content"].rsplit(": ", 1)[-1]
-    async with Engine(make_settings(fake_ollama.url, OLLAMA_MAX_CONCURRENCY=1, OLLAMA_EMBED_TIMEOUT=2)) as engine:
+    # one person's share of answers is off (tests/conversation/test_rate.py): the channels' turns are under test
+    async with Engine(make_settings(fake_ollama.url, OLLAMA_MAX_CONCURRENCY=1, OLLAMA_EMBED_TIMEOUT=2,
+                                    MUNINN_RATE_PER_MINUTE=0)) as engine:
         pipeline = Pipeline(engine)
         events: list = []
         flood = [asyncio.create_task(pipeline.respond(said(f"spam {n}", channel=RANDOM), RecordingOutlet(events)))

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from contextlib import nullcontext
-from typing import Any, ContextManager, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import psycopg
 
@@ -194,9 +194,10 @@ class PostgresStorage:
         return fact_writes.change_mark(conn)
 
     def plan_state(self, conn: PgConnection, model: str, owners: Sequence[int] = (),
-                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0) -> PlanState:
+                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0,
+                   taught: Sequence[tuple[int, int]] = (), since: float = 0.0) -> PlanState:
         """What planning a fact write reads, in one round trip (fact_writes.plan_state)."""
-        return fact_writes.plan_state(self.vector_cache, conn, model, owners, probes, same_text_limit)
+        return fact_writes.plan_state(self.vector_cache, conn, model, owners, probes, same_text_limit, taught, since)
 
     def one_log_read(self, conn: PgConnection) -> ContextManager[None]:
         """VectorCache.one_log_read, or a no-op without a cache."""
@@ -399,9 +400,9 @@ class PostgresStorage:
         return ranking.final_order(conn, candidates, now, **options)
 
     def graph_neighbours(self, conn: PgConnection, seeds: list[Candidate], keys: list[str], limit: int,
-                         as_of: float | None) -> list[Candidate]:
+                         as_of: float | None, admit: Callable[[Candidate], bool] | None = None) -> list[Candidate]:
         """The 1-hop walk of the link graph (retrieval.graph_neighbours, the portable SQL)."""
-        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of)
+        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of, admit)
 
     def measure_similarity(self, conn: PgConnection, vector: Sequence[float], chosen: list[Candidate],
                            info: IndexInfo | None) -> None:

@@ -59,10 +59,12 @@ def change_mark(conn: PgConnection) -> str:
 
 
 def plan_state(cache: VectorCache | None, conn: PgConnection, model: str, owners: Sequence[int] = (),
-               probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0) -> PlanState:
+               probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0,
+               taught: Sequence[tuple[int, int]] = (), since: float = 0.0) -> PlanState:
     """One round trip: the snapshot, the index, each owner's personal keys (scope.personal_keys'
     loose index scan, an array per owner), each probe's exact-text check (keyword_search's
-    statement, its rows as JSON) and, in a one_log_read block, the vector cache's read of the
+    statement, its rows as JSON), what each (owner, channel) of `taught` taught there since
+    `since` (store.taught_since's count) and, in a one_log_read block, the vector cache's read of the
     change log (the rows it needs: vector_source.poll_beside): these were a round trip each
     per fact. Never prepared (as keyword_search: one generic plan for every key and word
     would not do)."""
@@ -75,6 +77,10 @@ def plan_state(cache: VectorCache | None, conn: PgConnection, model: str, owners
             query, more = _keyword_statement(words, [vis_key], all_words=True, limit=same_text_limit)
             columns.append(f"(SELECT json_agg(json_build_array(s.id, s.text) ORDER BY s.id)::text FROM ({query}) s)")
             params += more
+    pairs = list(dict.fromkeys(taught))
+    for owner, channel in pairs:
+        columns.append("(SELECT count(*) FROM memories WHERE owner_id = %s AND channel_id = %s AND created_at >= %s)")
+        params += [owner, channel, since]
     ahead = (cache.read_ahead(conn)
              if cache is not None and isinstance(cache.source, PostgresVectorSource) else None)
     if cache is not None and ahead is not None:
@@ -92,9 +98,10 @@ def plan_state(cache: VectorCache | None, conn: PgConnection, model: str, owners
     hits = iter(row[1 + len(people):])
     same_words = [[(int(mid), str(text)) for mid, text in json.loads(next(hits) or "[]")] if was_probed else []
                   for was_probed in probed]
+    counts = {pair: int(next(hits)) for pair in pairs}
     return PlanState(mark, stored if stored is not None and stored.model == model else None,
                      {owner: [str(key) for key in keys] for owner, keys in zip(people, row[1:], strict=False)},
-                     same_words)
+                     same_words, counts)
 
 
 def unchanged_since(conn: PgConnection, mark: str) -> bool:

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 from bot.memory.postgres.connection import PgConnection
 from bot.memory.postgres.vector_forms import vector_literal
 from bot.memory.recall import retrieval
-from bot.memory.recall.retrieval import VITALS_COLUMNS, Candidate
+from bot.memory.recall.retrieval import TEACHER_COLUMN, VITALS_COLUMNS, Candidate
 from bot.memory.vectors import index as vectors
 from bot.memory.vectors.cache import VectorCache
 from bot.memory.vectors.index import IndexInfo
@@ -75,17 +75,20 @@ def spread_to_neighbours(conn: PgConnection, ranked: list[Candidate], keys: list
             "ORDER BY p.id {order} LIMIT %(reach)s)) WITH ORDINALITY n(other, places) "
             "WHERE h.id = ANY(%(ids)s) AND h.vis_key = ANY(%(keys)s)")
     rows = conn.pg.execute(
-        ("SELECT hit, other, places::int, NULL::float8, NULL::float8, NULL::float8, NULL::float8 FROM ("
+        ("SELECT hit, other, places::int, NULL::float8, NULL::float8, NULL::float8, NULL::float8, NULL::bigint FROM ("
          f"{side.format(op='<', order='DESC')} UNION ALL {side.format(op='>', order='ASC')}) x "
          "WHERE x.other = ANY(%(ids)s) "
-         # the candidates' decay rows (Candidate.vitals: final_order reads none again) and their times here
-         f"UNION ALL SELECT id, NULL, NULL, {VITALS_COLUMNS} "
+         # the candidates' decay rows (Candidate.vitals: final_order reads none again; Candidate.teacher for
+         # the fair share) and their times here
+         f"UNION ALL SELECT id, NULL, NULL, {VITALS_COLUMNS}, {TEACHER_COLUMN} "
          "FROM memories WHERE id = ANY(%(ids)s)").encode(),
         {"ids": list(by_id), "keys": keys, "reach": reach}).fetchall()
     created: dict[int, float] = {}
-    for hit, other, _, last_seen, stability, importance, created_at in rows:
+    for hit, other, _, last_seen, stability, importance, created_at, teacher in rows:
         if other is None:  # a decay row: for final_order next (Candidate.vitals) and the times here
-            by_id[int(hit)].vitals = (last_seen, stability, importance, created_at)
+            cand = by_id[int(hit)]
+            cand.vitals = (last_seen, stability, importance, created_at)
+            cand.teacher, cand.teacher_read = (None if teacher is None else int(teacher)), True
             created[int(hit)] = float(created_at)
     walked = [(int(h), int(o), int(p)) for h, o, p, *_ in rows if o is not None
               and abs(created[o] - created[h]) <= retrieval.NEIGHBOUR_WINDOW_S

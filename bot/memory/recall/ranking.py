@@ -38,7 +38,7 @@ from datetime import UTC, tzinfo
 from bot.memory import decay
 from bot.memory.connection import Connection
 from bot.memory.recall.dates import DateHint
-from bot.memory.recall.retrieval import VITALS_COLUMNS, Candidate, rank
+from bot.memory.recall.retrieval import TEACHER_COLUMN, VITALS_COLUMNS, Candidate, rank
 
 TIME_WEIGHT = 0.02
 DATE_BOOST = 1.0
@@ -71,12 +71,16 @@ def final_order(conn: Connection, candidates: Iterable[Candidate], now: float, *
     pool = list(candidates)
     if not pool or (time_weight == 0 and not (date_hints and date_boost)):
         return rank(pool)
-    # what the neighbour step read already (vitals: retrieval.lenders, PostgreSQL's walk), the rest from their rows
+    # what the neighbour step read already (vitals: retrieval.lenders, PostgreSQL's walk), the rest from
+    # their rows, with the teacher the fair share needs next (fair_share.py)
     rows: list[tuple] = [(c.memory_id, *c.vitals) for c in pool if c.vitals is not None]
-    ids = [c.memory_id for c in pool if c.vitals is None]
-    if ids:
-        rows += conn.execute(f"SELECT {DECAY_COLUMNS} FROM memories WHERE id IN ({','.join('?' * len(ids))})",
-                             ids).fetchall()
+    unread = {c.memory_id: c for c in pool if c.vitals is None}
+    if unread:
+        for memory_id, *vitals, teacher in conn.execute(
+                f"SELECT {DECAY_COLUMNS}, {TEACHER_COLUMN} FROM memories WHERE id IN ({','.join('?' * len(unread))})",
+                list(unread)):
+            rows.append((memory_id, *vitals))
+            unread[memory_id].teacher, unread[memory_id].teacher_read = teacher, True
     factor = {}
     for memory_id, last_seen, stability, importance, created_at in rows:
         named = any(hint.covers(created_at, tz) for hint in date_hints)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Iterable
+from typing import Callable, Iterable
 
 from bot.memory import records
 from bot.memory.connection import Connection
@@ -24,6 +24,15 @@ MODE_VECTOR = "vector-only"
 
 # Candidate.vitals as a memories row gives them (the columns of ranking.DECAY_COLUMNS after id).
 VITALS_COLUMNS = "coalesce(last_accessed, created_at), stability, importance, created_at"
+
+
+def teacher_column(table: str = "") -> str:
+    """Candidate.teacher as a memories row (of `table`, when given) gives it: who taught a room memory."""
+    prefix = f"{table}." if table else ""
+    return f"CASE WHEN {prefix}scope = 'room' THEN {prefix}owner_id END"
+
+
+TEACHER_COLUMN = teacher_column()  # fair_share.py
 
 
 @dataclass
@@ -42,6 +51,10 @@ class Candidate:
     # (last recalled or created, stability, importance, created_at) as the neighbour step read them,
     # for ranking.final_order (which then reads no row again); None = not read
     vitals: tuple[float, float, float, float] | None = field(default=None, repr=False, compare=False)
+    # who taught it, for the fair share (fair_share.py): a room memory's owner, None for a personal or
+    # global one; read from the row the neighbour step, the final order or the graph walk read (teacher_read)
+    teacher: int | None = field(default=None, repr=False, compare=False)
+    teacher_read: bool = field(default=False, repr=False, compare=False)
 
     @property
     def cosine(self) -> float | None:
@@ -225,14 +238,16 @@ def spread_to_neighbours(conn: Connection, ranked: list[Candidate], keys: list[s
 def lenders(conn: Connection, by_id: dict[int, Candidate], keys: list[str]) -> list[int]:
     """Those of the candidates (under `keys`) that have another of them under the same key stored
     within NEIGHBOUR_WINDOW_S: the only hits whose neighbour loan can reach a candidate. Gives
-    each the `vitals` the final order needs from the same rows."""
+    each the `vitals` the final order needs, and the `teacher` the fair share needs, from the same rows."""
     where, key_params = key_filter(keys, "vis_key")
     times: dict[str, list[tuple[float, int]]] = {}
-    for memory_id, last_seen, stability, importance, created_at, vis_key in conn.execute(
-            f"SELECT id, {VITALS_COLUMNS}, vis_key FROM memories "
+    for memory_id, last_seen, stability, importance, created_at, vis_key, teacher in conn.execute(
+            f"SELECT id, {VITALS_COLUMNS}, vis_key, {TEACHER_COLUMN} FROM memories "
             f"WHERE id IN ({','.join('?' * len(by_id))}) AND {where}", [*by_id, *key_params]):
         times.setdefault(vis_key, []).append((created_at, memory_id))
-        by_id[memory_id].vitals = (last_seen, stability, importance, created_at)
+        cand = by_id[memory_id]
+        cand.vitals = (last_seen, stability, importance, created_at)
+        cand.teacher, cand.teacher_read = teacher, True
     out: list[int] = []
     for stored in times.values():
         stored.sort()
@@ -264,8 +279,9 @@ def lend_to_neighbours(by_id: dict[int, Candidate], found: Iterable[tuple[int, i
 
 
 def graph_neighbours(conn: Connection, seeds: list[Candidate], keys: list[str], limit: int,
-                     as_of: float | None = None) -> list[Candidate]:
-    """1-hop walk from the fused results: up to `limit` linked, visible, active memories."""
+                     as_of: float | None = None, admit: Callable[[Candidate], bool] | None = None) -> list[Candidate]:
+    """1-hop walk from the fused results: up to `limit` linked, visible, active memories (only those
+    `admit` takes, when given: the fair share, which sees each one's teacher)."""
     if not seeds or limit <= 0:
         return []
     seed_ids = [c.memory_id for c in seeds]
@@ -273,7 +289,7 @@ def graph_neighbours(conn: Connection, seeds: list[Candidate], keys: list[str], 
     kinds = ",".join("?" * len(GRAPH_LINK_KINDS))
     where, key_params = key_filter(keys, "m.vis_key")
     sql = (
-        "SELECT l.seed, l.other, l.kind, l.weight FROM ("
+        f"SELECT l.seed, l.other, l.kind, l.weight, {teacher_column('m')} FROM ("
         f" SELECT source_id AS seed, target_id AS other, kind, weight FROM memory_links WHERE source_id IN ({marks})"
         " UNION ALL"
         f" SELECT target_id, source_id, kind, weight FROM memory_links WHERE target_id IN ({marks})"
@@ -289,11 +305,15 @@ def graph_neighbours(conn: Connection, seeds: list[Candidate], keys: list[str], 
     rows = sorted(conn.execute(sql, params), key=lambda r: (position[r[0]], -r[3], r[1]))
     taken = set(seed_ids)
     out: list[Candidate] = []
-    for seed, other, kind, weight in rows:
+    for seed, other, kind, weight, teacher in rows:
         if other in taken:
             continue
         taken.add(other)
-        out.append(Candidate(other, link={"from": seed, "kind": kind, "weight": round(weight, 4)}))
+        cand = Candidate(other, link={"from": seed, "kind": kind, "weight": round(weight, 4)},
+                         teacher=teacher, teacher_read=True)
+        if admit is not None and not admit(cand):
+            continue
+        out.append(cand)
         if len(out) >= limit:
             break
     return out

@@ -3,7 +3,8 @@
 The keyword step runs while the question is being embedded: the viewer's visibility keys, the
 keyword hits (re-ranked by the names the plain query left out) and the vector index's state.
 The search step takes the embedding: vector candidates, fusion, the neighbour loan, the final
-order, the graph walk, and each chosen memory's cosine to the question.
+order, the fair share of each member (fair_share.py), the graph walk, and each chosen memory's
+cosine to the question.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from bot.memory.recall import ranking, retrieval, subqueries
+from bot.memory.recall import fair_share, ranking, retrieval, subqueries
 from bot.memory.recall.dates import DateHint
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import Viewer
@@ -27,6 +28,8 @@ class KeywordStep:
     hits: list[Candidate]           # keyword hits, best first
     info: IndexInfo | None          # the vector index (None: there is none)
     partial: bool                   # a re-index is pending: some vectors are missing
+    viewer_id: int | None = None    # who asks: their own memories never count against a member's share
+    query: str = ""                 # what was asked (the fair share's second look searches it again)
 
 
 @dataclass
@@ -45,17 +48,18 @@ def keyword_step(conn: Any, storage: Storage[Any], query: str, viewer: Viewer, c
     hits, (info, partial) = storage.keyword_step(conn, query, keys, candidates, as_of)
     # names the plain query left out as too common re-rank its hits (subqueries.py)
     fused = subqueries.fuse_keyword_lists(hits, subqueries.name_hits(conn, query, hits), candidates)
-    return KeywordStep(keys, fused, info, partial)
+    return KeywordStep(keys, fused, info, partial, viewer.user_id, query)
 
 
 def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: KeywordStep,
                 vector: list[float] | None, limit: int, now: float, as_of: float | None,
                 date_hints: Sequence[DateHint] = ()) -> SearchStep:
     """Vector candidates (when `vector` is usable), fused with the keyword hits, ordered, cut to
-    `limit`, then the graph's linked memories; measured against the question's vector."""
+    `limit` with no other member past their share, then the graph's linked memories (within the
+    shares too); measured against the question's vector."""
     t0 = time.perf_counter()
-    keys, info = found.keys, found.info
-    vector_hits = (storage.vector_candidates(conn, info, vector, keys, limit * 3, as_of)
+    keys, info, depth = found.keys, found.info, limit * 3
+    vector_hits = (storage.vector_candidates(conn, info, vector, keys, depth, as_of)
                    if vector is not None and info is not None else [])
     t1 = time.perf_counter()
     fused = retrieval.fuse(found.hits, vector_hits, k=settings.rrf_k, limit=len(found.hits) + len(vector_hits),
@@ -65,8 +69,18 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
                                 date_boost=settings.date_boost, tz=settings.timezone)
     if settings.rrf_weight_fts > 0:
         fused = ranking.keyword_winner_first(fused, settings.keyword_lead)
-    fused = fused[:limit]
-    chosen = fused + storage.graph_neighbours(conn, fused, keys, settings.graph_limit, as_of)
+    fair = fair_share.FairShare(found.viewer_id, fair_share.share_of(limit))
+    relevant = fair_share.relevance(fused, ranking.touch_floor(settings.embed_model, settings.touch_min_cosine))
+    cut = fair_share.fair_cut(conn, fused, limit, fair, relevant)
+    keyword, semantic = len(found.hits) >= depth, len(vector_hits) >= depth
+    if fair.filled and (keyword or semantic):
+        # one member's memories filled the list, and a search stopped at its depth: the others' may lie deeper
+        fill = fair_share.deeper(conn, storage, settings, found.query, keys, info, vector, depth, as_of, fused,
+                                 keyword=keyword, semantic=semantic)
+        if fill:
+            fair = fair_share.FairShare(found.viewer_id, fair.share)
+            cut = fair_share.fair_cut(conn, fused + fill, limit, fair, relevant)
+    chosen = cut + storage.graph_neighbours(conn, cut, keys, settings.graph_limit, as_of, fair.admit)
     if vector is not None and chosen:
         storage.measure_similarity(conn, vector, chosen, info)
     t2 = time.perf_counter()

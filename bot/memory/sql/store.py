@@ -257,6 +257,15 @@ def memories_of(conn: Connection, user_id: int, scopes: Sequence[str] = ("person
     return [Memory.from_row(row) for row in rows]
 
 
+def taught_since(conn: Connection, owner_id: int, channel_id: int, since: float) -> int:
+    """How many memories `owner_id` taught in `channel_id` (a DM's included) that were stored at or
+    after `since`: their personal and room memories learned there, archived ones included (a fact
+    later replaced was still taught). Portable SQL, both backends; the (owner_id, channel_id,
+    created_at) index answers it without reading the memories."""
+    return int(query_value(conn, "SELECT count(*) FROM memories WHERE owner_id = ? AND channel_id = ? AND created_at >= ?",
+                           (owner_id, channel_id, since), 0))
+
+
 def existing_external_ids(conn: Connection, ids: Sequence[str]) -> set[str]:
     """Which of these external ids (of an imported data set) are stored already."""
     if not ids:

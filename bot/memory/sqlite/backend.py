@@ -8,7 +8,7 @@ import json
 import threading
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, ContextManager, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import apsw
 
@@ -160,12 +160,14 @@ class SQLiteStorage:
         return vectors.change_mark(conn)
 
     def plan_state(self, conn: apsw.Connection, model: str, owners: Sequence[int] = (),
-                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0) -> PlanState:
+                   probes: Sequence[tuple[str, list[str]]] = (), same_text_limit: int = 0,
+                   taught: Sequence[tuple[int, int]] = (), since: float = 0.0) -> PlanState:
         """What planning a fact write reads (Storage.plan_state), one statement after another."""
         return PlanState(self.change_mark(conn), self.current_index(conn, model),
                          {owner: personal_keys(conn, owner) for owner in dict.fromkeys(owners)},
                          [self.keyword_search(conn, words, [key], all_words=True, limit=same_text_limit)
-                          for key, words in probes])
+                          for key, words in probes],
+                         {pair: store.taught_since(conn, *pair, since) for pair in dict.fromkeys(taught)})
 
     def one_log_read(self, conn: apsw.Connection) -> ContextManager[None]:
         """VectorCache.one_log_read, or a no-op without a cache."""
@@ -365,9 +367,9 @@ class SQLiteStorage:
         return ranking.final_order(conn, candidates, now, **options)
 
     def graph_neighbours(self, conn: apsw.Connection, seeds: list[Candidate], keys: list[str], limit: int,
-                         as_of: float | None) -> list[Candidate]:
+                         as_of: float | None, admit: Callable[[Candidate], bool] | None = None) -> list[Candidate]:
         """The 1-hop walk of the link graph (retrieval.graph_neighbours)."""
-        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of)
+        return retrieval.graph_neighbours(conn, seeds, keys, limit, as_of, admit)
 
     def measure_similarity(self, conn: apsw.Connection, vector: Sequence[float], chosen: list[Candidate],
                            info: IndexInfo | None) -> None:

@@ -201,6 +201,11 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS memories_guild ON memories (guild_id) WHERE guild_id IS NOT NULL;
     CREATE INDEX IF NOT EXISTS messages_guild ON messages (guild_id) WHERE guild_id IS NOT NULL;
     """,
+    # 16: what one person taught in one channel lately, by index alone: every fact write counts
+    # it for MUNINN_LEARN_PER_DAY (store.taught_since), and a heavy user's memories are many.
+    """
+    CREATE INDEX IF NOT EXISTS memories_taught ON memories (owner_id, channel_id, created_at);
+    """,
 ]
 
 

@@ -8,11 +8,16 @@ room, and for personal memories the same place learned), so reinforcing or linki
 changes who can see what. An update may archive an older memory of the same subject learned
 elsewhere (Alice's old city from a DM when she announces her new one in a server): the fact is
 outdated everywhere. Nothing here ever touches a memory of another subject.
+
+Fair share. One person teaches at most MUNINN_LEARN_PER_DAY new memories in one channel (or DM)
+in 24 hours (LearnBudget, counted inside the write's transaction): their further facts are
+dropped, while a fact that repeats a memory still reinforces it (that is not a new memory).
 """
 from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -197,29 +202,70 @@ def add_semantic_link(conn: Connection, memory_id: int, other: int, cosine: floa
     return 1
 
 
+# plan_updates' answer: per fact the memories to judge and its search, the change mark, the counts for the cap
+Plan = tuple[list[list[tuple[int, str]]], list[list[tuple[int, float]] | None], Any, dict[tuple[int, int], int]]
+
+
 @dataclass
 class WriteOutcome:
     """What `write_facts` did with each fact, in order."""
-    ids: list[int] = field(default_factory=list)          # stored or reinforced memory id per fact
+    ids: list[int] = field(default_factory=list)          # stored or reinforced memory id per fact (none if dropped)
     inserted: list[int] = field(default_factory=list)
     reinforced: list[int] = field(default_factory=list)
     superseded: list[tuple[int, int]] = field(default_factory=list)  # (old, new)
+    # (owner, channel) -> (facts dropped, memories taught there in the 24 hours before): over MUNINN_LEARN_PER_DAY
+    dropped: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+
+
+DAY_S = 86_400.0
+
+
+class LearnBudget:
+    """How many new memories each person may still teach in each channel: `per_day` (0 = no cap)
+    less what they taught there in the 24 hours before (store.taught_since), counted down as this
+    write inserts. `taught`: those counts as the write's planning read them (plan_updates; the
+    writes of one person in one channel come from one process, one after another); a pair it
+    lacks is counted inside the write's transaction, as of `now`."""
+
+    def __init__(self, conn: Connection, per_day: int, now: float,
+                 taught: dict[tuple[int, int], int] | None = None) -> None:
+        self._conn, self._per_day, self._now = conn, per_day, now
+        self._taught: dict[tuple[int, int], int] = dict(taught or {})   # before this write
+        self._added: dict[tuple[int, int], int] = {}                    # by this write
+
+    def take(self, memory: NewMemory, out: WriteOutcome) -> bool:
+        """Whether `memory` may be stored as a new memory (and count it); False records it in `out.dropped`."""
+        if self._per_day <= 0 or memory.owner_id is None or memory.channel_id is None:
+            return True
+        key = (memory.owner_id, memory.channel_id)
+        if key not in self._taught:
+            self._taught[key] = store.taught_since(self._conn, *key, self._now - DAY_S)
+        added = self._added.get(key, 0)
+        if self._taught[key] + added >= self._per_day:
+            dropped, _ = out.dropped.get(key, (0, 0))
+            out.dropped[key] = (dropped + 1, self._taught[key] + added)
+            return False
+        self._added[key] = added + 1
+        return True
 
 
 def write_facts(conn: Connection, memories: Sequence[records.NewMemory],
                 vecs: Sequence[Sequence[float]] | None, decisions: Sequence[UpdateDecision | None], *,
                 settings: Settings, now: float, searched: Sequence[list[tuple[int, float]] | None] = (),
-                searched_mark: Any = None) -> WriteOutcome:
+                searched_mark: Any = None, taught: dict[tuple[int, int], int] | None = None) -> WriteOutcome:
     """Store the facts of one exchange in ONE transaction: for each fact, reinforce its
-    duplicate or insert it (with its vector), archive what it replaces, link it to similar
-    memories; then link the exchange's memories pairwise as co_extracted. A failure anywhere
-    rolls back all of it. Vectors go in the embedding model's index (created on the first
-    embedding); when they do not fit it, the facts are stored without them. The thresholds and
-    the stability constants come from `settings`. `searched`: each fact's `nearest(...,
+    duplicate or insert it (with its vector; or drop it past its author's MUNINN_LEARN_PER_DAY
+    here: LearnBudget), archive what it replaces, link it to similar memories; then link the
+    exchange's memories pairwise as co_extracted. A failure anywhere rolls back all of it.
+    Vectors go in the embedding model's index (created on the first embedding); when they do
+    not fit it, the facts are stored without them. The thresholds, the stability constants and
+    the cap come from `settings`. `searched`: each fact's `nearest(...,
     [its vis_key], FACT_NEIGHBOURS)` made by the planning step at `storage.plan_state`'s
-    mark `searched_mark`; reused when no vector was stored or removed since."""
+    mark `searched_mark`; reused when no vector was stored or removed since. `taught`: what the
+    planning counted for the cap (LearnBudget)."""
     out = WriteOutcome()
     storage = storage_of(conn)
+    budget = LearnBudget(conn, settings.learn_per_day, now, taught)
     probes = [(m.vis_key, tokens(m.text)) for m in memories]
     with write_transaction(conn):
         # The keys' locks (other processes' facts: stored before, or after), the index, whether
@@ -252,6 +298,8 @@ def write_facts(conn: Connection, memories: Sequence[records.NewMemory],
                 reinforce(conn, target, importance=memory.importance, source_ids=memory.source_message_ids,
                           growth=settings.stability_growth, now=now)
                 out.reinforced.append(target)
+            elif not budget.take(memory, out):
+                continue  # its author's share of new memories here is used up: neither stored nor replacing anything
             else:
                 target = storage.insert(conn, [memory], base_stability_days=settings.base_stability_days,
                                         model=settings.embed_model,
@@ -293,18 +341,23 @@ def write_if_kept(conn: Connection, keep: Callable[[], bool] | None, *args: Any,
 
 
 def plan_updates(conn: Connection, model: str, memories: list[NewMemory],
-                  vecs: list[list[float]] | None, settings: Settings, names: list[str]
-                  ) -> tuple[list[list[tuple[int, str]]], list[list[tuple[int, float]] | None], Any]:
+                  vecs: list[list[float]] | None, settings: Settings, names: list[str], now: float | None = None
+                  ) -> Plan:
     """For each fact that is not a plain duplicate: the older memories the LLM should judge;
-    and each fact's search of its own key with the change mark it was made at (the write
-    reuses it if no vector changed meanwhile). Read-only: the index is created by the write.
-    On PostgreSQL the mark, the index, the owners' personal keys and the exact-text checks are
-    one round trip, and the vector cache reads its change log once for all the searches."""
+    each fact's search of its own key with the change mark it was made at (the write reuses it
+    if no vector changed meanwhile); and what each author taught in each fact's channel in the
+    24 hours before `now` (default: the time now), for MUNINN_LEARN_PER_DAY (LearnBudget).
+    Read-only: the index is created by the write. On PostgreSQL the mark, the index, the owners'
+    personal keys, the exact-text checks and the counts are one round trip, and the vector
+    cache reads its change log once for all the searches."""
     storage = storage_of(conn)
     owners = [m.owner_id for m in memories if m.scope == "personal" and m.owner_id is not None]
     probes = [(m.vis_key, tokens(m.text)) for m in memories]
+    taught = ([(m.owner_id, m.channel_id) for m in memories if m.owner_id is not None and m.channel_id is not None]
+              if settings.learn_per_day > 0 else [])
+    since = (time.time() if now is None else now) - DAY_S
     with storage.one_log_read(conn):
-        state = storage.plan_state(conn, model, owners, probes, SAME_TEXT_LIMIT)
+        state = storage.plan_state(conn, model, owners, probes, SAME_TEXT_LIMIT, taught, since)
         info = state.info if vecs else None
         out: list[list[tuple[int, str]]] = []
         searched: list[list[tuple[int, float]] | None] = []
@@ -320,10 +373,7 @@ def plan_updates(conn: Connection, model: str, memories: list[NewMemory],
             out.append(update_candidates(conn, info, memory, vector, threshold=settings.update_cosine,
                                          subject_name=names[index], near=near,
                                          keys=subject_keys(conn, memory, state.personal)))
-    return out, searched, state.mark
-
-
-Plan = tuple[list[list[tuple[int, str]]], list[list[tuple[int, float]] | None], Any]
+    return out, searched, state.mark, state.taught
 
 
 class FactWrites:
@@ -333,15 +383,22 @@ class FactWrites:
         self._jobs = jobs
 
     async def plan(self, model: str, memories: list[NewMemory], vecs: list[list[float]] | None,
-                   settings: Settings, names: list[str]) -> Plan:
+                   settings: Settings, names: list[str], now: float | None = None) -> Plan:
         """For each fact: the older memories the LLM should judge as repeated or replaced, the
-        search of its own key, and the change mark it was made at (plan_updates)."""
-        return await self._jobs.read(plan_updates, model, memories, vecs, settings, names)
+        search of its own key, the change mark it was made at, and what each author taught in the
+        fact's channel in the day before `now` (plan_updates)."""
+        return await self._jobs.read(plan_updates, model, memories, vecs, settings, names, now)
+
+    async def taught_since(self, owner_id: int, channel_id: int, since: float) -> int:
+        """How many memories `owner_id` taught in `channel_id` stored at or after `since`
+        (store.taught_since: what MUNINN_LEARN_PER_DAY counts, archived ones included)."""
+        return await self._jobs.read(store.taught_since, owner_id, channel_id, since)
 
     async def write(self, keep: Callable[[], bool] | None, memories: list[NewMemory], vecs: list[list[float]] | None,
                     decisions: list[UpdateDecision | None], *, settings: Settings, now: float,
-                    searched: Sequence[list[tuple[int, float]] | None], searched_mark: Any) -> WriteOutcome:
+                    searched: Sequence[list[tuple[int, float]] | None], searched_mark: Any,
+                    taught: dict[tuple[int, int], int] | None = None) -> WriteOutcome:
         """Store the facts in one transaction (write_facts), unless `keep` says no."""
         return await self._jobs.write(write_if_kept, keep, memories, vecs, decisions,
                                       what=f"store {len(memories)} extracted facts", settings=settings, now=now,
-                                      searched=searched, searched_mark=searched_mark)
+                                      searched=searched, searched_mark=searched_mark, taught=taught)
