@@ -91,6 +91,8 @@ class Incoming:
     dm: bool = False
     place: str = ""            # one line for the model: where this conversation happens
     private: bool = False      # a guild channel not everyone in the guild can read
+    # Everyone the message mentions, as (display name, user id); the content names them "@name"
+    mentions: tuple[tuple[str, int], ...] = ()
 
     @property
     def viewer(self) -> Viewer:
@@ -168,12 +170,12 @@ class Pipeline:
         return message_id
 
     async def edited(self, message_id: int, content: str, edited_at: float | None = None, *,
-                     private: bool = False) -> bool:
+                     private: bool = False, mentions: tuple[tuple[str, int], ...] = ()) -> bool:
         """A person edited a message: the history keeps the new text, and the old words go as a
         deleted message's do (what was learned from them alone is taken back, and if they still
         wait for extraction they never are; the next maintenance scrubs them from the files).
         New words of a message Muninn answered are extracted as a new message's would be ("I moved
-        to Oslo" corrected to "Bergen" teaches Bergen); `private` as for a new message (Incoming)."""
+        to Oslo" corrected to "Bergen" teaches Bergen); `private` and `mentions` as for a new message (Incoming)."""
         received = time.monotonic()
         extractor = self.extractor
 
@@ -187,11 +189,11 @@ class Pipeline:
         if edit.kind is not Edit.SAME_WORDS and extractor is not None:
             extractor.forget_messages([message_id])  # and never extract the old words still waiting
         if edit.message is not None and edit.reply is not None:
-            await self._extract_edited(edit.message, edit.reply, edit.before, private, received)
+            await self._extract_edited(edit.message, edit.reply, edit.before, private, received, mentions)
         return edit.kind is not Edit.UNKNOWN
 
-    async def _extract_edited(self, message: HistoryMessage, reply: HistoryMessage,
-                              before: tuple[HistoryMessage, ...], private: bool, received: float) -> None:
+    async def _extract_edited(self, message: HistoryMessage, reply: HistoryMessage, before: tuple[HistoryMessage, ...],
+                              private: bool, received: float, mentions: tuple[tuple[str, int], ...]) -> None:
         if self.extractor is None or await self.engine.memory_paused(message.author_id):
             return
         if self._forgotten_since(message.author_id, received):
@@ -203,7 +205,8 @@ class Pipeline:
             author_id=message.author_id, author_name=message.author_name, channel_id=message.channel_id,
             guild_id=message.guild_id, dm=author.dm, user_message=message.content, user_message_id=message.id,
             reply=reply.content, reply_message_id=reply.id, created_at=message.created_at,
-            participants=participants(list(before), author), private=private))
+            participants=participants(list(before), author), private=private, mentions=mentions,
+            speakers=speakers(list(before), author)))
 
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
         """A person deleted messages: mark them in the history, and take back what Muninn
@@ -227,10 +230,11 @@ class Pipeline:
         await self.engine.messages.set_always_answer(channel_id, guild_id, enabled)
 
     async def forget_person(self, user_id: int) -> Forgotten:
-        """Delete a person's personal memories, the room memories they taught (with FTS rows,
-        vectors and links) and their messages in the history, in one transaction, then scrub the
-        database so no deleted text stays recoverable. Their exchanges waiting for extraction
-        are dropped first, and replies still being written for them are not kept."""
+        """Delete a person's personal memories, the room memories they taught, others' memories
+        that mention them (with FTS rows, vectors and links) and their messages in the history,
+        in one transaction, then scrub the database so no deleted text stays recoverable. Their
+        exchanges waiting for extraction are dropped first, and replies still being written for
+        them are not kept."""
         self._forgotten_at[user_id] = time.monotonic()
         if self.extractor is not None:
             self.extractor.forget(user_id)
@@ -338,7 +342,8 @@ class Pipeline:
                 guild_id=incoming.guild_id, dm=incoming.dm, user_message=incoming.content,
                 user_message_id=message_id, reply=text, reply_message_id=reply_id,
                 recalled=tuple(built.memories), created_at=incoming.created_at,
-                participants=participants(recent, incoming), private=incoming.private))
+                participants=participants(recent, incoming), private=incoming.private,
+                mentions=incoming.mentions, speakers=speakers(recent, incoming)))
         return reply
 
     async def _offer_to_forget(self, incoming: Incoming, intent: forget_intent.ForgetIntent,
@@ -472,7 +477,8 @@ def _clip(text: str, limit: int) -> str:
 def storable(incoming: Incoming) -> Incoming:
     """The message with text SQLite and Ollama accept (no lone surrogates), used everywhere after."""
     return dataclasses.replace(incoming, content=storable_text(incoming.content),
-                               author_name=storable_text(incoming.author_name))
+                               author_name=storable_text(incoming.author_name),
+                               mentions=tuple((storable_text(name), uid) for name, uid in incoming.mentions))
 
 
 def participants(recent: list[HistoryMessage], incoming: Incoming) -> tuple[str, ...]:
@@ -480,3 +486,9 @@ def participants(recent: list[HistoryMessage], incoming: Incoming) -> tuple[str,
     extraction can tell a fact about the author from one about someone else who was there."""
     names = [m.author_name for m in recent if m.role == "user"] + [incoming.author_name]
     return tuple(dict.fromkeys(name for name in names if name))
+
+
+def speakers(recent: list[HistoryMessage], incoming: Incoming) -> tuple[tuple[str, int], ...]:
+    """The recent speakers other than the author, as (display name, user id)."""
+    return tuple(dict.fromkeys((m.author_name, m.author_id) for m in recent
+                               if m.role == "user" and m.author_name and m.author_id != incoming.author_id))
