@@ -50,9 +50,26 @@ def guild_of(payload: discord.RawMessageUpdateEvent) -> int | None:
     return int(raw) if raw is not None else payload.guild_id
 
 
+def mentioned_people(message: discord.Message) -> tuple[tuple[str, int], ...]:
+    """Everyone the message mentions, as (display name, user id): its `<@id>` mentions, which the
+    text shows as "@display name" (clean_content resolves them the same way), and the author of
+    the message it replies to. Bots (Muninn included) are not people to protect."""
+    people: dict[int, str] = {}
+    for user_id in message.raw_mentions:
+        member = (message.guild.get_member(user_id) if message.guild else None) or discord.utils.get(
+            message.mentions, id=user_id)
+        if member is not None and not member.bot:
+            people[member.id] = member.display_name
+    for user in message.mentions:
+        if not user.bot:
+            people.setdefault(user.id, user.display_name)
+    return tuple((name, user_id) for user_id, name in people.items())
+
+
 def to_incoming(message: discord.Message) -> Incoming:
-    """The pipeline's view of a Discord message: author, text, time, whether the channel
-    is private, and a line for the prompt saying where the conversation takes place."""
+    """The pipeline's view of a Discord message: author, text (mentions shown as "@name"), the
+    people it mentions by id, time, whether the channel is private, and a line for the prompt
+    saying where the conversation takes place."""
     author = message.author.display_name
     if message.guild is None:
         place = f"You are in a private direct message with {author} on Discord."
@@ -63,7 +80,7 @@ def to_incoming(message: discord.Message) -> Incoming:
     return Incoming(channel_id=message.channel.id, guild_id=message.guild.id if message.guild else None,
                     author_id=message.author.id, author_name=author, content=message.clean_content,
                     created_at=message.created_at.timestamp(), message_id=message.id,
-                    dm=message.guild is None, place=place,
+                    dm=message.guild is None, place=place, mentions=mentioned_people(message),
                     private=is_private_channel(message.channel, message.guild.id if message.guild else None, message.guild))
 
 
@@ -202,7 +219,8 @@ class Chat(commands.Cog):
         if "content" not in payload.data or message.author.bot or message.edited_at is None:
             return
         await self.pipeline.edited(payload.message_id, message.clean_content, message.edited_at.timestamp(),
-                                   private=is_private_channel(message.channel, guild_of(payload), message.guild))
+                                   private=is_private_channel(message.channel, guild_of(payload), message.guild),
+                                   mentions=mentioned_people(message))
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:

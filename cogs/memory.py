@@ -11,7 +11,10 @@ personal memory is only ever shown to its owner. Who may change what:
 `/memory forget` gives one answer for a memory that does not exist, is not visible here
 or is not the caller's to change, so an id reveals nothing; only for a memory the caller
 can see here does a refusal name the permission it needs. Forget-all and export cover
-a person's personal memories and the room memories they taught.
+a person's personal memories, the room memories they taught, and other people's memories
+that mention them (a fact of Bob's that names Dave): Dave never sees Bob's memory in recall
+or /memory list, but he can export it, see where it came from (/memory why) and erase it
+(/memory forget, forget-all). /memory remember keeps no password, token or key.
 Refusals raise `Refusal`, which the bot's one error handler shows to the caller.
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot import validate
+from bot.lifecycle import sensitive
 from bot.memory import records
 from bot.memory.records import Memory, MemoryNotFound, NewMemory
 from bot.memory.scope import Viewer
@@ -110,8 +114,11 @@ class MemoryCog(commands.GroupCog, group_name="memory",
 
     async def may_change(self, interaction: discord.Interaction, memory: Memory) -> bool:
         """Whether the caller may change a memory: a personal one, its owner; a room one, who
-        taught it or who has Manage Messages in its channel; a global one, the bot's owner."""
+        taught it or who has Manage Messages in its channel; a global one, the bot's owner; and a
+        personal or room memory that mentions the caller, the caller (to erase what names them)."""
         user_id = interaction.user.id
+        if memory.scope != "global" and user_id in await self.engine.mentioned(memory.id):
+            return True
         if memory.scope == "personal":
             return memory.owner_id == user_id
         if memory.scope == "room":
@@ -195,13 +202,12 @@ class MemoryCog(commands.GroupCog, group_name="memory",
     @app_commands.command(name="forget-all", description="Forget everything Muninn remembers about you")
     async def forget_all(self, interaction: discord.Interaction) -> None:
         """/memory forget-all: asks first (ConfirmForgetAll), then forgets the caller's memories and messages."""
-        memories = await self.engine.memories_of(interaction.user.id)
-        personal = sum(memory.scope == "personal" for memory in memories)
+        personal, taught, mentioning = counts(await self.engine.memories_of(interaction.user.id), interaction.user.id)
         view = ConfirmForgetAll(self, interaction.user.id)
         await interaction.response.send_message(
-            f"This deletes all {personal} of your personal memories, learned anywhere, the "
-            f"{len(memories) - personal} room memories you taught, and your messages in Muninn's conversation "
-            "history. It cannot be undone.", view=view, ephemeral=True)
+            f"This deletes all {personal} of your personal memories, learned anywhere, the {taught} room memories "
+            f"you taught, {mentioning} memories of other people that mention you, and your messages in Muninn's "
+            "conversation history. It cannot be undone.", view=view, ephemeral=True)
 
     @app_commands.command(name="remember", description="Tell Muninn something to remember")
     @app_commands.describe(text="What to remember", scope="personal (default): only you; room: this channel; "
@@ -216,6 +222,8 @@ class MemoryCog(commands.GroupCog, group_name="memory",
             raise Refusal("Adding room memories to this channel needs the Manage Messages permission here.")
         if scope == "global" and not await self.bot.is_owner(interaction.user):
             raise Refusal("Only the bot's owner can change global memories.")
+        if sensitive.secret(text):
+            raise Refusal("Muninn keeps no passwords, tokens or keys, not even yours: nothing was stored.")
         try:
             memory = NewMemory(text=text, scope=scope, owner_id=interaction.user.id,
                                channel_id=interaction.channel_id, guild_id=interaction.guild_id,
@@ -255,12 +263,16 @@ class MemoryCog(commands.GroupCog, group_name="memory",
     @app_commands.rename(memory_id="id")
     @app_commands.describe(memory_id="The memory's number, as /memory list shows it")
     async def why(self, interaction: discord.Interaction, memory_id: app_commands.Range[int, 1]) -> None:
-        """/memory why: where and when one of the caller's own memories was learned."""
+        """/memory why: where and when one of the caller's own memories (or another's that
+        mentions them) was learned."""
         try:
             memory = await self.engine.own_memory(interaction.user.id, memory_id)
         except MemoryNotFound:
             raise Refusal(f"No memory #{memory_id} of yours.") from None
-        await interaction.response.send_message(fit(self.origin_lines(memory)), ephemeral=True)
+        lines = self.origin_lines(memory)
+        if memory.owner_id != interaction.user.id:
+            lines.insert(1, f"It is another member's memory that mentions you; `/memory forget {memory.id}` erases it.")
+        await interaction.response.send_message(fit(lines), ephemeral=True)
 
     def origin_lines(self, memory: Memory) -> list[str]:
         """Where and when a memory was learned, with links to the messages it came from."""
@@ -282,17 +294,28 @@ class MemoryCog(commands.GroupCog, group_name="memory",
                           description="Download your personal memories and the room memories you taught, as JSON")
     async def export(self, interaction: discord.Interaction) -> None:
         """/memory export: the caller's personal memories and the room memories they taught, as a JSON file."""
-        memories = await self.engine.memories_of(interaction.user.id)
-        personal = sum(memory.scope == "personal" for memory in memories)
+        user_id = interaction.user.id
+        memories = await self.engine.memories_of(user_id)
+        personal, taught, mentioning = counts(memories, user_id)
         now = datetime.now(timezone.utc)
-        data = {"user_id": str(interaction.user.id), "exported_at": now.isoformat(timespec="seconds"),
-                "memories": [memory.to_dict() for memory in memories]}  # each says its scope
+        data = {"user_id": str(user_id), "exported_at": now.isoformat(timespec="seconds"),
+                # each says its scope; another person's memory that names the caller says so
+                "memories": [dict(memory.to_dict(), **({} if memory.owner_id == user_id else {"mentions_you": True}))
+                             for memory in memories]}
         # replace_invalid: a lone surrogate stored by an older Muninn must not make the export fail
         payload = validate.replace_invalid(json.dumps(data, ensure_ascii=False, indent=2)).encode("utf-8")
         file = discord.File(io.BytesIO(payload), filename=f"muninn-memories-{interaction.user.id}.json")
         await interaction.response.send_message(
-            f"Your {personal} personal memories and the {len(memories) - personal} room memories you taught.",
-            file=file, ephemeral=True)
+            f"Your {personal} personal memories, the {taught} room memories you taught and {mentioning} memories "
+            "of other people that mention you.", file=file, ephemeral=True)
+
+
+def counts(memories: list[Memory], user_id: int) -> tuple[int, int, int]:
+    """A person's data in numbers: their personal memories, the room memories they taught, and
+    other people's memories that mention them."""
+    own = [memory for memory in memories if memory.owner_id == user_id]
+    personal = sum(memory.scope == "personal" for memory in own)
+    return personal, len(own) - personal, len(memories) - len(own)
 
 
 def explain(reason: dict) -> str:
@@ -394,7 +417,8 @@ class ConfirmForgetAll(OwnerView):
         forgotten = await self.cog.pipeline.forget_person(self.owner_id)
         await interaction.edit_original_response(
             content=f"Done: Muninn forgot {forgotten.personal} personal memories, {forgotten.taught} room memories "
-                    f"you taught and {forgotten.messages} messages of yours.")
+                    f"you taught, {forgotten.mentioning} memories of others that mentioned you and "
+                    f"{forgotten.messages} messages of yours.")
 
     @discord.ui.button(label="Cancel", style=discord.ButtonStyle.secondary)
     async def cancel(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:

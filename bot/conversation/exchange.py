@@ -28,6 +28,11 @@ class Exchange:
     # Display names of the people in the conversation (recent history and the author), so
     # extraction can tell a fact about the author from one about someone else who was there.
     participants: tuple[str, ...] = ()
+    # People known by id, as (display name, user id): `mentions` are the people the message
+    # mentions (Discord resolved them: exact), `speakers` the channel's recent speakers. What
+    # is kept that names one of them is recorded as mentioning them, so they can find and erase it.
+    mentions: tuple[tuple[str, int], ...] = ()
+    speakers: tuple[tuple[str, int], ...] = ()
 
 
 class ExchangeSink(Protocol):

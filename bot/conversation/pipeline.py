@@ -38,7 +38,6 @@ import asyncio
 import dataclasses
 import logging
 import time
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Awaitable, TypeVar
 
@@ -50,20 +49,13 @@ from bot.conversation.outlets import (
     ConfirmingOutlet,
     ForgetOffer,
     Outlet,
-    ReplyStream,
     Sent,
     SlowDownOutlet,
     StreamingOutlet,
 )
 from bot.conversation.rate import MemberRate
+from bot.conversation.thinking import Thinking
 from bot.conversation.turns import ChannelTurns
-from bot.llm.answers import strip_thinking, visible_so_far
-from bot.llm.ollama import (
-    OllamaDisabled,
-    OllamaError,
-    OllamaModelMissing,
-    OllamaUnavailable,
-)
 from bot.logs import Throttle
 from bot.memory.engine import Engine
 from bot.memory.messages import Edit, Forgotten, HistoryMessage, storable_text
@@ -73,8 +65,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 D = TypeVar("D")
 
-CANNOT_THINK = ("Sorry, I can't think right now: my language model isn't answering. "
-                "Please try again in a little while.")
 PAUSED_NOTE = ("(Your memory with me is paused: I answer, but I keep nothing of what you say. "
                "`/memory resume` turns it back on.)")
 FORGET_EVERYTHING = ("To forget everything I remember about you, use `/memory forget-all`: it asks once "
@@ -96,6 +86,8 @@ class Incoming:
     dm: bool = False
     place: str = ""            # one line for the model: where this conversation happens
     private: bool = False      # a guild channel not everyone in the guild can read
+    # Everyone the message mentions, as (display name, user id); the content names them "@name"
+    mentions: tuple[tuple[str, int], ...] = ()
 
     @property
     def viewer(self) -> Viewer:
@@ -130,6 +122,7 @@ class Pipeline:
         self.rate = MemberRate(self.settings.rate_per_minute, self.settings.rate_burst)  # answers per person
         self.arrivals = Arrivals()                  # history in arrival order (arrivals.py)
         self._throttle = Throttle()
+        self._thinking = Thinking(engine.ollama, self.settings, self._log)
         self._forgotten_at: dict[int, float] = {}  # user id -> time.monotonic() of their forget-all
         self._inserts: dict[int, int] = {}          # channel id -> history inserts since start
         self.accepting = True                      # False once a shutdown began
@@ -174,12 +167,12 @@ class Pipeline:
         return message_id
 
     async def edited(self, message_id: int, content: str, edited_at: float | None = None, *,
-                     private: bool = False) -> bool:
+                     private: bool = False, mentions: tuple[tuple[str, int], ...] = ()) -> bool:
         """A person edited a message: the history keeps the new text, and the old words go as a
         deleted message's do (what was learned from them alone is taken back, and if they still
         wait for extraction they never are; the next maintenance scrubs them from the files).
         New words of a message Muninn answered are extracted as a new message's would be ("I moved
-        to Oslo" corrected to "Bergen" teaches Bergen); `private` as for a new message (Incoming)."""
+        to Oslo" corrected to "Bergen" teaches Bergen); `private` and `mentions` as for a new message (Incoming)."""
         received = time.monotonic()
         extractor = self.extractor
 
@@ -193,11 +186,11 @@ class Pipeline:
         if edit.kind is not Edit.SAME_WORDS and extractor is not None:
             extractor.forget_messages([message_id])  # and never extract the old words still waiting
         if edit.message is not None and edit.reply is not None:
-            await self._extract_edited(edit.message, edit.reply, edit.before, private, received)
+            await self._extract_edited(edit.message, edit.reply, edit.before, private, received, mentions)
         return edit.kind is not Edit.UNKNOWN
 
-    async def _extract_edited(self, message: HistoryMessage, reply: HistoryMessage,
-                              before: tuple[HistoryMessage, ...], private: bool, received: float) -> None:
+    async def _extract_edited(self, message: HistoryMessage, reply: HistoryMessage, before: tuple[HistoryMessage, ...],
+                              private: bool, received: float, mentions: tuple[tuple[str, int], ...]) -> None:
         if self.extractor is None or await self.engine.memory_paused(message.author_id):
             return
         if self._forgotten_since(message.author_id, received):
@@ -209,7 +202,8 @@ class Pipeline:
             author_id=message.author_id, author_name=message.author_name, channel_id=message.channel_id,
             guild_id=message.guild_id, dm=author.dm, user_message=message.content, user_message_id=message.id,
             reply=reply.content, reply_message_id=reply.id, created_at=message.created_at,
-            participants=participants(list(before), author), private=private))
+            participants=participants(list(before), author), private=private, mentions=mentions,
+            speakers=speakers(list(before), author)))
 
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
         """A person deleted messages: mark them in the history, and take back what Muninn
@@ -233,10 +227,11 @@ class Pipeline:
         await self.engine.messages.set_always_answer(channel_id, guild_id, enabled)
 
     async def forget_person(self, user_id: int) -> Forgotten:
-        """Delete a person's personal memories, the room memories they taught (with FTS rows,
-        vectors and links) and their messages in the history, in one transaction, then scrub the
-        database so no deleted text stays recoverable. Their exchanges waiting for extraction
-        are dropped first, and replies still being written for them are not kept."""
+        """Delete a person's personal memories, the room memories they taught, others' memories
+        that mention them (with FTS rows, vectors and links) and their messages in the history,
+        in one transaction, then scrub the database so no deleted text stays recoverable. Their
+        exchanges waiting for extraction are dropped first, and replies still being written for
+        them are not kept."""
         self._forgotten_at[user_id] = time.monotonic()
         if self.extractor is not None:
             self.extractor.forget(user_id)
@@ -324,7 +319,7 @@ class Pipeline:
             built = prompt.build(persona=self.settings.persona, tz=self.settings.timezone,
                                  memories=memories, history=recent, current=current,
                                  token_budget=self.settings.token_budget, place=incoming.place)
-            text, ok = await (self._think(built) if stream is None else self._think_streaming(built, stream))
+            text, ok = await self._thinking.reply(built, stream)
         sent = await (outlet.send(text) if stream is None else stream.finish(text))
         reply = Reply(text=text, ok=ok, sent=sent, prompt=built)
         if paused:
@@ -353,7 +348,8 @@ class Pipeline:
                 guild_id=incoming.guild_id, dm=incoming.dm, user_message=incoming.content,
                 user_message_id=message_id, reply=text, reply_message_id=reply_id,
                 recalled=tuple(built.memories), created_at=incoming.created_at,
-                participants=participants(recent, incoming), private=incoming.private))
+                participants=participants(recent, incoming), private=incoming.private,
+                mentions=incoming.mentions, speakers=speakers(recent, incoming)))
         return reply
 
     async def _offer_to_forget(self, incoming: Incoming, intent: forget_intent.ForgetIntent,
@@ -420,48 +416,6 @@ class Pipeline:
     async def _drop_forgotten(self, message_ids: list[int]) -> None:
         await self._db_or(None, "drop the messages of a forgotten person", self.engine.messages.drop(message_ids))
 
-    async def _think(self, built: prompt.Prompt) -> tuple[str, bool]:
-        """The model's reply, or the friendly fallback (and one log line saying what to fix)."""
-        try:
-            raw = await self.engine.ollama.chat(built.messages)
-        except OllamaError as exc:
-            return self._cannot_answer(exc)
-        return self._final(raw)
-
-    async def _think_streaming(self, built: prompt.Prompt, stream: ReplyStream) -> tuple[str, bool]:
-        """Like `_think`, showing the reply on `stream` as it is written (reasoning held back)."""
-        raw, shown = "", ""
-        try:
-            async with aclosing(self.engine.ollama.chat_stream(built.messages)) as pieces:
-                async for piece in pieces:
-                    raw += piece
-                    visible = visible_so_far(raw)
-                    if visible and visible != shown:
-                        shown = visible
-                        await stream.update(visible)
-        except OllamaError as exc:
-            return self._cannot_answer(exc)
-        return self._final(raw)
-
-    def _final(self, raw: str) -> tuple[str, bool]:
-        text = strip_thinking(raw)
-        if not text:
-            self._log("empty", logging.WARNING, "%s returned an empty reply", self.settings.chat_model)
-            return CANNOT_THINK, False
-        return text, True
-
-    def _cannot_answer(self, exc: OllamaError) -> tuple[str, bool]:
-        if isinstance(exc, OllamaModelMissing):
-            self._log("missing", logging.ERROR, "cannot answer: %s", exc)
-        elif isinstance(exc, OllamaDisabled):
-            self._log("disabled", logging.ERROR, "cannot answer: no OLLAMA_URL is configured; set it "
-                      "in .env (for example http://localhost:11434)")
-        elif isinstance(exc, OllamaUnavailable):
-            self._log("unavailable", logging.WARNING, "cannot answer: %s", exc)
-        else:
-            self._log("bad", logging.WARNING, "cannot answer: %s", exc)
-        return CANNOT_THINK, False
-
     @staticmethod
     def _user_row(incoming: Incoming) -> dict:
         return dict(channel_id=incoming.channel_id, guild_id=incoming.guild_id, author_id=incoming.author_id,
@@ -487,7 +441,8 @@ def _clip(text: str, limit: int) -> str:
 def storable(incoming: Incoming) -> Incoming:
     """The message with text SQLite and Ollama accept (no lone surrogates), used everywhere after."""
     return dataclasses.replace(incoming, content=storable_text(incoming.content),
-                               author_name=storable_text(incoming.author_name))
+                               author_name=storable_text(incoming.author_name),
+                               mentions=tuple((storable_text(name), uid) for name, uid in incoming.mentions))
 
 
 def participants(recent: list[HistoryMessage], incoming: Incoming) -> tuple[str, ...]:
@@ -495,3 +450,9 @@ def participants(recent: list[HistoryMessage], incoming: Incoming) -> tuple[str,
     extraction can tell a fact about the author from one about someone else who was there."""
     names = [m.author_name for m in recent if m.role == "user"] + [incoming.author_name]
     return tuple(dict.fromkeys(name for name in names if name))
+
+
+def speakers(recent: list[HistoryMessage], incoming: Incoming) -> tuple[tuple[str, int], ...]:
+    """The recent speakers other than the author, as (display name, user id)."""
+    return tuple(dict.fromkeys((m.author_name, m.author_id) for m in recent
+                               if m.role == "user" and m.author_name and m.author_id != incoming.author_id))

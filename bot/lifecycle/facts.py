@@ -18,8 +18,18 @@ that author; what A says about B is dropped (as B's memory it would pin hearsay 
 B, as a room memory it would publish it). A fact about A that mentions B ("Alice's
 sister Jane is a doctor") is A's. A room/general fact gets no way around that: if it
 names the author it becomes the author's personal fact, if it names anyone else (a
-participant of the batch or of `exchange.participants`, or a person as its
-`about`) it is dropped. As a safety net a fact is dropped when fewer than half of its
+participant of the batch or of `exchange.participants`, a person the messages mention, a name
+written with "@", or a person as its `about`) it is dropped.
+
+People are ids. A mention reaches the text as "@display name", and `exchange.mentions` maps it
+to the user id; `exchange.speakers` does the same for the channel's recent speakers. A kept
+fact that names one of them (the author's own, "Bob lent Dave 50 euros") records their id, so
+that the person named can find it in their export and erase it (forget-all, /memory forget);
+it stays the author's personal memory, which the person named never sees in recall. A display
+name shared by several recent speakers records nobody's id: it could be either of them.
+Anyone's secrets (a password, a token, a key) and sensitive facts (health, home, contact
+details, credentials) about anyone but the author are dropped whatever the label
+(bot/lifecycle/sensitive.py); the log counts them and never quotes them. As a safety net a fact is dropped when fewer than half of its
 words are the author's own and it leans on someone else's message, a recalled memory,
 the persona, or a sentence of the reply (no feedback loop); a fact the author really
 said again reaches the store, where de-duplication reinforces the existing memory.
@@ -44,6 +54,7 @@ from typing import Any, Iterable, Sequence, TypeVar
 
 from bot import validate
 from bot.conversation.exchange import Exchange
+from bot.lifecycle import sensitive
 from bot.llm.answers import InvalidReply, ask_json
 from bot.memory.engine import Engine
 from bot.memory.records import NewMemory
@@ -124,12 +135,13 @@ class Fact:
     guild_id: int | None
     source_message_ids: tuple[int, ...] = ()
     private: bool = False          # learned in a private guild channel (personal facts stay there)
+    mentions: tuple[int, ...] = ()  # the ids of the people it names besides its owner
 
     def to_new_memory(self, created_at: float | None = None) -> NewMemory:
         """The fact as a memory to insert; `created_at` None: stored as of the insert."""
         return NewMemory(text=self.text, scope=self.scope, owner_id=self.owner_id, channel_id=self.channel_id,
                          guild_id=self.guild_id, importance=self.importance, created_at=created_at,
-                         source_message_ids=self.source_message_ids, private=self.private)
+                         source_message_ids=self.source_message_ids, private=self.private, mentions=self.mentions)
 
 
 def _symbols(text: str) -> str:
@@ -261,37 +273,64 @@ def by_author(exchanges: Iterable[Exchange]) -> dict[int, list[Exchange]]:
 
 
 def participant_names(exchanges: Iterable[Exchange]) -> list[str]:
-    """Every display name known to the batch: its authors and the channel's recent participants
-    the pipeline passes in `participants`."""
+    """Every display name known to the batch: its authors, the channel's recent participants
+    the pipeline passes in `participants`, and the people the messages mention."""
     names: dict[str, None] = {}
     for exchange in exchanges:
         names.setdefault(exchange.author_name, None)
-        for name in exchange.participants:
+        for name in [*exchange.participants, *(n for n, _ in exchange.mentions), *(n for n, _ in exchange.speakers)]:
             if name.strip():
                 names.setdefault(name, None)
     return list(names)
+
+
+def known_people(exchanges: Iterable[Exchange]) -> dict[str, frozenset[int]]:
+    """The people of the batch known by id, by name_key: whom the messages mention (Discord's
+    ids: exact), else an author or a recent speaker whose name no other speaker has."""
+    mentioned: dict[str, set[int]] = {}
+    spoke: dict[str, set[int]] = {}
+    for exchange in exchanges:
+        for name, user_id in exchange.mentions:
+            mentioned.setdefault(name_key(name), set()).add(user_id)
+        for name, user_id in ((exchange.author_name, exchange.author_id), *exchange.speakers):
+            spoke.setdefault(name_key(name), set()).add(user_id)
+    known = {key: frozenset(ids) for key, ids in mentioned.items() if key}
+    known.update({key: frozenset(ids) for key, ids in spoke.items() if key and key not in known and len(ids) == 1})
+    return known
+
+
+def mentioned_ids(text: str, known: dict[str, frozenset[int]], owner_id: int | None) -> tuple[int, ...]:
+    """The ids of the known people `text` names (with or without "@"), its owner left out."""
+    ids = {user_id for key, people in known.items() if mentions(text, key) for user_id in people}
+    return tuple(sorted(ids - {owner_id}))
 
 
 def _message_ids(exchanges: Iterable[Exchange]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(e.user_message_id for e in exchanges if e.user_message_id is not None))
 
 
-def resolve(raw: RawFact, own: Sequence[Exchange], participants: Iterable[str] = ()) -> Fact | None:
+def resolve(raw: RawFact, own: Sequence[Exchange], participants: Iterable[str] = (),
+            known: dict[str, frozenset[int]] | None = None) -> Fact | None:
     """Where a fact taken from one author's messages belongs; None when it is about someone
-    else (hearsay), whatever scope the model gave it."""
+    else (hearsay), whatever scope the model gave it. `participants`: the names of the batch
+    (participant_names); `known`: its people by id (known_people; default: those of `own`),
+    whose ids a kept fact that names them records."""
     author = own[0]
     dm = author.dm or author.guild_id is None
     guild_id = None if dm else author.guild_id
     sources = _message_ids(own)
+    people = known_people(own) if known is None else known
 
     def as_scope(scope: str, about: str) -> Fact:
         return Fact(raw.text, about, scope, raw.importance, author.author_id, author.channel_id, guild_id, sources,
-                    private=author.private and not dm)
+                    private=author.private and not dm, mentions=mentioned_ids(raw.text, people, author.author_id))
 
     if raw.scope == "personal":
         return as_scope("personal", author.author_name) if same_name(raw.about, author.author_name) else None
-    # A room/general label must not publish what is really about a person.
-    if any(mentions(raw.text, name) for name in participants if not same_name(name, author.author_name)):
+    # A room/general label must not publish what is really about a person: one of the batch,
+    # one the messages mention, or one written with "@" (a mention Discord did not resolve).
+    others = [*participants, *people, *sensitive.AT_NAME.findall(raw.text)]
+    if any(mentions(raw.text, name) for name in others if not same_name(name, author.author_name)):
         return None
     about_someone = " ".join(raw.about.casefold().split()) not in NOT_A_PERSON
     if about_someone and not same_name(raw.about, author.author_name):
@@ -357,11 +396,19 @@ async def extract_author_facts(engine: Engine, own: Sequence[Exchange], batch: S
     author_id = own[0].author_id
     context = [e for e in batch if e.author_id != author_id]
     names = participant_names(batch)
+    known = known_people(batch)
     raw_facts = await ask_json(engine.ollama, extraction_messages(own, context), FACT_SCHEMA, check_facts_reply,
                                what=f"fact extraction (channel {own[0].channel_id}, author {author_id})")
     facts: list[Fact] = []
+    screened: dict[str, int] = {}
     for raw in raw_facts or []:
-        fact = resolve(raw, own, names)
+        # Before attribution: a secret or a sensitive fact about someone else goes whatever its label.
+        about = [] if " ".join(raw.about.casefold().split()) in NOT_A_PERSON else [raw.about]
+        kind = sensitive.screen(raw.text, own[0].author_name, [*names, *about])
+        if kind is not None:
+            screened[kind] = screened.get(kind, 0) + 1
+            continue
+        fact = resolve(raw, own, names, known)
         if fact is None:
             log.debug("dropped %r: about %r, not its author", raw.text, raw.about)
             continue
@@ -373,6 +420,9 @@ async def extract_author_facts(engine: Engine, own: Sequence[Exchange], batch: S
                for f in facts):
             continue
         facts.append(fact)
+    if screened:  # counts only: never what the facts said, not even at DEBUG
+        log.info("fact extraction (channel %s, author %s): dropped %s", own[0].channel_id, author_id,
+                 ", ".join(f"{count} {kind}" for kind, count in sorted(screened.items())))
     if raw_facts and len(facts) < len(raw_facts):
         log.info("fact extraction (channel %s, author %s): kept %d of %d facts", own[0].channel_id, author_id,
                  len(facts), len(raw_facts))

@@ -6,6 +6,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from bot.memory import records
 from bot.memory.scope import Viewer
+from bot.memory.sql import store
 from bot.memory.storage import Storage
 from bot.settings import Settings
 
@@ -48,9 +49,13 @@ class NamedAccess:
         return await self._run(self.storage.get_many, list(memory_ids))
 
     async def memories_of(self, user_id: int, scopes: Sequence[str] = ("personal", "room")) -> list[records.Memory]:
-        """A person's personal memories and the room memories they taught (their data, for
-        export and forget-all), archived ones included."""
+        """A person's personal memories, the room memories they taught and others' memories that
+        mention them (their data, for export and forget-all), archived ones included."""
         return await self._run(self.storage.memories_of, user_id, tuple(scopes))
+
+    async def mentioned(self, memory_id: int) -> set[int]:
+        """The ids of the people a memory mentions besides its owner (they may export and erase it)."""
+        return await self._read(store.mentioned, memory_id)
 
     async def existing_external_ids(self, ids: Sequence[str]) -> set[str]:
         """Which of these imported external ids are stored already."""
@@ -92,7 +97,8 @@ class NamedAccess:
         return await self._read(self.storage.personal_from_messages, owner_id, list(message_ids))
 
     async def own_memory(self, owner_id: int, memory_id: int) -> records.Memory:
-        """The caller's own memory (personal, or a room memory they taught); MemoryNotFound otherwise."""
+        """The caller's own memory (personal, a room memory they taught, or another's that
+        mentions them); MemoryNotFound otherwise."""
         return await self._read(self.storage.own_memory, owner_id, memory_id)
 
     async def forget_personal(self, owner_id: int, memory_ids: Sequence[int]) -> int:

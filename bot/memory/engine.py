@@ -36,7 +36,7 @@ from bot.memory.messages import Messages
 from bot.memory.recall import dates, ranking, retrieval, steps, touches
 from bot.memory.recall.retrieval import VectorStatus
 from bot.memory.scope import Viewer
-from bot.memory.sql import transactions
+from bot.memory.sql import store, transactions
 from bot.memory.sql.marks import mark_pending
 from bot.memory.storage import Connection
 from bot.memory.vectors import gc_pauses
@@ -305,8 +305,12 @@ class Engine(NamedAccess, Embedding):
 
     def _insert(self, conn: Connection, memories: list[records.NewMemory],
                 vecs: list[list[float]] | None, now: float | None) -> list[int]:
-        return self.storage.insert(conn, memories, base_stability_days=self.settings.base_stability_days,
-                                   model=self.settings.embed_model, vecs=vecs, now=now)
+        with transactions.write_transaction(conn):  # the memories and whom they mention land together
+            ids = self.storage.insert(conn, memories, base_stability_days=self.settings.base_stability_days,
+                                      model=self.settings.embed_model, vecs=vecs, now=now)
+            for memory_id, memory in zip(ids, memories, strict=True):
+                store.add_mentions(conn, memory_id, memory.mentions)
+        return ids
 
     async def forget(self, memory_ids: Sequence[int], *, scrub: bool = False) -> int:
         """Hard-delete memories; with `scrub`, also rewrite the indexes and the WAL so that no

@@ -25,6 +25,7 @@ class Forgotten:
     personal: int   # their personal memories
     taught: int     # room memories they taught
     messages: int   # history rows: theirs, and whole DM conversations with them
+    mentioning: int = 0  # other people's memories that mentioned them
 
 
 class Messages:
@@ -64,8 +65,9 @@ class Messages:
         await self._jobs.write(_drop_and_scrub, list(message_ids), what="drop the messages of a forgotten person")
 
     async def forget_person(self, user_id: int) -> Forgotten:
-        """Delete a person's personal memories, the room memories they taught and their messages
-        in the history in one transaction, then scrub the database files."""
+        """Delete a person's personal memories, the room memories they taught, other people's
+        memories that mention them and their messages in the history in one transaction, then
+        scrub the database files."""
         return await self._jobs.write(_forget_person, user_id, what=f"forget everything about user {user_id}")
 
     async def of_person(self, user_id: int) -> list[HistoryMessage]:
@@ -114,5 +116,7 @@ def _forget_person(conn: Connection, user_id: int) -> Forgotten:
         storage.delete(conn, [memory.id for memory in memories])
         messages = history.forget_author(conn, user_id)
     storage.scrub(conn)  # after the commit: the checkpoint (SQLite) or VACUUM (PostgreSQL) cannot run inside one
-    personal = sum(memory.scope == "personal" for memory in memories)
-    return Forgotten(personal=personal, taught=len(memories) - personal, messages=messages)
+    own = [memory for memory in memories if memory.owner_id == user_id]
+    personal = sum(memory.scope == "personal" for memory in own)
+    return Forgotten(personal=personal, taught=len(own) - personal, messages=messages,
+                     mentioning=len(memories) - len(own))

@@ -48,6 +48,7 @@ class NewMemory:
     source_message_ids: Sequence[int | str] = ()
     external_id: str | None = None
     private: bool = False  # learned in a guild channel not everyone there can read (scope.memory_key)
+    mentions: Sequence[int] = ()  # people it names besides its owner, who may export and erase it
 
     def __post_init__(self):
         # The last line of defence for every writer (import, CLI, slash commands, LLM output):
@@ -66,6 +67,8 @@ class NewMemory:
             self.external_id = validate.stored_text(self.external_id, "external_id")
         self.source_message_ids = [validate.stored_text(str(s), "source_message_ids")
                                    for s in self.source_message_ids]
+        ids = (validate.snowflake(m, "mentioned user id", optional=False) for m in self.mentions)
+        self.mentions = sorted({m for m in ids if m is not None})
         memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id, self.private)  # validates ids
 
     @property

@@ -33,7 +33,8 @@ async def build_source(settings) -> dict:
         for n, topic in enumerate(TOPICS):
             ids.append(await engine.remember(records.NewMemory(f"Alice {topic}", "personal", owner_id=ALICE,
                                                              source_message_ids=[7000 + n])))
-            ids.append(await engine.remember(records.NewMemory(f"Bob {topic}", "personal", owner_id=BOB, guild_id=GUILD)))
+            ids.append(await engine.remember(records.NewMemory(f"Bob {topic}", "personal", owner_id=BOB, guild_id=GUILD,
+                                                             mentions=[ALICE, CAROL] if n % 2 else [])))
             ids.append(await engine.remember(records.NewMemory(f"The room says {topic}", "room", owner_id=CAROL,
                                                              channel_id=ROOM, guild_id=GUILD)))
         ids.append(await engine.remember(records.NewMemory("Muninn is a raven", "global", owner_id=1)))
@@ -76,7 +77,7 @@ async def test_full_copy_keeps_ids_counts_and_the_source(source, postgres_url, f
     assert file_state(settings.db_path) == before  # opened read-only: not a byte changed
     assert report.counts["memories"] == (len(facts["ids"]) + 0, len(facts["ids"]))
     assert report.counts["memory_vectors"][0] == facts["stats"]["embedded"] > 0
-    for table in ("memory_links", "messages", "channel_settings", "memory_pauses", "memory_sources"):
+    for table in ("memory_links", "messages", "channel_settings", "memory_pauses", "memory_sources", "memory_mentions"):
         assert report.counts[table][0] == report.counts[table][1] > 0, table
     assert seen and seen[-1][0] == seen[-1][1]
     assert sorted(r[0] for r in rows(postgres_url, "SELECT id FROM memories")) == sorted(facts["ids"])

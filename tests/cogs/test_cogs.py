@@ -15,7 +15,7 @@ import pytest
 import simcord
 from discord import app_commands
 
-from bot.conversation.pipeline import CANNOT_THINK
+from bot.conversation.thinking import CANNOT_THINK
 from bot.memory.records import NewMemory
 from bot.memory.sql import history, store
 from bot.memory.storage import storage_of
@@ -334,10 +334,49 @@ async def test_export_sends_the_callers_personal_and_taught_memories_as_a_privat
     assert sorted(m["id"] for m in data["memories"]) == sorted([ids["alice_here"], ids["alice_dm"]])
 
     result = await world.bob.slash(world.general, "memory export")  # Bob taught both room memories
-    assert "1 personal memories and the 2 room memories you taught" in text_of(result)
+    assert "1 personal memories, the 2 room memories you taught and 0 memories of other" in text_of(result)
     data = json.loads(await result.response.attachments[0].read())
     assert {(m["id"], m["scope"]) for m in data["memories"]} == {
         (ids["bob_here"], "personal"), (ids["room_general"], "room"), (ids["room_random"], "room")}
+
+
+async def test_a_memory_naming_someone_is_theirs_to_export_and_erase_never_to_recall(world):
+    """Bob's own fact that names Alice stays Bob's (Alice never sees it here), but Alice finds it
+    in her export and /memory why, and may forget it; nobody else may."""
+    g, general = world.guild.id, world.general.id
+    lent = await world.engine.remember(NewMemory("Bob lent Alice 50 euros", "personal", owner_id=world.bob.id,
+                                                 guild_id=g, channel_id=general, mentions=[world.alice.id]))
+    other = await world.engine.remember(NewMemory("Bob lent Alice his bike", "personal", owner_id=world.bob.id,
+                                                  guild_id=g, channel_id=general, mentions=[world.alice.id]))
+    assert "50 euros" not in text_of(await world.alice.slash(world.general, "memory list"))
+    assert "50 euros" not in text_of(await world.alice.slash(world.general, "memory search", query="Bob lent"))
+
+    result = await world.alice.slash(world.general, "memory export")
+    assert "0 personal memories, the 0 room memories you taught and 2 memories of other people" in text_of(result)
+    data = json.loads(await result.response.attachments[0].read())
+    assert {(m["id"], m["owner_id"], m.get("mentions_you")) for m in data["memories"]} == {
+        (lent, world.bob.id, True), (other, world.bob.id, True)}
+    why = text_of(await world.alice.slash(world.general, "memory why", id=lent))
+    assert "another member's memory that mentions you" in why and "50 euros" in why
+
+    assert "No memory" in text_of(await world.mod.slash(world.random, "memory forget", id=lent))  # not named
+    assert "Forgot memory" in text_of(await world.alice.slash(world.general, "memory forget", id=lent))
+    assert [m.id for m in await world.engine.write(store.memories_of, world.bob.id, ("personal",))] == [other]
+
+    asked = await world.alice.slash(world.general, "memory forget-all")
+    assert "1 memories of other people that mention you" in text_of(asked)
+    await world.alice.click(asked.response, label="Forget everything")
+    done = world.env.backend.get_message(asked.response.channel_id, asked.response.id).content
+    assert "1 memories of others that mentioned you" in done
+    assert await world.engine.write(store.memories_of, world.bob.id, ("personal",)) == []
+    assert await world.engine.write(lambda conn: conn.execute("SELECT count(*) FROM memory_mentions").fetchall()) \
+        == [(0,)]
+
+
+async def test_remember_keeps_no_secret(world):
+    result = await world.alice.slash(world.general, "memory remember", text="my bank PIN is 4821")
+    assert "keeps no passwords" in text_of(result)
+    assert await world.engine.write(store.memories_of, world.alice.id, ("personal",)) == []
 
 
 async def test_forget_all_asks_first_then_erases_every_trace(world):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -11,7 +12,8 @@ from contextlib import asynccontextmanager
 import pytest
 
 from bot.conversation.outlets import Sent
-from bot.conversation.pipeline import CANNOT_THINK, Incoming, Pipeline
+from bot.conversation.pipeline import Incoming, Pipeline
+from bot.conversation.thinking import CANNOT_THINK
 from bot.lifecycle.extractor import Extractor
 from bot.memory.engine import Engine
 from bot.memory.records import NewMemory
@@ -89,11 +91,23 @@ async def test_answer_uses_memories_history_and_current_message_then_hands_over(
     assert (exchange.author_id, exchange.channel_id, exchange.guild_id, exchange.dm) == (ALICE, GENERAL, GUILD, False)
     assert exchange.reply == "Miso is a lovely name." and exchange.recalled == ("Alice's cat is called Miso",)
     assert exchange.participants == ("Bob", "Alice")  # for extraction: who else was talking
+    assert exchange.speakers == (("Bob", BOB),) and exchange.mentions == ()  # and who they are
     rows = await engine.write(history.recent, GENERAL, 10)
     assert [(r.role, r.author_name, r.content) for r in rows] == [
         ("user", "Bob", "the weather is nice"), ("user", "Alice", "what is my cat called?"),
         ("assistant", "Muninn", "Miso is a lovely name.")]
     assert rows[-1].author_id == 1 and rows[-1].id == exchange.reply_message_id
+
+
+async def test_the_people_a_message_mentions_reach_extraction_by_id(engine, fake_ollama):
+    sink = RecordingSink([])
+    pipeline = Pipeline(engine, sink, assistant_id=1, assistant_name="Muninn")
+    fake_ollama.chat_replies.append("Noted.")
+    incoming = dataclasses.replace(said("I lent @Dave 50 euros"), mentions=(("Dave", 404), ("Lone \ud83d", 405)))
+    await pipeline.respond(incoming, RecordingOutlet([]))
+    [exchange] = sink.exchanges
+    assert exchange.user_message == "I lent @Dave 50 euros"
+    assert exchange.mentions == (("Dave", 404), ("Lone ?", 405))  # names made storable like the text
 
 
 async def test_only_the_last_history_limit_messages_go_into_the_prompt(make_settings, fake_ollama):

@@ -1092,6 +1092,19 @@ class FakeDiscord:
         await self._dispatch("INTERACTION_CREATE", lambda conn: payload, require=True)
         return payload
 
+    async def press_button(self, user: UserLike, message: Dict[str, Any], label: Optional[str] = None, *,
+                           custom_id: Optional[str] = None) -> Dict[str, Any]:
+        """Dispatch a MESSAGE_COMPONENT (type 3) INTERACTION_CREATE: ``user`` presses the button
+        ``label`` (or ``custom_id``) of ``message``, a message the bot posted (e.g. the
+        ``message`` of an interaction response record). Returns the payload."""
+        if custom_id is None:
+            custom_id = next((c["custom_id"] for row in message.get("components") or []
+                              for c in row.get("components") or [] if c.get("label") == label), None)
+            if custom_id is None:
+                raise KeyError(f"no button {label!r} on message {message['id']}")
+        return await self.send_interaction("", user, message["channel_id"], type=3, message=message,
+                                           data={"custom_id": custom_id, "component_type": 2})
+
     @staticmethod
     def _option(name: str, value: Any) -> Dict[str, Any]:
         if isinstance(value, bool):
@@ -1606,6 +1619,15 @@ class FakeDiscord:
             record["message"] = message
             if cb_type == 4 and not flags & 64:
                 await self._echo(message)
+        elif cb_type in (6, 7) and isinstance(interaction.get("message"), dict):
+            # a component's interaction: its original response is the message the component is on
+            message = interaction["message"]
+            if cb_type == 7:
+                for key in ("content", "embeds", "components"):
+                    if key in data:
+                        message[key] = data[key] if data[key] is not None else ([] if key != "content" else "")
+            self._original_responses[token] = message
+            message = None
         if not record["with_response"]:
             return web.Response(status=204)
         payload: Dict[str, Any] = {"interaction": {

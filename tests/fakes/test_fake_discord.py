@@ -213,6 +213,37 @@ async def test_app_command_ephemeral_response(world) -> None:
     assert resp["data"]["content"] == "noted: eggs (True)" and resp["ephemeral"]
 
 
+class Ask(discord.ui.View):
+    """A question with one button that edits the answer, as /memory forget-all does."""
+
+    @discord.ui.button(label="Yes")
+    async def yes(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
+        await interaction.response.edit_message(content="working…", view=None)
+        await interaction.edit_original_response(content=f"done by {interaction.user.id}")
+
+
+@pytest.mark.asyncio
+async def test_a_button_of_an_ephemeral_answer_is_pressed_and_edits_it(world) -> None:
+    fake, bot, w = world
+    alice, general = w["alice"], w["general"]
+
+    @bot.tree.command(name="ask", description="Ask with a button")
+    async def ask(interaction: discord.Interaction) -> None:
+        await interaction.response.send_message("Sure?", view=Ask(), ephemeral=True)
+
+    synced = await bot.tree.sync()
+    inter = await fake.send_interaction("ask", alice, general["id"], command_id=next(c.id for c in synced
+                                                                                    if c.name == "ask"))
+    question = await fake.wait_for_interaction_response(inter)
+    with pytest.raises(KeyError):
+        await fake.press_button(alice, question["message"], "No")
+    pressed = await fake.press_button(alice, question["message"], "Yes")
+    edit = await fake.wait_for(lambda: next((f for f in fake.followups if f["token"] == pressed["token"]), None))
+    assert edit["kind"] == "edit_original" and edit["json"]["content"] == f"done by {alice['id']}"
+    update = next(r for r in fake.interaction_responses if r["token"] == pressed["token"])
+    assert update["type"] == 7 and question["message"]["components"] == []
+
+
 @pytest.mark.asyncio
 async def test_rejected_token_raises_login_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     async with FakeDiscord(rejected_tokens={"bad-token"}) as fake:

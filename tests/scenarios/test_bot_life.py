@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 from discord import app_commands
 
-from bot.conversation.pipeline import CANNOT_THINK, PAUSED_NOTE
+from bot.conversation.pipeline import PAUSED_NOTE
 from bot.conversation.text import split_message
+from bot.conversation.thinking import CANNOT_THINK
 from bot.llm.errors import OllamaUnavailable
 from bot.memory.records import NewMemory
 from bot.memory.sql import history, store

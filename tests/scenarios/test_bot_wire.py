@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.conversation.pipeline import CANNOT_THINK
 from bot.conversation.text import split_message
+from bot.conversation.thinking import CANNOT_THINK
 from bot.memory.engine import Engine
 from bot.memory.sql import store
 from cogs.client import MuninnBot

@@ -138,6 +138,103 @@ async def test_a_message_just_before_a_mention_is_in_its_context_however_long_it
         await stop(bot, task)
 
 
+def facts_for(labels: dict):
+    """The fake Ollama's answers: a short reply, and for an extraction of Bob's messages the
+    facts `labels["about Dave"]` says, about Dave as the model got them (room facts, or
+    personal facts about Dave), beside a harmless claim of Bob's and a fact about Bob."""
+    def answer(request: dict) -> str:
+        if not request.get("format"):
+            return "Noted."
+        said = request["messages"][-1]["content"]
+        facts = []
+        if "Quokka" in said:
+            facts.append({"text": "Dave lives at 12 Quokka Street.", "importance": 0.9, **labels["about Dave"]})
+        if "diabetes" in said:
+            facts.append({"text": "@Dave has diabetes.", "importance": 0.9, **labels["about Dave"]})
+        if "50 euros" in said:
+            facts.append({"text": "Bob lent Dave 50 euros.", "about": "Bob", "scope": "personal", "importance": 0.6})
+        if "cats" in said:
+            facts.append({"text": "Bob has two cats.", "about": "Bob", "scope": "personal", "importance": 0.6})
+        return json.dumps({"facts": facts})
+    return answer
+
+
+async def test_bob_cannot_publish_daves_health_or_home_and_dave_can_erase_what_names_him(
+        discord_world, fake_ollama, make_settings):
+    """Bob tells Muninn where @Dave lives and that he has diabetes: whether the model calls them
+    room facts or Dave's, nothing of it is stored, least of all as a room memory. Bob's own claim
+    that names Dave is kept as Bob's, which Dave never sees in recall but finds in his /memory
+    export and erases with his /memory forget-all, leaving Bob's other memories."""
+    fake, alice, guild = discord_world
+    general = guild["channels"][0]
+    bob = fake.add_user("bob", global_name="Bob")
+    dave = fake.add_user("dave", global_name="Dave")
+    fake.add_member(guild, bob)
+    fake.add_member(guild, dave)
+    labels = {"about Dave": {"about": "room", "scope": "room"}}
+    fake_ollama.default_chat_reply = facts_for(labels)
+    bot = MuninnBot(make_settings(fake_ollama.url, MUNINN_STREAM_REPLIES="false"), guild_ready_timeout=0.1)
+    task = asyncio.create_task(bot.start("fake-token"))
+    muninn = fake.mention(fake.bot_user)
+
+    async def bob_says(text: str) -> None:
+        sent = len(fake.sent_messages)
+        await fake.send_message(general["id"], bob, text, mentions=[fake.bot_user, dave])
+        await fake.wait_for_sent_message(general["id"], since=sent)
+
+    async def extracted(words: str) -> None:
+        """Wait until Muninn asked the model for the facts of the message with these words, and stored them."""
+        await fake.wait_for(lambda: any(words in r["messages"][-1]["content"] for r in fake_ollama.chat_requests()
+                                        if r.get("format")))
+        await bot.extractor.drain()
+
+    def stored(conn) -> list[tuple[str, str, int]]:
+        return [(row[0], row[1], int(row[2])) for row in conn.execute("SELECT text, scope, owner_id FROM memories")]
+
+    try:
+        await fake.wait_until_ready()
+        await bob_says(f"{muninn} {fake.mention(dave)} lives at 12 Quokka Street")
+        # the model reads the mention as a name, never as <@id>
+        assert fake_ollama.chat_requests()[-1]["messages"][-1]["content"].endswith(
+            "Bob: @Muninn @Dave lives at 12 Quokka Street")
+        await bob_says(f"{muninn} {fake.mention(dave)} has diabetes")
+        await extracted("has diabetes")
+        labels["about Dave"] = {"about": "Dave", "scope": "personal"}   # another run: labelled Dave's
+        await bob_says(f"{muninn} by the way, {fake.mention(dave)} lives at 12 Quokka Street and has diabetes")
+        await bob_says(f"{muninn} I lent {fake.mention(dave)} 50 euros, and I have two cats")
+        await extracted("two cats")
+
+        memories = await bot.engine.write(stored)
+        assert [m for m in memories if m[1] == "room"] == []                         # 0 room memories
+        assert not [m for m in memories if "Quokka" in m[0] or "diabetes" in m[0]]   # 0 sensitive facts
+        assert sorted(memories) == [("Bob has two cats.", "personal", int(bob["id"])),
+                                    ("Bob lent Dave 50 euros.", "personal", int(bob["id"]))]
+
+        # Dave: the claim that names him is in his export...
+        synced = await bot.tree.sync()
+        memory_command = next(c.id for c in synced if c.name == "memory")
+        export = await fake.send_interaction("memory", dave, general["id"], command_id=memory_command,
+                                             options=[{"name": "export", "type": 1, "options": []}])
+        response = await fake.wait_for_interaction_response(export)
+        assert response["ephemeral"] and "1 memories of other people that mention you" in response["data"]["content"]
+        exported = json.loads(response["files"][0]["data"])
+        assert [(m["text"], m["owner_id"], m["mentions_you"]) for m in exported["memories"]] == [
+            ("Bob lent Dave 50 euros.", int(bob["id"]), True)]
+
+        # ...and his forget-all removes it, and nothing else of Bob's
+        asked = await fake.send_interaction("memory", dave, general["id"], command_id=memory_command,
+                                            options=[{"name": "forget-all", "type": 1, "options": []}])
+        question = await fake.wait_for_interaction_response(asked)
+        assert "1 memories of other people that mention you" in question["data"]["content"]
+        pressed = await fake.press_button(dave, question["message"], "Forget everything")
+        done = await fake.wait_for(lambda: next((f for f in fake.followups if f["token"] == pressed["token"]
+                                                 and f["json"].get("content", "").startswith("Done")), None))
+        assert "1 memories of others that mentioned you" in done["json"]["content"]
+        assert await bot.engine.write(stored) == [("Bob has two cats.", "personal", int(bob["id"]))]
+    finally:
+        await stop(bot, task)
+
+
 @pytest.fixture
 def cli_env(tmp_path, monkeypatch, fake_ollama):
     monkeypatch.chdir(tmp_path)  # no .env from the repository

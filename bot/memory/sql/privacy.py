@@ -60,10 +60,12 @@ def personal_from_messages(conn: Connection, owner_id: int, message_ids: Sequenc
 
 
 def own_memory(conn: Connection, owner_id: int, memory_id: int) -> records.Memory:
-    """A memory whose owner is this person (personal, or a room memory they taught), archived or
-    not; MemoryNotFound otherwise, with no hint whether the id exists."""
-    row = query_one(conn, f"SELECT {records.COLUMNS} FROM memories WHERE id = ? AND owner_id = ? "
-                          "AND scope IN ('personal', 'room')", (memory_id, owner_id))
+    """A memory that is this person's data (personal, a room memory they taught, or one of
+    another's that mentions them), archived or not; MemoryNotFound otherwise, with no hint
+    whether the id exists."""
+    row = query_one(conn, f"SELECT {records.COLUMNS} FROM memories WHERE id = ? AND scope IN ('personal', 'room') "
+                          "AND (owner_id = ? OR id IN (SELECT memory_id FROM memory_mentions WHERE user_id = ?))",
+                    (memory_id, owner_id, owner_id))
     if row is None:
         raise records.MemoryNotFound(f"no memory #{memory_id} of yours")
     return records.Memory.from_row(row)

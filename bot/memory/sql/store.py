@@ -249,11 +249,13 @@ def list_visible(conn: Connection, viewer: Viewer, *, scope: str | None = None, 
 
 
 def memories_of(conn: Connection, user_id: int, scopes: Sequence[str] = ("personal", "room")) -> list[Memory]:
-    """What forget-all and export cover: a person's personal memories (learned anywhere) and the
-    room memories they taught, archived ones included, oldest first."""
+    """What forget-all and export cover: a person's personal memories (learned anywhere), the
+    room memories they taught, and the memories of others that mention them (memory_mentions),
+    archived ones included, oldest first."""
     marks = ",".join("?" * len(scopes))
-    rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE owner_id = ? AND scope IN ({marks}) ORDER BY id",
-                        (user_id, *scopes))
+    rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE scope IN ({marks}) AND (owner_id = ? OR id IN "
+                        "(SELECT memory_id FROM memory_mentions WHERE user_id = ?)) ORDER BY id",
+                        (*scopes, user_id, user_id))
     return [Memory.from_row(row) for row in rows]
 
 
@@ -264,6 +266,26 @@ def taught_since(conn: Connection, owner_id: int, channel_id: int, since: float)
     created_at) index answers it without reading the memories."""
     return int(query_value(conn, "SELECT count(*) FROM memories WHERE owner_id = ? AND channel_id = ? AND created_at >= ?",
                            (owner_id, channel_id, since), 0))
+
+
+def add_mentions(conn: Connection, memory_id: int, user_ids: Sequence[int]) -> None:
+    """Record that the memory names these people (inside the caller's transaction)."""
+    for user_id in user_ids:
+        conn.execute("INSERT INTO memory_mentions (memory_id, user_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                     (memory_id, user_id))
+
+
+def copy_mentions(conn: Connection, from_ids: Sequence[int], to_id: int) -> None:
+    """The memory `to_id` names everyone the memories `from_ids` name (a consolidation's survivor)."""
+    if from_ids:
+        conn.execute("INSERT INTO memory_mentions (memory_id, user_id) SELECT DISTINCT ?, user_id FROM memory_mentions "
+                     f"WHERE memory_id IN ({','.join('?' * len(from_ids))}) ON CONFLICT DO NOTHING",
+                     (to_id, *from_ids))
+
+
+def mentioned(conn: Connection, memory_id: int) -> set[int]:
+    """The ids of the people a memory mentions besides its owner."""
+    return {row[0] for row in conn.execute("SELECT user_id FROM memory_mentions WHERE memory_id = ?", (memory_id,))}
 
 
 def existing_external_ids(conn: Connection, ids: Sequence[str]) -> set[str]:

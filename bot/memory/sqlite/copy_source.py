@@ -75,6 +75,8 @@ TABLES: tuple[Table, ...] = (
     Table("memory_sources", ("message_id", "memory_id"), ("message_id", "memory_id"),
           _select("memory_sources", ("message_id", "memory_id"), ("message_id", "memory_id"),
                   frozenset({"message_id"})), frozenset({"message_id"})),
+    Table("memory_mentions", ("memory_id", "user_id"), ("memory_id", "user_id"),
+          _select("memory_mentions", ("memory_id", "user_id"), ("memory_id", "user_id"))),
     Table("messages", MESSAGE_COLUMNS, ("id",), _select("messages", MESSAGE_COLUMNS, ("id",), MESSAGE_TEXTS),
           MESSAGE_TEXTS),
     Table("channel_settings", ("channel_id", "guild_id", "always_answer", "updated_at"), ("channel_id",),
@@ -89,8 +91,8 @@ TABLES: tuple[Table, ...] = (
                                                           + [f"key NOT LIKE '{p}%'" for p in SKIPPED_META_PREFIXES])
                                                       + " AND "), frozenset({"key", "value"})),
 )
-DATA_TABLES = ("memories", "memory_vectors", "memory_links", "memory_sources", "messages", "channel_settings",
-               "memory_pauses", "guild_departures")
+DATA_TABLES = ("memories", "memory_vectors", "memory_links", "memory_sources", "memory_mentions", "messages",
+               "channel_settings", "memory_pauses", "guild_departures")
 
 
 def open_source(path: Path) -> apsw.Connection:

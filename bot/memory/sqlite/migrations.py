@@ -206,6 +206,17 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX IF NOT EXISTS memories_taught ON memories (owner_id, channel_id, created_at);
     """,
+    # 17: the people a memory names besides its owner, by user id (a fact of Bob's
+    # that names Dave: "Bob lent Dave 50 euros"), so that Dave finds it in his export and may
+    # erase it (/memory forget, forget-all); the rows go with their memory.
+    """
+    CREATE TABLE IF NOT EXISTS memory_mentions (
+        memory_id INTEGER NOT NULL REFERENCES memories (id) ON DELETE CASCADE,
+        user_id INTEGER NOT NULL,
+        PRIMARY KEY (memory_id, user_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX IF NOT EXISTS memory_mentions_user ON memory_mentions (user_id);
+    """,
 ]
 
 

@@ -308,6 +308,8 @@ def write_facts(conn: Connection, memories: Sequence[records.NewMemory],
                 added.append((memory.vis_key, target, memory.text))
                 link_similar(conn, info, target, memory.vis_key, threshold=settings.link_cosine, now=now,
                              neighbours=near)
+            # the people it names may find and erase it, whichever memory holds it now
+            store.add_mentions(conn, target, memory.mentions)
             for old in decision.replaces:
                 if old != target and supersede(conn, old, target, now=now):
                     out.superseded.append((old, target))

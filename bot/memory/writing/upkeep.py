@@ -187,6 +187,7 @@ def apply_consolidation(conn: Connection, cluster_ids: Sequence[int], merged_tex
         conn.execute("UPDATE memories SET importance = ?, stability = ?, last_accessed = ?, source_message_ids = ?, "
                      "updated_at = ? WHERE id = ?",
                      (importance, stability, last_seen, json.dumps(sources), now, survivor_id))
+        store.copy_mentions(conn, originals, survivor_id)  # whom the originals named, the survivor names
         for original in originals:
             storage_of(conn).archive(conn, original, f"consolidated into #{survivor_id}", now=now)
             storage_of(conn).add_link(conn, survivor_id, original, "consolidated", now=now)
