@@ -22,7 +22,7 @@ def postgres_disabled() -> bool:
 
 
 DATA_TABLES = ("memories", "memory_vectors", "memory_links", "messages", "channel_settings", "memory_sources",
-               "vector_changes", "memory_pauses", "meta")
+               "vector_changes", "memory_pauses", "meta", "guild_settings", "memory_approvals", "moderation_log")
 
 
 def empty_database(url: str) -> None:

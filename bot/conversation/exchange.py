@@ -28,6 +28,9 @@ class Exchange:
     # Display names of the people in the conversation (recent history and the author), so
     # extraction can tell a fact about the author from one about someone else who was there.
     participants: tuple[str, ...] = ()
+    # The author may moderate the channel (Manage Messages there; the server's owner and
+    # administrators have it): what they teach the room stands as set by a moderator.
+    moderator: bool = False
 
 
 class ExchangeSink(Protocol):

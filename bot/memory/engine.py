@@ -34,9 +34,11 @@ from bot.memory.errors import DatabaseBusy, DatabaseError, explain
 from bot.memory.messages import Messages
 from bot.memory.recall import dates, ranking, retrieval, steps, touches
 from bot.memory.recall.retrieval import VectorStatus
+from bot.memory.rooms import Rooms
 from bot.memory.scope import Viewer
 from bot.memory.sql import transactions
 from bot.memory.sql.marks import mark_pending
+from bot.memory.sql.rooms import settle
 from bot.memory.storage import Connection
 from bot.memory.vectors import gc_pauses
 from bot.memory.vectors import index as vectors
@@ -83,6 +85,7 @@ class Engine(NamedAccess, Embedding):
         self.messages = Messages(self)  # the channel history and channels' options
         self.facts = FactWrites(self)   # planning and writing extracted facts
         self.upkeep = Upkeep(self)      # maintenance's jobs
+        self.rooms = Rooms(self)        # the room memory mode, moderation, attribution
         # Readers need a database that other connections can open; ":memory:" is one per connection.
         self._shared_file = self.storage.shares_readers()
         self._readers = (ThreadPoolExecutor(max_workers=settings.db_readers, thread_name_prefix="muninn-read")
@@ -303,8 +306,16 @@ class Engine(NamedAccess, Embedding):
 
     def _insert(self, conn: Connection, memories: list[records.NewMemory],
                 vecs: list[list[float]] | None, now: float | None) -> list[int]:
-        return self.storage.insert(conn, memories, base_stability_days=self.settings.base_stability_days,
-                                   model=self.settings.embed_model, vecs=vecs, now=now)
+        if not any(m.standing for m in memories):
+            return self.storage.insert(conn, memories, base_stability_days=self.settings.base_stability_days,
+                                       model=self.settings.embed_model, vecs=vecs, now=now)
+        now = time.time() if now is None else now
+        with transactions.write_transaction(conn):  # a room memory and its standing land together
+            ids = self.storage.insert(conn, memories, base_stability_days=self.settings.base_stability_days,
+                                      model=self.settings.embed_model, vecs=vecs, now=now)
+            for memory_id, memory in zip(ids, memories, strict=True):
+                settle(conn, memory_id, memory, now)
+        return ids
 
     async def forget(self, memory_ids: Sequence[int], *, scrub: bool = False) -> int:
         """Hard-delete memories; with `scrub`, also rewrite the indexes and the WAL so that no

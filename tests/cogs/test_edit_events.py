@@ -50,9 +50,10 @@ def edits(world: World, monkeypatch) -> list[dict]:
     seen: list[dict] = []
     real = world.bot.pipeline.edited
 
-    async def edited(message_id: int, content: str, edited_at: float | None = None, *, private: bool = False) -> bool:
+    async def edited(message_id: int, content: str, edited_at: float | None = None, *, private: bool = False,
+                     moderator: bool = False) -> bool:
         seen.append(dict(message_id=message_id, content=content, edited_at=edited_at, private=private))
-        return await real(message_id, content, edited_at, private=private)
+        return await real(message_id, content, edited_at, private=private, moderator=moderator)
     monkeypatch.setattr(world.bot.pipeline, "edited", edited)
     return seen
 
