@@ -8,6 +8,11 @@ room, and for personal memories the same place learned), so reinforcing or linki
 changes who can see what. An update may archive an older memory of the same subject learned
 elsewhere (Alice's old city from a DM when she announces her new one in a server): the fact is
 outdated everywhere. Nothing here ever touches a memory of another subject.
+
+Room memories under moderation (sql/rooms.py): a claim waiting for a moderator is stored
+archived, as pending; it replaces nothing, links to nothing, and only the same words already
+shown or already waiting absorb it. A moderator's fact is vouched for, also when it repeats a
+member's claim. A member's claim never supersedes a memory a moderator vouched for.
 """
 from __future__ import annotations
 
@@ -274,8 +279,11 @@ def write_facts(conn: Connection, memories: Sequence[records.NewMemory],
                     added.append((memory.vis_key, target, memory.text))
                     link_similar(conn, info, target, memory.vis_key, threshold=settings.link_cosine, now=now,
                                  neighbours=near)
+            # A member's room claim never retires what a moderator set or approved.
+            vouched = rooms.approvals(conn, decision.replaces) if memory.scope == "room" and not memory.standing \
+                else {}
             for old in decision.replaces:
-                if old != target and supersede(conn, old, target, now=now):
+                if old != target and old not in vouched and supersede(conn, old, target, now=now):
                     out.superseded.append((old, target))
                     archived.add(old)
             out.ids.append(target)
