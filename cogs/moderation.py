@@ -168,11 +168,11 @@ class RoomModeration(commands.Cog):
             what = "room claim waiting for a moderator" if action != "forget" else "room memory"
             await interaction.followup.send(f"No {what} #{memory_id} in this channel.", ephemeral=True)
             return
-        done = {"approve": "Approved: everyone in this channel may now be told it, as its teacher's claim "
-                           "approved by you",
-                "reject": "Rejected and deleted", "forget": "Forgot"}[action]
+        done = {"approve": "Approved", "reject": "Rejected and deleted", "forget": "Forgot"}[action]
         text = discord.utils.escape_markdown(" ".join(memory.text.split())[:PREVIEW])
-        await interaction.followup.send(f"{done}: #{memory_id} {text}", ephemeral=True)
+        after = ("\nEveryone in this channel may now be told it, as its teacher's claim approved by you."
+                 if action == "approve" else "")
+        await interaction.followup.send(f"{done} #{memory_id}: {text}{after}", ephemeral=True)
 
     @room.command(name="approve", description="Approve a member's room claim waiting in this channel")
     @app_commands.rename(memory_id="id")

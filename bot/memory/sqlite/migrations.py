@@ -195,21 +195,21 @@ MIGRATIONS: list[str] = [
     # A room claim waiting for approval is an archived memory (archive_reason 'pending approval'):
     # every path that surfaces memories already leaves archived ones out.
     """
-    CREATE TABLE guild_settings (
+    CREATE TABLE IF NOT EXISTS guild_settings (
         guild_id INTEGER NOT NULL,
         key TEXT NOT NULL,
         value TEXT NOT NULL,
         updated_at REAL NOT NULL,
         PRIMARY KEY (guild_id, key)
     );
-    CREATE TABLE memory_approvals (
+    CREATE TABLE IF NOT EXISTS memory_approvals (
         memory_id INTEGER PRIMARY KEY REFERENCES memories (id) ON DELETE CASCADE,
         how TEXT NOT NULL CHECK (how IN ('set', 'approved')),
         moderator_id INTEGER,        -- who set or approved it; NULL once that person was forgotten
         approved_at REAL NOT NULL
     );
-    CREATE INDEX memory_approvals_moderator ON memory_approvals (moderator_id);
-    CREATE TABLE moderation_log (
+    CREATE INDEX IF NOT EXISTS memory_approvals_moderator ON memory_approvals (moderator_id);
+    CREATE TABLE IF NOT EXISTS moderation_log (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         at REAL NOT NULL,
         guild_id INTEGER,
@@ -219,8 +219,8 @@ MIGRATIONS: list[str] = [
                                                'mode:off')),
         memory_id INTEGER            -- no reference: the log outlives the memory
     );
-    CREATE INDEX moderation_log_channel ON moderation_log (channel_id, id);
-    CREATE INDEX memories_pending ON memories (vis_key, id) WHERE archive_reason = 'pending approval';
+    CREATE INDEX IF NOT EXISTS moderation_log_channel ON moderation_log (channel_id, id);
+    CREATE INDEX IF NOT EXISTS memories_pending ON memories (vis_key, id) WHERE archive_reason = 'pending approval';
     """,
 ]
 
