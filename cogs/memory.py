@@ -30,7 +30,7 @@ from discord.ext import commands
 
 from bot import validate
 from bot.memory import records
-from bot.memory.records import SET, Memory, MemoryNotFound, NewMemory
+from bot.memory.records import PENDING_REASON, SET, Memory, MemoryNotFound, NewMemory
 from bot.memory.scope import Viewer
 
 from .chat import is_private_channel
@@ -274,7 +274,9 @@ class MemoryCog(RoomModeration, commands.GroupCog, group_name="memory",
         lines = [f"{self.describe(memory)}",
                  f"Learned {discord.utils.format_dt(datetime.fromtimestamp(memory.created_at, timezone.utc), 'f')}"
                  + (f" in <#{memory.channel_id}>" if memory.channel_id else "") + "."]
-        if memory.archived_at is not None:
+        if memory.archive_reason == PENDING_REASON:
+            lines.append("It waits for a moderator of that channel to approve it; until then Muninn tells nobody.")
+        elif memory.archived_at is not None:
             lines.append(f"Archived ({memory.archive_reason}); `muninn maintain --restore {memory.id}` brings it back.")
         sources = [s for s in memory.source_message_ids if str(s).isdigit()]
         if not sources:

@@ -124,4 +124,10 @@ async def test_memory_commands_follow_the_policy(world):
     own = await world.engine.remember(NewMemory("Bob's lamp is blue", "room", owner_id=world.bob.id,
                                                 channel_id=world.general.id, guild_id=world.guild.id))
     assert "Forgot memory" in text_of(await world.bob.slash(world.general, "memory forget", id=own))
-    assert [(r[4], r[5], r[6]) for r in await logged(world)] == [(world.mod.id, "forget", ids["shown"])]
+    # its teacher sees where a waiting claim stands; a moderator's /memory forget takes it, logged
+    why = text_of(await world.bob.slash(world.general, "memory why", id=ids["quiz"]))
+    assert "waits for a moderator" in why and "muninn maintain" not in why
+    assert "Forgot memory" in text_of(await world.mod.slash(world.general, "memory forget", id=ids["quiz"]))
+    assert await world.engine.get_many([ids["quiz"]]) == {}
+    assert [(r[4], r[5], r[6]) for r in await logged(world)] == [(world.mod.id, "forget", ids["shown"]),
+                                                                 (world.mod.id, "forget", ids["quiz"])]

@@ -218,9 +218,9 @@ def reject(conn: Connection, memory_id: int, *, channel_id: int, guild_id: int |
 
 def forget(conn: Connection, memory_id: int, *, channel_id: int, guild_id: int | None, moderator_id: int,
            now: float | None = None) -> Memory | None:
-    """A moderator forgets an active room memory of their channel, in one transaction with the
-    log. Returns it, or None when the channel has no such memory."""
-    return _remove(conn, memory_id, "forget", ACTIVE, (), channel_id=channel_id, guild_id=guild_id,
+    """A moderator forgets a room memory of their channel (shown, waiting or archived), in one
+    transaction with the log. Returns it, or None when the channel has no such memory."""
+    return _remove(conn, memory_id, "forget", "1 = 1", (), channel_id=channel_id, guild_id=guild_id,
                    moderator_id=moderator_id, now=now)
 
 

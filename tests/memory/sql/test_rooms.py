@@ -105,19 +105,19 @@ async def test_approve_reject_and_forget_act_on_their_channel_only_and_are_logge
     assert await engine.rooms.approve(shown, **act) is None           # never waited
     assert (await engine.rooms.reject(second, **act)).text == "the quiz starts at nine"
     assert await engine.rooms.reject(shown, **act) is None            # reject is for claims waiting
-    assert await engine.rooms.forget(third, **act) is None            # forget is for what is shown
     assert (await engine.rooms.forget(shown, **act)).id == shown
     assert await engine.rooms.forget(elsewhere, **act) is None
 
     left = await engine.get_many([first, second, third, shown, elsewhere])
     assert sorted(left) == [first, third, elsewhere]
+    assert (await engine.rooms.forget(third, **act)).id == third     # forget takes a waiting claim too
     page, _ = await engine.rooms.memories(CHANNEL)
     assert [(item.memory.id, item.approval.how, item.approval.moderator_id) for item in page] == [
         (first, APPROVED, CAROL)]
     assert await log_rows(engine) == [(GUILD, CHANNEL, CAROL, "approve", first), (GUILD, CHANNEL, CAROL, "reject", second),
-                                      (GUILD, CHANNEL, CAROL, "forget", shown)]
+                                      (GUILD, CHANNEL, CAROL, "forget", shown), (GUILD, CHANNEL, CAROL, "forget", third)]
     assert [(e.action, e.memory_id) for e in await engine.rooms.log(CHANNEL)] == [
-        ("forget", shown), ("reject", second), ("approve", first)]
+        ("forget", third), ("forget", shown), ("reject", second), ("approve", first)]
 
     logged = await engine.write(lambda conn: [tuple(row) for row in conn.execute("SELECT * FROM moderation_log")])
     assert all(len(row) == 7 for row in logged)  # id, at, guild, channel, moderator, action, memory id: no text
