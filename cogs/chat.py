@@ -43,6 +43,18 @@ def is_private_channel(channel, guild_id: int | None, guild: discord.Guild | Non
         return True
 
 
+def is_moderator(message: discord.Message) -> bool:
+    """Whether the author may moderate the channel: Manage Messages there (the server's owner and
+    administrators have every permission). False in a DM, and when it cannot be told (an author
+    not cached as a member): what they teach the room then waits for a moderator."""
+    if message.guild is None or not isinstance(message.author, discord.Member):
+        return False
+    try:
+        return message.channel.permissions_for(message.author).manage_messages
+    except Exception:
+        return False
+
+
 def guild_of(payload: discord.RawMessageUpdateEvent) -> int | None:
     """The edited message's guild id, also when the guild is not cached (payload.guild_id is None
     then, as for a DM: the channel must not pass for one everybody can read)."""
@@ -81,6 +93,7 @@ def to_incoming(message: discord.Message) -> Incoming:
                     author_id=message.author.id, author_name=author, content=message.clean_content,
                     created_at=message.created_at.timestamp(), message_id=message.id,
                     dm=message.guild is None, place=place, mentions=mentioned_people(message),
+                    moderator=is_moderator(message),
                     private=is_private_channel(message.channel, message.guild.id if message.guild else None, message.guild))
 
 
@@ -220,7 +233,7 @@ class Chat(commands.Cog):
             return
         await self.pipeline.edited(payload.message_id, message.clean_content, message.edited_at.timestamp(),
                                    private=is_private_channel(message.channel, guild_of(payload), message.guild),
-                                   mentions=mentioned_people(message))
+                                   mentions=mentioned_people(message), moderator=is_moderator(message))
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:

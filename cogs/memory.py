@@ -4,7 +4,8 @@ Every answer is ephemeral, and every listing goes through the engine's scope rul
 personal memory is only ever shown to its owner. Who may change what:
   personal memories: their owner;
   room memories:     whoever taught it (its owner_id), and members with Manage Messages
-                     in that memory's channel;
+                     in that memory's channel (their deletions are logged, as are those of
+                     `/memory room`, cogs/moderation.py); what they add is set by a moderator;
   global memories:   the bot owner (MUNINN_OWNER_IDS, else the application's owner).
 `/memory pause` and `/memory resume` stop and restart everything being kept of the caller;
 `/memory why` shows the caller where one of their own memories came from.
@@ -33,11 +34,12 @@ from discord.ext import commands
 from bot import validate
 from bot.lifecycle import sensitive
 from bot.memory import records
-from bot.memory.records import Memory, MemoryNotFound, NewMemory
+from bot.memory.records import PENDING_REASON, SET, Memory, MemoryNotFound, NewMemory
 from bot.memory.scope import Viewer
 
 from .chat import is_private_channel
 from .client import Refusal, answer_privately
+from .moderation import RoomModeration
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +77,10 @@ def fit(lines: list[str], limit: int = MESSAGE_LIMIT) -> str:
     return "\n".join(out)
 
 
-class MemoryCog(commands.GroupCog, group_name="memory",
+class MemoryCog(RoomModeration, commands.GroupCog, group_name="memory",
                 group_description="See and manage what Muninn remembers"):
-    """`/memory`: list, search, forget, forget-all, remember, pause,
-    resume, why and export, each answered to the caller alone."""
+    """`/memory`: list, search, forget, forget-all, remember, pause, resume, why and export, and
+    the `/memory room` moderation commands (cogs/moderation.py), each answered to the caller alone."""
     def __init__(self, bot: commands.Bot):
         self.bot = bot
         super().__init__()
@@ -195,7 +197,12 @@ class MemoryCog(commands.GroupCog, group_name="memory",
         # Deferred: when an import or maintain holds the database, the forget waits (and retries) for
         # longer than the 3 s Discord gives a first answer.
         await interaction.response.defer(ephemeral=True, thinking=True)
-        await self.engine.forget([memory_id])
+        if memory.scope == "room" and memory.owner_id != interaction.user.id:  # a moderator's deletion: logged
+            assert memory.channel_id is not None
+            await self.engine.rooms.forget(memory_id, channel_id=memory.channel_id, guild_id=memory.guild_id,
+                                           moderator_id=interaction.user.id)
+        else:
+            await self.engine.forget([memory_id])
         await interaction.followup.send(
             f"Forgot memory #{memory_id}: {discord.utils.escape_markdown(shorten(memory.text))}", ephemeral=True)
 
@@ -227,7 +234,7 @@ class MemoryCog(commands.GroupCog, group_name="memory",
         try:
             memory = NewMemory(text=text, scope=scope, owner_id=interaction.user.id,
                                channel_id=interaction.channel_id, guild_id=interaction.guild_id,
-                               importance=REMEMBERED_IMPORTANCE,
+                               importance=REMEMBERED_IMPORTANCE, standing=SET if scope == "room" else None,
                                private=is_private_channel(interaction.channel, interaction.guild_id,
                                                           interaction.guild))
         except ValueError as exc:
@@ -279,7 +286,9 @@ class MemoryCog(commands.GroupCog, group_name="memory",
         lines = [f"{self.describe(memory)}",
                  f"Learned {discord.utils.format_dt(datetime.fromtimestamp(memory.created_at, timezone.utc), 'f')}"
                  + (f" in <#{memory.channel_id}>" if memory.channel_id else "") + "."]
-        if memory.archived_at is not None:
+        if memory.archive_reason == PENDING_REASON:
+            lines.append("It waits for a moderator of that channel to approve it; until then Muninn tells nobody.")
+        elif memory.archived_at is not None:
             lines.append(f"Archived ({memory.archive_reason}); `muninn maintain --restore {memory.id}` brings it back.")
         sources = [s for s in memory.source_message_ids if str(s).isdigit()]
         if not sources:

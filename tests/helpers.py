@@ -29,11 +29,11 @@ GUILD, CHANNEL, DM_CHANNEL = 7, 70, 71
 def exchange(text: str, *, author: int = ALICE, name: str = "Alice", channel: int = CHANNEL,
              guild: int | None = GUILD, message_id: int = 1, reply: str = "Noted!",
              recalled: tuple[str, ...] = (), created_at: float | None = None,
-             participants: tuple[str, ...] = ()) -> Exchange:
+             participants: tuple[str, ...] = (), moderator: bool = False) -> Exchange:
     return Exchange(author_id=author, author_name=name, channel_id=channel, guild_id=guild, dm=guild is None,
                     user_message=text, user_message_id=message_id, reply=reply, reply_message_id=message_id + 1000,
                     recalled=recalled, created_at=created_at,
-                    participants=participants)
+                    participants=participants, moderator=moderator)
 
 
 class QuietSink:

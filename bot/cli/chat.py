@@ -397,5 +397,5 @@ async def _converse(reader: LineReader, screen: Screen, commands: Commands, pipe
             continue
         await pipeline.respond(Incoming(
             channel_id=LOCAL_CHANNEL_ID, guild_id=LOCAL_GUILD_ID, author_id=LOCAL_USER_ID,
-            author_name=name, content=text, created_at=time.time(),
+            author_name=name, content=text, created_at=time.time(), moderator=True,  # the operator, at their terminal
             place=f"You are talking with {name} in a terminal on their computer, not on Discord."), outlet)

@@ -89,7 +89,8 @@ async def cmd_remember(args, settings: Settings) -> int:
     vector); returns 0. UsageError when a value is refused."""
     try:
         memory = records.NewMemory(text=args.text, scope=args.scope, owner_id=args.user, channel_id=args.channel,
-                                 guild_id=args.guild, importance=args.importance)
+                                 guild_id=args.guild, importance=args.importance,
+                                 standing=records.SET if args.scope == "room" else None)  # the operator's word
     except ValueError as exc:  # validate.Invalid included: a lone surrogate from a bad terminal byte
         raise UsageError(str(exc)) from None
     async with Engine(settings, warm=False) as engine:

@@ -33,6 +33,9 @@ class Exchange:
     # is kept that names one of them is recorded as mentioning them, so they can find and erase it.
     mentions: tuple[tuple[str, int], ...] = ()
     speakers: tuple[tuple[str, int], ...] = ()
+    # The author may moderate the channel (Manage Messages there; the server's owner and
+    # administrators have it): what they teach the room stands as set by a moderator.
+    moderator: bool = False
 
 
 class ExchangeSink(Protocol):

@@ -43,6 +43,7 @@ from typing import Awaitable, TypeVar
 
 from bot.conversation import forget_intent, prompt
 from bot.conversation.arrivals import Arrivals
+from bot.conversation.claims import claims
 from bot.conversation.exchange import Exchange, ExchangeSink
 from bot.conversation.outlets import (
     BusyOutlet,
@@ -88,6 +89,7 @@ class Incoming:
     private: bool = False      # a guild channel not everyone in the guild can read
     # Everyone the message mentions, as (display name, user id); the content names them "@name"
     mentions: tuple[tuple[str, int], ...] = ()
+    moderator: bool = False    # the author may moderate the channel (exchange.Exchange.moderator)
 
     @property
     def viewer(self) -> Viewer:
@@ -167,12 +169,14 @@ class Pipeline:
         return message_id
 
     async def edited(self, message_id: int, content: str, edited_at: float | None = None, *,
-                     private: bool = False, mentions: tuple[tuple[str, int], ...] = ()) -> bool:
+                     private: bool = False, mentions: tuple[tuple[str, int], ...] = (),
+                     moderator: bool = False) -> bool:
         """A person edited a message: the history keeps the new text, and the old words go as a
         deleted message's do (what was learned from them alone is taken back, and if they still
         wait for extraction they never are; the next maintenance scrubs them from the files).
         New words of a message Muninn answered are extracted as a new message's would be ("I moved
-        to Oslo" corrected to "Bergen" teaches Bergen); `private` and `mentions` as for a new message (Incoming)."""
+        to Oslo" corrected to "Bergen" teaches Bergen); `private`, `mentions` and `moderator` as for a new
+        message (Incoming)."""
         received = time.monotonic()
         extractor = self.extractor
 
@@ -186,11 +190,12 @@ class Pipeline:
         if edit.kind is not Edit.SAME_WORDS and extractor is not None:
             extractor.forget_messages([message_id])  # and never extract the old words still waiting
         if edit.message is not None and edit.reply is not None:
-            await self._extract_edited(edit.message, edit.reply, edit.before, private, received, mentions)
+            await self._extract_edited(edit.message, edit.reply, edit.before, private, received, mentions, moderator)
         return edit.kind is not Edit.UNKNOWN
 
     async def _extract_edited(self, message: HistoryMessage, reply: HistoryMessage, before: tuple[HistoryMessage, ...],
-                              private: bool, received: float, mentions: tuple[tuple[str, int], ...]) -> None:
+                              private: bool, received: float, mentions: tuple[tuple[str, int], ...],
+                              moderator: bool = False) -> None:
         if self.extractor is None or await self.engine.memory_paused(message.author_id):
             return
         if self._forgotten_since(message.author_id, received):
@@ -203,7 +208,7 @@ class Pipeline:
             guild_id=message.guild_id, dm=author.dm, user_message=message.content, user_message_id=message.id,
             reply=reply.content, reply_message_id=reply.id, created_at=message.created_at,
             participants=participants(list(before), author), private=private, mentions=mentions,
-            speakers=speakers(list(before), author)))
+            speakers=speakers(list(before), author), moderator=moderator))
 
     async def deleted(self, message_ids: list[int], deleted_at: float | None = None) -> int:
         """A person deleted messages: mark them in the history, and take back what Muninn
@@ -349,7 +354,7 @@ class Pipeline:
                 user_message_id=message_id, reply=text, reply_message_id=reply_id,
                 recalled=tuple(built.memories), created_at=incoming.created_at,
                 participants=participants(recent, incoming), private=incoming.private,
-                mentions=incoming.mentions, speakers=speakers(recent, incoming)))
+                mentions=incoming.mentions, speakers=speakers(recent, incoming), moderator=incoming.moderator))
         return reply
 
     async def _offer_to_forget(self, incoming: Incoming, intent: forget_intent.ForgetIntent,
@@ -387,14 +392,16 @@ class Pipeline:
                             in_private=incoming.dm or incoming.guild_id == 0)
         return Reply(text=intro, ok=True, sent=await outlet.confirm_forget(offer))
 
-    async def _recall(self, incoming: Incoming, *, touch: bool = True) -> list[str]:
-        """The memory texts for the prompt; none when recall fails (the answer matters more)."""
+    async def _recall(self, incoming: Incoming, *, touch: bool = True) -> list[prompt.Claim]:
+        """The memories for the prompt, as attributed claims; none when recall fails (the answer matters more)."""
         try:
-            return (await self.engine.recall(incoming.content, incoming.viewer, touch=touch)).texts
+            found = await self.engine.recall(incoming.content, incoming.viewer, touch=touch)
         except Exception as exc:  # apsw.BusyError, a damaged index...: not the person's problem
             self._log("recall", logging.ERROR, "recall failed, answering without memories: %s: %s",
                       type(exc).__name__, exc)
             return []
+        return await claims(self.engine, [r.memory for r in found.memories], viewer_id=incoming.author_id,
+                            viewer_name=incoming.author_name, channel_id=None if incoming.dm else incoming.channel_id)
 
     async def _db_or(self, default: D, what: str, job: Awaitable[T]) -> T | D:
         """The database `job`'s result, or `default` (and one log line a minute) when it fails."""

@@ -11,6 +11,7 @@ import time
 from typing import Callable, Iterable, Sequence, TypeVar
 
 from bot.conversation.exchange import Exchange
+from bot.lifecycle import room_policy
 from bot.lifecycle.fact_store import store_facts
 from bot.lifecycle.facts import by_author, extract_author_facts, usable
 from bot.memory.engine import Engine
@@ -191,7 +192,7 @@ class Extractor:
                 own = [e for e in own if not self._gone_since(e, taken_at)]
                 if not own or self._forgotten_since(author_id, taken_at):
                     continue
-                facts = await extract_author_facts(self.engine, own, batch)
+                facts = await room_policy.apply(self.engine, await extract_author_facts(self.engine, own, batch), own)
                 if self._forgotten_since(author_id, taken_at):
                     continue
                 if self._resubmit_if_gone(own, taken_at):

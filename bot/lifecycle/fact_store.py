@@ -13,6 +13,7 @@ from bot.lifecycle.facts import Fact
 from bot.llm.answers import ask_json
 from bot.llm.ollama import OllamaClient
 from bot.memory.engine import Engine
+from bot.memory.records import PENDING
 from bot.memory.writing.facts import WriteOutcome
 from bot.memory.writing.rules import UpdateDecision
 
@@ -60,12 +61,14 @@ async def store_facts_detailed(engine: Engine, facts: Sequence[Fact],
                                                                  [f.about for f in facts], now)
     decisions: list[UpdateDecision | None] = []
     for fact, found in zip(facts, candidates, strict=True):
-        decisions.append(await decide_update(engine.ollama, fact.text, found) if found else None)
+        # a claim waiting for a moderator replaces nothing (write_facts): no question to ask
+        decisions.append(await decide_update(engine.ollama, fact.text, found)
+                         if found and fact.standing != PENDING else None)
     outcome = await engine.facts.write(keep, memories, vecs, decisions, settings=settings, now=now,
                                        searched=searched, searched_mark=mark, taught=taught)
     if outcome.inserted or outcome.reinforced or outcome.superseded:
-        log.info("memories: stored %s, reinforced %s, superseded %s", outcome.inserted, outcome.reinforced,
-                 [f"#{old}->#{new}" for old, new in outcome.superseded])
+        log.info("memories: stored %s, reinforced %s, superseded %s, waiting for a moderator %s", outcome.inserted,
+                 outcome.reinforced, [f"#{old}->#{new}" for old, new in outcome.superseded], outcome.pending)
     if outcome.dropped:  # counts and ids only: never what the facts said
         log.info("MUNINN_LEARN_PER_DAY=%d reached: dropped %s", settings.learn_per_day, "; ".join(
             f"{dropped} new facts of user {owner} in channel {channel} ({taught} taught there in 24 h)"

@@ -136,12 +136,14 @@ class Fact:
     source_message_ids: tuple[int, ...] = ()
     private: bool = False          # learned in a private guild channel (personal facts stay there)
     mentions: tuple[int, ...] = ()  # the ids of the people it names besides its owner
+    standing: str | None = None    # a room fact's, set by bot/lifecycle/room_policy.py (records.STANDINGS)
 
     def to_new_memory(self, created_at: float | None = None) -> NewMemory:
         """The fact as a memory to insert; `created_at` None: stored as of the insert."""
         return NewMemory(text=self.text, scope=self.scope, owner_id=self.owner_id, channel_id=self.channel_id,
                          guild_id=self.guild_id, importance=self.importance, created_at=created_at,
-                         source_message_ids=self.source_message_ids, private=self.private, mentions=self.mentions)
+                         source_message_ids=self.source_message_ids, private=self.private, mentions=self.mentions,
+                         standing=self.standing)
 
 
 def _symbols(text: str) -> str:

@@ -35,9 +35,11 @@ from bot.memory.guilds import Guilds
 from bot.memory.messages import Messages
 from bot.memory.recall import dates, ranking, retrieval, steps, touches
 from bot.memory.recall.retrieval import VectorStatus
+from bot.memory.rooms import Rooms
 from bot.memory.scope import Viewer
 from bot.memory.sql import store, transactions
 from bot.memory.sql.marks import mark_pending
+from bot.memory.sql.rooms import settle
 from bot.memory.storage import Connection
 from bot.memory.vectors import gc_pauses
 from bot.memory.vectors import index as vectors
@@ -85,6 +87,7 @@ class Engine(NamedAccess, Embedding):
         self.facts = FactWrites(self)   # planning and writing extracted facts
         self.upkeep = Upkeep(self)      # maintenance's jobs
         self.guilds = Guilds(self)      # servers Muninn left, and their purge
+        self.rooms = Rooms(self)        # the room memory mode, moderation, attribution
         # Readers need a database that other connections can open; ":memory:" is one per connection.
         self._shared_file = self.storage.shares_readers()
         self._readers = (ThreadPoolExecutor(max_workers=settings.db_readers, thread_name_prefix="muninn-read")
@@ -305,11 +308,16 @@ class Engine(NamedAccess, Embedding):
 
     def _insert(self, conn: Connection, memories: list[records.NewMemory],
                 vecs: list[list[float]] | None, now: float | None) -> list[int]:
-        with transactions.write_transaction(conn):  # the memories and whom they mention land together
+        if not any(m.standing or m.mentions for m in memories):
+            return self.storage.insert(conn, memories, base_stability_days=self.settings.base_stability_days,
+                                       model=self.settings.embed_model, vecs=vecs, now=now)
+        now = time.time() if now is None else now
+        with transactions.write_transaction(conn):  # the memories, whom they name and their standing land together
             ids = self.storage.insert(conn, memories, base_stability_days=self.settings.base_stability_days,
                                       model=self.settings.embed_model, vecs=vecs, now=now)
             for memory_id, memory in zip(ids, memories, strict=True):
                 store.add_mentions(conn, memory_id, memory.mentions)
+                settle(conn, memory_id, memory, now)
         return ids
 
     async def forget(self, memory_ids: Sequence[int], *, scrub: bool = False) -> int:

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 from bot.memory.connection import Connection
 from bot.memory.jobs import Jobs
-from bot.memory.sql import channels, history
+from bot.memory.sql import channels, history, rooms
 from bot.memory.sql.history import Edit, Edited, HistoryMessage
 from bot.memory.sql.history import storable as storable_text
 from bot.memory.sql.transactions import write_transaction
@@ -115,6 +115,7 @@ def _forget_person(conn: Connection, user_id: int) -> Forgotten:
         memories = storage.memories_of(conn, user_id, ("personal", "room"))
         storage.delete(conn, [memory.id for memory in memories])
         messages = history.forget_author(conn, user_id)
+        rooms.forget_moderator(conn, user_id)  # what they approved stays approved, no longer by their id
     storage.scrub(conn)  # after the commit: the checkpoint (SQLite) or VACUUM (PostgreSQL) cannot run inside one
     own = [memory for memory in memories if memory.owner_id == user_id]
     personal = sum(memory.scope == "personal" for memory in own)

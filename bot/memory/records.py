@@ -23,6 +23,15 @@ RENDERABLE_UNTIL = datetime(9999, 12, 30, tzinfo=timezone.utc).timestamp()
 LINK_KINDS = ("co_extracted", "consolidated", "semantic", "superseded_by")
 MAX_TEXT_CHARS = 4000
 
+# How a new room memory stands (the write policy of shared memory, bot/lifecycle/room_policy.py).
+# None: a member's claim, shown as what that member said. SET: taught by a moderator (Manage
+# Messages in its channel), shown as set by one. PENDING: a member's claim waiting for a moderator,
+# stored archived (PENDING_REASON): never recalled or listed until a moderator approves it.
+SET = "set"
+PENDING = "pending"
+STANDINGS = (SET, PENDING)
+PENDING_REASON = "pending approval"
+
 # Free text comes back as bytes and is decoded leniently (Memory.from_row): SQLite never checks
 # that TEXT is UTF-8, and one bad byte written by another program must not break every read.
 COLUMNS = ("id, CAST(text AS BLOB), scope, owner_id, channel_id, guild_id, vis_key, importance, stability, "
@@ -49,6 +58,7 @@ class NewMemory:
     external_id: str | None = None
     private: bool = False  # learned in a guild channel not everyone there can read (scope.memory_key)
     mentions: Sequence[int] = ()  # people it names besides its owner, who may export and erase it
+    standing: str | None = None  # a room memory's: SET or PENDING (see STANDINGS); None: a member's claim
 
     def __post_init__(self):
         # The last line of defence for every writer (import, CLI, slash commands, LLM output):
@@ -70,6 +80,8 @@ class NewMemory:
         ids = (validate.snowflake(m, "mentioned user id", optional=False) for m in self.mentions)
         self.mentions = sorted({m for m in ids if m is not None})
         memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id, self.private)  # validates ids
+        if self.standing is not None and (self.standing not in STANDINGS or self.scope != "room"):
+            raise ValueError("only a room memory can be set by a moderator or wait for one")
 
     @property
     def vis_key(self) -> str:

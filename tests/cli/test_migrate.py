@@ -41,6 +41,13 @@ async def build_source(settings) -> dict:
         await engine.write(store.add_link, ids[0], ids[3], "semantic", 0.8)
         await engine.write(store.add_link, ids[2], ids[5], "co_extracted")
         await engine.archive(ids[4], "decayed")
+        # room memories under moderation: a claim waiting, one approved (logged), the mode set (logged)
+        ids.append(await engine.remember(records.NewMemory("The room says bring snacks", "room", owner_id=BOB,
+                                                           channel_id=ROOM, guild_id=GUILD, standing=records.PENDING)))
+        ids.append(await engine.remember(records.NewMemory("The room says the quiz is at nine", "room", owner_id=BOB,
+                                                           channel_id=ROOM, guild_id=GUILD, standing=records.PENDING)))
+        await engine.rooms.approve(ids[-1], channel_id=ROOM, guild_id=GUILD, moderator_id=CAROL)
+        await engine.rooms.set_mode(GUILD, "open", moderator_id=CAROL, channel_id=ROOM)
         last = await engine.remember(records.NewMemory("a memory that gets deleted", "global", owner_id=1))
         await engine.forget([last])
         for n in range(12):
@@ -77,7 +84,8 @@ async def test_full_copy_keeps_ids_counts_and_the_source(source, postgres_url, f
     assert file_state(settings.db_path) == before  # opened read-only: not a byte changed
     assert report.counts["memories"] == (len(facts["ids"]) + 0, len(facts["ids"]))
     assert report.counts["memory_vectors"][0] == facts["stats"]["embedded"] > 0
-    for table in ("memory_links", "messages", "channel_settings", "memory_pauses", "memory_sources", "memory_mentions"):
+    for table in ("memory_links", "messages", "channel_settings", "memory_pauses", "memory_sources", "memory_mentions",
+                  "guild_settings", "memory_approvals", "moderation_log"):
         assert report.counts[table][0] == report.counts[table][1] > 0, table
     assert seen and seen[-1][0] == seen[-1][1]
     assert sorted(r[0] for r in rows(postgres_url, "SELECT id FROM memories")) == sorted(facts["ids"])
@@ -90,6 +98,10 @@ async def test_full_copy_keeps_ids_counts_and_the_source(source, postgres_url, f
     async with Engine(make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url), warm=False) as engine:
         new_id = await engine.remember(records.NewMemory("after the move", "global", owner_id=1))
         archived = await engine.get(facts["ids"][4])
+        assert await engine.rooms.mode(GUILD) == "open"
+        assert [item.memory.id for item in (await engine.rooms.pending(ROOM))[0]] == [facts["ids"][-2]]
+        await engine.rooms.set_mode(GUILD, "moderated", moderator_id=CAROL, channel_id=ROOM)  # the log goes on
+        assert [e.action for e in await engine.rooms.log(ROOM)] == ["mode:moderated", "mode:open", "approve"]
     assert new_id > facts["deleted"]
     assert archived.archived_at is not None and archived.archive_reason == "decayed"
 

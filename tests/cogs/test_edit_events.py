@@ -51,9 +51,9 @@ def edits(world: World, monkeypatch) -> list[dict]:
     real = world.bot.pipeline.edited
 
     async def edited(message_id: int, content: str, edited_at: float | None = None, *, private: bool = False,
-                     mentions: tuple[tuple[str, int], ...] = ()) -> bool:
+                     mentions: tuple[tuple[str, int], ...] = (), moderator: bool = False) -> bool:
         seen.append(dict(message_id=message_id, content=content, edited_at=edited_at, private=private))
-        return await real(message_id, content, edited_at, private=private, mentions=mentions)
+        return await real(message_id, content, edited_at, private=private, mentions=mentions, moderator=moderator)
     monkeypatch.setattr(world.bot.pipeline, "edited", edited)
     return seen
 

@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import re
 import time
 from contextlib import asynccontextmanager
 
@@ -81,7 +82,9 @@ async def test_answer_uses_memories_history_and_current_message_then_hands_over(
     assert reply.ok and reply.text == "Miso is a lovely name."
     request = fake_ollama.chat_requests()[-1]
     messages = request["messages"]
-    assert messages[0]["role"] == "system" and '- "Alice\'s cat is called Miso"' in messages[0]["content"]
+    assert messages[0]["role"] == "system"
+    assert re.search(r'^- \(\d+ \w+ \d{4}\) Alice, who is writing to you now, told you: "Alice\'s cat is called Miso"$',
+                     messages[0]["content"], re.M)
     assert messages[1]["role"] == "user" and messages[1]["content"].endswith("Bob: the weather is nice")
     assert messages[-1]["content"].endswith("Alice: what is my cat called?")
     assert request["stream"] is False

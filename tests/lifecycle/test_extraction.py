@@ -486,7 +486,7 @@ async def test_each_authors_facts_are_one_transaction(engine, fake_ollama, scrip
     commits: list[int] = []
     await engine.write(lambda conn: conn.set_commit_hook(lambda: commits.append(1) or False))
     extractor = Extractor(engine, batch_delay=10)
-    extractor.submit(exchange("I live in Oslo. We play chess here on Fridays.", message_id=1))
+    extractor.submit(exchange("I live in Oslo. We play chess here on Fridays.", message_id=1, moderator=True))
     extractor.submit(exchange("I have two cats and work as a baker.", author=BOB, name="Bob", message_id=2))
     await extractor.close()
     await engine.write(lambda conn: conn.set_commit_hook(None))

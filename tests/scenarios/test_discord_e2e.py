@@ -268,4 +268,8 @@ async def test_muninn_sync_registers_the_commands_in_one_guild(discord_world, cl
     out = capsys.readouterr().out
     assert "synced 2 commands to guild" in out and "/memory" in out
     assert sorted(c["name"] for c in fake.commands[guild["id"]]) == ["always-answer", "memory"]
+    memory = next(c for c in fake.commands[guild["id"]] if c["name"] == "memory")
+    room = next(o for o in memory["options"] if o["name"] == "room")  # the moderators' subgroup (type 2)
+    assert room["type"] == 2 and sorted(o["name"] for o in room["options"]) == [
+        "approve", "forget", "list", "log", "mode", "pending", "reject", "search"]
     assert fake.commands[None] == [] and fake.identify_payload is None  # REST only, no gateway

@@ -73,10 +73,10 @@ async def test_a_fact_told_in_a_dm_stays_private_and_forget_all_erases_it(simcor
         [memory] = await bot.engine.write(store.memories_of, alice.id, ("personal",))
         assert (memory.text, memory.scope, memory.owner_id, memory.guild_id) == (FACT, "personal", alice.id, None)
 
-        # 2. Later, in a DM, she asks: the fact is in the prompt sent to the LLM, as a quoted memory.
+        # 2. Later, in a DM, she asks: the fact is in the prompt sent to the LLM, as what she said, quoted.
         await alice.user.send_dm("Do you remember my sister's name?")
         system = fake_ollama.chat_requests()[-1]["messages"][0]["content"]
-        assert f'- "{FACT}"' in system.split("## Relevant Memories", 1)[1]
+        assert f'Alice, who is writing to you now, told you: "{FACT}"' in system.split("## Relevant Memories", 1)[1]
         await extract()
 
         # 3. In a server channel, the DM-learned fact does not appear anywhere in the prompt.

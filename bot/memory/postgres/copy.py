@@ -233,6 +233,9 @@ def _move_identity(target: PgConnection, source: apsw.Connection) -> None:
 def _finish_table(target: PgConnection, source: apsw.Connection, table: Table) -> None:
     if table.name == "memories":
         _move_identity(target, source)
+    if table.name == "moderation_log":  # its ids were copied as they are: the next one follows them
+        target.pg.execute("SELECT setval(pg_get_serial_sequence('moderation_log', 'id'), max(id)) FROM moderation_log "
+                          "HAVING max(id) IS NOT NULL")
     if table.name == "memory_vectors":
         # `embedded` = a vector is there: a row whose vector was missing in SQLite gets embedded later
         target.pg.execute("UPDATE memories SET embedded = 0 WHERE embedded = 1 AND NOT EXISTS "

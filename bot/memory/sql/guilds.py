@@ -124,6 +124,9 @@ def purge(conn: Connection, guild_id: int, cutoff: float) -> Purged | None:
         messages = conn.changes()
         conn.execute("DELETE FROM channel_settings WHERE guild_id = ?", (guild_id,))
         channels = conn.changes()
+        # the server's own settings and its moderators' log end with it too
+        conn.execute("DELETE FROM guild_settings WHERE guild_id = ?", (guild_id,))
+        conn.execute("DELETE FROM moderation_log WHERE guild_id = ?", (guild_id,))
         conn.execute("DELETE FROM guild_departures WHERE guild_id = ?", (guild_id,))
         if memories or messages:
             mark_pending(conn)

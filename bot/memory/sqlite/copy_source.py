@@ -57,6 +57,9 @@ MEMORY_TEXTS = frozenset({"text", "vis_key", "archive_reason", "source_message_i
 MESSAGE_COLUMNS = ("id", "channel_id", "guild_id", "author_id", "author_name", "role", "content", "created_at",
                    "edited_at", "deleted_at", "reply_to", "reply_to_author")
 MESSAGE_TEXTS = frozenset({"author_name", "content"})
+GUILD_SETTING_COLUMNS = ("guild_id", "key", "value", "updated_at")
+APPROVAL_COLUMNS = ("memory_id", "how", "moderator_id", "approved_at")
+LOG_COLUMNS = ("id", "at", "guild_id", "channel_id", "moderator_id", "action", "memory_id")
 
 
 def _select(table: str, columns: Sequence[str], key: Sequence[str], texts: frozenset[str] = frozenset(),
@@ -85,6 +88,12 @@ TABLES: tuple[Table, ...] = (
           _select("memory_pauses", ("user_id", "paused_at", "notified"), ("user_id",))),
     Table("guild_departures", ("guild_id", "departed_at"), ("guild_id",),
           _select("guild_departures", ("guild_id", "departed_at"), ("guild_id",))),
+    Table("guild_settings", GUILD_SETTING_COLUMNS, ("guild_id", "key"),
+          _select("guild_settings", GUILD_SETTING_COLUMNS, ("guild_id", "key"), frozenset({"key", "value"})),
+          frozenset({"key", "value"})),
+    Table("memory_approvals", APPROVAL_COLUMNS, ("memory_id",), _select("memory_approvals", APPROVAL_COLUMNS,
+                                                                        ("memory_id",))),
+    Table("moderation_log", LOG_COLUMNS, ("id",), _select("moderation_log", LOG_COLUMNS, ("id",))),
     Table("meta", ("key", "value"), ("key",), _select("meta", ("key", "value"), ("key",), frozenset({"key", "value"}),
                                                       where=" AND ".join(
                                                           [f"key != '{k}'" for k in SKIPPED_META]
@@ -92,7 +101,8 @@ TABLES: tuple[Table, ...] = (
                                                       + " AND "), frozenset({"key", "value"})),
 )
 DATA_TABLES = ("memories", "memory_vectors", "memory_links", "memory_sources", "memory_mentions", "messages",
-               "channel_settings", "memory_pauses", "guild_departures")
+               "channel_settings", "memory_pauses", "guild_departures", "guild_settings", "memory_approvals",
+               "moderation_log")
 
 
 def open_source(path: Path) -> apsw.Connection:

@@ -217,6 +217,39 @@ MIGRATIONS: list[str] = [
     ) WITHOUT ROWID;
     CREATE INDEX IF NOT EXISTS memory_mentions_user ON memory_mentions (user_id);
     """,
+    # 18: The write policy of shared memory (bot/lifecycle/room_policy.py): per-server settings (the
+    # room memory mode: moderated, open or off), who vouched for a room memory (set by a moderator,
+    # or a member's claim a moderator approved), and the moderators' actions, never a memory's text.
+    # A room claim waiting for approval is an archived memory (archive_reason 'pending approval'):
+    # every path that surfaces memories already leaves archived ones out.
+    """
+    CREATE TABLE IF NOT EXISTS guild_settings (
+        guild_id INTEGER NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (guild_id, key)
+    );
+    CREATE TABLE IF NOT EXISTS memory_approvals (
+        memory_id INTEGER PRIMARY KEY REFERENCES memories (id) ON DELETE CASCADE,
+        how TEXT NOT NULL CHECK (how IN ('set', 'approved')),
+        moderator_id INTEGER,        -- who set or approved it; NULL once that person was forgotten
+        approved_at REAL NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS memory_approvals_moderator ON memory_approvals (moderator_id);
+    CREATE TABLE IF NOT EXISTS moderation_log (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        guild_id INTEGER,
+        channel_id INTEGER NOT NULL,
+        moderator_id INTEGER NOT NULL,
+        action TEXT NOT NULL CHECK (action IN ('forget', 'approve', 'reject', 'mode:moderated', 'mode:open',
+                                               'mode:off')),
+        memory_id INTEGER            -- no reference: the log outlives the memory
+    );
+    CREATE INDEX IF NOT EXISTS moderation_log_channel ON moderation_log (channel_id, id);
+    CREATE INDEX IF NOT EXISTS memories_pending ON memories (vis_key, id) WHERE archive_reason = 'pending approval';
+    """,
 ]
 
 

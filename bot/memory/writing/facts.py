@@ -12,6 +12,11 @@ outdated everywhere. Nothing here ever touches a memory of another subject.
 Fair share. One person teaches at most MUNINN_LEARN_PER_DAY new memories in one channel (or DM)
 in 24 hours (LearnBudget, counted inside the write's transaction): their further facts are
 dropped, while a fact that repeats a memory still reinforces it (that is not a new memory).
+
+Room memories under moderation (sql/rooms.py): a claim waiting for a moderator is stored
+archived, as pending; it replaces nothing, links to nothing, and only the same words already
+shown or already waiting absorb it. A moderator's fact is vouched for, also when it repeats a
+member's claim. A member's claim never supersedes a memory a moderator vouched for.
 """
 from __future__ import annotations
 
@@ -25,9 +30,9 @@ from bot.memory import records
 from bot.memory.connection import Connection
 from bot.memory.jobs import Jobs
 from bot.memory.recall.words import tokens
-from bot.memory.records import NewMemory
+from bot.memory.records import PENDING, SET, NewMemory
 from bot.memory.scope import ACTIVE, personal_keys
-from bot.memory.sql import store
+from bot.memory.sql import rooms, store
 from bot.memory.sql.queries import query_value
 from bot.memory.sql.transactions import write_transaction
 from bot.memory.storage import storage_of
@@ -213,6 +218,7 @@ class WriteOutcome:
     inserted: list[int] = field(default_factory=list)
     reinforced: list[int] = field(default_factory=list)
     superseded: list[tuple[int, int]] = field(default_factory=list)  # (old, new)
+    pending: list[int] = field(default_factory=list)      # inserted as room claims waiting for a moderator
     # (owner, channel) -> (facts dropped, memories taught there in the 24 hours before): over MUNINN_LEARN_PER_DAY
     dropped: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
@@ -280,6 +286,11 @@ def write_facts(conn: Connection, memories: Sequence[records.NewMemory],
         for index, memory in enumerate(memories):
             vector = vecs[index] if vecs and info is not None else None
             decision = (decisions[index] if index < len(decisions) else None) or UpdateDecision()
+            # A claim waiting for a moderator changes nothing that is shown: it replaces no memory,
+            # and only the same words already shown or already waiting absorb it.
+            waits = memory.standing == PENDING
+            if waits:
+                decision = UpdateDecision()
             # One search serves the duplicate check and the semantic links (same key, same vector);
             # the planning one while no vector changed, in other processes or in this write.
             earlier = searched[index] if index < len(searched) else None
@@ -293,29 +304,40 @@ def write_facts(conn: Connection, memories: Sequence[records.NewMemory],
             target = find_duplicate(conn, info, memory, vector, settings.dedup_cosine, near=near,
                                     same_words=words_found)
             if target is None:
-                target = _llm_duplicate(conn, memory, decision)
+                target = rooms.pending_twin(conn, memory.vis_key, memory.text) if waits else \
+                    _llm_duplicate(conn, memory, decision)
             if target is not None:
                 reinforce(conn, target, importance=memory.importance, source_ids=memory.source_message_ids,
                           growth=settings.stability_growth, now=now)
                 out.reinforced.append(target)
+                if memory.standing == SET:  # a moderator said what a member had: approved
+                    rooms.vouch(conn, target, rooms.APPROVED, memory.owner_id, now)
             elif not budget.take(memory, out):
                 continue  # its author's share of new memories here is used up: neither stored nor replacing anything
             else:
                 target = storage.insert(conn, [memory], base_stability_days=settings.base_stability_days,
                                         model=settings.embed_model,
-                                        vecs=[list(vector)] if vector is not None else None, now=now, info=info)[0]
+                                        vecs=[list(vector)] if vector is not None and not waits else None,
+                                        now=now, info=info)[0]
+                rooms.settle(conn, target, memory, now)
                 out.inserted.append(target)
-                added.append((memory.vis_key, target, memory.text))
-                link_similar(conn, info, target, memory.vis_key, threshold=settings.link_cosine, now=now,
-                             neighbours=near)
+                if waits:
+                    out.pending.append(target)
+                else:
+                    added.append((memory.vis_key, target, memory.text))
+                    link_similar(conn, info, target, memory.vis_key, threshold=settings.link_cosine, now=now,
+                                 neighbours=near)
+            # A member's room claim never retires what a moderator set or approved.
+            vouched = rooms.approvals(conn, decision.replaces) if memory.scope == "room" and not memory.standing \
+                else {}
             # the people it names may find and erase it, whichever memory holds it now
             store.add_mentions(conn, target, memory.mentions)
             for old in decision.replaces:
-                if old != target and supersede(conn, old, target, now=now):
+                if old != target and old not in vouched and supersede(conn, old, target, now=now):
                     out.superseded.append((old, target))
                     archived.add(old)
             out.ids.append(target)
-        for a, b in store.pairs(out.ids):
+        for a, b in store.pairs([memory_id for memory_id in out.ids if memory_id not in out.pending]):
             storage.add_link(conn, a, b, "co_extracted", now=now)
     return out
 
