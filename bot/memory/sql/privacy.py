@@ -60,10 +60,12 @@ def personal_from_messages(conn: Connection, owner_id: int, message_ids: Sequenc
 
 
 def own_memory(conn: Connection, owner_id: int, memory_id: int) -> records.Memory:
-    """A memory whose owner is this person (personal, or a room memory they taught), archived or
-    not; MemoryNotFound otherwise, with no hint whether the id exists."""
-    row = query_one(conn, f"SELECT {records.COLUMNS} FROM memories WHERE id = ? AND owner_id = ? "
-                          "AND scope IN ('personal', 'room')", (memory_id, owner_id))
+    """A memory of this person's: personal, or a room memory they taught (alone or with others:
+    sql/teachers.py), archived or not; MemoryNotFound otherwise, with no hint whether the id exists."""
+    row = query_one(conn, f"SELECT {records.COLUMNS} FROM memories WHERE id = ? AND ((owner_id = ? "
+                          "AND scope IN ('personal', 'room')) OR (scope = 'room' AND EXISTS (SELECT 1 FROM "
+                          "memory_teachers t WHERE t.memory_id = memories.id AND t.user_id = ?)))",
+                    (memory_id, owner_id, owner_id))
     if row is None:
         raise records.MemoryNotFound(f"no memory #{memory_id} of yours")
     return records.Memory.from_row(row)

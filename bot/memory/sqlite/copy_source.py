@@ -57,6 +57,7 @@ MEMORY_TEXTS = frozenset({"text", "vis_key", "archive_reason", "source_message_i
 MESSAGE_COLUMNS = ("id", "channel_id", "guild_id", "author_id", "author_name", "role", "content", "created_at",
                    "edited_at", "deleted_at", "reply_to", "reply_to_author")
 MESSAGE_TEXTS = frozenset({"author_name", "content"})
+TEACHER_COLUMNS = ("memory_id", "user_id", "first_taught_at", "source_message_ids")
 
 
 def _select(table: str, columns: Sequence[str], key: Sequence[str], texts: frozenset[str] = frozenset(),
@@ -77,6 +78,11 @@ TABLES: tuple[Table, ...] = (
                   frozenset({"message_id"})), frozenset({"message_id"})),
     Table("messages", MESSAGE_COLUMNS, ("id",), _select("messages", MESSAGE_COLUMNS, ("id",), MESSAGE_TEXTS),
           MESSAGE_TEXTS),
+    Table("memory_teachers", TEACHER_COLUMNS, ("memory_id", "user_id"),
+          _select("memory_teachers", TEACHER_COLUMNS, ("memory_id", "user_id"), frozenset({"source_message_ids"})),
+          frozenset({"source_message_ids"})),
+    Table("reply_context", ("reply_id", "author_id"), ("reply_id", "author_id"),
+          _select("reply_context", ("reply_id", "author_id"), ("reply_id", "author_id"))),
     Table("channel_settings", ("channel_id", "guild_id", "always_answer", "updated_at"), ("channel_id",),
           _select("channel_settings", ("channel_id", "guild_id", "always_answer", "updated_at"), ("channel_id",))),
     Table("memory_pauses", ("user_id", "paused_at", "notified"), ("user_id",),
@@ -87,8 +93,8 @@ TABLES: tuple[Table, ...] = (
                                                           + [f"key NOT LIKE '{p}%'" for p in SKIPPED_META_PREFIXES])
                                                       + " AND "), frozenset({"key", "value"})),
 )
-DATA_TABLES = ("memories", "memory_vectors", "memory_links", "memory_sources", "messages", "channel_settings",
-               "memory_pauses")
+DATA_TABLES = ("memories", "memory_vectors", "memory_links", "memory_sources", "messages", "memory_teachers",
+               "reply_context", "channel_settings", "memory_pauses")
 
 
 def open_source(path: Path) -> apsw.Connection:
