@@ -200,8 +200,9 @@ class MemoryCog(commands.GroupCog, group_name="memory",
         view = ConfirmForgetAll(self, interaction.user.id)
         await interaction.response.send_message(
             f"This deletes all {personal} of your personal memories, learned anywhere, the "
-            f"{len(memories) - personal} room memories you taught, and your messages in Muninn's conversation "
-            "history. It cannot be undone.", view=view, ephemeral=True)
+            f"{len(memories) - personal} room memories you taught (one that others taught too stays theirs, "
+            "without you), your messages in Muninn's conversation history and Muninn's replies there that may "
+            "repeat your words. It cannot be undone.", view=view, ephemeral=True)
 
     @app_commands.command(name="remember", description="Tell Muninn something to remember")
     @app_commands.describe(text="What to remember", scope="personal (default): only you; room: this channel; "
@@ -392,9 +393,13 @@ class ConfirmForgetAll(OwnerView):
         self.stop()
         await interaction.response.edit_message(content="Forgetting…", view=None)
         forgotten = await self.cog.pipeline.forget_person(self.owner_id)
+        shared = (f" {forgotten.shared} room memories that others taught too stay theirs, without you."
+                  if forgotten.shared else "")
+        replies = (f" {forgotten.replies} of Muninn's replies to others that may have repeated your words were "
+                   "emptied." if forgotten.replies else "")
         await interaction.edit_original_response(
             content=f"Done: Muninn forgot {forgotten.personal} personal memories, {forgotten.taught} room memories "
-                    f"you taught and {forgotten.messages} messages of yours.")
+                    f"you taught and {forgotten.messages} messages of yours.{shared}{replies}")
 
     @discord.ui.button(label="Cancel", style=discord.ButtonStyle.secondary)
     async def cancel(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
