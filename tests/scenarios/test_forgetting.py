@@ -14,6 +14,7 @@ import contextlib
 import json
 import re
 
+import psycopg
 import pytest
 
 from bot.memory.scope import Viewer
@@ -63,6 +64,17 @@ def every_text(conn) -> list[tuple[str, str]]:
 def markers_in_tables(conn) -> list[tuple[str, str]]:
     """Every (table, stem) where a value holds a marker."""
     return [(table, stem) for table, value in every_text(conn) for stem in held(value)]
+
+
+def planner_statistics(url: str) -> str:
+    """PostgreSQL's statistics of our tables' columns and expressions (sample values, common
+    elements: a tsvector's lexemes), as text."""
+    columns = "coalesce(most_common_vals::text, '') || coalesce(histogram_bounds::text, '') || " \
+              "coalesce(most_common_elems::text, '')"
+    with psycopg.connect(url, autocommit=True) as conn:
+        return " ".join(str(row[0]) for row in conn.execute(
+            f"SELECT {columns} FROM pg_stats WHERE schemaname = current_schema() UNION ALL "
+            f"SELECT {columns} FROM pg_stats_ext_exprs WHERE schemaname = current_schema()").fetchall())
 
 
 def chat_prompts(fake_ollama) -> list[str]:
@@ -190,6 +202,10 @@ async def test_forget_all_leaves_no_marker_word_in_the_tables_the_next_prompt_or
         alice_id = int(server.users["alice"]["id"])
         assert {m.scope for m in await engine.memories_of(alice_id)} >= {"personal"}
         assert set(held(json.dumps(await engine.write(every_text)))) == set(STEMS)
+        if backend:  # the statistics autovacuum gathers hold sample values: her words among them
+            with psycopg.connect(backend, autocommit=True) as conn:
+                conn.execute("ANALYZE")
+            assert held(planner_statistics(backend))
 
         done = await server.forget_all("alice")
 
@@ -214,6 +230,7 @@ async def test_forget_all_leaves_no_marker_word_in_the_tables_the_next_prompt_or
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
                 "AND table_type = 'BASE TABLE'").fetchall())]
             assert [table for table in tables if files_holding(backend, table, *STEMS)] == []
+            assert held(planner_statistics(backend)) == []
         else:
             path = engine.settings.db_path
             files = [p for p in (path, path.with_name(path.name + "-wal")) if p.exists()]
