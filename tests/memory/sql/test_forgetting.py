@@ -105,3 +105,15 @@ async def test_the_migration_fills_teachers_and_each_replys_conversation_from_wh
         heard = await engine.write(lambda conn: conn.execute(
             "SELECT reply_id, author_id FROM reply_context ORDER BY reply_id, author_id").fetchall())
         assert [tuple(row) for row in heard] == [(reply, ALICE), (reply, BOB), (reply, CAROL), (alone, CAROL)]
+
+
+async def test_a_reply_pruned_from_the_history_takes_its_conversation_with_it(engine):
+    now = time.time()
+    await said(engine, ALICE, "hi", at=now)
+    reply = await said(engine, MUNINN, "Hello!", answering=ALICE, heard=(ALICE, BOB), at=now + 1)
+    await said(engine, BOB, "later", at=now + 2)
+    assert await engine.write(history.prune, GENERAL, 1) == 2
+
+    def heard(conn):
+        return conn.execute("SELECT count(*) FROM reply_context WHERE reply_id = ?", (reply,)).fetchall()[0][0]
+    assert await engine.write(heard) == 0
