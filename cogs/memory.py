@@ -213,8 +213,10 @@ class MemoryCog(RoomModeration, commands.GroupCog, group_name="memory",
         view = ConfirmForgetAll(self, interaction.user.id)
         await interaction.response.send_message(
             f"This deletes all {personal} of your personal memories, learned anywhere, the {taught} room memories "
-            f"you taught, {mentioning} memories of other people that mention you, and your messages in Muninn's "
-            "conversation history. It cannot be undone.", view=view, ephemeral=True)
+            f"you taught (one that others taught too stays theirs, without you), {mentioning} memories of other "
+            "people that mention you, your messages in Muninn's conversation history and Muninn's replies there "
+            "that may repeat your words. It cannot be undone.",
+            view=view, ephemeral=True)
 
     @app_commands.command(name="remember", description="Tell Muninn something to remember")
     @app_commands.describe(text="What to remember", scope="personal (default): only you; room: this channel; "
@@ -424,10 +426,14 @@ class ConfirmForgetAll(OwnerView):
         self.stop()
         await interaction.response.edit_message(content="Forgetting…", view=None)
         forgotten = await self.cog.pipeline.forget_person(self.owner_id)
+        shared = (f" {forgotten.shared} room memories that others taught too stay theirs, without you."
+                  if forgotten.shared else "")
+        replies = (f" {forgotten.replies} of Muninn's replies to others that may have repeated your words were "
+                   "emptied." if forgotten.replies else "")
         await interaction.edit_original_response(
             content=f"Done: Muninn forgot {forgotten.personal} personal memories, {forgotten.taught} room memories "
                     f"you taught, {forgotten.mentioning} memories of others that mentioned you and "
-                    f"{forgotten.messages} messages of yours.")
+                    f"{forgotten.messages} messages of yours.{shared}{replies}")
 
     @discord.ui.button(label="Cancel", style=discord.ButtonStyle.secondary)
     async def cancel(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:

@@ -333,13 +333,21 @@ class Pipeline:
                 await outlet.send(PAUSED_NOTE)
             return reply
         reply_id = None
+        # Whose words the reply may repeat: a forget-all of any of them empties it (reply_context).
+        heard = list(dict.fromkeys([*(m.author_id for m in recent if m.role == "user"), incoming.author_id]))
         # The fallback is not conversation, and a reply not posted (no permission) was not said:
         # keep both out of the history.
         if ok and sent:
             reply_id = await self._record(dict(
                 channel_id=incoming.channel_id, guild_id=incoming.guild_id, author_id=self.assistant_id,
                 author_name=self.assistant_name, role="assistant", content=text, created_at=sent[0].created_at,
-                message_id=sent[0].message_id, reply_to=message_id, reply_to_author=incoming.author_id))
+                message_id=sent[0].message_id, reply_to=message_id, reply_to_author=incoming.author_id,
+                context_authors=heard))
+        if reply_id is not None and any(self._forgotten_since(author, received)
+                                        for author in heard if author != incoming.author_id):
+            # Someone in its conversation ran forget-all while it was written: it may repeat their words.
+            await self._drop_forgotten([reply_id])
+            reply_id = None
         if self._forgotten_since(incoming.author_id, received):
             # /memory forget-all ran while this message waited or was answered: keep none of it.
             # Checked after the last await, so an exchange submitted below came before the forget.

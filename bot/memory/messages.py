@@ -5,27 +5,17 @@ threads (`engine.messages`); nothing above the memory layer runs SQL or sees a c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from bot.memory.connection import Connection
 from bot.memory.jobs import Jobs
-from bot.memory.sql import channels, history, rooms
+from bot.memory.sql import channels, forgetting, history
+from bot.memory.sql.forgetting import Forgotten
 from bot.memory.sql.history import Edit, Edited, HistoryMessage
 from bot.memory.sql.history import storable as storable_text
-from bot.memory.sql.transactions import write_transaction
 from bot.memory.storage import storage_of
 
 __all__ = ["Edit", "Edited", "Forgotten", "HistoryMessage", "Messages", "storable_text"]
-
-
-@dataclass(frozen=True)
-class Forgotten:
-    """What forgetting a person removed."""
-    personal: int   # their personal memories
-    taught: int     # room memories they taught
-    messages: int   # history rows: theirs, and whole DM conversations with them
-    mentioning: int = 0  # other people's memories that mentioned them
 
 
 class Messages:
@@ -65,8 +55,10 @@ class Messages:
         await self._jobs.write(_drop_and_scrub, list(message_ids), what="drop the messages of a forgotten person")
 
     async def forget_person(self, user_id: int) -> Forgotten:
-        """Delete a person's personal memories, the room memories they taught, other people's
-        memories that mention them and their messages in the history in one transaction, then
+        """Delete a person's personal memories, the room memories only they taught, other people's
+        memories that mention them, their messages in the history and Muninn's replies that may
+        repeat their words, and leave the room memories others taught too to those, in one
+        transaction (sql/forgetting.py); then
         scrub the database files."""
         return await self._jobs.write(_forget_person, user_id, what=f"forget everything about user {user_id}")
 
@@ -110,14 +102,6 @@ def _drop_and_scrub(conn: Connection, message_ids: list[int]) -> None:
 
 
 def _forget_person(conn: Connection, user_id: int) -> Forgotten:
-    storage = storage_of(conn)
-    with write_transaction(conn):
-        memories = storage.memories_of(conn, user_id, ("personal", "room"))
-        storage.delete(conn, [memory.id for memory in memories])
-        messages = history.forget_author(conn, user_id)
-        rooms.forget_moderator(conn, user_id)  # what they approved stays approved, no longer by their id
-    storage.scrub(conn)  # after the commit: the checkpoint (SQLite) or VACUUM (PostgreSQL) cannot run inside one
-    own = [memory for memory in memories if memory.owner_id == user_id]
-    personal = sum(memory.scope == "personal" for memory in own)
-    return Forgotten(personal=personal, taught=len(own) - personal, messages=messages,
-                     mentioning=len(memories) - len(own))
+    forgotten = forgetting.forget_person(conn, user_id)
+    storage_of(conn).scrub(conn)  # after the commit: the checkpoint (SQLite) or VACUUM (PostgreSQL) cannot run inside one
+    return forgotten

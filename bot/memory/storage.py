@@ -119,10 +119,12 @@ class Storage(Protocol[ConnT]):
         limit=same_text_limit) ([] without words). Everything after the locks sees the facts of
         whoever held them before. PostgreSQL: one round trip."""
     def reinforce(self, conn: ConnT, memory_id: int, *, importance: float, sources: list[str],
-                  growth: float, now: float) -> None:
+                  growth: float, now: float, teacher: tuple[int, float, str] | None = None) -> None:
         """A fact was learned again: multiply the memory's stability by `growth`
         (capped), raise its importance to `importance` if that is higher,
-        replace its sources with `sources`, and count it as recalled at `now`."""
+        replace its sources with `sources`, and count it as recalled at `now`. `teacher`
+        (user id, first taught at, their messages as a JSON list): who taught it this time
+        (teachers.upsert_statement), in the same step."""
 
     # -- writes ------------------------------------------------------------------
     def insert(self, conn: ConnT, memories: Sequence[records.NewMemory], *, base_stability_days: float,

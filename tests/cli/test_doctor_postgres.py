@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from bot.cli import main as cli
+from bot.memory.postgres.health import PRIVATE_TABLES
 from bot.memory.sql import leases
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
@@ -70,7 +71,7 @@ def test_fix_clamps_values_lists_grants_it_leaves_and_says_what_it_cannot_do(doc
         assert not healthy and not found["stored values"]["ok"] and not found["permissions"]["ok"]
         assert f"{READER} may read memories" in found["permissions"]["detail"]
         assert "PUBLIC may read messages" in found["permissions"]["detail"]
-        revoke = f'REVOKE SELECT ON memories, messages, memory_vectors, memory_pauses FROM PUBLIC, "{READER}"'
+        revoke = f'REVOKE SELECT ON {", ".join(PRIVATE_TABLES)} FROM PUBLIC, "{READER}"'
         assert revoke in found["permissions"]["fix"]
         assert "--fix on PostgreSQL" not in found                       # said only when asked to fix
 
@@ -105,7 +106,7 @@ def test_grants_on_vectors_or_columns_and_members_of_pg_read_all_data_are_reader
         assert f"{READER} may read memory_vectors;" in detail
         assert f"{columns} may read memories (id, text), messages (role)" in detail
         assert f"{everything} may read every table (a member of pg_read_all_data)" in detail
-        assert f'REVOKE SELECT ON memories, messages, memory_vectors, memory_pauses FROM "{READER}", "{columns}"' in fix
+        assert f'REVOKE SELECT ON {", ".join(PRIVATE_TABLES)} FROM "{READER}", "{columns}"' in fix
         assert f'REVOKE "pg_read_all_data" FROM "{everything}"' in fix
 
         the_fixes_it_names_work(doctor, backend, fix)

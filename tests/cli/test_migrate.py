@@ -53,6 +53,9 @@ async def build_source(settings) -> dict:
         for n in range(12):
             await engine.write(history.record, channel_id=ROOM, guild_id=GUILD, author_id=ALICE, author_name="alice",
                                role="user", content=f"message {n}", message_id=7000 + n)
+        await engine.write(history.record, channel_id=ROOM, guild_id=GUILD, author_id=1, author_name="Muninn",
+                           role="assistant", content="a reply", message_id=7100, reply_to_author=BOB,
+                           context_authors=[ALICE, BOB])
         await engine.write(channel_settings.set_always_answer, ROOM, GUILD, True)
         await engine.pause_memory(CAROL)
         stats = await engine.stats()
@@ -85,7 +88,7 @@ async def test_full_copy_keeps_ids_counts_and_the_source(source, postgres_url, f
     assert report.counts["memories"] == (len(facts["ids"]) + 0, len(facts["ids"]))
     assert report.counts["memory_vectors"][0] == facts["stats"]["embedded"] > 0
     for table in ("memory_links", "messages", "channel_settings", "memory_pauses", "memory_sources", "memory_mentions",
-                  "guild_settings", "memory_approvals", "moderation_log"):
+                  "guild_settings", "memory_approvals", "moderation_log", "memory_teachers", "reply_context"):
         assert report.counts[table][0] == report.counts[table][1] > 0, table
     assert seen and seen[-1][0] == seen[-1][1]
     assert sorted(r[0] for r in rows(postgres_url, "SELECT id FROM memories")) == sorted(facts["ids"])

@@ -420,6 +420,21 @@ async def test_forget_all_during_a_slow_reply_keeps_nothing_of_that_exchange(eng
     assert [e.user_message for e in sink.exchanges] == ["hello again"]
 
 
+async def test_a_reply_to_another_written_while_she_forgets_everything_is_not_kept(engine, fake_ollama):
+    fake_ollama.delay = 0.4
+    fake_ollama.chat_replies.append(FakeOllama.TIMEOUT)  # Bob's answer takes 0.4 s
+    fake_ollama.default_chat_reply = "Alice said she takes sertraline."
+    pipeline = Pipeline(engine, assistant_id=1)
+    await pipeline.record(said("I take sertraline"))
+    answering = asyncio.create_task(pipeline.respond(said("what did Alice say?", author=BOB, name="Bob"),
+                                                     RecordingOutlet([])))
+    await asyncio.sleep(0.15)  # Bob's message is recorded, the model is writing with hers in its conversation
+    await pipeline.forget_person(ALICE)
+    assert (await answering).ok  # Bob gets his answer...
+    rows = await engine.write(history.recent, GENERAL, 10)
+    assert [r.content for r in rows] == ["what did Alice say?"]  # ...but it may repeat her words: not kept
+
+
 # -- robustness ----------------------------------------------------------------------
 
 async def test_a_failing_recall_means_no_memories_and_the_reply_still_happens(engine, fake_ollama, caplog):
@@ -479,16 +494,19 @@ async def test_the_history_keeps_the_last_messages_of_each_channel(make_settings
         assert general == [f"general {n}" for n in range(30, 130)]
 
 
-async def test_forget_person_takes_muninns_replies_to_them_in_servers_too(engine, fake_ollama):
+async def test_forget_person_takes_muninns_replies_to_them_and_those_written_while_she_was_heard(engine, fake_ollama):
     pipeline = Pipeline(engine)
-    fake_ollama.chat_replies.extend(["Noted: your PIN is 4711.", "Hi Bob."])
+    fake_ollama.chat_replies.extend(["Morning, Bob.", "Noted: your PIN is 4711.", "Hi Bob."])
+    await pipeline.respond(said("good morning", author=BOB, name="Bob"), RecordingOutlet([]))
     await pipeline.respond(said("my PIN is 4711"), RecordingOutlet([]))
     await pipeline.respond(said("hello", author=BOB, name="Bob"), RecordingOutlet([]))
-    await engine.write(history.remove, [(await engine.write(history.recent, GENERAL, 50))[0].id])  # trimmed away
+    mine = [m.id for m in await engine.write(history.recent, GENERAL, 50) if m.author_id == ALICE]
+    await engine.write(history.remove, mine)  # trimmed away
     forgotten = await pipeline.forget_person(ALICE)
     assert forgotten.messages == 1  # Muninn's reply that repeats what she said, though her message is gone
+    assert forgotten.replies == 1   # "Hi Bob." was written with her message in its conversation
     left = await engine.write(history.recent, GENERAL, 50)
-    assert [m.content for m in left] == ["hello", "Hi Bob."]
+    assert [m.content for m in left] == ["good morning", "Morning, Bob.", "hello"]  # before she spoke: kept
 
 
 async def test_deleting_a_message_takes_back_what_was_learned_from_it_alone(engine, fake_ollama):

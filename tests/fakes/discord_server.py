@@ -1105,6 +1105,16 @@ class FakeDiscord:
         return await self.send_interaction("", user, message["channel_id"], type=3, message=message,
                                            data={"custom_id": custom_id, "component_type": 2})
 
+    async def click(self, message: Dict[str, Any], user: UserLike, label: str) -> Dict[str, Any]:
+        """Press the button labelled `label` on `message` (a bot's message, ephemeral ones included:
+        an interaction response's `message`): a MESSAGE_COMPONENT (type 3) INTERACTION_CREATE in
+        the message's channel. Returns the payload, whose ``token`` keys the responses."""
+        button = next(c for row in message.get("components") or [] for c in row.get("components") or []
+                      if c.get("label") == label)
+        return await self.send_interaction(
+            "", user, message["channel_id"], type=3, message=message,
+            data={"custom_id": button["custom_id"], "component_type": button.get("type", 2)})
+
     @staticmethod
     def _option(name: str, value: Any) -> Dict[str, Any]:
         if isinstance(value, bool):
@@ -1619,15 +1629,15 @@ class FakeDiscord:
             record["message"] = message
             if cb_type == 4 and not flags & 64:
                 await self._echo(message)
-        elif cb_type in (6, 7) and isinstance(interaction.get("message"), dict):
-            # a component's interaction: its original response is the message the component is on
+        elif cb_type in (6, 7) and interaction.get("message"):
+            # DEFERRED_UPDATE_MESSAGE / UPDATE_MESSAGE of a component interaction: its "original
+            # response" is the message the component is on, edited in place.
             message = interaction["message"]
-            if cb_type == 7:
-                for key in ("content", "embeds", "components"):
-                    if key in data:
-                        message[key] = data[key] if data[key] is not None else ([] if key != "content" else "")
+            for key in ("content", "embeds", "components"):
+                if cb_type == 7 and key in data:
+                    message[key] = data[key] if data[key] is not None else ([] if key != "content" else "")
             self._original_responses[token] = message
-            message = None
+            record["message"] = message
         if not record["with_response"]:
             return web.Response(status=204)
         payload: Dict[str, Any] = {"interaction": {

@@ -226,9 +226,10 @@ class PostgresStorage:
         return fact_writes.begin_fact_write(self, conn, keys, model, dim, mark, probes, same_text_limit, searched)
 
     def reinforce(self, conn: PgConnection, memory_id: int, *, importance: float, sources: list[str],
-                  growth: float, now: float) -> None:
-        """Strengthen a memory learned again (Storage.reinforce), in one UPDATE."""
-        writes.reinforce(conn, memory_id, importance=importance, sources=sources, growth=growth, now=now)
+                  growth: float, now: float, teacher: tuple[int, float, str] | None = None) -> None:
+        """Strengthen a memory learned again (Storage.reinforce), in one statement with its teacher's upsert."""
+        writes.reinforce(conn, memory_id, importance=importance, sources=sources, growth=growth, now=now,
+                         teacher=teacher)
 
     # -- writes ------------------------------------------------------------------
     def insert(self, conn: PgConnection, memories: Sequence[records.NewMemory], *, base_stability_days: float,

@@ -9,8 +9,9 @@ from bot.memory.postgres.backend import PostgresStorage
 from bot.memory.postgres.connection import PgConnection
 
 # The people's words: their text, their vectors (an embedding can be inverted back to much of
-# its text), and who asked Muninn to stop remembering them.
-PRIVATE_TABLES = ("memories", "messages", "memory_vectors", "memory_pauses")
+# its text), who asked Muninn to stop remembering them, who taught which room memory, and whose
+# messages each of Muninn's replies answered from.
+PRIVATE_TABLES = ("memories", "messages", "memory_vectors", "memory_pauses", "memory_teachers", "reply_context")
 
 # Who besides the tables' owner may read them, one row each (role, table, column or NULL, how):
 # SELECT granted on a table or on some of its columns (to a role, or to every role: PUBLIC;

@@ -343,6 +343,38 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS moderation_log_channel ON moderation_log (channel_id, id);
     CREATE INDEX IF NOT EXISTS memories_pending ON memories (vis_key, id) WHERE archive_reason = 'pending approval';
     """,
+    # 19: who taught each room memory, and whose messages were in the conversation each of Muninn's
+    # replies answered from (SQLite's migration says why; the same data).
+    """
+    CREATE TABLE IF NOT EXISTS memory_teachers (
+        memory_id BIGINT NOT NULL REFERENCES memories (id) ON DELETE CASCADE,
+        user_id BIGINT NOT NULL,
+        first_taught_at DOUBLE PRECISION NOT NULL,
+        source_message_ids TEXT NOT NULL DEFAULT '[]',
+        PRIMARY KEY (memory_id, user_id)
+    );
+    CREATE INDEX IF NOT EXISTS memory_teachers_user ON memory_teachers (user_id);
+    INSERT INTO memory_teachers (memory_id, user_id, first_taught_at, source_message_ids)
+        SELECT id, owner_id, created_at, source_message_ids FROM memories WHERE scope = 'room' AND owner_id IS NOT NULL
+        ON CONFLICT DO NOTHING;
+
+    CREATE TABLE IF NOT EXISTS reply_context (
+        reply_id BIGINT NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+        author_id BIGINT NOT NULL,
+        PRIMARY KEY (reply_id, author_id)
+    );
+    CREATE INDEX IF NOT EXISTS reply_context_author ON reply_context (author_id);
+    INSERT INTO reply_context (reply_id, author_id)
+        SELECT DISTINCT w.id, a.author_id FROM (
+            SELECT id, role, array_agg(author_id) FILTER (WHERE role = 'user') OVER (
+                PARTITION BY channel_id ORDER BY created_at, id ROWS BETWEEN 100 PRECEDING AND 1 PRECEDING) AS authors
+            FROM messages) w, unnest(w.authors) AS a(author_id)
+        WHERE w.role = 'assistant'
+        ON CONFLICT DO NOTHING;
+    INSERT INTO reply_context (reply_id, author_id)
+        SELECT id, reply_to_author FROM messages WHERE role = 'assistant' AND reply_to_author IS NOT NULL
+        ON CONFLICT DO NOTHING;
+    """,
 ]
 
 

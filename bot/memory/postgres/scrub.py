@@ -17,8 +17,12 @@ would hold every recall behind its lock for seconds. The vectors (derived from t
 the text) are always rewritten by the next maintenance run (a 768-dimensional vector is 3 kB:
 the largest table). Until then the forgotten rows are deleted and never searched or shown,
 but their bytes may stay in the tables' free space.
+Each rewrite also samples the table's statistics afresh (ANALYZE): the pg_statistic catalog
+keeps sample values of each column (whole message texts among them) for the planner, and
+autovacuum gathers them as the tables change.
 What stays out of reach, as on any PostgreSQL: the WAL until it is recycled, WAL archives,
-backups and replicas; the operator's retention rules apply to those.
+backups and replicas, and the catalog's replaced statistics rows until PostgreSQL reuses their
+space; the operator's retention rules apply to those.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import logging
 from typing import Sequence
 
 import psycopg
+from psycopg import sql
 
 from bot.memory.postgres.connection import PgConnection
 from bot.memory.sql.marks import MESSAGES_PENDING, SCRUB_PENDING, clear_marks, mark_pending, pending_marks
@@ -80,12 +85,40 @@ def _size(conn: PgConnection, table: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _statistics_of_empty(conn: PgConnection, table: str) -> None:
+    """ANALYZE leaves the statistics of a table it finds empty as they were (the last person's
+    forget-all): its columns' are cleared where the server can (PostgreSQL 18 and later), its
+    statistics objects' (the keyword path's word statistics) made again, empty."""
+    found = conn.pg.execute(f"SELECT EXISTS (SELECT 1 FROM {table})".encode()).fetchone()
+    if found is None or found[0]:
+        return
+    clear = conn.pg.execute("SELECT to_regprocedure('pg_clear_attribute_stats(text, text, text, boolean)') "
+                            "IS NOT NULL").fetchone()
+    if clear is not None and clear[0]:
+        conn.pg.execute("SELECT pg_clear_attribute_stats(current_schema()::text, %s, attname::text, false) "
+                        "FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+                        (table, table))
+    for name, definition, target in conn.pg.execute(
+            "SELECT stxname, pg_get_statisticsobjdef(oid), stxstattarget FROM pg_statistic_ext "
+            "WHERE stxrelid = %s::regclass", (table,)).fetchall():
+        with conn.pg.transaction():  # never without it: the keyword path's estimates read it
+            conn.pg.execute(sql.SQL("DROP STATISTICS {}").format(sql.Identifier(name)))
+            conn.pg.execute(str(definition).encode())
+            if target is not None and int(target) >= 0:
+                conn.pg.execute(sql.SQL("ALTER STATISTICS {} SET STATISTICS {}").format(
+                    sql.Identifier(name), sql.Literal(int(target))))
+
+
 def _rewrite(conn: PgConnection, tables: Sequence[str]) -> bool:
     """VACUUM FULL each table (our own constant names); False if one could not get its lock in time."""
     conn.pg.execute(f"SET lock_timeout = '{LOCK_WAIT}'".encode())
     try:
         for table in dict.fromkeys(tables):
-            conn.pg.execute(f"VACUUM FULL {table}".encode())
+            # ANALYZE too: the planner's statistics keep sample values of the table's columns
+            # (whole message texts, a memory's words) in the pg_statistic catalog, which a rewrite
+            # leaves as they were; these are now sampled from what is left.
+            conn.pg.execute(f"VACUUM (FULL, ANALYZE) {table}".encode())
+            _statistics_of_empty(conn, table)
         return True
     except psycopg.errors.LockNotAvailable:
         log.warning("scrub of %s waited over %s for its lock; the next maintenance run does it", ", ".join(tables),

@@ -13,7 +13,7 @@ from bot.memory.postgres import keywords
 from bot.memory.postgres.connection import PgConnection, translate
 from bot.memory.postgres.vector_forms import vector_binary
 from bot.memory.scope import ACTIVE
-from bot.memory.sql import removals
+from bot.memory.sql import removals, store, teachers
 from bot.memory.storage import Storage
 from bot.memory.vectors.index import IndexInfo, VectorSizeError
 
@@ -31,6 +31,9 @@ _INSERT_MEMORY = ("INSERT INTO memories (text, scope, owner_id, channel_id, guil
                   "stability, created_at, updated_at, source_message_ids, external_id, embedded) "
                   "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
 
+_FIRST_TEACHER = (", t AS (INSERT INTO memory_teachers (memory_id, user_id, first_taught_at, source_message_ids) "
+                  "SELECT id, owner_id, created_at, source_message_ids FROM m)")
+
 
 @contextmanager
 def _atomic(conn: PgConnection) -> Iterator[None]:
@@ -45,13 +48,18 @@ def _atomic(conn: PgConnection) -> Iterator[None]:
 
 
 def reinforce(conn: PgConnection, memory_id: int, *, importance: float, sources: list[str],
-              growth: float, now: float) -> None:
-    """A fact was learned again (Storage.reinforce): one UPDATE, inside the caller's transaction when one is open."""
-    conn.pg.execute(
-        "UPDATE memories SET stability = least(stability * %s, %s), importance = greatest(importance, %s), "
-        "source_message_ids = %s, last_accessed = greatest(%s, coalesce(last_accessed, 0)), updated_at = %s "
-        "WHERE id = %s",
-        (growth, decay.MAX_STABILITY_DAYS, importance, json.dumps(sources), now, now, memory_id))
+              growth: float, now: float, teacher: tuple[int, float, str] | None = None) -> None:
+    """A fact was learned again (Storage.reinforce): one UPDATE, with `teacher`'s upsert in the same
+    statement, inside the caller's transaction when one is open."""
+    update = ("UPDATE memories SET stability = least(stability * %s, %s), importance = greatest(importance, %s), "
+              "source_message_ids = %s, last_accessed = greatest(%s, coalesce(last_accessed, 0)), updated_at = %s "
+              "WHERE id = %s")
+    params: tuple = (growth, decay.MAX_STABILITY_DAYS, importance, json.dumps(sources), now, now, memory_id)
+    if teacher is None:
+        conn.pg.execute(update, params)
+        return
+    conn.pg.execute(f"WITH t AS ({translate(teachers.upsert_statement())} RETURNING 1) {update}".encode(),
+                    (memory_id, *teacher, *params))
 
 
 def _put_vector(conn: PgConnection, info: IndexInfo, memory_id: int, vis_key: str, created_at: float,
@@ -92,12 +100,16 @@ def insert(storage: Storage[PgConnection], conn: PgConnection, memories: Sequenc
                       decay.initial_stability(memory.importance, base_stability_days), created, now,
                       json.dumps([str(s) for s in memory.source_message_ids]), memory.external_id,
                       int(vector is not None))
+            # A room memory's first teacher (sql/teachers.py) in the same statement.
+            teacher = _FIRST_TEACHER if memory.scope == "room" and memory.owner_id is not None else ""
             if vector is None:
-                row = conn.pg.execute(_INSERT_MEMORY + " RETURNING id", values).fetchone()
+                row = conn.pg.execute(
+                    f"WITH m AS ({_INSERT_MEMORY} RETURNING id, owner_id, created_at, source_message_ids){teacher} "
+                    "SELECT id FROM m", values).fetchone()
             else:
                 row = conn.pg.execute(
-                    f"WITH m AS ({_INSERT_MEMORY} RETURNING id, vis_key, created_at) "
-                    "INSERT INTO memory_vectors (memory_id, vis_key, created_at, embedding) "
+                    f"WITH m AS ({_INSERT_MEMORY} RETURNING id, vis_key, owner_id, created_at, source_message_ids)"
+                    f"{teacher} INSERT INTO memory_vectors (memory_id, vis_key, created_at, embedding) "
                     "SELECT id, vis_key, created_at, %s::vector FROM m RETURNING memory_id",
                     (*values, vector_binary(vector))).fetchone()
             assert row is not None
@@ -215,14 +227,7 @@ def forget_sources(storage: Storage[PgConnection], conn: PgConnection, message_i
             "(SELECT memory_id FROM memory_sources WHERE message_id = ANY(%s)) "
             "AND (%s::float8 IS NULL OR m.created_at < %s) ORDER BY m.id FOR UPDATE",
             (wanted, learned_before, learned_before)).fetchall()
-        emptied: list[int] = []
-        for memory_id, sources in rows:
-            left = [s for s in records._id_list(sources) if str(s) not in wanted]
-            if left:
-                conn.pg.execute("UPDATE memories SET source_message_ids = %s WHERE id = %s",
-                                (json.dumps(left), memory_id))
-            else:
-                emptied.append(int(memory_id))
+        emptied = store.retract(conn, [(int(memory_id), sources) for memory_id, sources in rows], wanted)
         storage.delete(conn, emptied)
     return emptied
 

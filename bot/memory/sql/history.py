@@ -51,13 +51,18 @@ def storable(text: str) -> str:
 
 def record(conn: Connection, *, channel_id: int, guild_id: int | None, author_id: int, author_name: str,
            role: str, content: str, created_at: float | None = None, message_id: int | None = None,
-           reply_to: int | None = None, reply_to_author: int | None = None) -> int:
+           reply_to: int | None = None, reply_to_author: int | None = None,
+           context_authors: Sequence[int] = ()) -> int:
     """Store one message (idempotent: a re-delivered Discord message is ignored); returns its id.
-    With no `message_id` a local id is allocated (`muninn chat`, replies that were not posted)."""
+    With no `message_id` a local id is allocated (`muninn chat`, replies that were not posted).
+    `context_authors`, for one of Muninn's replies: the people whose messages were in the
+    conversation it answered from (`reply_context`: their forget-all empties it, whatever the
+    history keeps by then)."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
     created_at = time.time() if created_at is None else created_at
     content, author_name = storable(content), storable(author_name)
+    authors = list(dict.fromkeys(int(a) for a in [*context_authors, *([reply_to_author] if reply_to_author else [])]))
     with write_transaction(conn):
         row_id: int = next_local_id(conn) if message_id is None else message_id
         conn.execute(
@@ -65,6 +70,10 @@ def record(conn: Connection, *, channel_id: int, guild_id: int | None, author_id
             "reply_to, reply_to_author) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
             (row_id, channel_id, guild_id, author_id, author_name, role, content, created_at, reply_to,
              reply_to_author))
+        if role == "assistant" and authors:  # one statement for all of them (one round trip on PostgreSQL)
+            conn.execute("INSERT INTO reply_context (reply_id, author_id) VALUES "
+                         + ", ".join(["(?, ?)"] * len(authors)) + " ON CONFLICT DO NOTHING",
+                         [value for author in authors for value in (row_id, author)])
     return row_id
 
 

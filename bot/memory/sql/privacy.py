@@ -60,12 +60,14 @@ def personal_from_messages(conn: Connection, owner_id: int, message_ids: Sequenc
 
 
 def own_memory(conn: Connection, owner_id: int, memory_id: int) -> records.Memory:
-    """A memory that is this person's data (personal, a room memory they taught, or one of
-    another's that mentions them), archived or not; MemoryNotFound otherwise, with no hint
-    whether the id exists."""
+    """A memory that is this person's data: personal, a room memory they taught (alone or with
+    others: sql/teachers.py), or another's that mentions them; archived or not; MemoryNotFound
+    otherwise, with no hint whether the id exists."""
     row = query_one(conn, f"SELECT {records.COLUMNS} FROM memories WHERE id = ? AND scope IN ('personal', 'room') "
-                          "AND (owner_id = ? OR id IN (SELECT memory_id FROM memory_mentions WHERE user_id = ?))",
-                    (memory_id, owner_id, owner_id))
+                          "AND (owner_id = ? OR (scope = 'room' AND EXISTS (SELECT 1 FROM memory_teachers t "
+                          "WHERE t.memory_id = memories.id AND t.user_id = ?)) "
+                          "OR id IN (SELECT memory_id FROM memory_mentions WHERE user_id = ?))",
+                    (memory_id, owner_id, owner_id, owner_id))
     if row is None:
         raise records.MemoryNotFound(f"no memory #{memory_id} of yours")
     return records.Memory.from_row(row)

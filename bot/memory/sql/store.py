@@ -11,7 +11,7 @@ import json
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
-from bot.memory import decay
+from bot.memory import decay, records
 from bot.memory.connection import Connection
 from bot.memory.recall import keywords
 from bot.memory.records import COLUMNS, LINK_KINDS, Memory, MemoryNotFound, NewMemory, lenient_text
@@ -22,7 +22,7 @@ from bot.memory.scope import (
     key_filter,
     visible_keys,
 )
-from bot.memory.sql import removals
+from bot.memory.sql import removals, teachers
 from bot.memory.sql.queries import query_one, query_value
 from bot.memory.sql.transactions import after_commit, write_transaction
 from bot.memory.sqlite import vec0 as vectors
@@ -49,6 +49,10 @@ def insert_many(conn: Connection, memories: Sequence[NewMemory], *, base_stabili
                  decay.initial_stability(memory.importance, base_stability_days), created, now,
                  json.dumps([str(s) for s in memory.source_message_ids]), memory.external_id)))
             ids.append(memory_id)
+            if memory.scope == "room" and memory.owner_id is not None:  # its first teacher (sql/teachers.py)
+                conn.execute("INSERT INTO memory_teachers (memory_id, user_id, first_taught_at, source_message_ids) "
+                             "VALUES (?, ?, ?, ?)", (memory_id, memory.owner_id, created,
+                                                     json.dumps([str(s) for s in memory.source_message_ids])))
             vector = vectors_[index] if vectors_ else None
             if vector is not None and vector_info is not None:
                 vectors.put(conn, vector_info, memory_id, memory.vis_key, created, vector)
@@ -127,7 +131,8 @@ def taught_anything(conn: Any, message_ids: Sequence[int], learned_before: float
 def forget_sources(conn: Connection, message_ids: Sequence[int], learned_before: float | None = None) -> list[int]:
     """Messages were deleted: take them out of the memories learned from them (before
     `learned_before`, when given), and delete the memories that were learned from nothing else
-    (a retraction). Returns the deleted ids."""
+    (a retraction); a room memory goes when no teacher is left (sql/teachers.py: another
+    person who taught it keeps it). Returns the deleted ids."""
     wanted = [str(m) for m in message_ids]
     if not wanted:
         return []
@@ -138,14 +143,24 @@ def forget_sources(conn: Connection, message_ids: Sequence[int], learned_before:
             "SELECT DISTINCT m.id, m.source_message_ids FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
             f"WHERE s.message_id IN ({marks}){before}",
             wanted if learned_before is None else [*wanted, learned_before]).fetchall()
-        emptied: list[int] = []
-        for memory_id, sources in rows:
-            left = [s for s in json.loads(sources) if str(s) not in wanted]
-            if left:
-                conn.execute("UPDATE memories SET source_message_ids = ? WHERE id = ?", (json.dumps(left), memory_id))
-            else:
-                emptied.append(memory_id)
+        emptied = retract(conn, [(int(memory_id), sources) for memory_id, sources in rows], wanted)
         delete(conn, emptied)
+    return emptied
+
+
+def retract(conn: Connection, rows: Sequence[tuple[int, Any]], wanted: Sequence[str]) -> list[int]:
+    """forget_sources' rule for the memories learned from deleted messages (`rows`: id and
+    JSON sources), inside the caller's transaction: the messages leave each memory's sources and
+    its teachers'; returns the memories to delete: those with teachers when none is left, the
+    others when no source is left (both backends)."""
+    taught, orphaned = teachers.take_back(conn, [memory_id for memory_id, _ in rows], wanted)
+    emptied: list[int] = []
+    for memory_id, sources in rows:
+        left = [s for s in records._id_list(sources) if str(s) not in wanted]
+        if memory_id in orphaned or (memory_id not in taught and not left):
+            emptied.append(memory_id)
+        else:
+            conn.execute("UPDATE memories SET source_message_ids = ? WHERE id = ?", (json.dumps(left), memory_id))
     return emptied
 
 
@@ -250,12 +265,14 @@ def list_visible(conn: Connection, viewer: Viewer, *, scope: str | None = None, 
 
 def memories_of(conn: Connection, user_id: int, scopes: Sequence[str] = ("personal", "room")) -> list[Memory]:
     """What forget-all and export cover: a person's personal memories (learned anywhere), the
-    room memories they taught, and the memories of others that mention them (memory_mentions),
-    archived ones included, oldest first."""
+    room memories they taught (alone or with others: sql/teachers.py) and the memories of others
+    that mention them (memory_mentions), archived ones included, oldest first."""
     marks = ",".join("?" * len(scopes))
-    rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE scope IN ({marks}) AND (owner_id = ? OR id IN "
-                        "(SELECT memory_id FROM memory_mentions WHERE user_id = ?)) ORDER BY id",
-                        (*scopes, user_id, user_id))
+    taught = ("OR (scope = 'room' AND id IN (SELECT memory_id FROM memory_teachers WHERE user_id = ?))"
+              if "room" in scopes else "")
+    rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE (owner_id = ? AND scope IN ({marks})) {taught} "
+                        f"OR (scope IN ({marks}) AND id IN (SELECT memory_id FROM memory_mentions WHERE user_id = ?)) "
+                        "ORDER BY id", (user_id, *scopes, *([user_id] if taught else []), *scopes, user_id))
     return [Memory.from_row(row) for row in rows]
 
 
@@ -281,6 +298,13 @@ def copy_mentions(conn: Connection, from_ids: Sequence[int], to_id: int) -> None
         conn.execute("INSERT INTO memory_mentions (memory_id, user_id) SELECT DISTINCT ?, user_id FROM memory_mentions "
                      f"WHERE memory_id IN ({','.join('?' * len(from_ids))}) ON CONFLICT DO NOTHING",
                      (to_id, *from_ids))
+
+
+def mentioning(conn: Connection, user_id: int) -> list[Memory]:
+    """Other people's memories that mention this person (memory_mentions), archived ones included."""
+    rows = conn.execute(f"SELECT {COLUMNS} FROM memories WHERE (owner_id IS NULL OR owner_id != ?) AND id IN "
+                        "(SELECT memory_id FROM memory_mentions WHERE user_id = ?) ORDER BY id", (user_id, user_id))
+    return [Memory.from_row(row) for row in rows]
 
 
 def mentioned(conn: Connection, memory_id: int) -> set[int]:

@@ -16,7 +16,7 @@ from bot.memory import decay, records
 from bot.memory.recall import ranking, retrieval
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import ACTIVE, Viewer, key_filter, personal_keys, visible_keys
-from bot.memory.sql import leases, privacy, queries, store
+from bot.memory.sql import leases, privacy, queries, store, teachers
 from bot.memory.sql.marks import MESSAGES_PENDING, SCRUB_PENDING, clear_marks, pending_marks
 from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import db, fts, recall_sql, vector_keys
@@ -207,13 +207,15 @@ class SQLiteStorage:
             (expression, *params, limit))]
 
     def reinforce(self, conn: apsw.Connection, memory_id: int, *, importance: float, sources: list[str],
-                  growth: float, now: float) -> None:
-        """Strengthen a memory learned again (Storage.reinforce), in one UPDATE."""
+                  growth: float, now: float, teacher: tuple[int, float, str] | None = None) -> None:
+        """Strengthen a memory learned again (Storage.reinforce), in one UPDATE (and its teacher's upsert)."""
         conn.execute(
             "UPDATE memories SET stability = min(stability * ?, ?), importance = max(importance, ?), "
             "source_message_ids = ?, last_accessed = max(?, coalesce(last_accessed, 0)), updated_at = ? "
             "WHERE id = ?",
             (growth, decay.MAX_STABILITY_DAYS, importance, json.dumps(sources), now, now, memory_id))
+        if teacher is not None:
+            conn.execute(teachers.upsert_statement(), (memory_id, *teacher))
 
     # -- writes ------------------------------------------------------------------
     def insert(self, conn: apsw.Connection, memories: Sequence[records.NewMemory], *, base_stability_days: float,

@@ -60,6 +60,7 @@ MESSAGE_TEXTS = frozenset({"author_name", "content"})
 GUILD_SETTING_COLUMNS = ("guild_id", "key", "value", "updated_at")
 APPROVAL_COLUMNS = ("memory_id", "how", "moderator_id", "approved_at")
 LOG_COLUMNS = ("id", "at", "guild_id", "channel_id", "moderator_id", "action", "memory_id")
+TEACHER_COLUMNS = ("memory_id", "user_id", "first_taught_at", "source_message_ids")
 
 
 def _select(table: str, columns: Sequence[str], key: Sequence[str], texts: frozenset[str] = frozenset(),
@@ -82,6 +83,11 @@ TABLES: tuple[Table, ...] = (
           _select("memory_mentions", ("memory_id", "user_id"), ("memory_id", "user_id"))),
     Table("messages", MESSAGE_COLUMNS, ("id",), _select("messages", MESSAGE_COLUMNS, ("id",), MESSAGE_TEXTS),
           MESSAGE_TEXTS),
+    Table("memory_teachers", TEACHER_COLUMNS, ("memory_id", "user_id"),
+          _select("memory_teachers", TEACHER_COLUMNS, ("memory_id", "user_id"), frozenset({"source_message_ids"})),
+          frozenset({"source_message_ids"})),
+    Table("reply_context", ("reply_id", "author_id"), ("reply_id", "author_id"),
+          _select("reply_context", ("reply_id", "author_id"), ("reply_id", "author_id"))),
     Table("channel_settings", ("channel_id", "guild_id", "always_answer", "updated_at"), ("channel_id",),
           _select("channel_settings", ("channel_id", "guild_id", "always_answer", "updated_at"), ("channel_id",))),
     Table("memory_pauses", ("user_id", "paused_at", "notified"), ("user_id",),
@@ -101,8 +107,8 @@ TABLES: tuple[Table, ...] = (
                                                       + " AND "), frozenset({"key", "value"})),
 )
 DATA_TABLES = ("memories", "memory_vectors", "memory_links", "memory_sources", "memory_mentions", "messages",
-               "channel_settings", "memory_pauses", "guild_departures", "guild_settings", "memory_approvals",
-               "moderation_log")
+               "memory_teachers", "reply_context", "channel_settings", "memory_pauses", "guild_departures",
+               "guild_settings", "memory_approvals", "moderation_log")
 
 
 def open_source(path: Path) -> apsw.Connection:

@@ -250,6 +250,42 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS moderation_log_channel ON moderation_log (channel_id, id);
     CREATE INDEX IF NOT EXISTS memories_pending ON memories (vis_key, id) WHERE archive_reason = 'pending approval';
     """,
+    # 19: forgetting that is complete and fair. `memory_teachers`: everyone who taught a room memory
+    # (its first teacher, and each person whose same fact reinforced it since), when they first
+    # did and through which of their messages, so that one teacher's forget-all or deleted
+    # message leaves the memory to the others (bot/memory/sql/teachers.py); filled from each room
+    # memory's owner. `reply_context`: whose messages were in the conversation each of Muninn's
+    # replies answered from (the prompt's history), so that a person's forget-all finds the
+    # replies that may repeat their words even after the history was pruned; filled for the
+    # replies already stored from the 100 messages before each (the most MUNINN_HISTORY_LIMIT
+    # allows) and the person each answered.
+    """
+    CREATE TABLE IF NOT EXISTS memory_teachers (
+        memory_id INTEGER NOT NULL REFERENCES memories (id) ON DELETE CASCADE,
+        user_id INTEGER NOT NULL,
+        first_taught_at REAL NOT NULL,                  -- unix seconds
+        source_message_ids TEXT NOT NULL DEFAULT '[]',  -- JSON list: their messages it was learned from
+        PRIMARY KEY (memory_id, user_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX IF NOT EXISTS memory_teachers_user ON memory_teachers (user_id);
+    INSERT OR IGNORE INTO memory_teachers (memory_id, user_id, first_taught_at, source_message_ids)
+        SELECT id, owner_id, created_at, source_message_ids FROM memories WHERE scope = 'room' AND owner_id IS NOT NULL;
+
+    CREATE TABLE IF NOT EXISTS reply_context (
+        reply_id INTEGER NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+        author_id INTEGER NOT NULL,
+        PRIMARY KEY (reply_id, author_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX IF NOT EXISTS reply_context_author ON reply_context (author_id);
+    INSERT OR IGNORE INTO reply_context (reply_id, author_id)
+        SELECT w.id, j.value FROM (
+            SELECT id, role, json_group_array(author_id) FILTER (WHERE role = 'user') OVER (
+                PARTITION BY channel_id ORDER BY created_at, id ROWS BETWEEN 100 PRECEDING AND 1 PRECEDING) AS authors
+            FROM messages) w, json_each(w.authors) j
+        WHERE w.role = 'assistant';
+    INSERT OR IGNORE INTO reply_context (reply_id, author_id)
+        SELECT id, reply_to_author FROM messages WHERE role = 'assistant' AND reply_to_author IS NOT NULL;
+    """,
 ]
 
 

@@ -32,7 +32,7 @@ from bot.memory.jobs import Jobs
 from bot.memory.recall.words import tokens
 from bot.memory.records import PENDING, SET, NewMemory
 from bot.memory.scope import ACTIVE, personal_keys
-from bot.memory.sql import rooms, store
+from bot.memory.sql import rooms, store, teachers
 from bot.memory.sql.queries import query_value
 from bot.memory.sql.transactions import write_transaction
 from bot.memory.storage import storage_of
@@ -146,13 +146,21 @@ def update_candidates(conn: Connection, info: vectors.IndexInfo | None, memory: 
 
 
 def reinforce(conn: Connection, memory_id: int, *, importance: float, source_ids: Sequence[Any],
-              growth: float, now: float) -> None:
-    """The same fact was stated again: strengthen the memory instead of storing a copy."""
+              growth: float, now: float, teacher: int | None = None, taught_at: float | None = None) -> None:
+    """The same fact was stated again: strengthen the memory instead of storing a copy. `teacher`:
+    who stated it, for a room memory (they teach it from now on, if they did not already:
+    sql/teachers.py; `taught_at`, or `now`, is when)."""
     with write_transaction(conn):
-        raw = query_value(conn, "SELECT source_message_ids FROM memories WHERE id = ?", (memory_id,), "[]")
+        row = conn.execute("SELECT m.source_message_ids, t.source_message_ids FROM memories m "
+                           "LEFT JOIN memory_teachers t ON t.memory_id = m.id AND t.user_id = ? WHERE m.id = ?",
+                           (teacher, memory_id)).fetchall()
+        raw, known = row[0] if row else ("[]", None)
         sources = [str(s) for s in json.loads(raw or "[]")]
         sources += [str(s) for s in source_ids if str(s) not in sources]
-        storage_of(conn).reinforce(conn, memory_id, importance=importance, sources=sources, growth=growth, now=now)
+        taught = None if teacher is None else (teacher, now if taught_at is None else taught_at,
+                                               teachers.merged_sources(known, source_ids))
+        storage_of(conn).reinforce(conn, memory_id, importance=importance, sources=sources, growth=growth, now=now,
+                                   teacher=taught)
 
 
 def supersede(conn: Connection, old_id: int, new_id: int, *, now: float) -> bool:
@@ -308,7 +316,8 @@ def write_facts(conn: Connection, memories: Sequence[records.NewMemory],
                     _llm_duplicate(conn, memory, decision)
             if target is not None:
                 reinforce(conn, target, importance=memory.importance, source_ids=memory.source_message_ids,
-                          growth=settings.stability_growth, now=now)
+                          growth=settings.stability_growth, now=now,
+                          teacher=memory.owner_id if memory.scope == "room" else None, taught_at=memory.created_at)
                 out.reinforced.append(target)
                 if memory.standing == SET:  # a moderator said what a member had: approved
                     rooms.vouch(conn, target, rooms.APPROVED, memory.owner_id, now)

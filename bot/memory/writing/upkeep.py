@@ -13,7 +13,7 @@ from bot.memory import decay, records
 from bot.memory.connection import Connection
 from bot.memory.jobs import Jobs
 from bot.memory.scope import ACTIVE
-from bot.memory.sql import history, store
+from bot.memory.sql import history, store, teachers
 from bot.memory.sql.queries import get_meta, query_value, set_meta
 from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import vec0
@@ -153,8 +153,8 @@ def find_clusters(conn: Connection, batch: Sequence[tuple[int, str]],
 def apply_consolidation(conn: Connection, cluster_ids: Sequence[int], merged_text: str | None,
                         vector: Sequence[float] | None, *,
                         model: str, base_stability_days: float, now: float) -> Consolidation | None:
-    """One cluster, one transaction: write the survivor (its vector in `model`'s index), archive
-    the others, link them."""
+    """One cluster, one transaction: write the survivor (its vector in `model`'s index, the
+    members' teachers), archive the others, link them."""
     with write_transaction(conn):
         found = store.get_many(conn, list(cluster_ids))
         members = [found[i] for i in cluster_ids if i in found and found[i].archived_at is None]
@@ -188,6 +188,9 @@ def apply_consolidation(conn: Connection, cluster_ids: Sequence[int], merged_tex
                      "updated_at = ? WHERE id = ?",
                      (importance, stability, last_seen, json.dumps(sources), now, survivor_id))
         store.copy_mentions(conn, originals, survivor_id)  # whom the originals named, the survivor names
+        # Taught by everyone who taught a member, owned by the earliest: one of them forgetting
+        # everything leaves it to the others.
+        teachers.merge(conn, survivor_id, [m.id for m in members])
         for original in originals:
             storage_of(conn).archive(conn, original, f"consolidated into #{survivor_id}", now=now)
             storage_of(conn).add_link(conn, survivor_id, original, "consolidated", now=now)
