@@ -49,33 +49,28 @@ class GuildPresence(commands.Cog):
     @commands.Cog.listener()
     async def on_guild_remove(self, guild: discord.Guild) -> None:
         """Muninn left or was removed from a server: record when, for the purge."""
-        engine = self.engine
-        if engine is None:
-            return
-        try:
-            recorded = await engine.guilds.departed(guild.id)
-        except Exception as exc:
-            if explain(exc) is None:
-                raise
-            return  # the engine logged it in one line; the next start finds the server gone
-        if recorded:
+        if await self._note(guild, "departed"):
             log.info("removed from server %s: what Muninn kept of it is purged %g days from now unless it is "
                      "added back (MUNINN_GUILD_RETENTION_DAYS)", guild.id, self.retention_days)
 
     @commands.Cog.listener()
     async def on_guild_join(self, guild: discord.Guild) -> None:
         """Muninn was added to a server: if it had left it, nothing of it is purged now."""
+        if await self._note(guild, "returned"):
+            log.info("added back to server %s: what Muninn kept of it stays", guild.id)
+
+    async def _note(self, guild: discord.Guild, what: str) -> bool:
+        """engine.guilds.departed / returned for this server; False when nothing changed or the
+        database failed (the engine logged it in one line; the next start judges the server again)."""
         engine = self.engine
         if engine is None:
-            return
+            return False
         try:
-            cleared = await engine.guilds.returned(guild.id)
+            return bool(await getattr(engine.guilds, what)(guild.id))
         except Exception as exc:
             if explain(exc) is None:
                 raise
-            return  # the engine logged it; the next start finds the server present and clears it
-        if cleared:
-            log.info("added back to server %s: what Muninn kept of it stays", guild.id)
+            return False
 
     @commands.Cog.listener()
     async def on_ready(self) -> None:

@@ -1106,14 +1106,8 @@ class FakeDiscord:
                                            data={"custom_id": custom_id, "component_type": 2})
 
     async def click(self, message: Dict[str, Any], user: UserLike, label: str) -> Dict[str, Any]:
-        """Press the button labelled `label` on `message` (a bot's message, ephemeral ones included:
-        an interaction response's `message`): a MESSAGE_COMPONENT (type 3) INTERACTION_CREATE in
-        the message's channel. Returns the payload, whose ``token`` keys the responses."""
-        button = next(c for row in message.get("components") or [] for c in row.get("components") or []
-                      if c.get("label") == label)
-        return await self.send_interaction(
-            "", user, message["channel_id"], type=3, message=message,
-            data={"custom_id": button["custom_id"], "component_type": button.get("type", 2)})
+        """`press_button` with the message first: ``user`` presses the button labelled ``label``."""
+        return await self.press_button(user, message, label)
 
     @staticmethod
     def _option(name: str, value: Any) -> Dict[str, Any]:

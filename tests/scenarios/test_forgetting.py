@@ -21,6 +21,7 @@ from bot.memory.scope import Viewer
 from cogs.client import MuninnBot
 from tests.helpers import author_of, fact, facts_reply, kind_of, until
 from tests.memory.postgres.test_scrub import files_holding
+from tests.scenarios.test_discord_e2e import stop
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -80,18 +81,6 @@ def planner_statistics(url: str) -> str:
 def chat_prompts(fake_ollama) -> list[str]:
     """Every prompt the model was asked to answer (not extraction), whole, as JSON."""
     return [json.dumps(body["messages"]) for body in fake_ollama.chat_requests() if not body.get("format")]
-
-
-async def stop(bot: MuninnBot, task: asyncio.Task) -> None:
-    """As tests/scenarios/test_discord_e2e.py: close, then let the events dispatched meanwhile run."""
-    await bot.close()
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.wait_for(task, 5)
-    for _ in range(10):
-        events = [t for t in asyncio.all_tasks() if t.get_name().startswith("discord.py: ") and not t.done()]
-        if not events:
-            return
-        await asyncio.wait(events, timeout=1)
 
 
 class Server:
