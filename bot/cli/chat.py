@@ -53,6 +53,7 @@ class LineReader:
 
     def __init__(self, stdin: TextIO):
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.ended = False
         loop = asyncio.get_running_loop()
 
         def read() -> None:
@@ -68,8 +69,13 @@ class LineReader:
 
     async def line(self) -> str | None:
         """The next line of input, newline included; None once input has ended (or stdin was closed),
-        and nothing comes after that None."""
-        return await self.queue.get()
+        and None again on every later call (the reader thread sends its None once: a question that
+        took it must not leave the conversation waiting for a line that never comes)."""
+        if self.ended:
+            return None
+        line = await self.queue.get()
+        self.ended = line is None
+        return line
 
 
 class Screen:

@@ -85,6 +85,19 @@ async def test_forget_in_plain_words_asks_for_a_typed_yes(fake_ollama, make_sett
 
 
 
+async def test_input_that_ends_at_the_forget_question_keeps_everything_and_leaves(fake_ollama, make_settings):
+    settings = make_settings(fake_ollama.url, MUNINN_EXTRACTION="false")
+    async with Engine(settings) as engine:
+        oslo = await engine.remember(local("Kari lives in Oslo"))
+    out = io.StringIO()
+    # piped input that stops right after the question: the chat ends instead of waiting forever
+    await asyncio.wait_for(run_chat(settings, stdin=io.StringIO("forget that I live in Oslo\n"), stdout=out,
+                                    name="Kari"), 20)
+    assert "Kept: nothing was forgotten." in out.getvalue()
+    async with Engine(settings) as engine:
+        assert set(await engine.write(store.get_many, [oslo])) == {oslo}
+
+
 async def test_a_streamed_reply_that_breaks_ends_on_its_own_line_and_logs_never_split_words():
     from bot.cli.chat import Screen, TerminalReplyStream
     out = io.StringIO()
