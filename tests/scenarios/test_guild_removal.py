@@ -49,7 +49,10 @@ async def test_removal_is_recorded_a_join_clears_it_and_the_purge_takes_the_serv
         assert list(found) == [GONE_ON_0]                    # the server it is in is not judged gone
         await fake.send_message(general["id"], alice, f"{fake.mention(fake.bot_user)} hello", mentions=[fake.bot_user])
         await fake.wait_for_sent_message(general["id"])
-        assert len(await engine.messages.recent(int(general["id"]), 10)) == 2
+
+        async def both_kept() -> bool:  # the reply's row is written after it is posted
+            return len(await engine.messages.recent(int(general["id"]), 10)) == 2
+        assert await fake.wait_for(both_kept, timeout=5)
 
         await fake.remove_guild(guild, unavailable=True)     # an outage is no removal
         await asyncio.sleep(0.3)
