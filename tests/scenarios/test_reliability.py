@@ -213,6 +213,29 @@ def test_doctor_warns_on_loose_modes_and_fix_tightens_them(cli, tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
+
+@pytest.mark.sqlite_only("file modes of the SQLite file (PostgreSQL: the server's roles)")
+def test_a_fresh_clone_s_data_folder_becomes_private_with_its_first_database(cli, tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)  # as git checks it out, whatever the umask
+    (folder / ".gitkeep").touch()
+    cli("remember", "a fact", "--scope", "global")
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    code, out, _ = cli("doctor", "--json")
+    checks = {c["check"]: c for c in json.loads(out)["checks"]}
+    assert checks["permissions"]["ok"], checks["permissions"]
+
+
+@pytest.mark.sqlite_only("file modes of the SQLite file (PostgreSQL: the server's roles)")
+def test_a_new_database_in_a_folder_holding_other_files_leaves_the_folder_alone(cli, tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    (folder / "notes.txt").write_text("the operator's")
+    cli("remember", "a fact", "--scope", "global")
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755  # the operator's folder: doctor tells, --fix tightens
+
 # -- stored values never break reading ---------------------------------------------------
 
 async def test_poisoned_rows_still_recall_and_export_and_doctor_fixes_them(fts_engine):

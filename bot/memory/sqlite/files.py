@@ -46,7 +46,22 @@ def prepare(path: Path) -> None:
             pass  # another process created it meanwhile: check it below
         except OSError as exc:
             raise DatabaseError(f"cannot create database {str(path)!r}: {exc.strerror}") from exc
+        else:
+            _make_own_folder_private(path)
     check_before_open(path)
+
+
+def _make_own_folder_private(path: Path) -> None:
+    """A new database in a folder that holds nothing else (the project's data/ folder, which git
+    checks out readable by everyone): the folder becomes private too. A folder holding anything
+    else is the operator's to decide (`muninn doctor --fix` tightens it on request)."""
+    folder = path.parent
+    ours = {path.name, f"{path.name}-wal", f"{path.name}-shm", f"{path.name}-journal", ".gitkeep"}
+    try:
+        if stat.S_IMODE(folder.stat().st_mode) & 0o077 and {entry.name for entry in folder.iterdir()} <= ours:
+            folder.chmod(FOLDER_MODE)
+    except OSError:  # not ours to change (another owner, a read-only mount): doctor says so
+        pass
 
 
 def read_header(path: Path) -> bytes:
