@@ -2,8 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import NoReturn
 
 from bot import validate
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A parser whose errors are one line on stderr (what is wrong, and where the help is), not
+    argparse's usage block; its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `muninn CMD: what is wrong (see muninn CMD --help)` and exit with status 2."""
+        print(f"{self.prog}: {validate.replace_invalid(message)} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def positive_int(text: str) -> int:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Awaitable, Callable, Protocol, TypeVar
 
 from bot import redact, validate
 from bot.cli import migrate, users
-from bot.cli.args import importance, positive_int, recall_limit, snowflake
+from bot.cli.args import OneLineParser, importance, positive_int, recall_limit, snowflake
 from bot.cli.importer import import_lines
 from bot.cli.progress import Progress
 from bot.memory import records
@@ -330,14 +332,14 @@ async def cmd_maintain(args, settings: Settings) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand: each sets `handler` to its `cmd_*` coroutine, and --db,
     --json and -v are taken before or after the subcommand."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     # SUPPRESS: a subcommand's unset option must not overwrite one given before the subcommand.
     common.add_argument("--db", metavar="PATH", default=argparse.SUPPRESS,
                         help="database file (default: MUNINN_DB_PATH or data/muninn.db)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
 
-    parser = argparse.ArgumentParser(prog="muninn", parents=[common],
+    parser = OneLineParser(prog="muninn", parents=[common],
                                      description="Muninn: a Discord bot that remembers.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -436,6 +438,9 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `muninn doctor --json | head`: the reader left, nothing more to say
+        _quiet_stdout()
+        return 141  # as a shell reports a command stopped by SIGPIPE
     except Exception as exc:  # one line for operators; the traceback only with -v
         from bot.llm.errors import OllamaError
         from bot.memory.errors import explain
@@ -445,6 +450,15 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
             return 1
         print(validate.replace_invalid(redact.redact(f"muninn {args.command}: {message}")), file=sys.stderr)
         return 1
+
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: Python flushes it at exit, which would fail on the closed pipe again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass
 
 
 if __name__ == "__main__":

@@ -255,3 +255,33 @@ def test_doctor_says_what_to_install_for_a_server_without_btree_gin():
     missing = btree_gin_check(None, False)
     assert not missing.ok and "contrib" in missing.fix and "CREATE EXTENSION btree_gin" in missing.fix
     assert btree_gin_check(None, True).ok and btree_gin_check("1.3", False).ok
+
+
+@pytest.mark.parametrize("argv, wrong", [
+    (["recall", "x", "--limit", "100000"], "--limit: '100000' is more than"),
+    (["recall", "x", "--user", "abc"], "--user: id 'abc' must be a numeric id"),
+    (["remember"], "the following arguments are required: text"),
+    (["no-such-command"], "invalid choice: 'no-such-command'"),
+])
+def test_a_bad_argument_is_one_line_on_stderr(argv, wrong, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2 and out == ""
+    assert err.count("\n") == 1 and wrong in err and "--help)" in err and "usage:" not in err
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`muninn stats --json | head -c0`: the reader is gone before Muninn writes; no traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MUNINN_", "OLLAMA_", "DISCORD_"))}
+    env.update(MUNINN_DB_PATH=str(tmp_path / "m.db"), OLLAMA_URL="")
+    proc = subprocess.Popen([sys.executable, "-m", "cogs", "stats", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=Path(__file__).resolve().parents[2])
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
