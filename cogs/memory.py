@@ -201,7 +201,12 @@ class MemoryCog(RoomModeration, commands.GroupCog, group_name="memory",
             assert memory.channel_id is not None
             await self.engine.rooms.forget(memory_id, channel_id=memory.channel_id, guild_id=memory.guild_id,
                                            moderator_id=interaction.user.id)
-        else:
+        elif memory.scope == "room" and not await self.engine.forget_taught(interaction.user.id, memory_id):
+            await interaction.followup.send(
+                f"Forgot your part in memory #{memory_id}: others taught it too, so it stays theirs, without you.",
+                ephemeral=True)
+            return
+        elif memory.scope != "room":
             await self.engine.forget([memory_id])
         await interaction.followup.send(
             f"Forgot memory #{memory_id}: {discord.utils.escape_markdown(shorten(memory.text))}", ephemeral=True)

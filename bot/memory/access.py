@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from bot.memory import records
 from bot.memory.scope import Viewer
-from bot.memory.sql import store
+from bot.memory.sql import forgetting, store
 from bot.memory.storage import Storage
 from bot.settings import Settings
 
@@ -100,6 +100,12 @@ class NamedAccess:
         """The caller's own memory (personal, a room memory they taught, or another's that
         mentions them); MemoryNotFound otherwise."""
         return await self._read(self.storage.own_memory, owner_id, memory_id)
+
+    async def forget_taught(self, user_id: int, memory_id: int) -> bool:
+        """A room memory its teacher forgets: deleted when nobody else taught it (True), else left to
+        the others without this person (False)."""
+        return await self.write(forgetting.forget_taught, user_id, memory_id,
+                                what=f"forget memory {memory_id} of user {user_id}")
 
     async def forget_personal(self, owner_id: int, memory_ids: Sequence[int]) -> int:
         """Delete those of the ids that are the owner's personal memories, leaving no trace."""

@@ -26,6 +26,7 @@ from typing import Sequence
 from bot.memory.connection import Connection
 from bot.memory.echoes import TheirWords
 from bot.memory.sql import history, rooms, store, teachers
+from bot.memory.sql.marks import mark_pending
 from bot.memory.sql.transactions import write_transaction
 from bot.memory.storage import storage_of
 
@@ -101,3 +102,16 @@ def empty_replies(conn: Connection, message_ids: Sequence[int], now: float) -> i
                          "AND (content != '' OR deleted_at IS NULL)", (now, *chunk))
             emptied += conn.changes()
     return emptied
+
+
+def forget_taught(conn: Connection, user_id: int, memory_id: int) -> bool:
+    """One room memory its teacher forgets (/memory forget): deleted when nobody else taught it
+    (True; its words left for maintenance's scrub), else it stays the others', without this
+    person (False), as in forget-all. One transaction."""
+    with write_transaction(conn):
+        released = teachers.release(conn, user_id, only=[memory_id])
+        if memory_id in released.shared:
+            return False
+        if storage_of(conn).delete(conn, [memory_id]):
+            mark_pending(conn)
+    return True

@@ -119,16 +119,21 @@ class Released:
     shared: list[int]   # taught by others too: they stay, without this person
 
 
-def release(conn: Connection, user_id: int, their_messages: Iterable[Any] = ()) -> Released:
+def release(conn: Connection, user_id: int, their_messages: Iterable[Any] = (),
+            only: Iterable[int] | None = None) -> Released:
     """A person forgets everything: the room memories they taught (as a teacher, or as the owner
     of one with no teacher recorded) that nobody else taught are returned to delete; the others
     stay, without this person: their teacher row goes, their messages leave the memory's sources
     and the other teachers' (`their_messages`: the ids of the messages they wrote that the
     history still holds, besides those recorded as they taught), and the earliest remaining
-    teacher owns it. Inside the caller's transaction."""
+    teacher owns it. `only`: just these memories (one memory its teacher forgets). Inside the
+    caller's transaction."""
     ids = taught_by(conn, user_id)
     ids += [int(row[0]) for row in conn.execute(
         "SELECT id FROM memories WHERE owner_id = ? AND scope = 'room'", (user_id,)).fetchall() if int(row[0]) not in ids]
+    if only is not None:
+        wanted = set(only)
+        ids = [memory_id for memory_id in ids if memory_id in wanted]
     teachers = of_memories(conn, ids)
     alone: list[int] = []
     shared: list[int] = []

@@ -145,3 +145,17 @@ async def test_consolidation_keeps_every_teacher_and_one_forget_all_leaves_it_to
             await one(engine, alices)
     assert {m.id for m in await engine.memories_of(BOB)} == {survivor, bobs}  # his archived original stays his
     assert forgotten.shared == 1 and forgotten.taught == (0 if survivor == alices else 1)
+
+
+async def test_one_teacher_forgetting_one_shared_memory_leaves_it_to_the_other(engine):
+    now = time.time()
+    memory_id = await teach(engine, ALICE, "Alice", 11, at=now - 60)
+    assert await teach(engine, BOB, "Bob", 22, at=now) == memory_id
+    assert await engine.forget_taught(ALICE, memory_id) is False     # /memory forget by its owner
+    kept = await one(engine, memory_id)
+    assert kept.owner_id == BOB and kept.archived_at is None and "11" not in [str(s) for s in kept.source_message_ids]
+    assert await teachers_of(engine, memory_id) == [(BOB, ["22"])]
+    assert memory_id in await recalled_by(engine, Viewer(user_id=CAROL, channel_id=CHANNEL, guild_id=GUILD))
+    assert await engine.forget_taught(BOB, memory_id) is True        # the last teacher: it goes
+    with pytest.raises(MemoryNotFound):
+        await one(engine, memory_id)
