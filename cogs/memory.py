@@ -37,6 +37,7 @@ from bot.memory import records
 from bot.memory.records import PENDING_REASON, SET, Memory, MemoryNotFound, NewMemory
 from bot.memory.scope import Viewer
 
+from .answers import fit, shorten
 from .chat import is_private_channel
 from .client import Refusal, answer_privately
 from .moderation import RoomModeration
@@ -45,8 +46,6 @@ log = logging.getLogger(__name__)
 
 Scope = Literal["personal", "room", "global"]
 PAGE_SIZE = 8
-TEXT_PREVIEW = 160
-MESSAGE_LIMIT = 2000
 REMEMBERED_IMPORTANCE = 0.8  # told on purpose: worth keeping longer than a fact picked up in passing
 VIEW_TIMEOUT = 600
 
@@ -56,25 +55,6 @@ def viewer_of(interaction: discord.Interaction) -> Viewer:
     if interaction.guild_id is None:
         return Viewer(user_id=interaction.user.id, channel_id=interaction.channel_id, dm=True)
     return Viewer(user_id=interaction.user.id, channel_id=interaction.channel_id, guild_id=interaction.guild_id)
-
-
-def shorten(text: str, limit: int = TEXT_PREVIEW) -> str:
-    """`text` on one line (whitespace collapsed), cut to `limit` characters with an ellipsis."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
-
-
-def fit(lines: list[str], limit: int = MESSAGE_LIMIT) -> str:
-    """Join lines, leaving out the tail (and saying so) when they would exceed one message."""
-    out: list[str] = []
-    used = 0
-    for index, line in enumerate(lines):
-        if used + len(line) + 1 > limit - 40:
-            out.append(f"… and {len(lines) - index} more lines not shown")
-            break
-        out.append(line)
-        used += len(line) + 1
-    return "\n".join(out)
 
 
 class MemoryCog(RoomModeration, commands.GroupCog, group_name="memory",

@@ -24,11 +24,10 @@ from discord.ext import commands
 from bot.memory.records import SET
 from bot.memory.rooms import MODES, RoomMemory
 
+from .answers import fit, shorten
 from .client import Refusal
 
 PAGE = 10
-PREVIEW = 160
-LIMIT = 2000
 Mode = Literal["moderated", "open", "off"]
 NEEDS_MANAGE_MESSAGES = "Moderating this channel's room memories needs the Manage Messages permission here."
 NEEDS_MANAGE_GUILD = "Changing the room memory mode of this server needs the Manage Server permission."
@@ -61,22 +60,7 @@ def standing(item: RoomMemory) -> str:
 
 def line(item: RoomMemory) -> str:
     """One room memory: its id, its shortened text, who stands behind it."""
-    text = " ".join(item.memory.text.split())
-    text = text if len(text) <= PREVIEW else text[:PREVIEW - 1].rstrip() + "…"
-    return f"`#{item.memory.id}` {discord.utils.escape_markdown(text)} ({standing(item)})"
-
-
-def lines_fit(lines: list[str]) -> str:
-    """The lines joined, cut (and saying so) before they exceed one message."""
-    out: list[str] = []
-    used = 0
-    for index, text in enumerate(lines):
-        if used + len(text) + 1 > LIMIT - 40:
-            out.append(f"… and {len(lines) - index} more lines not shown")
-            break
-        out.append(text)
-        used += len(text) + 1
-    return "\n".join(out)
+    return f"`#{item.memory.id}` {discord.utils.escape_markdown(shorten(item.memory.text))} ({standing(item)})"
 
 
 def moderating(interaction: discord.Interaction) -> None:
@@ -112,7 +96,7 @@ class RoomModeration(commands.Cog):
         else:
             head = f"{total} {kind} in this channel, page {page} of {pages}" + (
                 " (`/memory room approve` or `reject` each by its number):" if pending else ":")
-        await interaction.response.send_message(lines_fit([head, *(line(item) for item in found)]), ephemeral=True)
+        await interaction.response.send_message(fit([head, *(line(item) for item in found)]), ephemeral=True)
 
     @room.command(name="mode", description="Show or set how Muninn learns room memories in this server")
     @app_commands.describe(mode="moderated (default), open or off; leave it out to see the current mode")
@@ -155,7 +139,7 @@ class RoomModeration(commands.Cog):
         found = await self.rooms.search(interaction.channel_id, text)
         head = (f"{len(found)} room memories here hold these words:" if found
                 else "No room memory here holds these words.")
-        await interaction.response.send_message(lines_fit([head, *(line(item) for item in found)]), ephemeral=True)
+        await interaction.response.send_message(fit([head, *(line(item) for item in found)]), ephemeral=True)
 
     async def _act(self, interaction: discord.Interaction, memory_id: int, action: str) -> None:
         moderating(interaction)
@@ -169,7 +153,7 @@ class RoomModeration(commands.Cog):
             await interaction.followup.send(f"No {what} #{memory_id} in this channel.", ephemeral=True)
             return
         done = {"approve": "Approved", "reject": "Rejected and deleted", "forget": "Forgot"}[action]
-        text = discord.utils.escape_markdown(" ".join(memory.text.split())[:PREVIEW])
+        text = discord.utils.escape_markdown(shorten(memory.text))
         after = ("\nEveryone in this channel may now be told it, as its teacher's claim approved by you."
                  if action == "approve" else "")
         await interaction.followup.send(f"{done} #{memory_id}: {text}{after}", ephemeral=True)
@@ -204,4 +188,4 @@ class RoomModeration(commands.Cog):
         lines = [f"{when(e.at)} <@{e.moderator_id}> {e.action}" + (f" #{e.memory_id}" if e.memory_id else "")
                  for e in entries]
         head = "Latest moderator actions here, newest first:" if lines else "No moderator action here yet."
-        await interaction.response.send_message(lines_fit([head, *lines]), ephemeral=True)
+        await interaction.response.send_message(fit([head, *lines]), ephemeral=True)

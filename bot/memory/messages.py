@@ -67,10 +67,6 @@ class Messages:
         oldest first: what `forget_person` erases of the history, for their data export."""
         return await self._jobs.read(history.of_person, user_id)
 
-    async def prune_all(self, keep: int) -> int:
-        """Every channel down to its newest `keep` messages; returns how many went."""
-        return await self._jobs.write(history.prune_all, keep, what="prune the history")
-
     async def always_answer(self, channel_id: int) -> bool | None:
         """A channel's always-answer option, or None when nobody has set it there."""
         return await self._jobs.read(channels.always_answer, channel_id)
