@@ -7,6 +7,7 @@ A bad value raises `SettingsError` with one line naming the setting.
 from __future__ import annotations
 
 import os
+import textwrap
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -20,15 +21,27 @@ class SettingsError(ValueError):
     """A setting has a value Muninn cannot use; the message names it."""
 
 
+# The sections of `.env.example`, in the order it lists them. A row names its section; one that
+# names none lands under OTHER, and every row that is not `essential` is written commented out.
+DISCORD, OLLAMA, DATABASE = "Discord", "Ollama", "Database"
+CONVERSATION, RECALL, LIFECYCLE = "Conversation", "Recall and ranking", "Memory lifecycle"
+FAIR_SHARE, SCALING, LOGGING, OTHER = "Fair share", "Scaling out", "Logging", "Other"
+SECTIONS = (DISCORD, OLLAMA, DATABASE, CONVERSATION, RECALL, LIFECYCLE, FAIR_SHARE, SCALING, LOGGING, OTHER)
+
+
 @dataclass(frozen=True)
 class Spec:
     """One setting: its environment variable, default (as text), help line and parser (name, raw) -> value;
-    `kind` "secret" (never printed) or "url" (printed without its credentials: bot/redact.py)."""
+    `kind` "secret" (never printed) or "url" (printed without its credentials: bot/redact.py).
+    `.env.example` lists it under `section`: uncommented at the top when `essential` (what every
+    install sets), else commented out under "Advanced", so copying the file pins no tuning default."""
     env: str
     default: str
     help: str
     parse: Callable[[str, str], Any]
     kind: str = ""
+    section: str = OTHER
+    essential: bool = False
 
 
 def _float(lo: float | None = None, hi: float | None = None, *, positive: bool = False):
@@ -101,12 +114,13 @@ def _database_url(name: str, raw: str) -> str:
     return raw
 
 
-def _path(name: str, raw: str) -> Path:
+def _path(name: str, raw: str, base: Path | None = None) -> Path:
+    """A file path; a relative one is taken from `base` (default: the working directory)."""
     if not raw.strip():
         raise SettingsError(f"{name} is empty; give a file path such as data/muninn.db")
     path = Path(raw).expanduser()
     if not path.is_absolute():
-        path = (Path.cwd() / path).resolve()
+        path = ((base or Path.cwd()) / path).resolve()
     return path
 
 
@@ -151,62 +165,64 @@ def _shard_list(name: str, raw: str) -> tuple[int, ...]:
 
 
 SETTINGS: dict[str, Spec] = {
-    "discord_token": Spec("DISCORD_TOKEN", "", "Bot token from https://discord.com/developers/applications (Bot > Reset Token).", _str, "secret"),
-    "db_path": Spec("MUNINN_DB_PATH", "data/muninn.db", "SQLite file holding all memories; created on first start.", _path),
-    "database_url": Spec("MUNINN_DATABASE_URL", "", "PostgreSQL instead of SQLite: postgresql://user:password@host/dbname (needs pgvector and `pip install muninn[postgres]`); empty = SQLite at MUNINN_DB_PATH.", _database_url, "url"),
-    "ollama_url": Spec("OLLAMA_URL", "http://localhost:11434", "Ollama server address, or several separated by commas (each call goes to the least busy healthy one); empty disables embeddings and chat (FTS-only recall).", _urls, "url"),
-    "chat_model": Spec("OLLAMA_CHAT_MODEL", "llama3.2", "Ollama model that writes replies and extracts facts (ollama pull it first).", _str),
-    "embed_model": Spec("OLLAMA_EMBED_MODEL", "nomic-embed-text", "Ollama embedding model; changing it needs `muninn reindex`.", _str),
-    "embed_timeout": Spec("OLLAMA_EMBED_TIMEOUT", "2.0", "Seconds to wait for one embedding call before recall falls back to FTS-only.", _float(positive=True)),
-    "chat_timeout": Spec("OLLAMA_CHAT_TIMEOUT", "60", "Seconds to wait for a chat reply before Muninn says it cannot think right now.", _float(positive=True)),
-    "ollama_retries": Spec("OLLAMA_RETRIES", "1", "Extra attempts after a connection error or 5xx (0 = no retry).", _int(0, 5)),
-    "ollama_cooldown": Spec("OLLAMA_COOLDOWN", "15", "Seconds to skip a kind of Ollama call (embeddings, replies, background work, each on its own) after it failed; replies probe Ollama after 1 s and go through as soon as it answers again.", _float(0)),
-    "ollama_concurrency": Spec("OLLAMA_MAX_CONCURRENCY", "2", "Most chat requests sent to Ollama at once.", _int(1, 64)),
-    "recall_limit": Spec("MUNINN_RECALL_LIMIT", "5", "Memories recalled per message before graph augmentation.", _int(1, 100)),
-    "graph_limit": Spec("MUNINN_GRAPH_LIMIT", "3", "Most linked memories added by the 1-hop graph walk.", _int(0, 50)),
-    "rrf_k": Spec("MUNINN_RRF_K", "3", "Reciprocal Rank Fusion constant k (small = trust the top ranks; chosen on LoCoMo, bench/README.md).", _float(positive=True)),
-    "rrf_weight_fts": Spec("MUNINN_RRF_WEIGHT_FTS", "1.0", "Weight of the keyword (FTS5) path in fusion.", _float(0)),
-    "rrf_weight_vec": Spec("MUNINN_RRF_WEIGHT_VEC", "0.8", "Weight of the vector path in fusion.", _float(0)),
-    "neighbour_share": Spec("MUNINN_NEIGHBOUR_SHARE", "0.5", "Share of a hit's fusion score lent to the memories stored just before and after it (0 = off).", _float(0, 2)),
-    "time_weight": Spec("MUNINN_TIME_WEIGHT", "0.02", "Ranking: how much retention and importance may lift a memory (score = relevance x (1 + weight x vitality)); small, so time breaks near-ties and never buries relevance (README, Ranking).", _float(0, 10)),
-    "date_boost": Spec("MUNINN_DATE_BOOST", "1.0", "Ranking: lift for memories stored on a day or in a month the question names (\"on 7 July\", \"in August\"): score x (1 + boost).", _float(0, 10)),
-    "keyword_lead": Spec("MUNINN_KEYWORD_LEAD", "1.1", "Ranking: the best keyword (BM25) match goes first when it beats the runner-up keyword match by this factor (0 = off).", _float(0, 100)),
-    "touch_min_cosine": Spec("MUNINN_TOUCH_MIN_COSINE", "", "Cosine to the query a recalled memory needs to be strengthened (touched); empty = the floor measured for the embedding model, or half the best hit's cosine for a model not measured (bot/memory/recall/ranking.py).", _optional_float(-1.0, 1.0)),
-    "base_stability_days": Spec("MUNINN_BASE_STABILITY_DAYS", "7", "Decay: days until an unimportant, never-recalled memory falls to 37% retention.", _float(positive=True)),
-    "stability_growth": Spec("MUNINN_STABILITY_GROWTH", "1.5", "Decay: factor by which each recall multiplies a memory's stability.", _float(1.0, 10.0)),
-    "timezone": Spec("MUNINN_TIMEZONE", "UTC", "Time zone for the timestamps shown to the LLM.", _timezone),
-    "persona": Spec("MUNINN_PERSONA", "You are Muninn, a friendly assistant with a long-term memory.", "First line of the system prompt.", _str),
-    "history_limit": Spec("MUNINN_HISTORY_LIMIT", "10", "Recent channel messages put into the prompt.", _int(0, 100)),
-    "history_keep": Spec("MUNINN_HISTORY_KEEP", "200", "Messages kept per channel in the local history; older ones are deleted.", _int(100, 1_000_000)),
-    "token_budget": Spec("MUNINN_TOKEN_BUDGET", "4000", "Approximate prompt size limit in tokens; oldest history is cut first.", _int(256)),
-    "owner_ids": Spec("MUNINN_OWNER_IDS", "", "Comma-separated Discord user ids allowed to manage global memories (default: the application owner).", _id_list),
-    "always_answer_channels": Spec("MUNINN_ALWAYS_ANSWER_CHANNELS", "", "Comma-separated channel ids where Muninn answers every message without being mentioned (admins can also toggle it with /always-answer).", _id_list),
-    "reply_queue_limit": Spec("MUNINN_REPLY_QUEUE_LIMIT", "20", "Most messages waiting for an answer in one channel; beyond it messages are only recorded, so a flood cannot pile up work.", _int(1, 1000)),
-    "rate_per_minute": Spec("MUNINN_RATE_PER_MINUTE", "6", "Fair share: messages a minute Muninn answers from one person, over all channels and DMs together (after a quick run of MUNINN_RATE_BURST); the others are kept as context, not answered, and get a quiet sign (a 🐢 reaction) at most once a minute; 0 = no limit.", _int(0, 10_000)),
-    "rate_burst": Spec("MUNINN_RATE_BURST", "4", "Fair share: messages one person may send in a quick run before MUNINN_RATE_PER_MINUTE holds them back.", _int(1, 1000)),
-    "learn_per_day": Spec("MUNINN_LEARN_PER_DAY", "30", "Fair share: most new memories Muninn learns from one person in one channel (or DM) in 24 hours; their further facts are dropped until then (a fact repeated still strengthens the memory that holds it); 0 = no cap.", _int(0, 1_000_000)),
-    "stream_replies": Spec("MUNINN_STREAM_REPLIES", "true", "Show replies on Discord as they are written (one message, edited about once a second) instead of all at once.", _bool),
-    "shutdown_seconds": Spec("MUNINN_SHUTDOWN_SECONDS", "10", "On SIGTERM or Ctrl-C: seconds to finish replies in flight, then as many to save facts waiting for extraction, before stopping.", _float(0, 600)),
-    "shard_count": Spec("MUNINN_SHARD_COUNT", "0", "Several bot processes on one database: the total number of Discord shards (0 = one process, no sharding; docs in README, Scaling out).", _int(0, 100_000)),
-    "shard_ids": Spec("MUNINN_SHARD_IDS", "", "With MUNINN_SHARD_COUNT: the comma-separated shard ids this process serves (e.g. 0,1); empty = all of them.", _shard_list),
-    "extraction": Spec("MUNINN_EXTRACTION", "true", "Extract facts to remember from each exchange.", _bool),
-    "dedup_cosine": Spec("MUNINN_DEDUP_COSINE", "0.92", "Lifecycle: cosine at or above which a new fact (same scope and owner) reinforces an existing memory instead of being stored; also the consolidation threshold (docs/lifecycle.md).", _float(0.0, 1.0)),
-    "update_cosine": Spec("MUNINN_UPDATE_COSINE", "0.5", "Lifecycle: cosine at or above which an older memory of the same subject is shown to the LLM to decide whether the new fact replaces it.", _float(0.0, 1.0)),
-    "link_cosine": Spec("MUNINN_LINK_COSINE", "0.6", "Lifecycle: cosine at or above which two memories of the same scope and owner get a semantic link.", _float(0.0, 1.0)),
-    "archive_retention": Spec("MUNINN_ARCHIVE_RETENTION", "0.05", "Decay: maintenance archives a memory whose retention fell below this (and whose importance is low).", _float(0.0, 1.0)),
-    "archive_importance": Spec("MUNINN_ARCHIVE_IMPORTANCE", "0.4", "Decay: only memories with importance below this are ever archived by decay.", _float(0.0, 1.0)),
-    "maintenance_hours": Spec("MUNINN_MAINTENANCE_HOURS", "6", "Hours between automatic maintenance runs in the bot (decay, embeddings, links, consolidation); 0 = never.", _float(0)),
-    "guild_retention_days": Spec("MUNINN_GUILD_RETENTION_DAYS", "30", "Days Muninn keeps what it learned in a server after being removed from it (its room and personal memories, history, channel options); maintenance purges it then, unless Muninn was added back. 0 = at the next maintenance run.", _float(0, 36500)),
-    "db_readers": Spec("MUNINN_DB_READERS", "3", "Database connections that serve recalls beside the one writer (WAL lets readers run while it writes).", _int(1, 32)),
-    "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "4096", "Most memory for the vectors kept in RAM for fast search (float32, per visibility key; it takes only what the vectors need: ~3.2 GB for 1M 768-dim vectors, ~390 MB for 100k); keys beyond it are searched inside sqlite-vec, much slower. Lower it on a small host.", _int(0)),
-    "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A viewer who sees at least this many vectors (over all their visibility keys) has them searched by sign-bit codes first (1 bit per dimension), then the best ~2 % of them (at least 256) are scored exactly (about 0.98 of the exact top 10 on real embeddings, measured on 4.4k MiniLM turns, at a fraction of the cost); viewers who see fewer and searches as of a past moment stay exact; 0 = always exact.", _int(0)),
-    "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str),
+    "discord_token": Spec("DISCORD_TOKEN", "", "Bot token from https://discord.com/developers/applications (Bot > Reset Token); only the Discord bot needs it, not `muninn chat`.", _str, "secret", section=DISCORD, essential=True),
+    "db_path": Spec("MUNINN_DB_PATH", "data/muninn.db", "SQLite file holding all memories, created (private) at first use; a relative path is taken from the folder of the .env that sets it.", _path, section=DATABASE, essential=True),
+    "database_url": Spec("MUNINN_DATABASE_URL", "", "PostgreSQL instead of SQLite: postgresql://user:password@host/dbname (needs pgvector and `pip install muninn[postgres]`); empty = SQLite at MUNINN_DB_PATH.", _database_url, "url", section=DATABASE),
+    "ollama_url": Spec("OLLAMA_URL", "http://localhost:11434", "Ollama server address, or several separated by commas (each call goes to the least busy healthy one); empty disables embeddings and chat (keyword-only recall).", _urls, "url", section=OLLAMA, essential=True),
+    "chat_model": Spec("OLLAMA_CHAT_MODEL", "llama3.2", "Ollama model that writes replies and extracts facts (ollama pull it first).", _str, section=OLLAMA, essential=True),
+    "embed_model": Spec("OLLAMA_EMBED_MODEL", "nomic-embed-text", "Ollama embedding model; changing it needs `muninn reindex`.", _str, section=OLLAMA, essential=True),
+    "embed_timeout": Spec("OLLAMA_EMBED_TIMEOUT", "2.0", "Seconds to wait for one embedding call before recall falls back to FTS-only.", _float(positive=True), section=OLLAMA),
+    "chat_timeout": Spec("OLLAMA_CHAT_TIMEOUT", "60", "Seconds to wait for a chat reply before Muninn says it cannot think right now.", _float(positive=True), section=OLLAMA),
+    "ollama_retries": Spec("OLLAMA_RETRIES", "1", "Extra attempts after a connection error or 5xx (0 = no retry).", _int(0, 5), section=OLLAMA),
+    "ollama_cooldown": Spec("OLLAMA_COOLDOWN", "15", "Seconds to skip a kind of Ollama call (embeddings, replies, background work, each on its own) after it failed; replies probe Ollama after 1 s and go through as soon as it answers again.", _float(0), section=OLLAMA),
+    "ollama_concurrency": Spec("OLLAMA_MAX_CONCURRENCY", "2", "Most chat requests sent to Ollama at once.", _int(1, 64), section=OLLAMA),
+    "recall_limit": Spec("MUNINN_RECALL_LIMIT", "5", "Memories recalled per message before graph augmentation.", _int(1, 100), section=RECALL),
+    "graph_limit": Spec("MUNINN_GRAPH_LIMIT", "3", "Most linked memories added by the 1-hop graph walk.", _int(0, 50), section=RECALL),
+    "rrf_k": Spec("MUNINN_RRF_K", "3", "Reciprocal Rank Fusion constant k (small = trust the top ranks; chosen on LoCoMo, bench/README.md).", _float(positive=True), section=RECALL),
+    "rrf_weight_fts": Spec("MUNINN_RRF_WEIGHT_FTS", "1.0", "Weight of the keyword (FTS5) path in fusion.", _float(0), section=RECALL),
+    "rrf_weight_vec": Spec("MUNINN_RRF_WEIGHT_VEC", "0.8", "Weight of the vector path in fusion.", _float(0), section=RECALL),
+    "neighbour_share": Spec("MUNINN_NEIGHBOUR_SHARE", "0.5", "Share of a hit's fusion score lent to the memories stored just before and after it (0 = off).", _float(0, 2), section=RECALL),
+    "time_weight": Spec("MUNINN_TIME_WEIGHT", "0.02", "Ranking: how much retention and importance may lift a memory (score = relevance x (1 + weight x vitality)); small, so time breaks near-ties and never buries relevance (docs/architecture.md, Ranking).", _float(0, 10), section=RECALL),
+    "date_boost": Spec("MUNINN_DATE_BOOST", "1.0", "Ranking: lift for memories stored on a day or in a month the question names (\"on 7 July\", \"in August\"): score x (1 + boost).", _float(0, 10), section=RECALL),
+    "keyword_lead": Spec("MUNINN_KEYWORD_LEAD", "1.1", "Ranking: the best keyword (BM25) match goes first when it beats the runner-up keyword match by this factor (0 = off).", _float(0, 100), section=RECALL),
+    "touch_min_cosine": Spec("MUNINN_TOUCH_MIN_COSINE", "", "Cosine to the query a recalled memory needs to be strengthened (touched); empty = the floor measured for the embedding model, or half the best hit's cosine for a model not measured (bot/memory/recall/ranking.py).", _optional_float(-1.0, 1.0), section=RECALL),
+    "base_stability_days": Spec("MUNINN_BASE_STABILITY_DAYS", "7", "Decay: days until an unimportant, never-recalled memory falls to 37% retention.", _float(positive=True), section=LIFECYCLE),
+    "stability_growth": Spec("MUNINN_STABILITY_GROWTH", "1.5", "Decay: factor by which each recall multiplies a memory's stability.", _float(1.0, 10.0), section=LIFECYCLE),
+    "timezone": Spec("MUNINN_TIMEZONE", "UTC", "Time zone for the timestamps shown to the LLM.", _timezone, section=CONVERSATION),
+    "persona": Spec("MUNINN_PERSONA", "You are Muninn, a friendly assistant with a long-term memory.", "First line of the system prompt.", _str, section=CONVERSATION),
+    "history_limit": Spec("MUNINN_HISTORY_LIMIT", "10", "Recent channel messages put into the prompt.", _int(0, 100), section=CONVERSATION),
+    "history_keep": Spec("MUNINN_HISTORY_KEEP", "200", "Messages kept per channel in the local history; older ones are deleted.", _int(100, 1_000_000), section=CONVERSATION),
+    "token_budget": Spec("MUNINN_TOKEN_BUDGET", "4000", "Approximate prompt size limit in tokens; oldest history is cut first.", _int(256), section=CONVERSATION),
+    "owner_ids": Spec("MUNINN_OWNER_IDS", "", "Comma-separated Discord user ids allowed to manage global memories (default: the application owner).", _id_list, section=DISCORD),
+    "always_answer_channels": Spec("MUNINN_ALWAYS_ANSWER_CHANNELS", "", "Comma-separated channel ids where Muninn answers every message without being mentioned (admins can also toggle it with /always-answer).", _id_list, section=DISCORD),
+    "reply_queue_limit": Spec("MUNINN_REPLY_QUEUE_LIMIT", "20", "Most messages waiting for an answer in one channel; beyond it messages are only recorded, so a flood cannot pile up work.", _int(1, 1000), section=DISCORD),
+    "rate_per_minute": Spec("MUNINN_RATE_PER_MINUTE", "6", "Fair share: messages a minute Muninn answers from one person, over all channels and DMs together (after a quick run of MUNINN_RATE_BURST); the others are kept as context, not answered, and get a quiet sign (a 🐢 reaction) at most once a minute; 0 = no limit.", _int(0, 10_000), section=FAIR_SHARE),
+    "rate_burst": Spec("MUNINN_RATE_BURST", "4", "Fair share: messages one person may send in a quick run before MUNINN_RATE_PER_MINUTE holds them back.", _int(1, 1000), section=FAIR_SHARE),
+    "learn_per_day": Spec("MUNINN_LEARN_PER_DAY", "30", "Fair share: most new memories Muninn learns from one person in one channel (or DM) in 24 hours; their further facts are dropped until then (a fact repeated still strengthens the memory that holds it); 0 = no cap.", _int(0, 1_000_000), section=FAIR_SHARE),
+    "stream_replies": Spec("MUNINN_STREAM_REPLIES", "true", "Show replies on Discord as they are written (one message, edited about once a second) instead of all at once.", _bool, section=DISCORD),
+    "shutdown_seconds": Spec("MUNINN_SHUTDOWN_SECONDS", "10", "On SIGTERM or Ctrl-C: seconds to finish replies in flight, then as many to save facts waiting for extraction, before stopping.", _float(0, 600), section=DISCORD),
+    "shard_count": Spec("MUNINN_SHARD_COUNT", "0", "Several bot processes on one database: the total number of Discord shards (0 = one process, no sharding; docs/operations.md, Several bot processes).", _int(0, 100_000), section=SCALING),
+    "shard_ids": Spec("MUNINN_SHARD_IDS", "", "With MUNINN_SHARD_COUNT: the comma-separated shard ids this process serves (e.g. 0,1); empty = all of them.", _shard_list, section=SCALING),
+    "extraction": Spec("MUNINN_EXTRACTION", "true", "Extract facts to remember from each exchange.", _bool, section=LIFECYCLE),
+    "dedup_cosine": Spec("MUNINN_DEDUP_COSINE", "0.92", "Lifecycle: cosine at or above which a new fact (same scope and owner) reinforces an existing memory instead of being stored; also the consolidation threshold (docs/lifecycle.md).", _float(0.0, 1.0), section=LIFECYCLE),
+    "update_cosine": Spec("MUNINN_UPDATE_COSINE", "0.5", "Lifecycle: cosine at or above which an older memory of the same subject is shown to the LLM to decide whether the new fact replaces it.", _float(0.0, 1.0), section=LIFECYCLE),
+    "link_cosine": Spec("MUNINN_LINK_COSINE", "0.6", "Lifecycle: cosine at or above which two memories of the same scope and owner get a semantic link.", _float(0.0, 1.0), section=LIFECYCLE),
+    "archive_retention": Spec("MUNINN_ARCHIVE_RETENTION", "0.05", "Decay: maintenance archives a memory whose retention fell below this (and whose importance is low).", _float(0.0, 1.0), section=LIFECYCLE),
+    "archive_importance": Spec("MUNINN_ARCHIVE_IMPORTANCE", "0.4", "Decay: only memories with importance below this are ever archived by decay.", _float(0.0, 1.0), section=LIFECYCLE),
+    "maintenance_hours": Spec("MUNINN_MAINTENANCE_HOURS", "6", "Hours between automatic maintenance runs in the bot (decay, embeddings, links, consolidation); 0 = never.", _float(0), section=LIFECYCLE),
+    "guild_retention_days": Spec("MUNINN_GUILD_RETENTION_DAYS", "30", "Days Muninn keeps what it learned in a server after being removed from it (its room and personal memories, history, channel options); maintenance purges it then, unless Muninn was added back. 0 = at the next maintenance run.", _float(0, 36500), section=LIFECYCLE),
+    "db_readers": Spec("MUNINN_DB_READERS", "3", "Database connections that serve recalls beside the one writer (WAL lets readers run while it writes).", _int(1, 32), section=DATABASE),
+    "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "4096", "Most memory for the vectors kept in RAM for fast search (float32, per visibility key; it takes only what the vectors need: ~3.2 GB for 1M 768-dim vectors, ~390 MB for 100k); keys beyond it are searched inside sqlite-vec, much slower. Lower it on a small host.", _int(0), section=DATABASE),
+    "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A viewer who sees at least this many vectors (over all their visibility keys) has them searched by sign-bit codes first (1 bit per dimension), then the best ~2 % of them (at least 256) are scored exactly (about 0.98 of the exact top 10 on real embeddings, measured on 4.4k MiniLM turns, at a fraction of the cost); viewers who see fewer and searches as of a past moment stay exact; 0 = always exact.", _int(0), section=DATABASE),
+    "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str, section=LOGGING),
 }
 
 
 @dataclass(frozen=True)
 class Settings:
-    """All settings, parsed and checked (load_settings); one field per entry of SETTINGS."""
+    """All settings, parsed and checked (load_settings): `env_file`, the `.env` they were read
+    from (None: none was), then one field per entry of SETTINGS."""
+    env_file: Path | None
     discord_token: str
     db_path: Path
     database_url: str
@@ -274,16 +290,30 @@ class Settings:
 
 
 def load_settings(env: dict[str, str] | None = None, *, dotenv: bool = True, **overrides: Any) -> Settings:
-    """Read settings from `env` (default: os.environ after loading `.env`)."""
+    """Read settings from `env` (default: os.environ over the `.env` that `find_env_file`
+    finds: the environment wins; the `.env` is read, never copied into os.environ). A relative MUNINN_DB_PATH from that
+    `.env` (or the default) is taken from the `.env`'s folder, so a command run from elsewhere
+    opens the project's database; SettingsError when there is no `.env`, nothing in the
+    environment and no database where the default points (a stray empty database otherwise)."""
+    env_file, base, from_process = None, Path.cwd(), True
     if env is None:
-        if dotenv:
-            from dotenv import load_dotenv
-            load_dotenv(Path.cwd() / ".env", override=False)
+        from_process = SETTINGS["db_path"].env in os.environ
         env = dict(os.environ)
-    values: dict[str, Any] = {}
+        if dotenv:
+            env_file = find_env_file()
+            if env_file is not None:
+                from dotenv import dotenv_values
+                env = {**{k: v for k, v in dotenv_values(env_file).items() if v is not None}, **env}
+                base = env_file.parent
+            elif not any(spec.env in env for spec in SETTINGS.values()) and "db_path" not in overrides \
+                    and not _path("MUNINN_DB_PATH", SETTINGS["db_path"].default).exists():
+                raise SettingsError(no_env_file())
+    values: dict[str, Any] = {"env_file": env_file}
     for key, spec in SETTINGS.items():
         raw = env.get(spec.env, spec.default)
         values[key] = spec.parse(spec.env, raw)
+    if not from_process:  # from the .env or the default: beside the .env, wherever the command runs
+        values["db_path"] = _path(SETTINGS["db_path"].env, env.get(SETTINGS["db_path"].env, SETTINGS["db_path"].default), base)
     level = str(values["log_level"]).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError(f"MUNINN_LOG_LEVEL={values['log_level']!r} must be DEBUG, INFO, WARNING or ERROR")
@@ -315,11 +345,68 @@ def check_db_path(path: Path, name: str = "MUNINN_DB_PATH") -> None:
         raise SettingsError(f"{name}={str(path)!r}: cannot create the file there (folder {str(parent)!r} is not writable)")
 
 
+# A checkout's own folder (the one holding bot/ and pyproject.toml): its `.env` is found from anywhere.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ENV_FILE = ".env"
+
+
+def find_env_file(start: Path | None = None) -> Path | None:
+    """The `.env` to read: the nearest one holding a Muninn setting in `start` (default: the working
+    directory) or a folder above it, else the project's own (PROJECT_ROOT); None when neither exists.
+    A `.env` without Muninn's settings above the working directory is another program's: skipped."""
+    folder = (start or Path.cwd()).resolve()
+    for candidate in (folder, *folder.parents):
+        if _holds_our_settings(candidate / ENV_FILE):
+            return candidate / ENV_FILE
+    own = PROJECT_ROOT / ENV_FILE
+    return own if own.is_file() else None
+
+
+def _holds_our_settings(path: Path) -> bool:
+    """Whether `path` is a readable file that sets at least one of Muninn's settings."""
+    if not path.is_file():
+        return False
+    from dotenv import dotenv_values
+    try:
+        names = set(dotenv_values(path))
+    except (OSError, UnicodeDecodeError):
+        return False
+    return any(spec.env in names for spec in SETTINGS.values())
+
+
+def no_env_file() -> str:
+    """The one line that refuses to start without any configuration."""
+    return (f"no {ENV_FILE} in {Path.cwd()} or a folder above it, nor in {PROJECT_ROOT}: run muninn in its "
+            f"folder, or copy .env.example to {ENV_FILE} there (or set MUNINN_DB_PATH, or pass --db)")
+
+
+def new_database_notice(path: Path, env_file: Path | None) -> str:
+    """The line a command prints when it creates a new database: which file, and which `.env` it read."""
+    source = f"settings from {env_file}" if env_file else f"no {ENV_FILE}: settings from the environment"
+    return f"muninn: created a new database {path} ({source})"
+
+
 def env_example() -> str:
-    """The text of `.env.example`: every setting with its default and what it does."""
-    lines = ["# Muninn settings. Copy to .env and edit; every line shows the default.", ""]
+    """The text of `.env.example`: the essentials to fill in, then every other setting commented
+    out under "Advanced", by section, each with its default and what it does."""
+    lines = ["# Muninn's settings. Copy this file to .env (cp -n .env.example .env && chmod 600 .env)",
+             "# and fill in the essentials. The settings under Advanced are commented out: each keeps",
+             "# its default (the value shown) until you uncomment it, so a later Muninn's defaults",
+             "# reach you.", "", "# ===== Essentials =====", ""]
     for spec in SETTINGS.values():
-        lines.append(f"# {spec.help}")
-        lines.append(f"{spec.env}={spec.default}")
-        lines.append("")
+        if spec.essential:
+            lines += _entry(spec, commented=False)
+    lines += ["# ===== Advanced: uncomment a line to change it =====", ""]
+    named = [spec.section for spec in SETTINGS.values() if not spec.essential]
+    for section in [*(s for s in SECTIONS if s in named), *dict.fromkeys(s for s in named if s not in SECTIONS)]:
+        lines += [f"# --- {section} ---", ""]
+        for spec in SETTINGS.values():
+            if not spec.essential and spec.section == section:
+                lines += _entry(spec, commented=True)
     return "\n".join(lines)
+
+
+def _entry(spec: Spec, *, commented: bool) -> list[str]:
+    """One setting in `.env.example`: its help wrapped as comments, then NAME=default."""
+    helps = textwrap.wrap(spec.help, width=88, break_long_words=False, break_on_hyphens=False)
+    return [*(f"# {line}" for line in helps), f"{'# ' if commented else ''}{spec.env}={spec.default}", ""]

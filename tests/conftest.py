@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +41,12 @@ def pytest_generate_tests(metafunc):
     own_arguments = inspect.signature(metafunc.function).parameters
     if "backend" in own_arguments or any(name in metafunc.fixturenames for name in STORAGE_FIXTURES):
         metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_project_env_file(monkeypatch):
+    """Muninn finds its checkout's `.env` from any folder: tests never read the developer's own."""
+    monkeypatch.setattr("bot.settings.PROJECT_ROOT", Path(__file__).resolve().parent)
 
 
 @pytest.fixture

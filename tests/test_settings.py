@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from dotenv import dotenv_values
 
-from bot.settings import SETTINGS, SettingsError, env_example, load_settings
+from bot.settings import OTHER, SETTINGS, SettingsError, Spec, env_example, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +50,29 @@ def test_env_example_lists_every_setting_with_its_default():
     regenerate = "python -c 'from bot.settings import env_example; print(env_example(), end=\"\")' > .env.example"
     assert text == env_example(), f"regenerate .env.example: {regenerate}"
     for spec in SETTINGS.values():
-        assert f"{spec.env}={spec.default}" in text
+        assert spec.help.strip() and f"{spec.env}={spec.default}\n" in text
+        assert f"\n{'' if spec.essential else '# '}{spec.env}={spec.default}\n" in text
+
+
+def test_copying_env_example_sets_only_the_essentials(tmp_path):
+    """`cp .env.example .env` pins what every install must choose, and no tuning default."""
+    (tmp_path / ".env").write_text(env_example())
+    essentials = {spec.env: spec.default for spec in SETTINGS.values() if spec.essential}
+    assert dict(dotenv_values(tmp_path / ".env")) == essentials
+    assert {"DISCORD_TOKEN", "OLLAMA_URL", "OLLAMA_CHAT_MODEL", "OLLAMA_EMBED_MODEL", "MUNINN_DB_PATH"} <= set(essentials)
+    advanced = env_example().index("# ===== Advanced")
+    for spec in SETTINGS.values():
+        at = env_example().index(f"{spec.env}={spec.default}\n")
+        assert (at < advanced) == spec.essential, spec.env
+
+
+def test_a_new_row_without_a_section_lands_under_advanced(monkeypatch):
+    """Rows added without `section` or `essential` are tuning: commented out, under Advanced."""
+    extra = Spec("MUNINN_SOMETHING_NEW", "7", "A setting someone added.", lambda name, raw: raw)
+    monkeypatch.setitem(SETTINGS, "something_new", extra)
+    text = env_example()
+    assert text.index("# ===== Advanced") < text.index(f"# --- {OTHER} ---") < text.index("# MUNINN_SOMETHING_NEW=7\n")
+    assert "\nMUNINN_SOMETHING_NEW=" not in text
 
 
 def test_cli_reports_a_bad_setting_in_one_line(tmp_path):

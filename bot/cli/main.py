@@ -25,7 +25,8 @@ from bot.cli.progress import Progress
 from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.scope import SCOPES, Viewer
-from bot.settings import Settings, SettingsError, load_settings
+from bot.memory.sqlite import files
+from bot.settings import Settings, SettingsError, load_settings, new_database_notice
 
 log = logging.getLogger("muninn")
 T = TypeVar("T")
@@ -431,7 +432,8 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
     args.json = getattr(args, "json", False)
     setup_logging(settings, args.verbose)
     try:
-        return asyncio.run(args.handler(args, settings))
+        with files.announcing(lambda path: print(new_database_notice(path, settings.env_file), file=sys.stderr)):
+            return asyncio.run(args.handler(args, settings))
     except UsageError as exc:
         print(f"muninn {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,8 @@ import os
 import stat
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import apsw
@@ -28,6 +30,20 @@ MUNINN_TABLES = {"meta", "memories"}
 # How long a file that looks truncated while it has a WAL is given to be a checkpoint mid-copy
 # (one usually takes milliseconds, and stays well within this even on a loaded machine).
 CHECKPOINT_WAIT_S = 2.0
+# Told the path of each database file this process creates (see `announcing`).
+_on_create: Callable[[Path], None] | None = None
+
+
+@contextmanager
+def announcing(callback: Callable[[Path], None]) -> Iterator[None]:
+    """Within the block, `callback(path)` runs once for each new database file created (from
+    whichever thread opens it): the command line says which file it made and which `.env` it read."""
+    global _on_create
+    before, _on_create = _on_create, callback
+    try:
+        yield
+    finally:
+        _on_create = before
 
 
 def prepare(path: Path) -> None:
@@ -48,13 +64,16 @@ def prepare(path: Path) -> None:
             raise DatabaseError(f"cannot create database {str(path)!r}: {exc.strerror}") from exc
         else:
             _make_own_folder_private(path)
+            if _on_create is not None:
+                _on_create(path)
     check_before_open(path)
 
 
 def _make_own_folder_private(path: Path) -> None:
-    """A new database in a folder that holds nothing else (the project's data/ folder, which git
-    checks out readable by everyone): the folder becomes private too. A folder holding anything
-    else is the operator's to decide (`muninn doctor --fix` tightens it on request)."""
+    """A new database in a folder that holds nothing else (made beforehand with the default mode,
+    or an older checkout's data/ that git created readable by everyone around its .gitkeep): the
+    folder becomes private too. A folder holding anything else is the operator's to decide
+    (`muninn doctor --fix` tightens it on request)."""
     folder = path.parent
     ours = {path.name, f"{path.name}-wal", f"{path.name}-shm", f"{path.name}-journal", ".gitkeep"}
     try:
