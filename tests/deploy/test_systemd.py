@@ -29,7 +29,7 @@ def service() -> configparser.SectionProxy:
 def test_the_unit_runs_unprivileged_hardened_and_restarts_on_failure():
     s = service()
     assert s["Restart"] == "on-failure" and s["EnvironmentFile"].startswith("/etc/muninn/")
-    assert s["DynamicUser"] == "yes" and "User" not in s
+    assert s["User"] == s["Group"] == "muninn" and "DynamicUser" not in s
     assert s["StateDirectory"] == "muninn" and s["StateDirectoryMode"] == "0700"
     assert s["Environment"] == "MUNINN_DB_PATH=/var/lib/muninn/muninn.db"
     for option, value in {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
