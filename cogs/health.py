@@ -1,7 +1,8 @@
 """/healthz and Prometheus /metrics, served by the bot itself when MUNINN_METRICS_PORT is set.
 
-An aiohttp server on the bot's own event loop, at MUNINN_METRICS_HOST (127.0.0.1 unless told
-otherwise). Neither page waits for the database or Discord: /healthz reads what the last probes
+An aiohttp server on the bot's own event loop, from its first gateway connection on (so
+`muninn sync`, which logs in without connecting, serves nothing), at MUNINN_METRICS_HOST
+(127.0.0.1 unless told otherwise). Neither page waits for the database or Discord: /healthz reads what the last probes
 found (the database is asked every PROBE_EVERY seconds in the background, the gateway's state is
 in memory), and /metrics reads counters, the gateway and the LLM client as they are
 (bot/metrics.py); only the memories by scope come from a periodic count (COUNT_EVERY).
@@ -54,28 +55,38 @@ class Health(commands.Cog):
         return getattr(self.bot, "engine", None)
 
     async def cog_load(self) -> None:
-        """Hook the metrics into the pipeline, start the probes and the server. A port that cannot be
-        taken is logged, and the bot runs on without the two pages."""
+        """Hook the metrics into the pipeline; the pages are served from the first gateway connection
+        on (`muninn sync` logs in but never connects: it serves nothing)."""
         readings = self.metrics.readings
         readings.extractor = getattr(self.bot, "extractor", None)
         readings.llm = self.engine.ollama if self.engine is not None else None
         pipeline = getattr(self.bot, "pipeline", None)
         if pipeline is not None:
             pipeline.watch = self.metrics
+
+    @commands.Cog.listener()
+    async def on_connect(self) -> None:
+        """The first connection to the gateway starts the probes and the server."""
+        if self.tasks:
+            return
         self.tasks = [asyncio.create_task(self._probe_database()), asyncio.create_task(self._count_memories())]
+        await self.serve()
+
+    async def serve(self) -> None:
+        """Start the server; a port that cannot be taken is logged, and the bot runs on without the pages."""
         app = web.Application()
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.serve_metrics)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
         try:
-            await web.TCPSite(self.runner, self.host, self.port).start()
+            await web.TCPSite(runner, self.host, self.port).start()
         except OSError as exc:
             log.error("cannot serve /healthz and /metrics on %s:%d (%s): set MUNINN_METRICS_PORT to a free port, "
                       "or MUNINN_METRICS_HOST to an address of this machine", self.host, self.port, exc.strerror or exc)
-            await self.runner.cleanup()
-            self.runner = None
+            await runner.cleanup()
             return
+        self.runner = runner
         log.info("health and metrics at http://%s:%d/healthz and /metrics", self.host, self.port)
 
     async def cog_unload(self) -> None:
@@ -83,6 +94,7 @@ class Health(commands.Cog):
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks = []
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None

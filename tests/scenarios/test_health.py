@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.memory.sql import store
+from cogs.adapter import sync_commands
 from cogs.client import MuninnBot
 from tests.helpers import until
 from tests.scenarios.test_discord_e2e import stop
@@ -146,8 +147,10 @@ async def test_a_taken_port_is_one_log_line_and_the_bot_runs_on(discord_world, f
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        bot = MuninnBot(make_settings(fake_ollama.url, MUNINN_METRICS_PORT=port, MUNINN_STREAM_REPLIES="false"),
-                        guild_ready_timeout=0.1)
+        settings = make_settings(fake_ollama.url, MUNINN_METRICS_PORT=port, MUNINN_STREAM_REPLIES="false")
+        assert await sync_commands(settings)  # logs in, never connects: serves nothing, says nothing of it
+        assert not [r for r in caplog.records if "/healthz" in r.getMessage()]
+        bot = MuninnBot(settings, guild_ready_timeout=0.1)
         task = asyncio.create_task(bot.start("fake-token"))
         try:
             await fake.wait_until_ready()
