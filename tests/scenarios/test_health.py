@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bot.memory.sql import store
 from cogs.adapter import sync_commands
 from cogs.client import MuninnBot
+from cogs.sharding import make_bot
 from tests.helpers import until
 from tests.scenarios.test_discord_e2e import stop
 
@@ -161,3 +162,22 @@ async def test_a_taken_port_is_one_log_line_and_the_bot_runs_on(discord_world, f
             await stop(bot, task)
     [line] = [r.getMessage() for r in caplog.records if "cannot serve /healthz" in r.getMessage()]
     assert f":{port}" in line and "MUNINN_METRICS_PORT" in line
+
+
+async def test_a_sharded_process_reports_each_of_its_shards(discord_world, fake_ollama, make_settings):
+    fake, _, _ = discord_world
+    port = free_port()
+    bot = make_bot(make_settings(fake_ollama.url, MUNINN_METRICS_PORT=port, MUNINN_SHARD_COUNT=3,
+                                 MUNINN_SHARD_IDS="0,2"), guild_ready_timeout=0.1)
+    task = asyncio.create_task(bot.start("fake-token"))
+    try:
+        await until(lambda: bot.is_ready() and len(fake.live_connections) == 2, "both shards connected")
+
+        async def healthy() -> bool:
+            return await get(port, "/healthz") == (200, "ok\n")
+        await until(healthy, "healthy")
+        samples = await scrape(port)
+        assert value(samples, "discord_connected", shard="0") == value(samples, "discord_connected", shard="2") == 1
+        assert value(samples, "discord_connected", shard="1") is None  # another process's shard
+    finally:
+        await stop(bot, task)
