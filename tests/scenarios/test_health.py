@@ -51,6 +51,7 @@ def value(samples: dict, name: str, **labels) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
 
 
+@pytest.mark.usefixtures("backend")  # the probe and the count on SQLite and PostgreSQL
 async def test_health_and_metrics_of_the_running_bot(discord_world, fake_ollama, make_settings, monkeypatch):
     fake, alice, guild = discord_world
     fake_ollama.default_chat_reply = answers
