@@ -26,7 +26,8 @@ class SettingsError(ValueError):
 DISCORD, OLLAMA, DATABASE = "Discord", "Ollama", "Database"
 CONVERSATION, RECALL, LIFECYCLE = "Conversation", "Recall and ranking", "Memory lifecycle"
 FAIR_SHARE, SCALING, LOGGING, OTHER = "Fair share", "Scaling out", "Logging", "Other"
-SECTIONS = (DISCORD, OLLAMA, DATABASE, CONVERSATION, RECALL, LIFECYCLE, FAIR_SHARE, SCALING, LOGGING, OTHER)
+OPERATIONS = "Health, metrics and the console"
+SECTIONS = (DISCORD, OLLAMA, DATABASE, CONVERSATION, RECALL, LIFECYCLE, FAIR_SHARE, SCALING, OPERATIONS, LOGGING, OTHER)
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,13 @@ def _id_list(name: str, raw: str) -> frozenset[int]:
     return frozenset(out)
 
 
+def _optional_port(name: str, raw: str) -> int | None:
+    """A TCP port (1-65535), or empty for "off" (None)."""
+    if raw.strip() == "":
+        return None
+    return _int(1, 65535)(name, raw.strip())
+
+
 def _shard_list(name: str, raw: str) -> tuple[int, ...]:
     out: list[int] = []
     for part in raw.replace(";", ",").split(","):
@@ -167,7 +175,7 @@ def _shard_list(name: str, raw: str) -> tuple[int, ...]:
 SETTINGS: dict[str, Spec] = {
     "discord_token": Spec("DISCORD_TOKEN", "", "Bot token from https://discord.com/developers/applications (Bot > Reset Token); only the Discord bot needs it, not `muninn chat`.", _str, "secret", section=DISCORD, essential=True),
     "db_path": Spec("MUNINN_DB_PATH", "data/muninn.db", "SQLite file holding all memories, created (private) at first use; a relative path is taken from the folder of the .env that sets it.", _path, section=DATABASE, essential=True),
-    "database_url": Spec("MUNINN_DATABASE_URL", "", "PostgreSQL instead of SQLite: postgresql://user:password@host/dbname (needs pgvector and `pip install muninn[postgres]`); empty = SQLite at MUNINN_DB_PATH.", _database_url, "url", section=DATABASE),
+    "database_url": Spec("MUNINN_DATABASE_URL", "", "PostgreSQL instead of SQLite: postgresql://user:password@host/dbname (needs pgvector and `pip install 'muninn-bot[postgres]'`); empty = SQLite at MUNINN_DB_PATH.", _database_url, "url", section=DATABASE),
     "ollama_url": Spec("OLLAMA_URL", "http://localhost:11434", "Ollama server address, or several separated by commas (each call goes to the least busy healthy one); empty disables embeddings and chat (keyword-only recall).", _urls, "url", section=OLLAMA, essential=True),
     "chat_model": Spec("OLLAMA_CHAT_MODEL", "llama3.2", "Ollama model that writes replies and extracts facts (ollama pull it first).", _str, section=OLLAMA, essential=True),
     "embed_model": Spec("OLLAMA_EMBED_MODEL", "nomic-embed-text", "Ollama embedding model; changing it needs `muninn reindex`.", _str, section=OLLAMA, essential=True),
@@ -214,6 +222,8 @@ SETTINGS: dict[str, Spec] = {
     "db_readers": Spec("MUNINN_DB_READERS", "3", "Database connections that serve recalls beside the one writer (WAL lets readers run while it writes).", _int(1, 32), section=DATABASE),
     "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "4096", "Most memory for the vectors kept in RAM for fast search (float32, per visibility key; it takes only what the vectors need: docs/performance.md, Memory); keys beyond it are searched inside the database, much slower. Lower it on a small host.", _int(0), section=DATABASE),
     "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A viewer who sees at least this many vectors (over all their visibility keys) has them ranked first by sign-bit codes (1 bit per dimension), and only the best of them (at least 256) are scored exactly: nearly the exact top results at a fraction of the cost (docs/performance.md); viewers who see fewer, and searches as of a past moment, stay exact; 0 = always exact.", _int(0), section=DATABASE),
+    "metrics_port": Spec("MUNINN_METRICS_PORT", "", "Health and metrics: the port of /healthz and Prometheus /metrics, served by the bot (docs/deployment.md); empty = off. With several processes, one port each.", _optional_port, section=OPERATIONS),
+    "metrics_host": Spec("MUNINN_METRICS_HOST", "127.0.0.1", "Health and metrics: the address /healthz and /metrics listen on; 0.0.0.0 in a container whose port you publish (they show no memories, but counts and host names).", _str, section=OPERATIONS),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str, section=LOGGING),
 }
 
@@ -272,6 +282,8 @@ class Settings:
     db_readers: int
     vector_cache_mb: int
     vector_codes_min: int
+    metrics_port: int | None
+    metrics_host: str
     log_level: str
 
     def shown(self, key: str) -> str:

@@ -57,6 +57,7 @@ from bot.conversation.outlets import (
 from bot.conversation.rate import MemberRate
 from bot.conversation.thinking import Thinking
 from bot.conversation.turns import ChannelTurns
+from bot.conversation.watch import Watch
 from bot.logs import Throttle
 from bot.memory.engine import Engine
 from bot.memory.messages import Edit, Forgotten, HistoryMessage, storable_text
@@ -131,6 +132,7 @@ class Pipeline:
         self._active = 0                            # respond() calls in progress
         self._idle = asyncio.Event()
         self._idle.set()
+        self.watch = Watch()                        # the bot's metrics replace it (bot/metrics.py)
 
     # -- shutdown --------------------------------------------------------------
 
@@ -274,6 +276,7 @@ class Pipeline:
                       "messages without answering", incoming.author_id)
             if verdict.notify and isinstance(outlet, SlowDownOutlet):
                 await self._sign("slow down", outlet.slow_down())
+            self.watch.skipped("rate")
             await self.record(incoming)
             return None
         if self._turns.waiting(incoming.channel_id) >= self.settings.reply_queue_limit:
@@ -282,6 +285,7 @@ class Pipeline:
                       self._turns.waiting(incoming.channel_id))
             if isinstance(outlet, BusyOutlet):
                 await self._sign("busy", outlet.busy())
+            self.watch.skipped("queue")
             await self.record(incoming)
             return None
         received = time.monotonic()
@@ -295,7 +299,9 @@ class Pipeline:
                 incoming = storable(incoming)
                 if isinstance(outlet, ConfirmingOutlet) and (intent := forget_intent.detect(incoming.content)):
                     return await self._offer_to_forget(incoming, intent, outlet)
-                return await self._answer(incoming, outlet, received)
+                reply = await self._answer(incoming, outlet, received)
+                self.watch.answered(reply.ok, time.monotonic() - received)
+                return reply
         finally:
             self._active -= 1
             if not self._active:
@@ -404,6 +410,7 @@ class Pipeline:
         """The memories for the prompt, as attributed claims; none when recall fails (the answer matters more)."""
         try:
             found = await self.engine.recall(incoming.content, incoming.viewer, touch=touch)
+            self.watch.recalled(found)
         except Exception as exc:  # apsw.BusyError, a damaged index...: not the person's problem
             self._log("recall", logging.ERROR, "recall failed, answering without memories: %s: %s",
                       type(exc).__name__, exc)

@@ -53,6 +53,7 @@ class Extractor:
         self._closed = False
         self.processed = 0       # batches finished (for tests and stats)
         self.failed = 0          # batches whose processing raised (logged)
+        self.stored = 0          # memories written or strengthened by the batches (for the metrics)
 
     @property
     def enabled(self) -> bool:
@@ -165,7 +166,7 @@ class Extractor:
         while self._queue:
             batch = self._queue.pop(0)
             try:
-                await self.process(batch, taken_at=_clock())
+                self.stored += len(await self.process(batch, taken_at=_clock()))
                 self.processed += 1
             except asyncio.CancelledError:
                 raise

@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from bot.memory import records
 from bot.memory.scope import Viewer
-from bot.memory.sql import forgetting, store
+from bot.memory.sql import forgetting, health, store
 from bot.memory.storage import Storage
 from bot.settings import Settings
 
@@ -64,6 +64,10 @@ class NamedAccess:
     async def stats(self) -> dict:
         """The counts `muninn stats` shows."""
         return await self._run(self.storage.stats)
+
+    async def ping(self) -> None:
+        """One trivial read on a read connection: raises when the database does not answer (/healthz)."""
+        await self._read(health.ping)
 
     # -- privacy controls ------------------------------------------------------
 

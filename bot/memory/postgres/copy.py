@@ -148,7 +148,7 @@ def open_target(url: str) -> PgConnection:
     try:
         from bot.memory.postgres.backend import PostgresStorage
     except ImportError as exc:
-        raise MigrationError(f"PostgreSQL support is not installed ({exc.name}): pip install 'muninn[postgres]'") from exc
+        raise MigrationError(f"PostgreSQL support is not installed ({exc.name}): pip install 'muninn-bot[postgres]'") from exc
     try:
         return PostgresStorage(url).open_writer()
     except DatabaseError as exc:
