@@ -101,6 +101,14 @@ def _database_url(name: str, raw: str) -> str:
     return raw
 
 
+def _token(name: str, raw: str) -> str:
+    """A login token: empty (one is made at start), or 16 characters or more without spaces."""
+    token = raw.strip()
+    if token and (len(token) < 16 or any(c.isspace() for c in token)):
+        raise SettingsError(f"{name} must be 16 characters or more without spaces (or empty: a random one each start)")
+    return token
+
+
 def _path(name: str, raw: str) -> Path:
     if not raw.strip():
         raise SettingsError(f"{name} is empty; give a file path such as data/muninn.db")
@@ -200,6 +208,10 @@ SETTINGS: dict[str, Spec] = {
     "db_readers": Spec("MUNINN_DB_READERS", "3", "Database connections that serve recalls beside the one writer (WAL lets readers run while it writes).", _int(1, 32)),
     "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "4096", "Most memory for the vectors kept in RAM for fast search (float32, per visibility key; it takes only what the vectors need: ~3.2 GB for 1M 768-dim vectors, ~390 MB for 100k); keys beyond it are searched inside sqlite-vec, much slower. Lower it on a small host.", _int(0)),
     "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A viewer who sees at least this many vectors (over all their visibility keys) has them searched by sign-bit codes first (1 bit per dimension), then the best ~2 % of them (at least 256) are scored exactly (about 0.98 of the exact top 10 on real embeddings, measured on 4.4k MiniLM turns, at a fraction of the cost); viewers who see fewer and searches as of a past moment stay exact; 0 = always exact.", _int(0)),
+    "web_host": Spec("MUNINN_WEB_HOST", "127.0.0.1", "Console (`muninn web`): the address it listens on; it shows everything Muninn keeps, so keep it on the loopback interface and reach it through an SSH tunnel or a reverse proxy with TLS.", _str),
+    "web_port": Spec("MUNINN_WEB_PORT", "8377", "Console (`muninn web`): the port it listens on.", _int(1, 65535)),
+    "web_token": Spec("MUNINN_WEB_TOKEN", "", "Console (`muninn web`): the login token (16 characters or more); empty = a new random token printed at each start.", _token, "secret"),
+    "web_changes": Spec("MUNINN_WEB_CHANGES", "false", "Console (`muninn web`): allow forgetting, restoring, approving and rejecting memories and exporting or forgetting a person (each recorded); false = read-only.", _bool),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str),
 }
 
@@ -256,6 +268,10 @@ class Settings:
     db_readers: int
     vector_cache_mb: int
     vector_codes_min: int
+    web_host: str
+    web_port: int
+    web_token: str
+    web_changes: bool
     log_level: str
 
     def shown(self, key: str) -> str:
