@@ -14,15 +14,31 @@ from aiohttp import web
 
 from bot.memory.engine import Engine
 from bot.web import actions, auth, pages
+from bot.web.html import h, page
 
 log = logging.getLogger(__name__)
+
+
+@web.middleware
+async def error_pages(request: web.Request, handler: auth.Handler) -> web.StreamResponse:
+    """A page asked for by a browser that fails (a bad number, a memory gone) is shown as a page
+    of the console saying why in one line, with its navigation, under the same status."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if request.method != "GET" or exc.status < 400 or request.path in ("/login", "/style.css"):
+            raise
+        session = request.app[auth.DOOR].session(request)
+        text = page(exc.reason, f"<h1>{h(exc.reason)}</h1>", csrf=session.csrf if session else None,
+                    error=exc.text or exc.reason)
+        return web.Response(text=text, status=exc.status, content_type="text/html")
 
 
 def create_app(engine: Engine, *, token: str, changes: bool = False) -> web.Application:
     """The console over `engine`: log in with `token`; `changes` enables the actions."""
     if len(token) < 16:
         raise ValueError("the console token must be at least 16 characters")
-    app = web.Application(middlewares=[auth.guard], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[auth.guard, error_pages], client_max_size=64 * 1024)
     app[pages.ENGINE] = engine
     app[auth.DOOR] = auth.Door(token)
     app[auth.CHANGES] = changes
@@ -30,6 +46,7 @@ def create_app(engine: Engine, *, token: str, changes: bool = False) -> web.Appl
     app.router.add_post("/login", auth.login)
     app.router.add_post("/logout", auth.logout)
     app.router.add_get("/style.css", pages.style)
+    app.router.add_get("/favicon.ico", pages.favicon)
     app.router.add_get("/", pages.overview)
     app.router.add_get("/servers", pages.servers)
     app.router.add_get("/channels/{id}", pages.channel)

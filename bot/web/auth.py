@@ -24,7 +24,7 @@ LOGIN_COOKIE = "muninn_login"
 SESSION_S = 12 * 3600          # a session unused this long ends
 FAILURES_ALLOWED = 5           # wrong tokens in FAILURE_WINDOW_S before the login pauses
 FAILURE_WINDOW_S = 60.0
-PUBLIC = {("GET", "/login"), ("POST", "/login"), ("GET", "/style.css")}
+PUBLIC = {("GET", "/login"), ("POST", "/login"), ("GET", "/style.css"), ("GET", "/favicon.ico")}
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
                                "frame-ancestors 'none'; base-uri 'none'",
@@ -117,8 +117,11 @@ def login_page(error: str = "", target: str = "/", nonce: str = "") -> str:
 
 
 def login_form(request: web.Request, error: str = "", status: int = 200) -> web.Response:
-    """GET /login: the form, with a fresh login nonce in its cookie."""
-    nonce = secrets.token_urlsafe(24)
+    """GET /login: the form, with its login nonce in a cookie (kept while the browser has one: a
+    second tab, or the browser's own requests sent here, must not expire the form already open)."""
+    nonce = request.cookies.get(LOGIN_COOKIE, "")
+    if len(nonce) < 32 or not nonce.replace("-", "").replace("_", "").isalnum():
+        nonce = secrets.token_urlsafe(24)
     response = web.Response(text=login_page(error, safe_next(request.query.get("next")), nonce),
                             content_type="text/html", status=status)
     response.set_cookie(LOGIN_COOKIE, nonce, httponly=True, samesite="Strict", path="/login")

@@ -82,6 +82,11 @@ async def style(request: web.Request) -> web.Response:
     return web.Response(text=STYLE, content_type="text/css", headers={"Cache-Control": "max-age=3600"})
 
 
+async def favicon(request: web.Request) -> web.Response:
+    """GET /favicon.ico: nothing (browsers ask for it on every site)."""
+    return web.Response(status=204)
+
+
 async def overview(request: web.Request) -> web.Response:
     """GET /: counts, and what is waiting for a moderator."""
     engine = engine_of(request)
