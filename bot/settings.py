@@ -115,6 +115,14 @@ def _database_url(name: str, raw: str) -> str:
     return raw
 
 
+def _token(name: str, raw: str) -> str:
+    """A login token: empty (one is made at start), or 16 characters or more without spaces."""
+    token = raw.strip()
+    if token and (len(token) < 16 or any(c.isspace() for c in token)):
+        raise SettingsError(f"{name} must be 16 characters or more without spaces (or empty: a random one each start)")
+    return token
+
+
 def _path(name: str, raw: str, base: Path | None = None) -> Path:
     """A file path; a relative one is taken from `base` (default: the working directory)."""
     if not raw.strip():
@@ -224,6 +232,10 @@ SETTINGS: dict[str, Spec] = {
     "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A viewer who sees at least this many vectors (over all their visibility keys) has them ranked first by sign-bit codes (1 bit per dimension), and only the best of them (at least 256) are scored exactly: nearly the exact top results at a fraction of the cost (docs/performance.md); viewers who see fewer, and searches as of a past moment, stay exact; 0 = always exact.", _int(0), section=DATABASE),
     "metrics_port": Spec("MUNINN_METRICS_PORT", "", "Health and metrics: the port of /healthz and Prometheus /metrics, served by the bot (docs/deployment.md); empty = off. With several processes, one port each.", _optional_port, section=OPERATIONS),
     "metrics_host": Spec("MUNINN_METRICS_HOST", "127.0.0.1", "Health and metrics: the address /healthz and /metrics listen on; 0.0.0.0 in a container whose port you publish (they show no memories, but counts and host names).", _str, section=OPERATIONS),
+    "web_host": Spec("MUNINN_WEB_HOST", "127.0.0.1", "Console (`muninn web`): the address it listens on; it shows everything Muninn keeps, so keep it on the loopback interface and reach it through an SSH tunnel or a reverse proxy with TLS.", _str, section=OPERATIONS),
+    "web_port": Spec("MUNINN_WEB_PORT", "8377", "Console (`muninn web`): the port it listens on.", _int(1, 65535), section=OPERATIONS),
+    "web_token": Spec("MUNINN_WEB_TOKEN", "", "Console (`muninn web`): the login token (16 characters or more); empty = a new random token printed at each start.", _token, "secret", section=OPERATIONS),
+    "web_changes": Spec("MUNINN_WEB_CHANGES", "false", "Console (`muninn web`): allow forgetting, restoring, approving and rejecting memories and exporting or forgetting a person (each recorded); false = read-only.", _bool, section=OPERATIONS),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str, section=LOGGING),
 }
 
@@ -284,6 +296,10 @@ class Settings:
     vector_codes_min: int
     metrics_port: int | None
     metrics_host: str
+    web_host: str
+    web_port: int
+    web_token: str
+    web_changes: bool
     log_level: str
 
     def shown(self, key: str) -> str:

@@ -23,7 +23,7 @@ def postgres_disabled() -> bool:
 
 DATA_TABLES = ("memories", "memory_vectors", "memory_links", "messages", "channel_settings", "memory_sources",
                "memory_mentions", "vector_changes", "memory_pauses", "guild_departures", "meta", "guild_settings",
-               "memory_approvals", "moderation_log")
+               "memory_approvals", "moderation_log", "console_log")
 
 
 def empty_database(url: str) -> None:

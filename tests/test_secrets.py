@@ -82,7 +82,7 @@ def test_every_url_or_secret_setting_is_marked():
         if spec.env.rsplit("_", 1)[-1] in suspicious or "url" in spec.parse.__name__:
             assert spec.kind in ("url", "secret"), f"{spec.env} looks secret: give it kind='url' or 'secret'"
     assert {k: s.kind for k, s in SETTINGS.items() if s.kind} == {
-        "discord_token": "secret", "database_url": "url", "ollama_url": "url"}
+        "discord_token": "secret", "database_url": "url", "ollama_url": "url", "web_token": "secret"}
 
 
 def test_shown_keeps_where_and_hides_who_and_how():

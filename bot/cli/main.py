@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Awaitable, Callable, Protocol, TypeVar
 
 from bot import redact, validate
-from bot.cli import backup, migrate, users
+from bot.cli import backup, migrate, users, web
 from bot.cli.args import OneLineParser, importance, positive_int, recall_limit, snowflake
 from bot.cli.importer import import_lines
 from bot.cli.progress import Progress
@@ -404,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_parser(sub, common)
     backup.add_parser(sub, common)
     users.add_parser(sub, common)
+    web.add_parser(sub, common)
     return parser
 
 

@@ -29,6 +29,7 @@ from bot.logs import Throttle
 from bot.memory import records
 from bot.memory.access import NamedAccess
 from bot.memory.backends import storage_for
+from bot.memory.console import Console
 from bot.memory.embeddings import Embedding
 from bot.memory.errors import DatabaseBusy, DatabaseError, explain
 from bot.memory.guilds import Guilds
@@ -88,6 +89,7 @@ class Engine(NamedAccess, Embedding):
         self.upkeep = Upkeep(self)      # maintenance's jobs
         self.guilds = Guilds(self)      # servers Muninn left, and their purge
         self.rooms = Rooms(self)        # the room memory mode, moderation, attribution
+        self.console = Console(self)    # the operator's console (bot/web/)
         # Readers need a database that other connections can open; ":memory:" is one per connection.
         self._shared_file = self.storage.shares_readers()
         self._readers = (ThreadPoolExecutor(max_workers=settings.db_readers, thread_name_prefix="muninn-read")

@@ -48,6 +48,7 @@ async def build_source(settings) -> dict:
                                                            channel_id=ROOM, guild_id=GUILD, standing=records.PENDING)))
         await engine.rooms.approve(ids[-1], channel_id=ROOM, guild_id=GUILD, moderator_id=CAROL)
         await engine.rooms.set_mode(GUILD, "open", moderator_id=CAROL, channel_id=ROOM)
+        await engine.console.record("export-user", user_id=CAROL)  # the operator's console log
         last = await engine.remember(records.NewMemory("a memory that gets deleted", "global", owner_id=1))
         await engine.forget([last])
         for n in range(12):
@@ -88,7 +89,8 @@ async def test_full_copy_keeps_ids_counts_and_the_source(source, postgres_url, f
     assert report.counts["memories"] == (len(facts["ids"]) + 0, len(facts["ids"]))
     assert report.counts["memory_vectors"][0] == facts["stats"]["embedded"] > 0
     for table in ("memory_links", "messages", "channel_settings", "memory_pauses", "memory_sources", "memory_mentions",
-                  "guild_settings", "memory_approvals", "moderation_log", "memory_teachers", "reply_context"):
+                  "guild_settings", "memory_approvals", "moderation_log", "memory_teachers", "reply_context",
+                  "console_log"):
         assert report.counts[table][0] == report.counts[table][1] > 0, table
     assert seen and seen[-1][0] == seen[-1][1]
     assert sorted(r[0] for r in rows(postgres_url, "SELECT id FROM memories")) == sorted(facts["ids"])

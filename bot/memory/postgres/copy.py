@@ -233,8 +233,8 @@ def _move_identity(target: PgConnection, source: apsw.Connection) -> None:
 def _finish_table(target: PgConnection, source: apsw.Connection, table: Table) -> None:
     if table.name == "memories":
         _move_identity(target, source)
-    if table.name == "moderation_log":  # its ids were copied as they are: the next one follows them
-        target.pg.execute("SELECT setval(pg_get_serial_sequence('moderation_log', 'id'), max(id)) FROM moderation_log "
+    if table.name in ("moderation_log", "console_log"):  # ids copied as they are: the next one follows them
+        target.pg.execute(f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), max(id)) FROM {table.name} "
                           "HAVING max(id) IS NOT NULL")
     if table.name == "memory_vectors":
         # `embedded` = a vector is there: a row whose vector was missing in SQLite gets embedded later

@@ -61,6 +61,7 @@ GUILD_SETTING_COLUMNS = ("guild_id", "key", "value", "updated_at")
 APPROVAL_COLUMNS = ("memory_id", "how", "moderator_id", "approved_at")
 LOG_COLUMNS = ("id", "at", "guild_id", "channel_id", "moderator_id", "action", "memory_id")
 TEACHER_COLUMNS = ("memory_id", "user_id", "first_taught_at", "source_message_ids")
+CONSOLE_COLUMNS = ("id", "at", "action", "memory_id", "user_id")
 
 
 def _select(table: str, columns: Sequence[str], key: Sequence[str], texts: frozenset[str] = frozenset(),
@@ -100,6 +101,7 @@ TABLES: tuple[Table, ...] = (
     Table("memory_approvals", APPROVAL_COLUMNS, ("memory_id",), _select("memory_approvals", APPROVAL_COLUMNS,
                                                                         ("memory_id",))),
     Table("moderation_log", LOG_COLUMNS, ("id",), _select("moderation_log", LOG_COLUMNS, ("id",))),
+    Table("console_log", CONSOLE_COLUMNS, ("id",), _select("console_log", CONSOLE_COLUMNS, ("id",))),
     Table("meta", ("key", "value"), ("key",), _select("meta", ("key", "value"), ("key",), frozenset({"key", "value"}),
                                                       where=" AND ".join(
                                                           [f"key != '{k}'" for k in SKIPPED_META]
@@ -108,7 +110,7 @@ TABLES: tuple[Table, ...] = (
 )
 DATA_TABLES = ("memories", "memory_vectors", "memory_links", "memory_sources", "memory_mentions", "messages",
                "memory_teachers", "reply_context", "channel_settings", "memory_pauses", "guild_departures",
-               "guild_settings", "memory_approvals", "moderation_log")
+               "guild_settings", "memory_approvals", "moderation_log", "console_log")
 
 
 def open_source(path: Path) -> apsw.Connection:

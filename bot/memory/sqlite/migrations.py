@@ -286,6 +286,18 @@ MIGRATIONS: list[str] = [
     INSERT OR IGNORE INTO reply_context (reply_id, author_id)
         SELECT id, reply_to_author FROM messages WHERE role = 'assistant' AND reply_to_author IS NOT NULL;
     """,
+    # 20: the operator's console (`muninn web`): what it did, when, to which memory or person; never a
+    # memory's text, as the moderators' log.
+    """
+    CREATE TABLE IF NOT EXISTS console_log (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        action TEXT NOT NULL CHECK (action IN ('forget', 'restore', 'approve', 'reject', 'export-user',
+                                               'forget-user')),
+        memory_id INTEGER,
+        user_id INTEGER
+    );
+    """,
 ]
 
 
