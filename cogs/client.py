@@ -23,7 +23,7 @@ from bot.memory.engine import Engine
 from bot.memory.errors import explain
 from bot.settings import Settings
 
-from . import EXTENSIONS
+from . import EXTENSIONS, intents
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +84,14 @@ async def answer_privately(interaction: discord.Interaction, text: str) -> None:
 
 class MuninnBot(commands.Bot):
     """The discord.py client of Muninn (see the module docstring). It reads message content (a
-    privileged intent), mentions nobody unless `options` say otherwise, and takes MUNINN_OWNER_IDS
+    privileged intent) when it may (cogs/intents.py), mentions nobody unless `options` say otherwise, and takes MUNINN_OWNER_IDS
     as its owners (the application's owner when unset); `extractor_factory` replaces bot.lifecycle's `Extractor`."""
 
     def __init__(self, settings: Settings, *,
                  extractor_factory: Callable[[Engine], ExchangeSink] | None = None, **options):
         intents = discord.Intents.default()
-        intents.message_content = True  # privileged: enable it in the Developer Portal too
+        # privileged: granted in the Developer Portal, or Muninn runs without it (cogs/intents.py)
+        intents.message_content = settings.message_content != "off"
         options.setdefault("allowed_mentions", discord.AllowedMentions.none())
         super().__init__(command_prefix=commands.when_mentioned, help_command=None, intents=intents,
                          tree_cls=MuninnTree, owner_ids=set(settings.owner_ids) or None, **options)
@@ -99,6 +100,7 @@ class MuninnBot(commands.Bot):
         self.engine: Engine | None = None
         self.extractor: ExchangeSink | None = None
         self.pipeline: Pipeline | None = None
+        self.reads_everything = intents.message_content  # settled at login (cogs/intents.py)
         self.maintenance: asyncio.Task | None = None
         self._checked_models = False
         self.stopping = False
@@ -109,6 +111,7 @@ class MuninnBot(commands.Bot):
         """Run by discord.py at login, before the gateway connects: open the engine, make the pipeline,
         load the cogs and start the periodic maintenance (unless MUNINN_MAINTENANCE_HOURS is 0). What
         it raises stops the login."""
+        self.reads_everything = await intents.decide(self, self.settings.message_content)
         self.engine = Engine(self.settings)
         await self.engine.start()
         counts = await self.engine.stats()

@@ -12,7 +12,7 @@ from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.postgres.copy import Interrupted, MigrationError, copy_database
 from bot.memory.scope import Viewer
-from bot.memory.sql import channels as channel_settings
+from bot.memory.sql import options as channel_settings
 from bot.memory.sql import history, store
 from tests.postgres_server import free_port
 
@@ -56,7 +56,7 @@ async def build_source(settings) -> dict:
         await engine.write(history.record, channel_id=ROOM, guild_id=GUILD, author_id=1, author_name="Muninn",
                            role="assistant", content="a reply", message_id=7100, reply_to_author=BOB,
                            context_authors=[ALICE, BOB])
-        await engine.write(channel_settings.set_always_answer, ROOM, GUILD, True)
+        await engine.write(channel_settings.set_channel_option, ROOM, GUILD, "answer", "every")
         await engine.pause_memory(CAROL)
         stats = await engine.stats()
     return {"ids": ids, "deleted": last, "stats": stats}

@@ -375,6 +375,25 @@ MIGRATIONS: list[str] = [
         SELECT id, reply_to_author FROM messages WHERE role = 'assistant' AND reply_to_author IS NOT NULL
         ON CONFLICT DO NOTHING;
     """,
+    # Settings per channel and thread, changed from Discord (bot/memory/sql/options.py): one row per
+    # channel and setting instead of one always-answer column. A channel opted in to always-answer
+    # keeps answering every message ('every'); one opted out answers mentions only ('mentions').
+    """
+    CREATE TABLE channel_options (
+        channel_id BIGINT NOT NULL,
+        guild_id BIGINT,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (channel_id, key)
+    );
+    INSERT INTO channel_options (channel_id, guild_id, key, value, updated_at)
+        SELECT channel_id, guild_id, 'answer', CASE always_answer WHEN 1 THEN 'every' ELSE 'mentions' END, updated_at
+        FROM channel_settings;
+    DROP TABLE channel_settings;
+    ALTER TABLE channel_options RENAME TO channel_settings;
+    CREATE INDEX channel_settings_guild ON channel_settings (guild_id);
+    """,
 ]
 
 
