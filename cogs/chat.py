@@ -20,7 +20,7 @@ from bot.conversation.overrides import EVERY, NEVER, Tuning
 from bot.conversation.pipeline import Incoming, Pipeline
 from bot.conversation.text import split_message
 
-from . import places
+from . import places, threads
 from .confirm import ConfirmForget, ForgetButton, offer_text
 from .streaming import DiscordReplyStream
 
@@ -205,7 +205,13 @@ class Chat(commands.Cog):
                 return
             incoming = to_incoming(message, look.tuning)
             if await self.should_answer(message, look.tuning):
-                await self.pipeline.respond(incoming, DiscordOutlet(message))
+                if opened := await threads.open_thread(self.bot, message, look.tuning):
+                    # answered in the thread it opened (cogs/threads.py): out of the channel's order
+                    self.pipeline.arrivals.settled(message.channel.id, message.id)
+                    in_thread, tuning = opened
+                    await self.pipeline.respond(to_incoming(in_thread, tuning), DiscordOutlet(in_thread))
+                else:
+                    await self.pipeline.respond(incoming, DiscordOutlet(message))
             elif look.tuning.reads_everything:
                 await self.pipeline.record(incoming)
         finally:
@@ -244,7 +250,7 @@ class Chat(commands.Cog):
         # Pins, link previews and new threads also send updates: only an edit carries edited_at.
         if "content" not in payload.data or message.author.bot or message.edited_at is None:
             return
-        look = await places.look(self.bot, message)
+        look = await places.look(self.bot, message, guild_of(payload))
         if not look.verdict:
             return  # nothing of theirs is kept, so nothing to follow
         await self.pipeline.edited(payload.message_id, message.clean_content, message.edited_at.timestamp(),

@@ -23,7 +23,8 @@ from bot.memory.engine import Engine
 from bot.memory.errors import explain
 from bot.settings import Settings
 
-from . import EXTENSIONS, intents
+from . import EXTENSIONS
+from .intents import settle as settle_message_content
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class MuninnBot(commands.Bot):
         self.engine: Engine | None = None
         self.extractor: ExchangeSink | None = None
         self.pipeline: Pipeline | None = None
+        self.asked_intents = intents                   # what IDENTIFY will ask for (cogs/intents.py)
         self.reads_everything = intents.message_content  # settled at login (cogs/intents.py)
         self.maintenance: asyncio.Task | None = None
         self._checked_models = False
@@ -111,7 +113,7 @@ class MuninnBot(commands.Bot):
         """Run by discord.py at login, before the gateway connects: open the engine, make the pipeline,
         load the cogs and start the periodic maintenance (unless MUNINN_MAINTENANCE_HOURS is 0). What
         it raises stops the login."""
-        self.reads_everything = await intents.decide(self, self.settings.message_content)
+        self.reads_everything = await settle_message_content(self, self.settings.message_content)
         self.engine = Engine(self.settings)
         await self.engine.start()
         counts = await self.engine.stats()

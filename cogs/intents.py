@@ -27,7 +27,7 @@ def granted(flags: discord.ApplicationFlags) -> bool:
     return flags.gateway_message_content or flags.gateway_message_content_limited
 
 
-async def decide(bot: discord.Client, setting: str) -> bool:
+async def settle(bot: discord.Client, setting: str) -> bool:
     """Settle the intent for this run (before the gateway connects) and log the mode; True with it."""
     if setting == "off":
         why = "MUNINN_MESSAGE_CONTENT=off"
@@ -42,7 +42,8 @@ async def decide(bot: discord.Client, setting: str) -> bool:
         except discord.HTTPException as exc:
             use, why = True, f"assumed: Discord did not say whether it is granted ({exc.status})"
     # The intents are sent when the gateway connects, which has not happened yet: discord.py keeps
-    # them on its connection state and offers no other way to change them after construction.
-    bot._connection._intents.message_content = use
+    # the very Intents object the bot was made with (MuninnBot.asked_intents) until then.
+    asked: discord.Intents = bot.asked_intents  # type: ignore[attr-defined]
+    asked.message_content = use
     log.info(WITH if use else WITHOUT, why)
     return use

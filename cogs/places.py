@@ -62,9 +62,10 @@ async def tuning_at(bot, place: Place) -> tuple[Tuning, dict[str, str]]:
     return tuning, stored.guild
 
 
-async def look(bot, message: discord.Message) -> Look:
-    """Everything that applies to a message: the place's settings and the access verdict."""
-    place = place_of(message.channel, message.guild.id if message.guild else None)
+async def look(bot, message: discord.Message, guild_id: int | None = None) -> Look:
+    """Everything that applies to a message: the place's settings and the access verdict.
+    `guild_id`: the message's server when discord.py has not cached it (an edit's payload)."""
+    place = place_of(message.channel, message.guild.id if message.guild else guild_id)
     tuning, guild = await tuning_at(bot, place)
     verdict = access.admit(bot.settings, author_of(message), guild_id=place.guild_id, places=place.ids, lists=guild)
     return Look(place, tuning, verdict)

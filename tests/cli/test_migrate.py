@@ -12,8 +12,8 @@ from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.postgres.copy import Interrupted, MigrationError, copy_database
 from bot.memory.scope import Viewer
-from bot.memory.sql import options as channel_settings
 from bot.memory.sql import history, store
+from bot.memory.sql import options as channel_settings
 from tests.postgres_server import free_port
 
 ALICE, BOB, CAROL = 1001, 1002, 1003

@@ -54,7 +54,9 @@ class World:
 
 @pytest.fixture
 async def simcord_bot(fake_ollama, make_settings):
-    bot = MuninnBot(make_settings(fake_ollama.url, MUNINN_EXTRACTION="false", MUNINN_TIMEZONE="Europe/Oslo"))
+    # simcord reports no application flags: the Message Content intent is granted by setting
+    bot = MuninnBot(make_settings(fake_ollama.url, MUNINN_EXTRACTION="false", MUNINN_TIMEZONE="Europe/Oslo",
+                                  MUNINN_MESSAGE_CONTENT="on"))
     yield bot
     await bot.close()  # after simcord_env's teardown: closes the engine
 

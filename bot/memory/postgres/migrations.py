@@ -376,23 +376,31 @@ MIGRATIONS: list[str] = [
         ON CONFLICT DO NOTHING;
     """,
     # Settings per channel and thread, changed from Discord (bot/memory/sql/options.py): one row per
-    # channel and setting instead of one always-answer column. A channel opted in to always-answer
-    # keeps answering every message ('every'); one opted out answers mentions only ('mentions').
+    # channel and setting instead of one always-answer column (SQLite's migration of the same number
+    # says more). Only while the old column is there: re-runnable.
     """
-    CREATE TABLE channel_options (
-        channel_id BIGINT NOT NULL,
-        guild_id BIGINT,
-        key TEXT NOT NULL,
-        value TEXT NOT NULL,
-        updated_at DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (channel_id, key)
-    );
-    INSERT INTO channel_options (channel_id, guild_id, key, value, updated_at)
-        SELECT channel_id, guild_id, 'answer', CASE always_answer WHEN 1 THEN 'every' ELSE 'mentions' END, updated_at
-        FROM channel_settings;
-    DROP TABLE channel_settings;
-    ALTER TABLE channel_options RENAME TO channel_settings;
-    CREATE INDEX channel_settings_guild ON channel_settings (guild_id);
+    DO $$
+    BEGIN
+        IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+                   AND table_name = 'channel_settings' AND column_name = 'always_answer') THEN
+            CREATE TABLE channel_options (
+                channel_id BIGINT NOT NULL,
+                guild_id BIGINT,
+                key TEXT NOT NULL,
+                value TEXT NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (channel_id, key)
+            );
+            INSERT INTO channel_options (channel_id, guild_id, key, value, updated_at)
+                SELECT channel_id, guild_id, 'answer', CASE always_answer WHEN 1 THEN 'every' ELSE 'mentions' END,
+                       updated_at
+                FROM channel_settings;
+            DROP TABLE channel_settings;
+            ALTER TABLE channel_options RENAME TO channel_settings;
+            CREATE INDEX channel_settings_guild ON channel_settings (guild_id);
+        END IF;
+    END
+    $$;
     """,
 ]
 
