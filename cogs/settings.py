@@ -22,6 +22,7 @@ from discord.ext import commands
 from bot.conversation import access, overrides
 from bot.conversation.overrides import CHANNEL, ENV, EVERY, OPTIONS, SERVER, THREAD, BadValue, Tuning
 from bot.memory.rooms import DEFAULT_MODE
+from bot.memory.sql.rooms import ROOM_MODE
 
 from .answers import fit
 from .client import Refusal
@@ -161,9 +162,10 @@ class SettingsCog(commands.GroupCog, group_name="settings",
             raise Refusal(f"`{setting}` is set for {' or '.join(OPTIONS[setting].levels)}, not for a {level}.")
         assert interaction.guild_id is not None and interaction.channel_id is not None
         if setting == "room_memory":
-            await self.engine.rooms.set_mode(interaction.guild_id, DEFAULT_MODE, moderator_id=interaction.user.id,
-                                             channel_id=interaction.channel_id)
-            removed = True
+            removed = await self.engine.rooms.mode(interaction.guild_id) != DEFAULT_MODE or \
+                ROOM_MODE in (await self.here(interaction))[1]
+            await self.engine.rooms.reset_mode(interaction.guild_id, moderator_id=interaction.user.id,
+                                               channel_id=interaction.channel_id)
         elif level == SERVER:
             removed = await self.engine.options.reset_guild(interaction.guild_id, setting)
         else:
