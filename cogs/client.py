@@ -23,7 +23,7 @@ from bot.memory.engine import Engine
 from bot.memory.errors import explain
 from bot.settings import Settings
 
-from . import EXTENSIONS
+from . import EXTENSIONS, places
 from .intents import settle as settle_message_content
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,9 @@ logging.getLogger("discord.client").addFilter(_NoVoice())
 
 # What the bot needs in a channel: see it, read the history it replies to, write, and react
 # (its quiet signs on a message it will not answer: ⏳ busy, 🐢 over the sender's share).
+# Create Public Threads: for the channels that open a thread on a mention (auto_thread, cogs/threads.py).
 INVITE_PERMISSIONS = discord.Permissions(view_channel=True, send_messages=True, send_messages_in_threads=True,
-                                         read_message_history=True, add_reactions=True)
+                                         read_message_history=True, add_reactions=True, create_public_threads=True)
 SOMETHING_WENT_WRONG = "Something went wrong on my side; it has been logged. Please try again later."
 DATABASE_UNAVAILABLE = ("My memory is unavailable right now (busy with maintenance, or a disk problem); nothing "
                         "was changed. It has been logged. Please try again in a few minutes.")
@@ -52,7 +53,16 @@ class Refusal(app_commands.AppCommandError):
 
 
 class MuninnTree(app_commands.CommandTree):
-    """The bot's command tree: the one error handler of every slash command (`on_error`)."""
+    """The bot's command tree: the access rule for the commands that teach Muninn
+    (`interaction_check`), the one error handler of every slash command (`on_error`)."""
+
+    async def interaction_check(self, interaction: discord.Interaction) -> bool:
+        """Refuse a command that would make Muninn keep what the access lists keep out (cogs/places.py)."""
+        command = interaction.command
+        if command is not None and command.qualified_name in places.TEACHING \
+                and not await places.admits(interaction.client, interaction):
+            raise Refusal(places.NOT_KEPT)
+        return True
 
     async def on_error(self, interaction: discord.Interaction, error: app_commands.AppCommandError) -> None:
         """The one error handler of every slash command: log, then answer the caller privately."""

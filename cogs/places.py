@@ -2,7 +2,9 @@
 (bot/conversation/overrides.py) and whether Muninn may answer and keep it (bot/conversation/access.py).
 
 `look` reads what the server, the channel and, in a thread, its parent channel have stored, in
-one database read, so a change made with /settings applies from the next message on.
+one database read, so a change made with /settings applies from the next message on. The
+commands that teach Muninn (`TEACHING`) ask the same access rule (`admits`); those that show,
+export or forget what it keeps of a person never do, so a blocked person keeps those rights.
 """
 from __future__ import annotations
 
@@ -13,6 +15,10 @@ import discord
 from bot.conversation import access, overrides
 from bot.conversation.access import Author, Verdict
 from bot.conversation.overrides import Tuning
+
+# Slash commands and context menus that make Muninn keep something a person tells it.
+TEACHING = frozenset({"memory remember", "Remember this"})
+NOT_KEPT = "Muninn keeps nothing you tell it here (this server's access lists or the operator's)."
 
 
 @dataclass(frozen=True)
@@ -69,3 +75,14 @@ async def look(bot, message: discord.Message, guild_id: int | None = None) -> Lo
     tuning, guild = await tuning_at(bot, place)
     verdict = access.admit(bot.settings, author_of(message), guild_id=place.guild_id, places=place.ids, lists=guild)
     return Look(place, tuning, verdict)
+
+
+async def admits(bot, interaction: discord.Interaction) -> Verdict:
+    """The access verdict for the caller of a command, where it runs."""
+    if interaction.channel is None:
+        return Verdict(False, "no channel")
+    place = place_of(interaction.channel, interaction.guild_id)
+    guild = (await bot.engine.options.stored(place.guild_id, [])).guild if place.guild_id is not None else {}
+    user = interaction.user
+    author = Author(user.id, frozenset(role.id for role in getattr(user, "roles", ())), bot=user.bot)
+    return access.admit(bot.settings, author, guild_id=place.guild_id, places=place.ids, lists=guild)

@@ -60,6 +60,7 @@ class Server:
         fake.add_member(guild, self.eve)
         self.bot: MuninnBot | None = None
         self.command: str | None = None
+        self.memory_command: str | None = None
 
     @property
     def engine(self):
@@ -144,6 +145,7 @@ async def start(world: Server, settings) -> asyncio.Task:
     await world.fake.wait_until_ready()
     synced = await world.bot.tree.sync()
     world.command = next(c.id for c in synced if c.name == "settings")
+    world.memory_command = next(c.id for c in synced if c.name == "memory")
     return task
 
 
@@ -303,6 +305,13 @@ async def test_blocked_users_roles_and_channels_leave_no_row(server):
     await server.mention(server.alice, server.random, "the blocked channel")
     await server.fake.send_message(server.random["id"], server.alice, "nothing kept here")
     await server.answered(server.alice, server.general, "and here?")  # answered: the lists let her in
+    # nor does /memory remember keep anything of theirs (forget and export stay theirs to use)
+    interaction = await server.fake.send_interaction(
+        "memory", server.bob, server.general["id"], command_id=server.memory_command,
+        options=[{"name": "remember", "type": 1, "options": [{"name": "text", "type": 3, "value": "Bob has a cat"}]}])
+    response = await server.fake.wait_for_interaction_response(interaction)
+    assert response["ephemeral"] and response["data"]["content"] == (
+        "Muninn keeps nothing you tell it here (this server's access lists or the operator's).")
     for person in (server.bob, server.dave, server.eve):
         assert await server.kept_of(person) == ([], [])
     assert await server.engine.messages.recent(int(server.random["id"]), 10) == []
