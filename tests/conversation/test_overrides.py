@@ -118,3 +118,25 @@ def test_bad_values_are_refused_in_one_line(key, raw, said):
     with pytest.raises(BadValue) as refused:
         OPTIONS[key].parse(raw)
     assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_docs_table_has_every_setting_with_its_levels_and_env():
+    """docs/server-settings.md's table (copied into the README) says where each setting can be set
+    and which .env setting it starts from: what OPTIONS and bot/settings.py say."""
+    from pathlib import Path
+
+    from bot.settings import SETTINGS
+    table = (Path(__file__).parents[2] / "docs" / "server-settings.md").read_text().split("## Every setting", 1)[1]
+    rows = {cells[0]: cells for cells in (
+        [cell.strip() for cell in line.strip("|").split(" | ")] for line in table.splitlines()
+        if line.startswith("| ") and not line.startswith("| Setting"))}
+    envs = {spec.env for spec in SETTINGS.values()}
+    for key, option in OPTIONS.items():
+        _, env, server, channel, thread, who, _ = rows[f"`{key}`"]
+        assert [server, channel, thread] == ["yes" if level in option.levels else "—"
+                                             for level in (SERVER, CHANNEL, THREAD)], key
+        named = [name.strip() for name in option.env_name.split(",") if name.strip() != "-"]
+        assert all(f"`{name}`" in env and name in envs for name in named), key
+        assert "Manage Server" in who and (("Manage Channels" in who) == (CHANNEL in option.levels)), key
+    for env_name in ("MUNINN_ALLOW_DMS", "MUNINN_BLOCKED_USERS", "MUNINN_MESSAGE_CONTENT"):
+        assert env_name in envs and any(f"`{env_name}`" in cells[1] for cells in rows.values())
