@@ -15,6 +15,7 @@ import discord
 from bot.conversation import access, overrides
 from bot.conversation.access import Author, Verdict
 from bot.conversation.overrides import Tuning
+from bot.memory.options import Stored
 
 # Slash commands and context menus that make Muninn keep something a person tells it.
 TEACHING = frozenset({"memory remember", "Remember this"})
@@ -61,8 +62,11 @@ def reads_everything(bot) -> bool:
 
 async def tuning_at(bot, place: Place) -> tuple[Tuning, dict[str, str]]:
     """The settings that apply at a place, and the server's stored settings (its access lists)."""
-    channels = [place.channel_id] + ([place.parent_id] if place.parent_id is not None else [])
-    stored = await bot.engine.options.stored(place.guild_id, channels)
+    if place.guild_id is None:  # a DM: the .env alone applies, nothing to read
+        stored = Stored()
+    else:
+        channels = [place.channel_id] + ([place.parent_id] if place.parent_id is not None else [])
+        stored = await bot.engine.options.stored(place.guild_id, channels)
     tuning = overrides.resolve(bot.settings, stored, guild_id=place.guild_id, channel_id=place.channel_id,
                                parent_id=place.parent_id, reads_everything=reads_everything(bot))
     return tuning, stored.guild

@@ -28,6 +28,8 @@ Outlets may offer more than `send`, declared by a protocol each, and the pipelin
 - `confirm_forget(offer)` (ConfirmingOutlet): "forget that I live in Oslo" in plain words
   (bot/conversation/forget_intent.py) shows the person's matching memories and forgets them
   on confirmation; such a request is neither answered by the model nor kept.
+The place's settings (`Incoming.tuning`, bot/conversation/overrides.py) add to the persona, hint
+the language, size the history in the prompt and say whether facts are learned there.
 A person who paused Muninn's memory (/memory pause) is answered, but nothing of theirs is
 kept or extracted, and Muninn says so once. `stop_accepting` and `wait_idle` let a graceful
 shutdown finish the replies in flight.

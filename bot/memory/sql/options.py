@@ -1,7 +1,7 @@
 """Settings that server admins and channel managers change from Discord (portable SQL, both backends).
 
 A server's settings are rows of `guild_settings` (guild id, key, value); a channel's or a thread's
-are rows of `channel_settings` (channel id, its guild, key, value). A key with no row is not set
+are rows of `channel_options` (channel id, its guild, key, value). A key with no row is not set
 there: the place inherits it (bot/conversation/overrides.py says from where). Values are text;
 what each key may hold is checked above this layer, before it is written.
 """
@@ -27,7 +27,7 @@ def channel_options(conn: Connection, channel_ids: Sequence[int]) -> dict[int, d
         return found
     marks = ", ".join("?" for _ in found)
     for channel_id, key, value in conn.execute(
-            f"SELECT channel_id, key, value FROM channel_settings WHERE channel_id IN ({marks})", tuple(found)):
+            f"SELECT channel_id, key, value FROM channel_options WHERE channel_id IN ({marks})", tuple(found)):
         found[int(channel_id)][str(key)] = str(value)
     return found
 
@@ -37,7 +37,7 @@ def set_channel_option(conn: Connection, channel_id: int, guild_id: int | None, 
     """Set one setting of a channel or thread, in one transaction."""
     with write_transaction(conn):
         conn.execute(
-            "INSERT INTO channel_settings (channel_id, guild_id, key, value, updated_at) VALUES (?, ?, ?, ?, ?) "
+            "INSERT INTO channel_options (channel_id, guild_id, key, value, updated_at) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (channel_id, key) DO UPDATE SET value = excluded.value, guild_id = excluded.guild_id, "
             "updated_at = excluded.updated_at",
             (channel_id, guild_id, key, value, time.time() if now is None else now))
@@ -46,7 +46,7 @@ def set_channel_option(conn: Connection, channel_id: int, guild_id: int | None, 
 def clear_channel_option(conn: Connection, channel_id: int, key: str) -> bool:
     """Remove one setting of a channel or thread (it inherits again); False when it was not set."""
     with write_transaction(conn):
-        conn.execute("DELETE FROM channel_settings WHERE channel_id = ? AND key = ?", (channel_id, key))
+        conn.execute("DELETE FROM channel_options WHERE channel_id = ? AND key = ?", (channel_id, key))
         return conn.changes() > 0
 
 

@@ -43,7 +43,7 @@ async def test_channels_opted_in_or_out_of_always_answer_keep_their_choice_after
         number = next(n for n, sql in enumerate(migrations, 1) if "channel_options" in sql)
 
         def before(conn):  # as a database made before the migration: one always-answer column
-            conn.execute("DROP TABLE channel_settings")
+            conn.execute("DROP TABLE channel_options")
             conn.execute("CREATE TABLE channel_settings (channel_id BIGINT PRIMARY KEY, guild_id BIGINT, "
                          "always_answer INTEGER NOT NULL DEFAULT 0, updated_at REAL NOT NULL)")
             conn.execute("INSERT INTO channel_settings VALUES (?, ?, 1, 5.0), (?, ?, 0, 6.0)",
@@ -58,5 +58,15 @@ async def test_channels_opted_in_or_out_of_always_answer_keep_their_choice_after
         stored = await engine.options.stored(GUILD, [GENERAL, RANDOM, THREAD])
         assert stored.channels == {GENERAL: {"answer": "every"}, RANDOM: {"answer": "mentions"}, THREAD: {}}
         await engine.options.set_channel(GENERAL, GUILD, "persona", "Be brief.")  # the new shape takes more keys
-        assert (await engine.options.stored(GUILD, [GENERAL])).channel(GENERAL) == {"answer": "every",
-                                                                                    "persona": "Be brief."}
+        await engine.options.set_channel(RANDOM, GUILD, "answer", "never")
+
+        def again(conn):  # run once more (a restore, a second process): nothing changes
+            if backend:
+                conn.execute("UPDATE schema_version SET version = ?", (number - 1,))
+            else:
+                conn.execute(f"PRAGMA user_version = {number - 1}")
+        await engine.write(again)
+
+    async with Engine(settings) as engine:
+        stored = await engine.options.stored(GUILD, [GENERAL, RANDOM])
+        assert stored.channels == {GENERAL: {"answer": "every", "persona": "Be brief."}, RANDOM: {"answer": "never"}}
