@@ -19,6 +19,7 @@ from bot.conversation.outlets import ForgetOffer, Sent
 from bot.conversation.overrides import EVERY, NEVER, Tuning
 from bot.conversation.pipeline import Incoming, Pipeline
 from bot.conversation.text import split_message
+from bot.logs import Throttle
 
 from . import places, threads
 from .confirm import ConfirmForget, ForgetButton, offer_text
@@ -175,6 +176,7 @@ class Chat(commands.Cog):
     records the others, and follows edits and deletions into the history."""
     def __init__(self, bot: commands.Bot):
         self.bot = bot
+        self._throttle = Throttle()  # one log line a minute for a failure that repeats per message
 
     async def cog_load(self) -> None:
         """Register the forget buttons, so that questions asked before a restart still answer."""
@@ -199,7 +201,14 @@ class Chat(commands.Cog):
             return
         self.pipeline.arrivals.arrived(message.channel.id, message.id)  # before any await
         try:
-            look = await places.look(self.bot, message)
+            try:
+                look = await places.look(self.bot, message)
+            except Exception as exc:  # a busy or damaged database: who may be kept cannot be told
+                if self._throttle.ready("look"):
+                    log.error("could not read the settings and access lists of channel %s (%s: %s); messages there "
+                              "are neither answered nor kept until the database answers", message.channel.id,
+                              type(exc).__name__, exc)
+                return
             if not look.verdict:
                 log.debug("message %s ignored: its author is %s", message.id, look.verdict.reason)
                 return

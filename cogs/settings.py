@@ -21,8 +21,6 @@ from discord.ext import commands
 
 from bot.conversation import access, overrides
 from bot.conversation.overrides import CHANNEL, ENV, EVERY, OPTIONS, SERVER, THREAD, BadValue, Tuning
-from bot.memory.rooms import DEFAULT_MODE
-from bot.memory.sql.rooms import ROOM_MODE
 
 from .answers import fit
 from .client import Refusal
@@ -138,7 +136,7 @@ class SettingsCog(commands.GroupCog, group_name="settings",
         try:
             stored = option.parse(value)
         except BadValue as exc:
-            raise Refusal(f"`{setting}`: {exc}.") from None
+            raise Refusal(f"`{setting}` ({option.help}): {exc}.") from None
         assert interaction.guild_id is not None and interaction.channel_id is not None
         if setting == "room_memory":
             await self.engine.rooms.set_mode(interaction.guild_id, stored, moderator_id=interaction.user.id,
@@ -162,8 +160,7 @@ class SettingsCog(commands.GroupCog, group_name="settings",
             raise Refusal(f"`{setting}` is set for {' or '.join(OPTIONS[setting].levels)}, not for a {level}.")
         assert interaction.guild_id is not None and interaction.channel_id is not None
         if setting == "room_memory":
-            removed = await self.engine.rooms.mode(interaction.guild_id) != DEFAULT_MODE or \
-                ROOM_MODE in (await self.here(interaction))[1]
+            removed = setting in (await self.here(interaction))[1]  # the option's key is the stored one
             await self.engine.rooms.reset_mode(interaction.guild_id, moderator_id=interaction.user.id,
                                                channel_id=interaction.channel_id)
         elif level == SERVER:

@@ -70,7 +70,8 @@ def _env_answer(settings: Settings, channel_ids: tuple[int, ...]) -> str:
 class Option:
     """One setting: its key (the stored key and its name in /settings), where it can be set, how
     a typed value is checked (`parse`: the stored text, or BadValue), the `.env` value a server
-    inherits (`env`, given the ids of the channel and its parent) and what it does (`help`)."""
+    inherits (`env`, given the ids of the channel and its parent), what it does (`help`) and the
+    `.env` settings it starts from (`env_name`, for the docs; "-": none)."""
     key: str
     levels: tuple[str, ...]
     parse: Callable[[str], str]
@@ -86,7 +87,7 @@ OPTIONS: dict[str, Option] = {option.key: option for option in (
            "when Muninn answers: mentions (a mention or a reply to it), every message, or never (DMs "
            "are always answered)", "MUNINN_ANSWER_MODE, MUNINN_ALWAYS_ANSWER_CHANNELS"),
     Option("history", (SERVER, CHANNEL, THREAD), _history, lambda s, c: str(s.history_limit),
-           f"recent messages of the channel put into the prompt (0 to {HISTORY_MAX})", "MUNINN_HISTORY_LIMIT"),
+           "recent messages of the channel put into the prompt", "MUNINN_HISTORY_LIMIT"),
     Option("learning", (SERVER, CHANNEL, THREAD), _choice(ON, OFF), lambda s, c: ON if s.extraction else OFF,
            "whether Muninn learns facts from the conversations here", "MUNINN_EXTRACTION"),
     Option("language", (SERVER, CHANNEL, THREAD), _text(LANGUAGE_MAX), lambda s, c: s.language,

@@ -33,7 +33,9 @@ ENV_VALUES = {"persona": "", "answer": "mentions", "history": "10", "learning": 
 
 
 def test_the_table_covers_every_setting():
+    from bot.memory.sql.rooms import ROOM_MODE
     assert set(VALUES) == set(OPTIONS) == set(ENV_VALUES)
+    assert ROOM_MODE in OPTIONS  # the room memory mode is stored under the option's own key
 
 
 @pytest.mark.parametrize("key", sorted(VALUES))

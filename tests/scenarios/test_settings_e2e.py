@@ -243,7 +243,8 @@ async def test_a_member_without_the_permission_changes_nothing(server):
         said = await server.access(user, "add", "block", server.dave, "user")
         assert said == "Changing this server's settings needs the Manage Server permission."
     said = await server.settings(server.carol, server.general, "set", setting="history", value="ten")
-    assert said == "`history`: 'ten' is not a whole number of messages from 0 to 100."
+    assert said == ("`history` (recent messages of the channel put into the prompt): 'ten' is not a whole number "
+                    "of messages from 0 to 100.")
     assert await server.stored() == before
     # the access lists are shown to those who may change them only
     assert "Access lists" not in await server.settings(server.carol, server.general, "show")
@@ -421,3 +422,21 @@ async def test_with_the_intent_granted_the_mode_is_logged_as_on(discord_world, f
         assert world.bot is not None and world.bot.reads_everything
     finally:
         await stop(world.bot, task)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the failure is made up; the adapter is under test
+async def test_when_the_settings_cannot_be_read_nothing_is_answered_or_kept(server, monkeypatch, caplog):
+    from bot.memory.options import Options
+    working = Options.stored
+
+    async def broken(self, guild_id, channel_ids):
+        raise RuntimeError("database is locked")
+    monkeypatch.setattr(Options, "stored", broken)
+    for n in range(3):
+        await server.mention(server.bob, server.general, f"hello {n}")
+    await until(lambda: sum("could not read the settings" in r.getMessage() for r in caplog.records) == 1,
+                "one log line")
+    monkeypatch.setattr(Options, "stored", working)  # the database answers again
+    await server.answered(server.alice, server.general, "and now?")
+    rows, _ = await server.kept_of(server.bob)
+    assert rows == [] and len([r for r in caplog.records if "could not read the settings" in r.getMessage()]) == 1
