@@ -440,3 +440,15 @@ async def test_when_the_settings_cannot_be_read_nothing_is_answered_or_kept(serv
     await server.answered(server.alice, server.general, "and now?")
     rows, _ = await server.kept_of(server.bob)
     assert rows == [] and len([r for r in caplog.records if "could not read the settings" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # Discord's refusal comes before the database matters
+async def test_on_requires_the_intent_and_a_refusal_says_how_to_run_without_it(discord_world, make_settings):
+    from cogs.adapter import StartupError, run_bot
+    fake, _, _ = discord_world
+    fake.application_flags = 0
+    fake.allowed_intents = discord.Intents.default().value
+    with pytest.raises(StartupError) as refused:
+        await run_bot(make_settings("", MUNINN_MESSAGE_CONTENT="on"))
+    assert "Message Content Intent" in str(refused.value) and "MUNINN_MESSAGE_CONTENT=auto" in str(refused.value)
+    assert fake.identify_payload["intents"] & discord.Intents(message_content=True).value
