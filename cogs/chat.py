@@ -210,7 +210,7 @@ class Chat(commands.Cog):
                               type(exc).__name__, exc)
                 return
             if not look.verdict:
-                log.debug("message %s ignored: its author is %s", message.id, look.verdict.reason)
+                log.debug("message %s neither answered nor kept: %s", message.id, look.verdict.reason)
                 return
             incoming = to_incoming(message, look.tuning)
             if await self.should_answer(message, look.tuning):

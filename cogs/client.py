@@ -95,8 +95,9 @@ async def answer_privately(interaction: discord.Interaction, text: str) -> None:
 
 class MuninnBot(commands.Bot):
     """The discord.py client of Muninn (see the module docstring). It reads message content (a
-    privileged intent) when it may (cogs/intents.py), mentions nobody unless `options` say otherwise, and takes MUNINN_OWNER_IDS
-    as its owners (the application's owner when unset); `extractor_factory` replaces bot.lifecycle's `Extractor`."""
+    privileged intent) when it may (cogs/intents.py), mentions nobody unless `options` say
+    otherwise, and takes MUNINN_OWNER_IDS as its owners (the application's owner when unset);
+    `extractor_factory` replaces bot.lifecycle's `Extractor`."""
 
     def __init__(self, settings: Settings, *,
                  extractor_factory: Callable[[Engine], ExchangeSink] | None = None, **options):

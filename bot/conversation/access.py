@@ -58,22 +58,22 @@ def admit(settings: Settings, author: Author, *, guild_id: int | None, places: t
     `places`: the channel's id and those it belongs to (a thread's parent, a channel's category);
     `lists`: the server's stored settings (its access lists among them)."""
     if author.bot or author.webhook:
-        return Verdict(False, "a bot or a webhook")
+        return Verdict(False, "its author is a bot or a webhook")
     if author.user_id in settings.blocked_users:
-        return Verdict(False, "blocked by the operator (MUNINN_BLOCKED_USERS)")
+        return Verdict(False, "its author is on the operator's block list (MUNINN_BLOCKED_USERS)")
     if guild_id is None:
         return ADMITTED if settings.allow_dms else Verdict(False, "DMs are off (MUNINN_ALLOW_DMS=false)")
     lists = lists or {}
     if author.user_id in ids(lists, "block_users"):
-        return Verdict(False, "a blocked user of this server")
+        return Verdict(False, "its author is on the server's block list")
     if author.role_ids & ids(lists, "block_roles"):
-        return Verdict(False, "has a blocked role of this server")
+        return Verdict(False, "its author has a role on the server's block list")
     if set(places) & ids(lists, "block_channels"):
-        return Verdict(False, "a blocked channel of this server")
+        return Verdict(False, "its channel is on the server's block list")
     users, roles = ids(lists, "allow_users"), ids(lists, "allow_roles")
     if (users or roles) and author.user_id not in users and not author.role_ids & roles:
-        return Verdict(False, "neither an allowed user nor of an allowed role of this server")
+        return Verdict(False, "its author is neither on the server's allow list nor has a role on it")
     channels = ids(lists, "allow_channels")
     if channels and not set(places) & channels:
-        return Verdict(False, "not an allowed channel of this server")
+        return Verdict(False, "its channel is not on the server's allow list")
     return ADMITTED
