@@ -123,6 +123,15 @@ def _token(name: str, raw: str) -> str:
     return token
 
 
+def _choice(*allowed: str):
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in allowed:
+            raise SettingsError(f"{name}={raw.strip()!r} must be one of: {', '.join(allowed)}")
+        return value
+    return parse
+
+
 def _path(name: str, raw: str, base: Path | None = None) -> Path:
     """A file path; a relative one is taken from `base` (default: the working directory)."""
     if not raw.strip():
@@ -210,7 +219,7 @@ SETTINGS: dict[str, Spec] = {
     "history_keep": Spec("MUNINN_HISTORY_KEEP", "200", "Messages kept per channel in the local history; older ones are deleted.", _int(100, 1_000_000), section=CONVERSATION),
     "token_budget": Spec("MUNINN_TOKEN_BUDGET", "4000", "Approximate prompt size limit in tokens; oldest history is cut first.", _int(256), section=CONVERSATION),
     "owner_ids": Spec("MUNINN_OWNER_IDS", "", "Comma-separated Discord user ids allowed to manage global memories (default: the application owner).", _id_list, section=DISCORD),
-    "always_answer_channels": Spec("MUNINN_ALWAYS_ANSWER_CHANNELS", "", "Comma-separated channel ids where Muninn answers every message without being mentioned (admins can also toggle it with /always-answer).", _id_list, section=DISCORD),
+    "always_answer_channels": Spec("MUNINN_ALWAYS_ANSWER_CHANNELS", "", "Comma-separated channel ids where Muninn answers every message without being mentioned (a channel manager can change it with /settings set answer).", _id_list, section=DISCORD),
     "reply_queue_limit": Spec("MUNINN_REPLY_QUEUE_LIMIT", "20", "Most messages waiting for an answer in one channel; beyond it messages are only recorded, so a flood cannot pile up work.", _int(1, 1000), section=DISCORD),
     "rate_per_minute": Spec("MUNINN_RATE_PER_MINUTE", "6", "Fair share: messages a minute Muninn answers from one person, over all channels and DMs together (after a quick run of MUNINN_RATE_BURST); the others are kept as context, not answered, and get a quiet sign (a 🐢 reaction) at most once a minute; 0 = no limit.", _int(0, 10_000), section=FAIR_SHARE),
     "rate_burst": Spec("MUNINN_RATE_BURST", "4", "Fair share: messages one person may send in a quick run before MUNINN_RATE_PER_MINUTE holds them back.", _int(1, 1000), section=FAIR_SHARE),
@@ -236,6 +245,12 @@ SETTINGS: dict[str, Spec] = {
     "web_port": Spec("MUNINN_WEB_PORT", "8377", "Console (`muninn web`): the port it listens on.", _int(1, 65535), section=OPERATIONS),
     "web_token": Spec("MUNINN_WEB_TOKEN", "", "Console (`muninn web`): the login token (16 characters or more); empty = a new random token printed at each start.", _token, "secret", section=OPERATIONS),
     "web_changes": Spec("MUNINN_WEB_CHANGES", "false", "Console (`muninn web`): allow forgetting, restoring, approving and rejecting memories and exporting or forgetting a person (each recorded); false = read-only.", _bool, section=OPERATIONS),
+    "answer_mode": Spec("MUNINN_ANSWER_MODE", "mentions", "When Muninn answers in server channels unless a server or channel sets it (/settings set answer): mentions (a mention or a reply to it), every (every message) or never. DMs are always answered (MUNINN_ALLOW_DMS).", _choice("mentions", "every", "never"), section=CONVERSATION),
+    "language": Spec("MUNINN_LANGUAGE", "", "Language Muninn answers in when a message does not make it plain, unless a server or channel sets one (/settings set language); empty = the language of the message.", _str, section=CONVERSATION),
+    "auto_thread": Spec("MUNINN_AUTO_THREAD", "false", "A mention in a server channel opens a thread for the answer, where Muninn then answers every message, unless a server or channel sets it (/settings set auto_thread).", _bool, section=CONVERSATION),
+    "allow_dms": Spec("MUNINN_ALLOW_DMS", "true", "Answer direct messages; false = DMs are neither answered nor kept.", _bool, section=DISCORD),
+    "blocked_users": Spec("MUNINN_BLOCKED_USERS", "", "Comma-separated Discord user ids Muninn neither answers nor remembers anywhere (servers add their own lists with /settings access).", _id_list, section=DISCORD),
+    "message_content": Spec("MUNINN_MESSAGE_CONTENT", "auto", "The Message Content intent: auto (use it when the Developer Portal grants it), on (require it) or off (run on DMs, mentions and replies to Muninn only; no passive history, no every-message channels).", _choice("auto", "on", "off"), section=DISCORD),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str, section=LOGGING),
 }
 
@@ -300,6 +315,12 @@ class Settings:
     web_port: int
     web_token: str
     web_changes: bool
+    answer_mode: str
+    language: str
+    auto_thread: bool
+    allow_dms: bool
+    blocked_users: frozenset[int]
+    message_content: str
     log_level: str
 
     def shown(self, key: str) -> str:

@@ -19,7 +19,8 @@ class StartupError(RuntimeError):
 LOGIN_REJECTED = ("Discord rejected DISCORD_TOKEN: open https://discord.com/developers/applications, pick the app, "
                   "Bot > Reset Token, and put the new token in .env as DISCORD_TOKEN=...")
 INTENT_REFUSED = ("Discord refused the Message Content intent: open https://discord.com/developers/applications, "
-                  "pick the app, then Bot > Privileged Gateway Intents > Message Content Intent, and save.")
+                  "pick the app, then Bot > Privileged Gateway Intents > Message Content Intent, and save "
+                  "(or set MUNINN_MESSAGE_CONTENT=auto to run without it on DMs, mentions and replies).")
 
 
 def _start_shutdown(bot: MuninnBot, signal_name: str) -> None:

@@ -1,8 +1,10 @@
 """Conversation on Discord: decide when Muninn answers, and keep the channel history current.
 
-Muninn answers every DM; in a server channel, when it is mentioned or replied to, or
-when an admin has opted the channel in to always-answer. It never answers a bot
-(itself included). Every other message is still recorded, as context for later.
+Muninn answers every DM; in a server channel, as the place's answer mode says (cogs/places.py,
+bot/conversation/overrides.py): when it is mentioned or replied to (`mentions`), every message
+(`every`) or never. It never answers a bot or a webhook (itself included), nor anyone the access
+lists keep out (bot/conversation/access.py), and keeps nothing of them. Every other message is
+recorded, as context for later, when Muninn reads every message (the Message Content intent).
 """
 from __future__ import annotations
 
@@ -14,9 +16,12 @@ import discord
 from discord.ext import commands
 
 from bot.conversation.outlets import ForgetOffer, Sent
+from bot.conversation.overrides import EVERY, NEVER, Tuning
 from bot.conversation.pipeline import Incoming, Pipeline
 from bot.conversation.text import split_message
+from bot.logs import Throttle
 
+from . import places, threads
 from .confirm import ConfirmForget, ForgetButton, offer_text
 from .streaming import DiscordReplyStream
 
@@ -78,7 +83,7 @@ def mentioned_people(message: discord.Message) -> tuple[tuple[str, int], ...]:
     return tuple((name, user_id) for user_id, name in people.items())
 
 
-def to_incoming(message: discord.Message) -> Incoming:
+def to_incoming(message: discord.Message, tuning: Tuning | None = None) -> Incoming:
     """The pipeline's view of a Discord message: author, text (mentions shown as "@name"), the
     people it mentions by id, time, whether the channel is private, and a line for the prompt
     saying where the conversation takes place."""
@@ -93,7 +98,7 @@ def to_incoming(message: discord.Message) -> Incoming:
                     author_id=message.author.id, author_name=author, content=message.clean_content,
                     created_at=message.created_at.timestamp(), message_id=message.id,
                     dm=message.guild is None, place=place, mentions=mentioned_people(message),
-                    moderator=is_moderator(message),
+                    moderator=is_moderator(message), tuning=tuning,
                     private=is_private_channel(message.channel, message.guild.id if message.guild else None, message.guild))
 
 
@@ -171,6 +176,7 @@ class Chat(commands.Cog):
     records the others, and follows edits and deletions into the history."""
     def __init__(self, bot: commands.Bot):
         self.bot = bot
+        self._throttle = Throttle()  # one log line a minute for a failure that repeats per message
 
     async def cog_load(self) -> None:
         """Register the forget buttons, so that questions asked before a restart still answer."""
@@ -187,25 +193,47 @@ class Chat(commands.Cog):
 
     @commands.Cog.listener()
     async def on_message(self, message: discord.Message) -> None:
-        """Answer or record a person's message (bots', system and empty messages
-        are ignored); either way it is then settled in the channel's arrivals."""
-        if message.author.bot or message.type not in CONVERSATION_TYPES or not message.content.strip():
+        """Answer or record a person's message (bots', webhooks', system and empty messages, and
+        those the access lists keep out, are ignored); either way it is then settled in the
+        channel's arrivals."""
+        if message.author.bot or message.webhook_id or message.type not in CONVERSATION_TYPES \
+                or not message.content.strip():
             return
-        incoming = to_incoming(message)
-        self.pipeline.arrivals.arrived(incoming.channel_id, incoming.message_id)  # before any await
+        self.pipeline.arrivals.arrived(message.channel.id, message.id)  # before any await
         try:
-            if await self.should_answer(message):
-                await self.pipeline.respond(incoming, DiscordOutlet(message))
-            else:
+            try:
+                look = await places.look(self.bot, message)
+            except Exception as exc:  # a busy or damaged database: who may be kept cannot be told
+                if self._throttle.ready("look"):
+                    log.error("could not read the settings and access lists of channel %s (%s: %s); messages there "
+                              "are neither answered nor kept until the database answers", message.channel.id,
+                              type(exc).__name__, exc)
+                return
+            if not look.verdict:
+                log.debug("message %s neither answered nor kept: %s", message.id, look.verdict.reason)
+                return
+            incoming = to_incoming(message, look.tuning)
+            if await self.should_answer(message, look.tuning):
+                if opened := await threads.open_thread(self.bot, message, look.tuning):
+                    # answered in the thread it opened (cogs/threads.py): out of the channel's order
+                    self.pipeline.arrivals.settled(message.channel.id, message.id)
+                    in_thread, tuning = opened
+                    await self.pipeline.respond(to_incoming(in_thread, tuning), DiscordOutlet(in_thread))
+                else:
+                    await self.pipeline.respond(incoming, DiscordOutlet(message))
+            elif look.tuning.reads_everything:
                 await self.pipeline.record(incoming)
         finally:
-            self.pipeline.arrivals.settled(incoming.channel_id, incoming.message_id)
+            self.pipeline.arrivals.settled(message.channel.id, message.id)
 
-    async def should_answer(self, message: discord.Message) -> bool:
-        """Whether Muninn answers: every DM; in a server, when Muninn or its role is mentioned,
-        when the message replies to one of Muninn's, or when the channel always answers."""
+    async def should_answer(self, message: discord.Message, tuning: Tuning) -> bool:
+        """Whether Muninn answers: every DM; in a server, by the place's answer mode: `every`
+        message, `never`, or (`mentions`) when Muninn or its role is mentioned or the message
+        replies to one of Muninn's."""
         if message.guild is None:
             return True
+        if tuning.answer == NEVER:
+            return False
         me = self.bot.user
         assert me is not None
         if any(user.id == me.id for user in message.mentions):
@@ -221,7 +249,7 @@ class Chat(commands.Cog):
                     return True
             elif await self.pipeline.is_own_message(reference.message_id):
                 return True
-        return await self.pipeline.always_answer(message.channel.id)
+        return tuning.answer == EVERY
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
@@ -231,9 +259,13 @@ class Chat(commands.Cog):
         # Pins, link previews and new threads also send updates: only an edit carries edited_at.
         if "content" not in payload.data or message.author.bot or message.edited_at is None:
             return
+        look = await places.look(self.bot, message, guild_of(payload))
+        if not look.verdict:
+            return  # nothing of theirs is kept, so nothing to follow
         await self.pipeline.edited(payload.message_id, message.clean_content, message.edited_at.timestamp(),
                                    private=is_private_channel(message.channel, guild_of(payload), message.guild),
-                                   mentions=mentioned_people(message), moderator=is_moderator(message))
+                                   mentions=mentioned_people(message), moderator=is_moderator(message),
+                                   learning=look.tuning.learning)
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:

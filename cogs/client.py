@@ -23,7 +23,8 @@ from bot.memory.engine import Engine
 from bot.memory.errors import explain
 from bot.settings import Settings
 
-from . import EXTENSIONS
+from . import EXTENSIONS, places
+from .intents import settle as settle_message_content
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,9 @@ logging.getLogger("discord.client").addFilter(_NoVoice())
 
 # What the bot needs in a channel: see it, read the history it replies to, write, and react
 # (its quiet signs on a message it will not answer: ⏳ busy, 🐢 over the sender's share).
+# Create Public Threads: for the channels that open a thread on a mention (auto_thread, cogs/threads.py).
 INVITE_PERMISSIONS = discord.Permissions(view_channel=True, send_messages=True, send_messages_in_threads=True,
-                                         read_message_history=True, add_reactions=True)
+                                         read_message_history=True, add_reactions=True, create_public_threads=True)
 SOMETHING_WENT_WRONG = "Something went wrong on my side; it has been logged. Please try again later."
 DATABASE_UNAVAILABLE = ("My memory is unavailable right now (busy with maintenance, or a disk problem); nothing "
                         "was changed. It has been logged. Please try again in a few minutes.")
@@ -51,7 +53,16 @@ class Refusal(app_commands.AppCommandError):
 
 
 class MuninnTree(app_commands.CommandTree):
-    """The bot's command tree: the one error handler of every slash command (`on_error`)."""
+    """The bot's command tree: the access rule for the commands that teach Muninn
+    (`interaction_check`), the one error handler of every slash command (`on_error`)."""
+
+    async def interaction_check(self, interaction: discord.Interaction) -> bool:
+        """Refuse a command that would make Muninn keep what the access lists keep out (cogs/places.py)."""
+        command = interaction.command
+        if command is not None and command.qualified_name in places.TEACHING \
+                and not await places.admits(interaction.client, interaction):
+            raise Refusal(places.NOT_KEPT)
+        return True
 
     async def on_error(self, interaction: discord.Interaction, error: app_commands.AppCommandError) -> None:
         """The one error handler of every slash command: log, then answer the caller privately."""
@@ -84,13 +95,15 @@ async def answer_privately(interaction: discord.Interaction, text: str) -> None:
 
 class MuninnBot(commands.Bot):
     """The discord.py client of Muninn (see the module docstring). It reads message content (a
-    privileged intent), mentions nobody unless `options` say otherwise, and takes MUNINN_OWNER_IDS
-    as its owners (the application's owner when unset); `extractor_factory` replaces bot.lifecycle's `Extractor`."""
+    privileged intent) when it may (cogs/intents.py), mentions nobody unless `options` say
+    otherwise, and takes MUNINN_OWNER_IDS as its owners (the application's owner when unset);
+    `extractor_factory` replaces bot.lifecycle's `Extractor`."""
 
     def __init__(self, settings: Settings, *,
                  extractor_factory: Callable[[Engine], ExchangeSink] | None = None, **options):
         intents = discord.Intents.default()
-        intents.message_content = True  # privileged: enable it in the Developer Portal too
+        # privileged: granted in the Developer Portal, or Muninn runs without it (cogs/intents.py)
+        intents.message_content = settings.message_content != "off"
         options.setdefault("allowed_mentions", discord.AllowedMentions.none())
         super().__init__(command_prefix=commands.when_mentioned, help_command=None, intents=intents,
                          tree_cls=MuninnTree, owner_ids=set(settings.owner_ids) or None, **options)
@@ -99,6 +112,8 @@ class MuninnBot(commands.Bot):
         self.engine: Engine | None = None
         self.extractor: ExchangeSink | None = None
         self.pipeline: Pipeline | None = None
+        self.asked_intents = intents                   # what IDENTIFY will ask for (cogs/intents.py)
+        self.reads_everything = intents.message_content  # settled at login (cogs/intents.py)
         self.maintenance: asyncio.Task | None = None
         self._checked_models = False
         self.stopping = False
@@ -109,6 +124,7 @@ class MuninnBot(commands.Bot):
         """Run by discord.py at login, before the gateway connects: open the engine, make the pipeline,
         load the cogs and start the periodic maintenance (unless MUNINN_MAINTENANCE_HOURS is 0). What
         it raises stops the login."""
+        self.reads_everything = await settle_message_content(self, self.settings.message_content)
         self.engine = Engine(self.settings)
         await self.engine.start()
         counts = await self.engine.stats()

@@ -1,4 +1,4 @@
-"""`/memory`: let people see and manage what Muninn remembers; `/always-answer` for admins.
+"""`/memory`: let people see and manage what Muninn remembers.
 
 Every answer is ephemeral, and every listing goes through the engine's scope rule, so a
 personal memory is only ever shown to its owner. Who may change what:
@@ -427,26 +427,6 @@ class ConfirmForgetAll(OwnerView):
         await interaction.response.edit_message(content="Nothing was forgotten.", view=None)
 
 
-class ChannelOptions(commands.Cog):
-    """`/always-answer`, for members who may manage the channel."""
-    def __init__(self, bot: commands.Bot):
-        self.bot = bot
-
-    @app_commands.command(name="always-answer",
-                          description="Answer every message in this channel, or only when mentioned or replied to")
-    @app_commands.describe(enabled="True: answer everything here; False: only when mentioned or replied to")
-    @app_commands.guild_only()
-    @app_commands.default_permissions(manage_channels=True)
-    @app_commands.checks.has_permissions(manage_channels=True)
-    async def always_answer(self, interaction: discord.Interaction, enabled: bool) -> None:
-        """/always-answer: answer every message in this channel, or only when mentioned or replied to."""
-        await self.bot.pipeline.set_always_answer(interaction.channel_id, interaction.guild_id, enabled)  # type: ignore[attr-defined]
-        state = ("now answers every message in this channel" if enabled
-                 else "now answers here only when mentioned or replied to")
-        await interaction.response.send_message(f"Muninn {state}.", ephemeral=True)
-
-
 async def setup(bot: commands.Bot) -> None:
-    """The extension's entry point: add the /memory and /always-answer cogs."""
+    """The extension's entry point: add the /memory cog."""
     await bot.add_cog(MemoryCog(bot))
-    await bot.add_cog(ChannelOptions(bot))

@@ -21,7 +21,7 @@ def postgres_disabled() -> bool:
     return os.environ.get("MUNINN_TEST_POSTGRES", "").strip() == "0"
 
 
-DATA_TABLES = ("memories", "memory_vectors", "memory_links", "messages", "channel_settings", "memory_sources",
+DATA_TABLES = ("memories", "memory_vectors", "memory_links", "messages", "channel_options", "memory_sources",
                "memory_mentions", "vector_changes", "memory_pauses", "guild_departures", "meta", "guild_settings",
                "memory_approvals", "moderation_log", "console_log")
 

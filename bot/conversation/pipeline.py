@@ -28,6 +28,8 @@ Outlets may offer more than `send`, declared by a protocol each, and the pipelin
 - `confirm_forget(offer)` (ConfirmingOutlet): "forget that I live in Oslo" in plain words
   (bot/conversation/forget_intent.py) shows the person's matching memories and forgets them
   on confirmation; such a request is neither answered by the model nor kept.
+The place's settings (`Incoming.tuning`, bot/conversation/overrides.py) add to the persona, hint
+the language, size the history in the prompt and say whether facts are learned there.
 A person who paused Muninn's memory (/memory pause) is answered, but nothing of theirs is
 kept or extracted, and Muninn says so once. `stop_accepting` and `wait_idle` let a graceful
 shutdown finish the replies in flight.
@@ -54,6 +56,7 @@ from bot.conversation.outlets import (
     SlowDownOutlet,
     StreamingOutlet,
 )
+from bot.conversation.overrides import Tuning, default
 from bot.conversation.rate import MemberRate
 from bot.conversation.thinking import Thinking
 from bot.conversation.turns import ChannelTurns
@@ -91,6 +94,7 @@ class Incoming:
     # Everyone the message mentions, as (display name, user id); the content names them "@name"
     mentions: tuple[tuple[str, int], ...] = ()
     moderator: bool = False    # the author may moderate the channel (exchange.Exchange.moderator)
+    tuning: Tuning | None = None  # the settings of the place (overrides.py); None: the .env's
 
     @property
     def viewer(self) -> Viewer:
@@ -172,13 +176,13 @@ class Pipeline:
 
     async def edited(self, message_id: int, content: str, edited_at: float | None = None, *,
                      private: bool = False, mentions: tuple[tuple[str, int], ...] = (),
-                     moderator: bool = False) -> bool:
+                     moderator: bool = False, learning: bool = True) -> bool:
         """A person edited a message: the history keeps the new text, and the old words go as a
         deleted message's do (what was learned from them alone is taken back, and if they still
         wait for extraction they never are; the next maintenance scrubs them from the files).
         New words of a message Muninn answered are extracted as a new message's would be ("I moved
         to Oslo" corrected to "Bergen" teaches Bergen); `private`, `mentions` and `moderator` as for a new
-        message (Incoming)."""
+        message (Incoming); `learning` False: the place learns nothing (overrides.py)."""
         received = time.monotonic()
         extractor = self.extractor
 
@@ -191,7 +195,7 @@ class Pipeline:
                      message_id, len(edit.taken_back))
         if edit.kind is not Edit.SAME_WORDS and extractor is not None:
             extractor.forget_messages([message_id])  # and never extract the old words still waiting
-        if edit.message is not None and edit.reply is not None:
+        if edit.message is not None and edit.reply is not None and learning:
             await self._extract_edited(edit.message, edit.reply, edit.before, private, received, mentions, moderator)
         return edit.kind is not Edit.UNKNOWN
 
@@ -222,16 +226,6 @@ class Pipeline:
     async def is_own_message(self, message_id: int) -> bool:
         """Whether the message is one of Muninn's own replies in the history (False when the history does not hold it)."""
         return await self.engine.messages.is_own(message_id)
-
-    async def always_answer(self, channel_id: int) -> bool:
-        """An admin's choice for the channel, else the MUNINN_ALWAYS_ANSWER_CHANNELS default."""
-        chosen = await self.engine.messages.always_answer(channel_id)
-        return chosen if chosen is not None else channel_id in self.settings.always_answer_channels
-
-    async def set_always_answer(self, channel_id: int, guild_id: int | None, enabled: bool) -> None:
-        """Record an admin's always-answer choice for the channel (it overrides
-        MUNINN_ALWAYS_ANSWER_CHANNELS there), in one transaction; raises when it cannot be written."""
-        await self.engine.messages.set_always_answer(channel_id, guild_id, enabled)
 
     async def forget_person(self, user_id: int) -> Forgotten:
         """Delete a person's personal memories, the room memories they taught, others' memories
@@ -321,13 +315,14 @@ class Pipeline:
             id=message_id if message_id is not None else incoming.message_id or 0, channel_id=incoming.channel_id,
             guild_id=incoming.guild_id, author_id=incoming.author_id, author_name=incoming.author_name,
             role="user", content=incoming.content, created_at=incoming.created_at)
+        tuning = incoming.tuning or default(self.settings)
         stream = outlet.stream() if self.settings.stream_replies and isinstance(outlet, StreamingOutlet) else None
         async with outlet.typing():
             memories = await self._recall(incoming, touch=not paused)  # paused: not even recall counts
             await self.arrivals.earlier_settled(incoming.channel_id, incoming.message_id)
             recent: list[HistoryMessage] = await self._db_or([], "read the channel history", self.engine.messages.recent(
-                incoming.channel_id, self.settings.history_limit, before=current))
-            built = prompt.build(persona=self.settings.persona, tz=self.settings.timezone,
+                incoming.channel_id, tuning.history, before=current))
+            built = prompt.build(persona=tuning.persona(self.settings.persona), tz=self.settings.timezone,
                                  memories=memories, history=recent, current=current,
                                  token_budget=self.settings.token_budget, place=incoming.place)
             text, ok = await self._thinking.reply(built, stream)
@@ -361,7 +356,7 @@ class Pipeline:
             return reply
         if await self.engine.memory_paused(incoming.author_id):
             return reply  # paused while this was answered: from now on nothing is extracted
-        if ok and self.extractor is not None:
+        if ok and self.extractor is not None and tuning.learning:
             self.extractor.submit(Exchange(
                 author_id=incoming.author_id, author_name=incoming.author_name, channel_id=incoming.channel_id,
                 guild_id=incoming.guild_id, dm=incoming.dm, user_message=incoming.content,

@@ -34,6 +34,7 @@ from bot.memory.embeddings import Embedding
 from bot.memory.errors import DatabaseBusy, DatabaseError, explain
 from bot.memory.guilds import Guilds
 from bot.memory.messages import Messages
+from bot.memory.options import Options
 from bot.memory.recall import dates, ranking, retrieval, steps, touches
 from bot.memory.recall.retrieval import VectorStatus
 from bot.memory.rooms import Rooms
@@ -84,7 +85,8 @@ class Engine(NamedAccess, Embedding):
         self._throttle = Throttle()
         self.vector_cache = VectorCache(settings.vector_cache_mb << 20, codes_min=settings.vector_codes_min)
         self.storage = storage_for(settings, self.vector_cache)  # SQLite, or PostgreSQL (storage.py)
-        self.messages = Messages(self)  # the channel history and channels' options
+        self.messages = Messages(self)  # the channel history
+        self.options = Options(self)    # settings of servers, channels and threads set from Discord
         self.facts = FactWrites(self)   # planning and writing extracted facts
         self.upkeep = Upkeep(self)      # maintenance's jobs
         self.guilds = Guilds(self)      # servers Muninn left, and their purge

@@ -1,6 +1,6 @@
-"""The channel history and per-channel options, as the conversation layer uses them.
+"""The channel history, as the conversation layer uses it.
 
-Named methods over the SQL of `sql/history.py` and `sql/channels.py`, run on the engine's
+Named methods over the SQL of `sql/history.py`, run on the engine's
 threads (`engine.messages`); nothing above the memory layer runs SQL or sees a connection.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 from bot.memory.connection import Connection
 from bot.memory.jobs import Jobs
-from bot.memory.sql import channels, forgetting, history
+from bot.memory.sql import forgetting, history
 from bot.memory.sql.forgetting import Forgotten
 from bot.memory.sql.history import Edit, Edited, HistoryMessage
 from bot.memory.sql.history import storable as storable_text
@@ -19,7 +19,7 @@ __all__ = ["Edit", "Edited", "Forgotten", "HistoryMessage", "Messages", "storabl
 
 
 class Messages:
-    """`engine.messages`: record, read, edit and delete the history; the channels' options."""
+    """`engine.messages`: record, read, edit and delete the history."""
 
     def __init__(self, jobs: Jobs) -> None:
         self._jobs = jobs
@@ -66,15 +66,6 @@ class Messages:
         """A person's messages in the history, Muninn's replies to them and their DM conversations,
         oldest first: what `forget_person` erases of the history, for their data export."""
         return await self._jobs.read(history.of_person, user_id)
-
-    async def always_answer(self, channel_id: int) -> bool | None:
-        """A channel's always-answer option, or None when nobody has set it there."""
-        return await self._jobs.read(channels.always_answer, channel_id)
-
-    async def set_always_answer(self, channel_id: int, guild_id: int | None, enabled: bool) -> None:
-        """Set a channel's always-answer option."""
-        await self._jobs.write(channels.set_always_answer, channel_id, guild_id, enabled,
-                               what="set a channel's option")
 
 
 def _record_and_prune(conn: Connection, row: dict, keep: int | None) -> int:

@@ -54,6 +54,11 @@ class Rooms:
         await self._engine.write(rooms.set_room_mode, guild_id, mode, moderator_id=moderator_id, channel_id=channel_id,
                                  what="set the room memory mode")
 
+    async def reset_mode(self, guild_id: int, *, moderator_id: int, channel_id: int) -> None:
+        """Unset the server's room memory mode: the default (moderated) applies again (logged)."""
+        await self._engine.write(rooms.set_room_mode, guild_id, None, moderator_id=moderator_id,
+                                 channel_id=channel_id, what="reset the room memory mode")
+
     async def memories(self, channel_id: int, *, limit: int = 20, offset: int = 0) -> tuple[list[RoomMemory], int]:
         """One page of the channel's active room memories, newest first, and how many there are."""
         return await self._engine.read(rooms.room_page, channel_id, limit=limit, offset=offset)

@@ -12,8 +12,7 @@ from bot.memory import records
 from bot.memory.engine import Engine
 from bot.memory.postgres.copy import Interrupted, MigrationError, copy_database
 from bot.memory.scope import Viewer
-from bot.memory.sql import channels as channel_settings
-from bot.memory.sql import history, store
+from bot.memory.sql import history, options, store
 from tests.postgres_server import free_port
 
 ALICE, BOB, CAROL = 1001, 1002, 1003
@@ -57,7 +56,7 @@ async def build_source(settings) -> dict:
         await engine.write(history.record, channel_id=ROOM, guild_id=GUILD, author_id=1, author_name="Muninn",
                            role="assistant", content="a reply", message_id=7100, reply_to_author=BOB,
                            context_authors=[ALICE, BOB])
-        await engine.write(channel_settings.set_always_answer, ROOM, GUILD, True)
+        await engine.write(options.set_channel_option, ROOM, GUILD, "answer", "every")
         await engine.pause_memory(CAROL)
         stats = await engine.stats()
     return {"ids": ids, "deleted": last, "stats": stats}
@@ -88,7 +87,7 @@ async def test_full_copy_keeps_ids_counts_and_the_source(source, postgres_url, f
     assert file_state(settings.db_path) == before  # opened read-only: not a byte changed
     assert report.counts["memories"] == (len(facts["ids"]) + 0, len(facts["ids"]))
     assert report.counts["memory_vectors"][0] == facts["stats"]["embedded"] > 0
-    for table in ("memory_links", "messages", "channel_settings", "memory_pauses", "memory_sources", "memory_mentions",
+    for table in ("memory_links", "messages", "channel_options", "memory_pauses", "memory_sources", "memory_mentions",
                   "guild_settings", "memory_approvals", "moderation_log", "memory_teachers", "reply_context",
                   "console_log"):
         assert report.counts[table][0] == report.counts[table][1] > 0, table

@@ -54,7 +54,9 @@ class World:
 
 @pytest.fixture
 async def simcord_bot(fake_ollama, make_settings):
-    bot = MuninnBot(make_settings(fake_ollama.url, MUNINN_EXTRACTION="false", MUNINN_TIMEZONE="Europe/Oslo"))
+    # simcord reports no application flags: the Message Content intent is granted by setting
+    bot = MuninnBot(make_settings(fake_ollama.url, MUNINN_EXTRACTION="false", MUNINN_TIMEZONE="Europe/Oslo",
+                                  MUNINN_MESSAGE_CONTENT="on"))
     yield bot
     await bot.close()  # after simcord_env's teardown: closes the engine
 
@@ -129,20 +131,20 @@ async def test_muninn_never_answers_bots(world):
     assert world.bot_messages(world.general) == [] and world.ollama.chat_requests() == []
 
 
-async def test_admins_opt_a_channel_in_to_always_answer(world):
-    assert "always-answer" not in world.alice.available_commands(world.general)  # hidden from non-admins
-    world.guild.set_command_permissions(world.commands["always-answer"], {world.alice: True})
-    refused = await world.alice.slash(world.general, "always-answer", enabled=True)  # shown, still refused
-    assert refused.ephemeral and "Manage Channels" in refused.response.content
+async def test_channel_managers_set_a_channel_to_answer_every_message(world):
+    assert "settings set" not in world.alice.available_commands(world.general)  # hidden from non-managers
+    world.guild.set_command_permissions(world.commands["settings"], {world.alice: True})
+    refused = await world.alice.slash(world.general, "settings set", setting="answer", value="every")
+    assert refused.ephemeral and "Manage Channels" in refused.response.content  # shown, still refused
 
-    result = await world.mod.slash(world.general, "always-answer", enabled=True)
-    assert result.ephemeral and "answers every message in this channel" in result.response.content
+    result = await world.mod.slash(world.general, "settings set", setting="answer", value="every")
+    assert result.ephemeral and "`answer` is now **every** for this channel" in result.response.content
     await world.alice.send(world.general, "no mention needed now")
     assert len(world.bot_messages(world.general)) == 1
     await world.alice.send(world.random, "but not here")
     assert world.bot_messages(world.random) == []
 
-    await world.mod.slash(world.general, "always-answer", enabled=False)
+    await world.mod.slash(world.general, "settings reset", setting="answer")
     await world.alice.send(world.general, "quiet again")
     assert len(world.bot_messages(world.general)) == 1
 

@@ -51,9 +51,10 @@ def edits(world: World, monkeypatch) -> list[dict]:
     real = world.bot.pipeline.edited
 
     async def edited(message_id: int, content: str, edited_at: float | None = None, *, private: bool = False,
-                     mentions: tuple[tuple[str, int], ...] = (), moderator: bool = False) -> bool:
+                     mentions: tuple[tuple[str, int], ...] = (), moderator: bool = False, learning: bool = True) -> bool:
         seen.append(dict(message_id=message_id, content=content, edited_at=edited_at, private=private))
-        return await real(message_id, content, edited_at, private=private, mentions=mentions, moderator=moderator)
+        return await real(message_id, content, edited_at, private=private, mentions=mentions, moderator=moderator,
+                          learning=learning)
     monkeypatch.setattr(world.bot.pipeline, "edited", edited)
     return seen
 

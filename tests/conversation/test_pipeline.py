@@ -264,15 +264,6 @@ async def test_history_for_a_message_leaves_out_later_chatter_but_keeps_earlier_
     assert [r.content for r in rows] == ["before", "late reply to 'before'"]
 
 
-async def test_always_answer_defaults_from_settings_and_admins_override_it(make_settings):
-    async with Engine(make_settings("", MUNINN_ALWAYS_ANSWER_CHANNELS=f"{RANDOM}")) as engine:
-        pipeline = Pipeline(engine)
-        assert await pipeline.always_answer(RANDOM) and not await pipeline.always_answer(GENERAL)
-        await pipeline.set_always_answer(GENERAL, GUILD, True)
-        await pipeline.set_always_answer(RANDOM, GUILD, False)
-        assert await pipeline.always_answer(GENERAL) and not await pipeline.always_answer(RANDOM)
-
-
 async def test_local_ids_for_replies_without_a_discord_id(engine):
     pipeline = Pipeline(engine)
 

@@ -306,6 +306,7 @@ class FakeDiscord:
         self.deleted_messages: List[Dict[str, Any]] = []
         self.reactions: List[Dict[str, Any]] = []
         self.typing: List[str] = []
+        self.created_threads: List[Dict[str, Any]] = []
         self.interaction_responses: List[Dict[str, Any]] = []
         self.followups: List[Dict[str, Any]] = []
         self.dispatched: List[Tuple[str, Dict[str, Any]]] = []
@@ -594,6 +595,46 @@ class FakeDiscord:
         self.channels[cid] = ch
         self.messages.setdefault(cid, [])
         return ch
+
+    def add_thread(
+        self,
+        parent: Union[Dict[str, Any], Snowflake],
+        name: str,
+        *,
+        id: Optional[Snowflake] = None,
+        type: int = 11,
+        owner: Optional[UserLike] = None,
+    ) -> Dict[str, Any]:
+        """Add a thread (type 11 public, 12 private) of a guild text channel; it is sent in its
+        guild's GUILD_CREATE ``threads`` (add it before the bot connects, or use :meth:`open_thread`)."""
+        ch = self.channels[_sid(parent)]
+        g = self.guilds[ch["guild_id"]]
+        tid = str(id) if id is not None else self.snowflake()
+        thread: Dict[str, Any] = {
+            "id": tid,
+            "type": type,
+            "guild_id": g["id"],
+            "parent_id": ch["id"],
+            "owner_id": _sid(owner) if owner is not None else self.bot_user["id"],
+            "name": name,
+            "last_message_id": None,
+            "rate_limit_per_user": 0,
+            "message_count": 0,
+            "member_count": 1,
+            "flags": 0,
+            "thread_metadata": {"archived": False, "auto_archive_duration": 1440, "archive_timestamp": _now_iso(),
+                                "locked": False, "invitable": True, "create_timestamp": _now_iso()},
+        }
+        g["threads"].append(thread)
+        self.channels[tid] = thread
+        self.messages.setdefault(tid, [])
+        return thread
+
+    async def open_thread(self, parent: Union[Dict[str, Any], Snowflake], name: str, **kwargs: Any) -> Dict[str, Any]:
+        """Add a thread while the bot is connected: THREAD_CREATE is dispatched."""
+        thread = self.add_thread(parent, name, **kwargs)
+        await self._dispatch("THREAD_CREATE", lambda conn: dict(thread, newly_created=True), require=True)
+        return thread
 
     def channel(self, name_or_id: Snowflake, guild: Optional[Union[Dict[str, Any], Snowflake]] = None) -> Dict[str, Any]:
         """Look a channel up by id or by name (optionally within one guild)."""
@@ -991,6 +1032,9 @@ class FakeDiscord:
             msg["referenced_message"] = ref
         msg.update(extra)
         mentions_bot = any(mu["id"] == self.bot_user["id"] for mu in mention_users)
+        # like Discord, a reply to the bot's message is delivered with its content without MESSAGE_CONTENT
+        referenced = msg.get("referenced_message") or {}
+        mentions_bot = mentions_bot or (referenced.get("author") or {}).get("id") == self.bot_user["id"]
 
         def make(conn: GatewayConnection) -> Optional[Dict[str, Any]]:
             if not self.enforce_intents or user["id"] == self.bot_user["id"]:
@@ -1226,6 +1270,8 @@ class FakeDiscord:
             ("DELETE", "/channels/" + S % "channel_id" + "/messages/" + S % "message_id"
              + "/reactions/(?P<emoji>[^/]+)/@me", self._reaction),
             ("POST", "/channels/" + S % "channel_id" + "/typing", self._typing),
+            ("POST", "/channels/" + S % "channel_id" + "/messages/" + S % "message_id" + "/threads",
+             self._thread_from_message),
             ("GET", "/guilds/" + S % "guild_id", self._get_guild),
             ("GET", "/guilds/" + S % "guild_id" + "/channels", self._get_guild_channels),
             ("GET", "/guilds/" + S % "guild_id" + "/roles", self._get_guild_roles),
@@ -1484,6 +1530,20 @@ class FakeDiscord:
                                    "content": body.get("content")})
         await self._echo(msg)
         return _json(msg)
+
+    async def _thread_from_message(self, request, p, body, files):
+        cid, mid = p["channel_id"], p["message_id"]
+        if cid not in self.channels or self._find_message(mid, cid) is None:
+            return _error(404, "Unknown Message", 10008)
+        if mid in self.channels:
+            return _error(400, "A thread has already been created for this message", 160004)
+        name = str((body or {}).get("name") or "")
+        if not 1 <= len(name) <= 100:
+            return _form_error("name", "BASE_TYPE_BAD_LENGTH", "Must be between 1 and 100 in length.")
+        thread = self.add_thread(cid, name, id=mid)
+        self.created_threads.append(thread)
+        await self._dispatch("THREAD_CREATE", lambda conn: dict(thread, newly_created=True), require=False)
+        return _json(thread, 201)
 
     async def _get_messages(self, request, p, body, files):
         cid = p["channel_id"]

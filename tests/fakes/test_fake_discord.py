@@ -276,9 +276,13 @@ async def test_missing_message_content_intent_blanks_content() -> None:
                 await fake.send_message(general["id"], alice, "secret")
                 await fake.send_message(general["id"], alice, f"{fake.mention(fake.bot_user)} hi",
                                         mentions=[fake.bot_user])
-                await fake.wait_for(lambda: len(got) == 2)
+                mine = await bot.get_channel(int(general["id"])).send("a message of the bot")  # type: ignore[union-attr]
+                await fake.send_message(general["id"], alice, "a reply to the bot", reply_to=str(mine.id))
+                await fake.send_message(general["id"], alice, "a reply to alice", reply_to=got[0].id)
+                await fake.wait_for(lambda: len(got) == 5)
                 assert got[0].content == ""
                 assert got[1].content.endswith(" hi")
+                assert [m.content for m in got[2:]] == ["a message of the bot", "a reply to the bot", ""]
             finally:
                 await _shutdown(bot, task)
 
@@ -328,3 +332,23 @@ async def test_guild_removed_added_back_and_an_outage(world) -> None:
     await fake.wait_for(lambda: events[-1:] == [("on_guild_join", gid)], timeout=3)
     guild = bot.get_guild(gid)
     assert guild is not None and guild.get_channel(int(w["general"]["id"])) is not None
+
+
+@pytest.mark.asyncio
+async def test_threads_are_in_the_guild_and_a_message_opens_one(world) -> None:
+    fake, bot, ids = world
+    thread = await fake.open_thread(ids["general"], "plans", owner=ids["alice"])
+    await fake.wait_for(lambda: bot.get_channel(int(thread["id"])) is not None)
+    cached = bot.get_channel(int(thread["id"]))
+    assert isinstance(cached, discord.Thread) and cached.parent_id == int(ids["general"]["id"])
+    message = await fake.send_message(thread["id"], ids["alice"], "ping")
+    await fake.wait_for_sent_message(thread["id"])
+    assert fake.channels[thread["id"]]["guild_id"] == ids["guild"]["id"] and message["guild_id"] == ids["guild"]["id"]
+
+    started = await bot.get_channel(int(ids["general"]["id"])).fetch_message(  # type: ignore[union-attr]
+        int((await fake.send_message(ids["general"]["id"], ids["alice"], "a topic"))["id"]))
+    opened = await started.create_thread(name="a topic")
+    assert opened.id == started.id and opened.parent_id == started.channel.id
+    assert fake.created_threads[-1]["name"] == "a topic"
+    with pytest.raises(discord.HTTPException):
+        await started.create_thread(name="again")  # one thread per message

@@ -45,7 +45,7 @@ async def world(engine: Engine) -> dict[str, int]:
         await engine.write(history.record, channel_id=room, guild_id=guild, author_id=99, author_name="Muninn",
                            role="assistant", content=f"noted, {name}", message_id=guild + 2, reply_to=guild + 1,
                            reply_to_author=ALICE)
-        await engine.messages.set_always_answer(room, guild, True)
+        await engine.options.set_channel(room, guild, "answer", "every")
         ids[f"{name} personal"] = await engine.remember(NewMemory(
             f"Alice lives on {SECRET} street" if name == "gone" else f"Alice likes tea ({name})", "personal",
             owner_id=ALICE, channel_id=room, guild_id=guild, source_message_ids=[guild + 1]))
@@ -101,8 +101,8 @@ async def test_a_departed_server_is_purged_after_the_retention_and_nothing_else(
             "in staying: Alice likes tea", "noted, staying"]
         assert len(await engine.messages.recent(BACK_ROOM, 10)) == 2
         assert [m.content for m in await engine.messages.recent(DM, 10)] == ["in a DM: Alice has a cat"]
-        assert await engine.messages.always_answer(GONE_ROOM) is None
-        assert await engine.messages.always_answer(STAYING_ROOM) and await engine.messages.always_answer(BACK_ROOM)
+        stored = await engine.options.stored(None, [GONE_ROOM, STAYING_ROOM, BACK_ROOM])
+        assert stored.channels == {GONE_ROOM: {}, STAYING_ROOM: {"answer": "every"}, BACK_ROOM: {"answer": "every"}}
         assert await engine.guilds.departures() == {}
         stats = await engine.stats()
         assert stats["active"] == len(kept) + 30 and stats["missing_vectors"] == 0
@@ -141,7 +141,7 @@ async def test_a_start_records_the_servers_left_while_offline_for_its_own_shards
         local = await engine.remember(NewMemory("Oz likes the terminal", "personal", owner_id=ALICE, guild_id=0,
                                                 channel_id=0))  # `muninn chat`'s local guild 0: never judged
         other_shard = 1004 << 22
-        await engine.messages.set_always_answer(5 << 22, other_shard, True)   # known by its channel option alone
+        await engine.options.set_channel(5 << 22, other_shard, "answer", "every")   # known by its channel option alone
         earlier = time.time() - 10 * DAY_S
         assert await engine.guilds.departed(BACK, at=earlier)
 

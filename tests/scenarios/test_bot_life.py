@@ -53,7 +53,9 @@ def bot_settings():
 @pytest.fixture
 async def simcord_bot(fake_ollama, make_settings, bot_settings):
     handoff = Handoff()
-    bot = MuninnBot(make_settings(fake_ollama.url, **bot_settings), extractor_factory=lambda engine: handoff)
+    # simcord reports no application flags: the Message Content intent is granted by setting
+    bot = MuninnBot(make_settings(fake_ollama.url, **{"MUNINN_MESSAGE_CONTENT": "on", **bot_settings}),
+                    extractor_factory=lambda engine: handoff)
     bot.handoff = handoff
     yield bot
     await bot.close()

@@ -94,7 +94,7 @@ async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, f
 
         # Slash commands, once synced explicitly, answer privately.
         synced = await bot.tree.sync()
-        assert sorted(c.name for c in synced) == ["always-answer", "memory"]
+        assert sorted(c.name for c in synced) == ["memory", "settings"]
         memory_id = next(c.id for c in synced if c.name == "memory")
         listing = await fake.send_interaction("memory", alice, dm["id"], command_id=memory_id,
                                               options=[{"name": "list", "type": 1, "options": []}])
@@ -114,15 +114,15 @@ async def test_a_message_just_before_a_mention_is_in_its_context_however_long_it
     """Deciding whether to answer the first message takes longer (a database read across the
     network, here made slow on purpose): the mention sent right after it must still have it in
     its context (bot/conversation/arrivals.py). Without that, it was missing on PostgreSQL."""
-    from bot.conversation.pipeline import Pipeline
+    from bot.memory.options import Options
     fake, alice, guild = discord_world
     general = guild["channels"][0]
-    quick = Pipeline.always_answer
+    quick = Options.stored
 
-    async def slow_always_answer(self, channel_id: int) -> bool:
+    async def slow_stored(self, guild_id, channel_ids):
         await asyncio.sleep(0.4)
-        return await quick(self, channel_id)
-    monkeypatch.setattr(Pipeline, "always_answer", slow_always_answer)
+        return await quick(self, guild_id, channel_ids)
+    monkeypatch.setattr(Options, "stored", slow_stored)
     bot = MuninnBot(make_settings(fake_ollama.url, MUNINN_EXTRACTION="false", MUNINN_STREAM_REPLIES="false"),
                     guild_ready_timeout=0.1)
     task = asyncio.create_task(bot.start("fake-token"))
@@ -267,7 +267,7 @@ async def test_muninn_sync_registers_the_commands_in_one_guild(discord_world, cl
     assert await asyncio.to_thread(main, ["sync", "--guild", guild["id"]]) == 0
     out = capsys.readouterr().out
     assert "synced 2 commands to guild" in out and "/memory" in out
-    assert sorted(c["name"] for c in fake.commands[guild["id"]]) == ["always-answer", "memory"]
+    assert sorted(c["name"] for c in fake.commands[guild["id"]]) == ["memory", "settings"]
     memory = next(c for c in fake.commands[guild["id"]] if c["name"] == "memory")
     room = next(o for o in memory["options"] if o["name"] == "room")  # the moderators' subgroup (type 2)
     assert room["type"] == 2 and sorted(o["name"] for o in room["options"]) == [

@@ -46,7 +46,8 @@ def ollama_answers(request: dict) -> str:
 @pytest.fixture
 async def simcord_bot(fake_ollama, make_settings):
     handoff = Handoff()
-    bot = MuninnBot(make_settings(fake_ollama.url), extractor_factory=lambda engine: handoff)
+    # simcord reports no application flags: the Message Content intent is granted by setting
+    bot = MuninnBot(make_settings(fake_ollama.url, MUNINN_MESSAGE_CONTENT="on"), extractor_factory=lambda engine: handoff)
     bot.handoff = handoff
     yield bot
     await bot.close()

@@ -387,6 +387,32 @@ MIGRATIONS: list[str] = [
         user_id BIGINT
     );
     """,
+    # 21: Settings per channel and thread, changed from Discord (bot/memory/sql/options.py): one row per
+    # channel and setting (channel_options) instead of one always-answer column (channel_settings);
+    # SQLite's migration of the same number says more. Re-runnable.
+    """
+    CREATE TABLE IF NOT EXISTS channel_options (
+        channel_id BIGINT NOT NULL,
+        guild_id BIGINT,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (channel_id, key)
+    );
+    CREATE INDEX IF NOT EXISTS channel_options_guild ON channel_options (guild_id);
+    DO $$
+    BEGIN
+        IF to_regclass('channel_settings') IS NOT NULL THEN
+            INSERT INTO channel_options (channel_id, guild_id, key, value, updated_at)
+                SELECT channel_id, guild_id, 'answer', CASE always_answer WHEN 1 THEN 'every' ELSE 'mentions' END,
+                       updated_at
+                FROM channel_settings
+                ON CONFLICT DO NOTHING;
+            DROP TABLE channel_settings;
+        END IF;
+    END
+    $$;
+    """,
 ]
 
 

@@ -80,7 +80,7 @@ def known(conn: Connection) -> set[int]:
     """The Discord servers the database holds anything of: memories, history or channel options."""
     found = {int(row[0]) for table in ("memories", "messages") for row in conn.execute(_distinct_guilds(table))}
     found |= {int(row[0]) for row in conn.execute(
-        "SELECT DISTINCT guild_id FROM channel_settings WHERE guild_id IS NOT NULL")}
+        "SELECT DISTINCT guild_id FROM channel_options WHERE guild_id IS NOT NULL")}
     return {guild_id for guild_id in found if guild_id >= DISCORD_IDS_FROM}
 
 
@@ -122,7 +122,7 @@ def purge(conn: Connection, guild_id: int, cutoff: float) -> Purged | None:
         memories = storage_of(conn).delete(conn, ids) if ids else 0
         conn.execute("DELETE FROM messages WHERE guild_id = ?", (guild_id,))
         messages = conn.changes()
-        conn.execute("DELETE FROM channel_settings WHERE guild_id = ?", (guild_id,))
+        conn.execute("DELETE FROM channel_options WHERE guild_id = ?", (guild_id,))
         channels = conn.changes()
         # the server's own settings and its moderators' log end with it too
         conn.execute("DELETE FROM guild_settings WHERE guild_id = ?", (guild_id,))

@@ -85,16 +85,20 @@ def room_mode(conn: Connection, guild_id: int | None) -> str:
     return value if value in MODES else DEFAULT_MODE
 
 
-def set_room_mode(conn: Connection, guild_id: int, mode: str, *, moderator_id: int, channel_id: int,
+def set_room_mode(conn: Connection, guild_id: int, mode: str | None, *, moderator_id: int, channel_id: int,
                   now: float | None = None) -> None:
-    """Set the server's room memory mode and log who did, in one transaction."""
-    if mode not in MODES:
+    """Set the server's room memory mode (None: unset it, back to the default) and log who did,
+    in one transaction."""
+    if mode is not None and mode not in MODES:
         raise ValueError(f"unknown room memory mode {mode!r}; use one of {', '.join(MODES)}")
     now = time.time() if now is None else now
     with write_transaction(conn):
-        set_guild_setting(conn, guild_id, ROOM_MODE, mode, now)
-        log_action(conn, f"mode:{mode}", channel_id=channel_id, guild_id=guild_id, moderator_id=moderator_id,
-                   memory_id=None, now=now)
+        if mode is None:
+            conn.execute("DELETE FROM guild_settings WHERE guild_id = ? AND key = ?", (guild_id, ROOM_MODE))
+        else:
+            set_guild_setting(conn, guild_id, ROOM_MODE, mode, now)
+        log_action(conn, f"mode:{mode or DEFAULT_MODE}", channel_id=channel_id, guild_id=guild_id,
+                   moderator_id=moderator_id, memory_id=None, now=now)
 
 
 # -- approvals --------------------------------------------------------------------------

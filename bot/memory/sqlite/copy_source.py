@@ -58,6 +58,7 @@ MESSAGE_COLUMNS = ("id", "channel_id", "guild_id", "author_id", "author_name", "
                    "edited_at", "deleted_at", "reply_to", "reply_to_author")
 MESSAGE_TEXTS = frozenset({"author_name", "content"})
 GUILD_SETTING_COLUMNS = ("guild_id", "key", "value", "updated_at")
+CHANNEL_OPTION_COLUMNS = ("channel_id", "guild_id", "key", "value", "updated_at")
 APPROVAL_COLUMNS = ("memory_id", "how", "moderator_id", "approved_at")
 LOG_COLUMNS = ("id", "at", "guild_id", "channel_id", "moderator_id", "action", "memory_id")
 TEACHER_COLUMNS = ("memory_id", "user_id", "first_taught_at", "source_message_ids")
@@ -89,8 +90,9 @@ TABLES: tuple[Table, ...] = (
           frozenset({"source_message_ids"})),
     Table("reply_context", ("reply_id", "author_id"), ("reply_id", "author_id"),
           _select("reply_context", ("reply_id", "author_id"), ("reply_id", "author_id"))),
-    Table("channel_settings", ("channel_id", "guild_id", "always_answer", "updated_at"), ("channel_id",),
-          _select("channel_settings", ("channel_id", "guild_id", "always_answer", "updated_at"), ("channel_id",))),
+    Table("channel_options", CHANNEL_OPTION_COLUMNS, ("channel_id", "key"),
+          _select("channel_options", CHANNEL_OPTION_COLUMNS, ("channel_id", "key"), frozenset({"key", "value"})),
+          frozenset({"key", "value"})),
     Table("memory_pauses", ("user_id", "paused_at", "notified"), ("user_id",),
           _select("memory_pauses", ("user_id", "paused_at", "notified"), ("user_id",))),
     Table("guild_departures", ("guild_id", "departed_at"), ("guild_id",),
@@ -109,7 +111,7 @@ TABLES: tuple[Table, ...] = (
                                                       + " AND "), frozenset({"key", "value"})),
 )
 DATA_TABLES = ("memories", "memory_vectors", "memory_links", "memory_sources", "memory_mentions", "messages",
-               "memory_teachers", "reply_context", "channel_settings", "memory_pauses", "guild_departures",
+               "memory_teachers", "reply_context", "channel_options", "memory_pauses", "guild_departures",
                "guild_settings", "memory_approvals", "moderation_log", "console_log")
 
 

@@ -298,6 +298,32 @@ MIGRATIONS: list[str] = [
         user_id INTEGER
     );
     """,
+    # 21: Settings per channel and thread, changed from Discord (bot/memory/sql/options.py): one row per
+    # channel and setting (channel_options) instead of one always-answer column (channel_settings).
+    # A channel opted in to always-answer keeps answering every message ('every'); one opted out
+    # answers mentions only ('mentions'). Re-runnable: once the old table is gone, an empty one
+    # stands in for the copy.
+    """
+    CREATE TABLE IF NOT EXISTS channel_settings (
+        channel_id INTEGER PRIMARY KEY,
+        guild_id INTEGER,
+        always_answer INTEGER NOT NULL DEFAULT 0,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS channel_options (
+        channel_id INTEGER NOT NULL,
+        guild_id INTEGER,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (channel_id, key)
+    );
+    CREATE INDEX IF NOT EXISTS channel_options_guild ON channel_options (guild_id);
+    INSERT OR IGNORE INTO channel_options (channel_id, guild_id, key, value, updated_at)
+        SELECT channel_id, guild_id, 'answer', CASE always_answer WHEN 1 THEN 'every' ELSE 'mentions' END, updated_at
+        FROM channel_settings;
+    DROP TABLE channel_settings;
+    """,
 ]
 
 

@@ -18,7 +18,7 @@ def test_numbered_like_sqlite_and_fully_applied(postgres_url):
         assert migrate(conn) == len(MIGRATIONS)  # idempotent
         tables = {row[0] for row in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
-        assert {"meta", "memories", "memory_vectors", "memory_links", "messages", "channel_settings",
+        assert {"meta", "memories", "memory_vectors", "memory_links", "messages", "channel_options",
                 "memory_sources", "vector_changes", "memory_pauses", "schema_version"} <= tables
         assert conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
 
