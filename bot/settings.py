@@ -89,6 +89,14 @@ def _urls(name: str, raw: str) -> str:
     return ",".join(dict.fromkeys(_url(name, part) for part in parts))
 
 
+def _kind(name: str, raw: str) -> str:
+    """The kind of LLM server: its native Ollama API, or the OpenAI-compatible one."""
+    kind = raw.strip().lower()
+    if kind not in ("ollama", "openai"):
+        raise SettingsError(f"{name}={raw!r} must be ollama or openai (any OpenAI-compatible server)")
+    return kind
+
+
 def _database_url(name: str, raw: str) -> str:
     """Empty (SQLite at MUNINN_DB_PATH) or a postgresql:// URL (the PostgreSQL backend)."""
     raw = raw.strip()
@@ -155,13 +163,20 @@ SETTINGS: dict[str, Spec] = {
     "db_path": Spec("MUNINN_DB_PATH", "data/muninn.db", "SQLite file holding all memories; created on first start.", _path),
     "database_url": Spec("MUNINN_DATABASE_URL", "", "PostgreSQL instead of SQLite: postgresql://user:password@host/dbname (needs pgvector and `pip install muninn[postgres]`); empty = SQLite at MUNINN_DB_PATH.", _database_url, "url"),
     "ollama_url": Spec("OLLAMA_URL", "http://localhost:11434", "Ollama server address, or several separated by commas (each call goes to the least busy healthy one); empty disables embeddings and chat (FTS-only recall).", _urls, "url"),
-    "chat_model": Spec("OLLAMA_CHAT_MODEL", "llama3.2", "Ollama model that writes replies and extracts facts (ollama pull it first).", _str),
-    "embed_model": Spec("OLLAMA_EMBED_MODEL", "nomic-embed-text", "Ollama embedding model; changing it needs `muninn reindex`.", _str),
+    "chat_model": Spec("OLLAMA_CHAT_MODEL", "llama3.2", "Model that writes replies and extracts facts (ollama pull it first; on an openai-kind server, a model /v1/models lists).", _str),
+    "embed_model": Spec("OLLAMA_EMBED_MODEL", "nomic-embed-text", "Embedding model (on an openai-kind server, a model /v1/models lists); changing it needs `muninn reindex`.", _str),
     "embed_timeout": Spec("OLLAMA_EMBED_TIMEOUT", "2.0", "Seconds to wait for one embedding call before recall falls back to FTS-only.", _float(positive=True)),
     "chat_timeout": Spec("OLLAMA_CHAT_TIMEOUT", "60", "Seconds to wait for a chat reply before Muninn says it cannot think right now.", _float(positive=True)),
     "ollama_retries": Spec("OLLAMA_RETRIES", "1", "Extra attempts after a connection error or 5xx (0 = no retry).", _int(0, 5)),
     "ollama_cooldown": Spec("OLLAMA_COOLDOWN", "15", "Seconds to skip a kind of Ollama call (embeddings, replies, background work, each on its own) after it failed; replies probe Ollama after 1 s and go through as soon as it answers again.", _float(0)),
     "ollama_concurrency": Spec("OLLAMA_MAX_CONCURRENCY", "2", "Most chat requests sent to Ollama at once.", _int(1, 64)),
+    # Other LLM servers, and chat and embeddings on different ones (docs/llm-servers.md).
+    "chat_kind": Spec("MUNINN_CHAT_KIND", "ollama", "Kind of server that writes replies and extracts facts: ollama (its native API) or openai (any OpenAI-compatible server: llama-server, vLLM, LM Studio, OpenRouter). The OLLAMA_* models, timeouts, retries, cooldown and concurrency apply to either kind.", _kind),
+    "chat_url": Spec("MUNINN_CHAT_URL", "", "Chat server address (several separated by commas); empty = OLLAMA_URL. For openai, the API's base URL such as http://localhost:8000/v1 (a bare address gets /v1).", _urls, "url"),
+    "embed_kind": Spec("MUNINN_EMBED_KIND", "ollama", "Kind of server that computes embeddings: ollama or openai (its /v1/embeddings).", _kind),
+    "embed_url": Spec("MUNINN_EMBED_URL", "", "Embedding server address (several separated by commas); empty = OLLAMA_URL. May differ from the chat server in address and kind; its vectors must have the size the database holds (else `muninn reindex`).", _urls, "url"),
+    "llm_api_key": Spec("MUNINN_LLM_API_KEY", "", "API key sent (as a Bearer token) to openai-kind servers: OpenRouter, a vLLM or llama-server started with --api-key; never to Ollama-kind servers; empty = none.", _str, "secret"),
+    "embed_api_key": Spec("MUNINN_EMBED_API_KEY", "", "API key for an openai-kind embedding server that needs a different one; empty = MUNINN_LLM_API_KEY.", _str, "secret"),
     "recall_limit": Spec("MUNINN_RECALL_LIMIT", "5", "Memories recalled per message before graph augmentation.", _int(1, 100)),
     "graph_limit": Spec("MUNINN_GRAPH_LIMIT", "3", "Most linked memories added by the 1-hop graph walk.", _int(0, 50)),
     "rrf_k": Spec("MUNINN_RRF_K", "3", "Reciprocal Rank Fusion constant k (small = trust the top ranks; chosen on LoCoMo, bench/README.md).", _float(positive=True)),
@@ -218,6 +233,12 @@ class Settings:
     ollama_retries: int
     ollama_cooldown: float
     ollama_concurrency: int
+    chat_kind: str
+    chat_url: str
+    embed_kind: str
+    embed_url: str
+    llm_api_key: str
+    embed_api_key: str
     recall_limit: int
     graph_limit: int
     rrf_k: float

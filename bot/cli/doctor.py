@@ -3,37 +3,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bot.llm.errors import OllamaError
-from bot.llm.hosts import split_urls
-from bot.llm.ollama import OllamaClient
+from bot.cli.checks import Check
+from bot.cli.llm_doctor import llm_checks
 from bot.memory.connection import Connection
 from bot.memory.sql import health, leases, repair
 from bot.memory.sqlite import db, files
 from bot.memory.sqlite import health as sqlite_health
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.migrations import MIGRATIONS, schema_version
-from bot.redact import redact, redact_url
+from bot.redact import redact
 from bot.settings import Settings
 
 if TYPE_CHECKING:  # psycopg is optional: bot.memory.postgres is imported where it is used
     from bot.memory.postgres.health import DefaultReader, Reader
-
-
-@dataclass
-class Check:
-    """One finding: what was checked, whether it is fine, what was found, and what to run if not."""
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-
-    def to_dict(self) -> dict:
-        """The check as `muninn doctor --json` prints it."""
-        return {"check": self.name, "ok": self.ok, "detail": self.detail, "fix": self.fix}
 
 
 def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
@@ -215,31 +200,8 @@ def stored_values_check(conn: Connection, fix: bool) -> Check:
 
 
 async def ollama_checks(settings: Settings) -> list[Check]:
-    """Every Ollama host of OLLAMA_URL reachable, with both models pulled."""
-    if not settings.ollama_url:
-        return [Check("ollama", False, "OLLAMA_URL is empty: recall is keyword-only and Muninn cannot chat",
-                      "set OLLAMA_URL=http://localhost:11434 in .env")]
-    urls = split_urls(settings.ollama_url)
-    checks: list[Check] = []
-    for url in urls:  # every host: a reply or an embedding may go to any of them
-        checks += await host_checks(settings.replace(ollama_url=url), "" if len(urls) == 1 else f" {redact_url(url)}")
-    return checks
-
-
-async def host_checks(settings: Settings, suffix: str) -> list[Check]:
-    """Reachable, and both models pulled, for one Ollama host (`suffix` names it among several)."""
-    async with OllamaClient.from_settings(settings) as client:
-        try:
-            names = await client.model_names()
-        except OllamaError as exc:
-            return [Check("ollama" + suffix, False, str(exc), "start Ollama with `ollama serve`, or fix OLLAMA_URL")]
-        checks = [Check("ollama" + suffix, True, f"reachable at {settings.shown('ollama_url')}")]
-        for role, model in (("chat model", settings.chat_model), ("embedding model", settings.embed_model)):
-            wanted = {model, f"{model}:latest"}
-            present = any(name in wanted for name in names)
-            checks.append(Check(role + suffix, present, f"{model} {'is' if present else 'is not'} pulled",
-                                "" if present else f"ollama pull {model}" + (f" (on{suffix})" if suffix else "")))
-    return checks
+    """Every LLM server (chat and embeddings, either kind) reachable, with its models (bot/cli/llm_doctor.py)."""
+    return await llm_checks(settings)
 
 
 async def run_doctor(settings: Settings, *, fix: bool = False) -> list[Check]:
