@@ -12,6 +12,7 @@ from bot.llm.servers import Server, client_for, servers
 from bot.redact import redact_url
 from bot.settings import Settings
 
+EXAMPLE_URL = {"ollama": "http://localhost:11434", "openai": "http://localhost:8080/v1"}
 ROLES = {"chat": ("chat model", "chat_model", "OLLAMA_CHAT_MODEL"),
          "embed": ("embedding model", "embed_model", "OLLAMA_EMBED_MODEL")}
 
@@ -26,7 +27,7 @@ async def llm_checks(settings: Settings) -> list[Check]:
         label = server.kind if shared else f"{server.kind} {'chat' if purposes == ('chat',) else 'embeddings'}"
         if not server.url:
             checks.append(Check(label, False, f"{server.url_setting} is empty: {_without(purposes)}",
-                                f"set {server.url_setting}=http://localhost:11434 in .env"))
+                                f"set {server.url_setting}={EXAMPLE_URL[server.kind]} in .env"))
             continue
         urls = split_urls(server.url)
         for url in urls:  # every host: a call may go to any of them
