@@ -314,11 +314,25 @@ def load_settings(env: dict[str, str] | None = None, *, dotenv: bool = True, **o
     if any(shard >= values["shard_count"] for shard in values["shard_ids"]):
         raise SettingsError(f"MUNINN_SHARD_IDS={','.join(map(str, values['shard_ids']))} must be below "
                             f"MUNINN_SHARD_COUNT={values['shard_count']} (shards count from 0)")
+    check_api_keys(values)
     values.update(overrides)
     if isinstance(values["db_path"], str):
         values["db_path"] = _path("MUNINN_DB_PATH", values["db_path"])
     check_db_path(values["db_path"])
     return Settings(**values)
+
+
+def check_api_keys(values: dict[str, Any]) -> None:
+    """An API key and a URL with a user name and password cannot both go to one server: a request
+    carries one Authorization header."""
+    for purpose, url_key, api_key in (("CHAT", "chat_url", values["llm_api_key"]),
+                                      ("EMBED", "embed_url", values["embed_api_key"] or values["llm_api_key"])):
+        if values[f"{purpose.lower()}_kind"] != "openai" or not api_key:
+            continue
+        name = f"MUNINN_{purpose}_URL" if values[url_key] else "OLLAMA_URL"
+        if any(urlparse(url).username or urlparse(url).password for url in (values[url_key] or values["ollama_url"]).split(",")):
+            raise SettingsError(f"{name} has a user name or password and an API key is set for it: a request carries "
+                                "one Authorization, so keep only one of them")
 
 
 def check_db_path(path: Path, name: str = "MUNINN_DB_PATH") -> None:

@@ -28,7 +28,7 @@ from bot.llm.errors import (
 )
 from bot.llm.hosts import HostChoice
 from bot.llm.ollama import OllamaClient
-from bot.redact import redact_url
+from bot.redact import HIDDEN, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +225,8 @@ class OpenAIClient(OllamaClient):
 
     def _raise_for(self, status: int, text: str, path: str, body: dict | None, headers: Any = None) -> None:
         message = error_message(text)
+        if self.api_key:  # some servers quote the key they refused
+            message = message.replace(self.api_key, HIDDEN)
         said = f"{self.SERVER} at {self.where} answered {status} on {path}: {message}"
         asked_format = bool(body and body.get("response_format"))
         if asked_format and status in (400, 422, 500, 501) and any(w in message.lower() for w in _FORMAT_WORDS):

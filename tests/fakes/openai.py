@@ -96,8 +96,9 @@ class FakeOpenAI(FakeOllama):
                 request.transport.abort()
             return web.Response(status=503)  # never reaches the client
         if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
-            return _error(401, "Incorrect API key provided. You can find your API key at your provider.",
-                          code="invalid_api_key")
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            return _error(401, f"Incorrect API key provided: {given}. You can find your API key at your provider.",
+                          code="invalid_api_key")  # the key quoted back whole: the worst a server may do
         if self.mode == "error":
             return _error(500, "fake openai: simulated server error", "server_error")
         if self.mode == "slow":
