@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot.cli.checks import Check
-from bot.cli.llm_doctor import llm_checks
+from bot.cli.llm_doctor import embedding_size, llm_checks
 from bot.memory.connection import Connection
 from bot.memory.sql import health, leases, repair
 from bot.memory.sqlite import db, files
@@ -21,11 +21,11 @@ if TYPE_CHECKING:  # psycopg is optional: bot.memory.postgres is imported where 
     from bot.memory.postgres.health import DefaultReader, Reader
 
 
-def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
+def database_checks(settings: Settings, *, fix: bool = False, embed_dim: int | None = None) -> list[Check]:
     """With `fix`, also repair what can be repaired safely: clamp nonsense stored values and make
-    the database files private."""
+    the database files private. `embed_dim`: the size of the embedding server's vectors, when known."""
     if settings.database_url:
-        return postgres_checks(settings, fix)
+        return postgres_checks(settings, fix, embed_dim)
     checks: list[Check] = []
     with ExitStack() as stack:
         try:
@@ -39,7 +39,7 @@ def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
         checks.append(Check("database", integrity == "ok",
                             f"{settings.db_path}: schema {schema_version(conn)}/{len(MIGRATIONS)}, integrity {integrity}",
                             "" if integrity == "ok" else "restore the file from a backup"))
-        checks.append(vector_check(settings, vectors.index_info(conn), health.unembedded_count(conn)))
+        checks.append(vector_check(settings, vectors.index_info(conn), health.unembedded_count(conn), embed_dim))
         holder = leases.holder_of(conn, "maintenance")
         if holder is not None:  # a running bot (one of several shard processes) does the periodic maintenance
             checks.append(maintenance_check(holder))
@@ -58,7 +58,7 @@ def maintenance_check(holder: str) -> Check:
 MIGRATE_FIX = "muninn stats (any Muninn command that opens the database applies the missing migrations)"
 
 
-def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
+def postgres_checks(settings: Settings, fix: bool = False, embed_dim: int | None = None) -> list[Check]:
     """The same findings for a PostgreSQL database (MUNINN_DATABASE_URL): reachable and migrated,
     pgvector and btree_gin present, sane stored values (repair.RULES, as on SQLite; --fix clamps them), vectors
     for every active memory, which roles may read the people's words (the counterpart of the file
@@ -86,7 +86,7 @@ def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
             state = "no Muninn tables yet" if version == 0 else "older than this Muninn"
             return checks + [Check("database", False, f"{described}: {state}", MIGRATE_FIX)]
         checks += [Check("database", True, described), stored_values_check(conn, fix)]
-        checks.append(vector_check(settings, storage.index_info(conn), health.unembedded_count(conn)))
+        checks.append(vector_check(settings, storage.index_info(conn), health.unembedded_count(conn), embed_dim))
         rows, later = postgres_health.readers(conn), postgres_health.default_readers(conn)
         checks.append(grants_check(rows, later, postgres_health.revokes(rows, later)))
         holder = storage.lease_holder(conn, "maintenance")
@@ -162,11 +162,18 @@ def describe_default_readers(rows: Sequence[DefaultReader]) -> str:
             f'(default privileges of "{owner}": a future migration\'s tables)')
 
 
-def vector_check(settings: Settings, info: vectors.IndexInfo | None, missing: int) -> Check:
-    """The vectors: made with the configured embedding model, and one for every active memory."""
+def vector_check(settings: Settings, info: vectors.IndexInfo | None, missing: int,
+                 embed_dim: int | None = None) -> Check:
+    """The vectors: made with the configured embedding model, of the size the embedding server
+    returns (`embed_dim`, when known), and one for every active memory."""
     if info is not None and info.model != settings.embed_model:
         return Check("vector index", False,
                      f"vectors made with {info.model!r}, OLLAMA_EMBED_MODEL is {settings.embed_model!r}", "muninn reindex")
+    if info is not None and embed_dim is not None and embed_dim != info.dim:
+        return Check("vector index", False, f"the index holds {info.dim}-dimensional vectors of {info.model}, the "
+                                            f"embedding server returns {embed_dim}-dimensional ones",
+                     "muninn reindex (or point the embedding settings back at a server whose model gives "
+                     f"{info.dim} dimensions)")
     detail = (f"{info.model}, {info.dim} dimensions" if info else "no vectors yet") + \
         f"; {missing} active memories without a vector"
     return Check("vector index", missing == 0, detail, "" if missing == 0 else "muninn maintain")
@@ -205,7 +212,10 @@ async def ollama_checks(settings: Settings) -> list[Check]:
 
 
 async def run_doctor(settings: Settings, *, fix: bool = False) -> list[Check]:
-    """Every check: the database's (off the event loop), then Ollama's."""
+    """Every check: the database's (off the event loop, told the size of the embedding server's
+    vectors when it has the model), then the LLM servers'."""
     import asyncio
-    database = await asyncio.to_thread(database_checks, settings, fix=fix)
-    return database + await ollama_checks(settings)
+    llm = await ollama_checks(settings)
+    dim = await embedding_size(settings, llm)
+    database = await asyncio.to_thread(database_checks, settings, fix=fix, embed_dim=dim)
+    return database + llm

@@ -8,7 +8,7 @@ from dataclasses import replace
 from bot.cli.checks import Check
 from bot.llm.errors import LLMAuthFailed, OllamaError
 from bot.llm.hosts import split_urls
-from bot.llm.servers import Server, client_for, servers
+from bot.llm.servers import Server, client_for, make_client, servers
 from bot.redact import redact_url
 from bot.settings import Settings
 
@@ -73,3 +73,17 @@ def _unreachable_fix(server: Server, exc: OllamaError) -> str:
         return f"start Ollama with `ollama serve`, or fix {server.url_setting}"
     return (f"start the server, or fix {server.url_setting}: the server's OpenAI-compatible base URL, "
             "such as http://localhost:8080/v1")
+
+
+async def embedding_size(settings: Settings, checks: list[Check]) -> int | None:
+    """The size of the embedding server's vectors (one embedding asked), when `checks` found it with
+    its model; None otherwise, or when it does not answer."""
+    found = [check.ok for check in checks if check.name.startswith("embedding model")]
+    if not found or not all(found):
+        return None
+    async with make_client(settings) as client:
+        try:
+            [vector] = await client.embed(["muninn doctor"])
+        except (OllamaError, ValueError):
+            return None
+    return len(vector)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from bot.cli.doctor import ollama_checks
+from bot.cli.doctor import ollama_checks, run_doctor
 from bot.llm.ollama import OllamaClient, OllamaHosts
 from bot.llm.openai_api import OpenAIClient, OpenAIHosts
 from bot.llm.servers import SplitClient, make_client, missing_models, server_name
+from bot.memory.engine import Engine
+from bot.memory.records import NewMemory
 from bot.settings import SettingsError
 from tests.fakes.openai import FakeOpenAI
 from tests.postgres_server import free_port
@@ -111,3 +113,15 @@ async def test_doctor_for_the_default_ollama_is_as_before(fake_ollama, make_sett
         ("ollama", True, ""), ("chat model", False, "ollama pull llama3.2"), ("embedding model", True, "")]
     [empty] = await ollama_checks(make_settings(""))
     assert empty.detail == "OLLAMA_URL is empty: recall is keyword-only and Muninn cannot chat"
+
+
+async def test_doctor_compares_the_embedding_servers_size_with_the_index(fake_ollama, make_settings):
+    settings = make_settings(fake_ollama.url)
+    async with Engine(settings) as engine:
+        await engine.remember(NewMemory("the GPU server has 4x RTX 3090", "global"))
+    assert next(c for c in await run_doctor(settings) if c.name == "vector index").ok
+    async with FakeOpenAI(dim=384) as smaller:                  # the same model name, another size
+        moved = make_settings(fake_ollama.url, MUNINN_EMBED_KIND="openai", MUNINN_EMBED_URL=smaller.base_url)
+        index = next(c for c in await run_doctor(moved) if c.name == "vector index")
+    assert not index.ok and "768-dimensional" in index.detail and "returns 384-dimensional" in index.detail
+    assert index.fix.startswith("muninn reindex")
