@@ -143,7 +143,7 @@ class OllamaClient:
             self._failed("embed", exc.retry_after)
             self._log_embed_failure(exc)
             raise
-        vectors = self._vectors_in(data, len(texts))
+        vectors = self._vectors_in(data)
         if not isinstance(vectors, list) or len(vectors) != len(texts) or not all(map(usable_vector, vectors)) \
                 or len({len(v) for v in vectors}) != 1:
             raise OllamaBadResponse(f"{self.EMBED_PATH} returned no usable embeddings for {len(texts)} inputs "
@@ -153,7 +153,7 @@ class OllamaClient:
     def _embed_body(self, texts: Sequence[str]) -> dict[str, Any]:
         return {"model": self.embed_model, "input": list(texts)}
 
-    def _vectors_in(self, data: dict, count: int) -> Any:
+    def _vectors_in(self, data: dict) -> Any:
         """The vectors of an embedding answer, in input order (checked by the caller)."""
         return data.get("embeddings")
 

@@ -199,7 +199,7 @@ class OpenAIClient(OllamaClient):
     def _embed_body(self, texts: Sequence[str]) -> dict[str, Any]:
         return {"model": self.embed_model, "input": list(texts), "encoding_format": "float"}
 
-    def _vectors_in(self, data: dict, count: int) -> Any:
+    def _vectors_in(self, data: dict) -> Any:
         items = data.get("data")
         if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
             return None
