@@ -108,18 +108,22 @@ class OpenAIClient(OllamaClient):
         timeout = timeout or self.chat_timeout
         deadline = time.monotonic() + timeout
         while True:
+            asked = self.format_mode
             try:
                 return await super().chat(messages, format=format, options=options, background=background,
                                           timeout=max(0.1, deadline - time.monotonic()))
             except FormatRefused as exc:
-                if not self._plainer(exc):
+                if not self._plainer(asked, exc):
                     raise
 
-    def _plainer(self, exc: FormatRefused) -> bool:
-        """Move to the next plainer way of asking for JSON; False when there is none."""
-        at = FORMAT_MODES.index(self.format_mode)
+    def _plainer(self, asked: str, exc: FormatRefused) -> bool:
+        """Move on from the way `asked` to the next plainer way of asking for JSON (a call that was
+        refused at the same time may have moved on already); False when there is none."""
+        at = FORMAT_MODES.index(asked)
         if at + 1 >= len(FORMAT_MODES):
             return False
+        if FORMAT_MODES.index(self.format_mode) > at:
+            return True
         self.format_mode = FORMAT_MODES[at + 1]
         log.info("%s at %s refused structured output as %s (%s); asking with %s from now on", self.SERVER,
                  self.where, FORMAT_MODES[at], exc, self.format_mode)

@@ -2,6 +2,7 @@
 streamed, structured output and its fallbacks, embeddings, models, the API key, and each error."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -115,6 +116,13 @@ async def test_a_server_that_refuses_json_schema_is_asked_with_json_object_then_
     assert formats == ["json_schema", "json_object", "json_schema", "json_object", None, None]
     assert fake.chat_requests()[1]["response_format"]["schema"] == SCHEMA   # llama-server reads it there
     assert sum("refused structured output" in r.getMessage() for r in caplog.records) == 3
+
+
+async def test_calls_refused_at_the_same_time_move_on_one_step(fake):
+    fake.refuse_formats = {"json_schema"}
+    async with client_for(fake) as client:
+        answers = await asyncio.gather(*(client.chat(HI, format=SCHEMA) for _ in range(4)))
+        assert answers == ["{}"] * 4 and client.format_mode == "json_object"
 
 
 async def test_a_context_error_is_not_taken_for_a_refused_format(fake):
