@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bot.cli.doctor import ollama_checks, run_doctor
+from bot.llm.errors import OllamaUnavailable
 from bot.llm.ollama import OllamaClient, OllamaHosts
 from bot.llm.openai_api import OpenAIClient, OpenAIHosts
 from bot.llm.servers import SplitClient, make_client, missing_models, server_name
@@ -75,6 +76,22 @@ async def test_chat_and_embeddings_on_different_kinds_of_server(fake_ollama, fak
         assert str(missing) == "Ollama has no model 'nomic-embed-text': run `ollama pull nomic-embed-text`"
     assert len(fake_openai.chat_requests()) == 2 and not fake_openai.embed_requests()
     assert len(fake_ollama.embed_requests()) == 1 and not fake_ollama.chat_requests()
+
+
+async def test_chat_on_ollama_and_embeddings_on_an_openai_server_with_its_own_key(fake_ollama, make_settings):
+    async with FakeOpenAI(api_key="sk-embeddings") as embedder:
+        settings = make_settings(fake_ollama.url, MUNINN_EMBED_KIND="openai", MUNINN_EMBED_URL=embedder.base_url,
+                                 MUNINN_LLM_API_KEY="sk-chat", MUNINN_EMBED_API_KEY="sk-embeddings")
+        async with make_client(settings) as client:
+            assert isinstance(client, SplitClient) and client.chat_client.api_key == ""  # Ollama gets no key
+            assert await client.chat(HI, format={"type": "object"}) == "{}"
+            assert await client.embed(["a memory"]) == [embedder.embed_text("a memory")]
+            embedder.mode = "error"
+            with pytest.raises(OllamaUnavailable):
+                await client.embed(["a memory"])
+            assert not client.cooling_down("reply")
+            assert await client.chat(HI) == "ok"                   # chat is not held up by the embedder
+    assert fake_ollama.chat_requests()[0]["format"] == {"type": "object"} and not fake_ollama.embed_requests()
 
 
 async def test_embeddings_without_a_server_leave_chat_working(fake_openai, make_settings):
