@@ -167,7 +167,7 @@ class OpenAIClient(OllamaClient):
         """(content, done) of one line of the server-sent event stream: `data: {chunk}` lines carry
         `choices[0].delta.content`; `data: [DONE]` or a `finish_reason` ends the answer; comment
         lines (`: ...`, keep-alives) and other fields are skipped; an error (`data: {"error"}`,
-        llama-server's `error: {...}`, a `finish_reason` of "error") raises OllamaUnavailable."""
+        llama-server's `error: {...}`, `event: error`, a `finish_reason` of "error") raises OllamaUnavailable."""
         text = line.decode("utf-8", "replace").strip()
         if not text or text.startswith(":"):
             return "", False
@@ -175,6 +175,8 @@ class OpenAIClient(OllamaClient):
         value = value.strip()
         if field == "error":
             raise OllamaUnavailable(f"{self.SERVER} failed while answering: {error_message(value)}")
+        if field == "event" and value == "error":  # its data line follows; the stream is over either way
+            raise OllamaUnavailable(f"{self.SERVER} failed while answering (an error event)")
         if field != "data":
             return "", False
         if value == "[DONE]":

@@ -85,6 +85,8 @@ def test_server_sent_event_lines_of_other_servers():
     with pytest.raises(OllamaUnavailable, match="Provider returned error"):  # OpenRouter's, mid-stream
         client._stream_piece(b'data: {"error":{"code":502,"message":"Provider returned error"},'
                              b'"choices":[{"delta":{"content":""},"finish_reason":"error"}]}')
+    with pytest.raises(OllamaUnavailable, match="an error event"):
+        client._stream_piece(b"event: error\n")
     with pytest.raises(OllamaBadResponse):
         client._stream_piece(b"data: {not json")
 
