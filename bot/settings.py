@@ -23,7 +23,7 @@ class SettingsError(ValueError):
 
 # The sections of `.env.example`, in the order it lists them. A row names its section; one that
 # names none lands under OTHER, and every row that is not `essential` is written commented out.
-DISCORD, OLLAMA, DATABASE = "Discord", "Ollama", "Database"
+DISCORD, OLLAMA, DATABASE = "Discord", "LLM servers (Ollama, or OpenAI-compatible)", "Database"
 CONVERSATION, RECALL, LIFECYCLE = "Conversation", "Recall and ranking", "Memory lifecycle"
 FAIR_SHARE, SCALING, LOGGING, OTHER = "Fair share", "Scaling out", "Logging", "Other"
 OPERATIONS = "Health, metrics and the console"
@@ -132,6 +132,27 @@ def _choice(*allowed: str):
     return parse
 
 
+def _kind(name: str, raw: str) -> str:
+    """The kind of LLM server: its native Ollama API, or the OpenAI-compatible one."""
+    kind = raw.strip().lower()
+    if kind not in ("ollama", "openai"):
+        raise SettingsError(f"{name}={raw!r} must be ollama or openai (any OpenAI-compatible server)")
+    return kind
+
+
+def check_api_keys(values: dict[str, Any]) -> None:
+    """An API key and a URL with a user name and password cannot both go to one server: a request
+    carries one Authorization header."""
+    for purpose, url_key, api_key in (("CHAT", "chat_url", values["llm_api_key"]),
+                                      ("EMBED", "embed_url", values["embed_api_key"] or values["llm_api_key"])):
+        if values[f"{purpose.lower()}_kind"] != "openai" or not api_key:
+            continue
+        name = f"MUNINN_{purpose}_URL" if values[url_key] else "OLLAMA_URL"
+        if any(urlparse(url).username or urlparse(url).password for url in (values[url_key] or values["ollama_url"]).split(",")):
+            raise SettingsError(f"{name} has a user name or password and an API key is set for it: a request carries "
+                                "one Authorization, so keep only one of them")
+
+
 def _path(name: str, raw: str, base: Path | None = None) -> Path:
     """A file path; a relative one is taken from `base` (default: the working directory)."""
     if not raw.strip():
@@ -194,8 +215,8 @@ SETTINGS: dict[str, Spec] = {
     "db_path": Spec("MUNINN_DB_PATH", "data/muninn.db", "SQLite file holding all memories, created (private) at first use; a relative path is taken from the folder of the .env that sets it.", _path, section=DATABASE, essential=True),
     "database_url": Spec("MUNINN_DATABASE_URL", "", "PostgreSQL instead of SQLite: postgresql://user:password@host/dbname (needs pgvector and `pip install 'muninn-bot[postgres]'`); empty = SQLite at MUNINN_DB_PATH.", _database_url, "url", section=DATABASE),
     "ollama_url": Spec("OLLAMA_URL", "http://localhost:11434", "Ollama server address, or several separated by commas (each call goes to the least busy healthy one); empty disables embeddings and chat (keyword-only recall).", _urls, "url", section=OLLAMA, essential=True),
-    "chat_model": Spec("OLLAMA_CHAT_MODEL", "llama3.2", "Ollama model that writes replies and extracts facts (ollama pull it first).", _str, section=OLLAMA, essential=True),
-    "embed_model": Spec("OLLAMA_EMBED_MODEL", "nomic-embed-text", "Ollama embedding model; changing it needs `muninn reindex`.", _str, section=OLLAMA, essential=True),
+    "chat_model": Spec("OLLAMA_CHAT_MODEL", "llama3.2", "Model that writes replies and extracts facts (ollama pull it first; on an openai-kind server, a model /v1/models lists).", _str, section=OLLAMA, essential=True),
+    "embed_model": Spec("OLLAMA_EMBED_MODEL", "nomic-embed-text", "Embedding model (on an openai-kind server, a model /v1/models lists); changing it needs `muninn reindex`.", _str, section=OLLAMA, essential=True),
     "embed_timeout": Spec("OLLAMA_EMBED_TIMEOUT", "2.0", "Seconds to wait for one embedding call before recall falls back to FTS-only.", _float(positive=True), section=OLLAMA),
     "chat_timeout": Spec("OLLAMA_CHAT_TIMEOUT", "60", "Seconds to wait for a chat reply before Muninn says it cannot think right now.", _float(positive=True), section=OLLAMA),
     "ollama_retries": Spec("OLLAMA_RETRIES", "1", "Extra attempts after a connection error or 5xx (0 = no retry).", _int(0, 5), section=OLLAMA),
@@ -251,6 +272,12 @@ SETTINGS: dict[str, Spec] = {
     "allow_dms": Spec("MUNINN_ALLOW_DMS", "true", "Answer direct messages; false = DMs are neither answered nor kept.", _bool, section=DISCORD),
     "blocked_users": Spec("MUNINN_BLOCKED_USERS", "", "Comma-separated Discord user ids Muninn neither answers nor remembers anywhere (servers add their own lists with /settings access).", _id_list, section=DISCORD),
     "message_content": Spec("MUNINN_MESSAGE_CONTENT", "auto", "The Message Content intent: auto (use it when the Developer Portal grants it), on (require it) or off (run on DMs, mentions and replies to Muninn only; no passive history, no every-message channels).", _choice("auto", "on", "off"), section=DISCORD),
+    "chat_kind": Spec("MUNINN_CHAT_KIND", "ollama", "Kind of server that writes replies and extracts facts: ollama (its native API) or openai (any OpenAI-compatible server: llama-server, vLLM, LM Studio, OpenRouter). The OLLAMA_* models, timeouts, retries, cooldown and concurrency apply to either kind.", _kind, section=OLLAMA),
+    "chat_url": Spec("MUNINN_CHAT_URL", "", "Chat server address (several separated by commas); empty = OLLAMA_URL. For openai, the API's base URL such as http://localhost:8000/v1 (a bare address gets /v1).", _urls, "url", section=OLLAMA),
+    "embed_kind": Spec("MUNINN_EMBED_KIND", "ollama", "Kind of server that computes embeddings: ollama or openai (its /v1/embeddings).", _kind, section=OLLAMA),
+    "embed_url": Spec("MUNINN_EMBED_URL", "", "Embedding server address (several separated by commas); empty = OLLAMA_URL. May differ from the chat server in address and kind; its vectors must have the size the database holds (else `muninn reindex`).", _urls, "url", section=OLLAMA),
+    "llm_api_key": Spec("MUNINN_LLM_API_KEY", "", "API key sent (as a Bearer token) to openai-kind servers: OpenRouter, a vLLM or llama-server started with --api-key; never to Ollama-kind servers; empty = none.", _str, "secret", section=OLLAMA),
+    "embed_api_key": Spec("MUNINN_EMBED_API_KEY", "", "API key for an openai-kind embedding server that needs a different one; empty = MUNINN_LLM_API_KEY.", _str, "secret", section=OLLAMA),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str, section=LOGGING),
 }
 
@@ -321,6 +348,12 @@ class Settings:
     allow_dms: bool
     blocked_users: frozenset[int]
     message_content: str
+    chat_kind: str
+    chat_url: str
+    embed_kind: str
+    embed_url: str
+    llm_api_key: str
+    embed_api_key: str
     log_level: str
 
     def shown(self, key: str) -> str:
@@ -372,6 +405,7 @@ def load_settings(env: dict[str, str] | None = None, *, dotenv: bool = True, **o
     if any(shard >= values["shard_count"] for shard in values["shard_ids"]):
         raise SettingsError(f"MUNINN_SHARD_IDS={','.join(map(str, values['shard_ids']))} must be below "
                             f"MUNINN_SHARD_COUNT={values['shard_count']} (shards count from 0)")
+    check_api_keys(values)
     values.update(overrides)
     if isinstance(values["db_path"], str):
         values["db_path"] = _path("MUNINN_DB_PATH", values["db_path"])

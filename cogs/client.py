@@ -19,6 +19,7 @@ from discord.ext import commands
 
 from bot.conversation.pipeline import ExchangeSink, Pipeline
 from bot.llm.errors import OllamaError
+from bot.llm.servers import missing_models, server_name
 from bot.memory.engine import Engine
 from bot.memory.errors import explain
 from bot.settings import Settings
@@ -166,14 +167,14 @@ class MuninnBot(commands.Bot):
             log.warning("no OLLAMA_URL configured: Muninn cannot answer messages (recall uses keywords only)")
             return
         try:
-            missing = [model for model in dict.fromkeys((self.settings.chat_model, self.settings.embed_model))
-                       if not await ollama.has_model(model)]
-            for model in missing:
-                log.warning("Ollama has no model %r: run `ollama pull %s`", model, model)
+            missing = await missing_models(ollama, self.settings.chat_model, self.settings.embed_model)
+            for error in missing:
+                log.warning("%s", error)
             if not missing:
-                log.info("Ollama at %s has %s and %s", ollama.where, self.settings.chat_model, self.settings.embed_model)
+                log.info("%s at %s has %s and %s", server_name(ollama), ollama.where, self.settings.chat_model,
+                         self.settings.embed_model)
         except OllamaError as exc:
-            log.warning("cannot check Ollama's models: %s", exc)
+            log.warning("cannot check the LLM servers' models: %s", exc)
 
     async def shutdown(self, reason: str) -> None:
         """Stop gracefully: take no new messages, let the replies in flight finish (bounded), then

@@ -10,6 +10,7 @@ from bot.memory.engine import Engine
 from bot.settings import load_settings
 from tests.fakes.discord_server import FakeDiscord, patch_discord_urls
 from tests.fakes.ollama import FakeOllama
+from tests.fakes.servers import SETUPS, llm_servers
 from tests.helpers import Script
 from tests.postgres_fixtures import postgres_server, postgres_test_database, postgres_url  # noqa: F401  (fixtures)
 
@@ -84,6 +85,14 @@ def database_env(monkeypatch, request) -> str:
 async def fake_ollama():
     async with FakeOllama() as fake:
         yield fake
+
+
+@pytest.fixture(params=SETUPS)
+async def llm(request):
+    """The LLM servers of each setup in turn (tests/fakes/servers.py): Ollama, an OpenAI-compatible
+    server, chat on the OpenAI one with embeddings on Ollama. Only modules that ask for it run so."""
+    async with llm_servers(request.param) as servers:
+        yield servers
 
 
 @pytest.fixture

@@ -90,10 +90,19 @@ def per_author(**answers: str):
     return answer
 
 
+def schema_of(request: dict) -> dict | None:
+    """The JSON schema a chat request asks its answer to follow: Ollama's `format`, or the
+    OpenAI API's `response_format` (json_schema, or json_object with llama-server's `schema`)."""
+    if request.get("format"):
+        return request["format"]
+    fmt = request.get("response_format") or {}
+    return (fmt.get("json_schema") or {}).get("schema") or fmt.get("schema")
+
+
 def kind_of(request: dict) -> str:
-    """What a chat request asks for, by the JSON schema it sends as `format` (the structured
-    output contract), so rewording a prompt never misroutes a scripted answer."""
-    return SCHEMA_KINDS.get(json.dumps(request.get("format"), sort_keys=True), "other")
+    """What a chat request asks for, by the JSON schema it sends (the structured output contract),
+    so rewording a prompt never misroutes a scripted answer."""
+    return SCHEMA_KINDS.get(json.dumps(schema_of(request), sort_keys=True), "other")
 
 
 SCHEMA_KINDS = {json.dumps(schema, sort_keys=True): kind for schema, kind in (

@@ -1,7 +1,9 @@
-"""Secrets never printed: a password planted in every URL setting (OLLAMA_URL, with a host that is
-down and the fake Ollama; MUNINN_DATABASE_URL, the embedded PostgreSQL accepts it) and a token in
-DISCORD_TOKEN must appear in no log record, no error line, no `muninn doctor` and no `--json`
-output, on both backends: the engine and the pipeline with Ollama up and down, the command line
+"""Secrets never printed: a password planted in every URL setting (OLLAMA_URL, MUNINN_CHAT_URL and
+MUNINN_EMBED_URL, with a host that is down and the fake Ollama or OpenAI-compatible server;
+MUNINN_DATABASE_URL, the embedded PostgreSQL accepts it), in the API keys (MUNINN_LLM_API_KEY,
+MUNINN_EMBED_API_KEY, also when a server quotes a refused key back) and a token in DISCORD_TOKEN
+must appear in no log record, no error line, no `muninn doctor` and no `--json` output, on both
+backends: the engine and the pipeline with the LLM servers up and down, the command line
 in-process, a bad setting, a database that is down, and the bot itself on the fake gateway."""
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ from bot.llm.errors import OllamaError
 from bot.llm.ollama import OllamaClient, OllamaHosts
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
-from bot.settings import SETTINGS, load_settings
+from bot.settings import SETTINGS, SettingsError, load_settings
 from tests.fakes.ollama import FakeOllamaThread
+from tests.fakes.openai import FakeOpenAI
 from tests.postgres_server import free_port
 
 PASSWORD = "Pl4ntedPassw0rdXyzzy"          # in every URL setting
@@ -82,7 +85,9 @@ def test_every_url_or_secret_setting_is_marked():
         if spec.env.rsplit("_", 1)[-1] in suspicious or "url" in spec.parse.__name__:
             assert spec.kind in ("url", "secret"), f"{spec.env} looks secret: give it kind='url' or 'secret'"
     assert {k: s.kind for k, s in SETTINGS.items() if s.kind} == {
-        "discord_token": "secret", "database_url": "url", "ollama_url": "url", "web_token": "secret"}
+        "discord_token": "secret", "database_url": "url", "ollama_url": "url", "chat_url": "url",
+        "embed_url": "url", "llm_api_key": "secret", "embed_api_key": "secret",
+        "web_token": "secret"}
 
 
 def test_shown_keeps_where_and_hides_who_and_how():
@@ -92,8 +97,11 @@ def test_shown_keeps_where_and_hides_who_and_how():
         == "postgresql://***@db:5432/muninn?sslmode=require&password=***"
     assert redact.redact_url("http://localhost:11434") == "http://localhost:11434"
     settings = load_settings({"OLLAMA_URL": dead_url(), "DISCORD_TOKEN": TOKEN, "MUNINN_DB_PATH": "x.db",
-                              "MUNINN_DATABASE_URL": f"postgresql://muninn:{PASSWORD}@db/muninn"})
+                              "MUNINN_DATABASE_URL": f"postgresql://muninn:{PASSWORD}@db/muninn",
+                              "MUNINN_CHAT_URL": dead_url(), "MUNINN_EMBED_URL": dead_url(),
+                              "MUNINN_LLM_API_KEY": PASSWORD, "MUNINN_EMBED_API_KEY": TOKEN})
     assert settings.shown("discord_token") == "***" and settings.shown("chat_model") == "llama3.2"
+    assert settings.shown("llm_api_key") == settings.shown("embed_api_key") == "***"
     assert settings.shown("database_url") == "postgresql://***@db/muninn"
     assert_clean(*(settings.shown(key) for key in SETTINGS))
     assert {PASSWORD, TOKEN} <= settings.secrets()
@@ -206,6 +214,56 @@ async def test_every_ollama_error_names_the_host_without_its_password(fake_ollam
     assert_clean(logged(caplog), *errors)
 
 
+@pytest.mark.parametrize("secret_in", ["key", "url"])
+async def test_an_openai_compatible_server_never_shows_its_key_or_password(
+        make_settings, fake_ollama, backend, caplog, capsys, secret_in):
+    """Chat on the OpenAI-compatible stand-in (the key, or a password in its URL: one Authorization per
+    request), embeddings on Ollama with a password in its URL; up, down, and with the key refused."""
+    caplog.set_level(logging.DEBUG)
+    outlet, errors, reports = Outlet(), [], []
+    async with FakeOpenAI(api_key=PASSWORD if secret_in == "key" else "") as server:
+        chat_url = server.base_url if secret_in == "key" else with_password(server.base_url)
+        settings = make_settings(with_password(fake_ollama.url), MUNINN_CHAT_KIND="openai",
+                                 MUNINN_CHAT_URL=f"{chat_url},http://127.0.0.1:{free_port()}",
+                                 MUNINN_LLM_API_KEY=PASSWORD if secret_in == "key" else "",
+                                 MUNINN_EMBED_API_KEY=PASSWORD, MUNINN_DATABASE_URL=with_password(backend, "postgres"),
+                                 DISCORD_TOKEN=TOKEN, OLLAMA_CHAT_TIMEOUT="2")
+        viewer = Viewer(user_id=7, channel_id=50, guild_id=900)
+        async with Engine(settings) as engine:
+            extractor = Extractor(engine, batch_delay=0.05)
+            pipeline = Pipeline(engine, extractor)
+            await pipeline.respond(said("hello there", 0), outlet)
+            assert server.chat_requests() and fake_ollama.embed_requests(), "both servers answered"
+            reports.append(json.dumps([check.to_dict() for check in await run_doctor(settings)]))
+            server.api_key = "a key Muninn does not have"                   # refused, and quoted back
+            await pipeline.respond(said("still there?", 1), outlet)
+            reports.append(json.dumps([check.to_dict() for check in await run_doctor(settings)]))
+            server.api_key = PASSWORD if secret_in == "key" else ""
+            await server.go_down()
+            await fake_ollama.go_down()
+            await pipeline.respond(said("anyone there?", 2), outlet)
+            await engine.recall("anyone", viewer, touch=False)
+            reports.append(json.dumps([check.to_dict() for check in await run_doctor(settings)]))
+            try:
+                await engine.reindex()
+            except OllamaError as exc:
+                errors.append(str(exc))
+            await server.come_up()
+            await fake_ollama.come_up()
+            await pipeline.respond(said("back again?", 3), outlet)
+            await extractor.close()
+    assert "***@127.0.0.1" in reports[0] and "refused" not in reports[0] and "key" in reports[1], reports
+    out = capsys.readouterr()
+    assert_clean(logged(caplog), out.out, out.err, *outlet.texts, *errors, *reports)
+
+
+def test_an_api_key_and_a_password_in_the_same_servers_url_are_one_line(tmp_path):
+    with pytest.raises(SettingsError, match="keep only one of them") as caught:
+        load_settings({"MUNINN_DB_PATH": str(tmp_path / "x.db"), "MUNINN_CHAT_KIND": "openai",
+                       "MUNINN_CHAT_URL": with_password("http://vllm:8000/v1"), "MUNINN_LLM_API_KEY": PASSWORD})
+    assert_clean(str(caught.value))
+
+
 async def _drain(stream) -> None:
     async for _ in stream:
         pass
@@ -241,6 +299,9 @@ def planted(tmp_path, monkeypatch, database_env, ollama):
     monkeypatch.setenv("MUNINN_DB_PATH", str(tmp_path / "cli.db"))
     monkeypatch.setenv("OLLAMA_URL", f"{with_password(ollama.url)},{dead_url()}")
     monkeypatch.setenv("DISCORD_TOKEN", TOKEN)
+    monkeypatch.setenv("MUNINN_EMBED_URL", with_password(ollama.url))   # embeddings apart: a second client
+    monkeypatch.setenv("MUNINN_LLM_API_KEY", PASSWORD)                 # set, never sent to Ollama-kind servers
+    monkeypatch.setenv("MUNINN_EMBED_API_KEY", PASSWORD)
     monkeypatch.setenv("OLLAMA_COOLDOWN", "0")
     monkeypatch.setenv("OLLAMA_EMBED_TIMEOUT", "1")
     monkeypatch.setenv("OLLAMA_CHAT_TIMEOUT", "2")
@@ -329,7 +390,8 @@ async def test_the_running_bot_logs_no_secret_even_at_debug(discord_world, fake_
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DISCORD_TOKEN": TOKEN,
            "OLLAMA_URL": f"{with_password(fake_ollama.url)},{dead_url()}", "MUNINN_DATABASE_URL": database_url,
            "MUNINN_DB_PATH": str(tmp_path / "bot.db"), "MUNINN_MAINTENANCE_HOURS": "0",
-           "MUNINN_STREAM_REPLIES": "false", "OLLAMA_COOLDOWN": "0"}
+           "MUNINN_STREAM_REPLIES": "false", "OLLAMA_COOLDOWN": "0", "MUNINN_LLM_API_KEY": PASSWORD,
+           "MUNINN_EMBED_API_KEY": PASSWORD}
     fake_ollama.chat_replies.append("Hello Alice.")
 
     async def muninn(*args: str) -> tuple[int, str]:

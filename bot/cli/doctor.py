@@ -3,44 +3,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bot.llm.errors import OllamaError
-from bot.llm.hosts import split_urls
-from bot.llm.ollama import OllamaClient
+from bot.cli.checks import Check
+from bot.cli.llm_doctor import embedding_size, llm_checks
 from bot.memory.connection import Connection
 from bot.memory.sql import health, leases, repair
 from bot.memory.sqlite import db, files
 from bot.memory.sqlite import health as sqlite_health
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.migrations import MIGRATIONS, schema_version
-from bot.redact import redact, redact_url
+from bot.redact import redact
 from bot.settings import Settings
 
 if TYPE_CHECKING:  # psycopg is optional: bot.memory.postgres is imported where it is used
     from bot.memory.postgres.health import DefaultReader, Reader
 
 
-@dataclass
-class Check:
-    """One finding: what was checked, whether it is fine, what was found, and what to run if not."""
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-
-    def to_dict(self) -> dict:
-        """The check as `muninn doctor --json` prints it."""
-        return {"check": self.name, "ok": self.ok, "detail": self.detail, "fix": self.fix}
-
-
-def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
+def database_checks(settings: Settings, *, fix: bool = False, embed_dim: int | None = None) -> list[Check]:
     """With `fix`, also repair what can be repaired safely: clamp nonsense stored values and make
-    the database files private."""
+    the database files private. `embed_dim`: the size of the embedding server's vectors, when known."""
     if settings.database_url:
-        return postgres_checks(settings, fix)
+        return postgres_checks(settings, fix, embed_dim)
     checks: list[Check] = []
     with ExitStack() as stack:
         try:
@@ -54,7 +39,7 @@ def database_checks(settings: Settings, *, fix: bool = False) -> list[Check]:
         checks.append(Check("database", integrity == "ok",
                             f"{settings.db_path}: schema {schema_version(conn)}/{len(MIGRATIONS)}, integrity {integrity}",
                             "" if integrity == "ok" else "restore the file from a backup"))
-        checks.append(vector_check(settings, vectors.index_info(conn), health.unembedded_count(conn)))
+        checks.append(vector_check(settings, vectors.index_info(conn), health.unembedded_count(conn), embed_dim))
         holder = leases.holder_of(conn, "maintenance")
         if holder is not None:  # a running bot (one of several shard processes) does the periodic maintenance
             checks.append(maintenance_check(holder))
@@ -73,7 +58,7 @@ def maintenance_check(holder: str) -> Check:
 MIGRATE_FIX = "muninn stats (any Muninn command that opens the database applies the missing migrations)"
 
 
-def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
+def postgres_checks(settings: Settings, fix: bool = False, embed_dim: int | None = None) -> list[Check]:
     """The same findings for a PostgreSQL database (MUNINN_DATABASE_URL): reachable and migrated,
     pgvector and btree_gin present, sane stored values (repair.RULES, as on SQLite; --fix clamps them), vectors
     for every active memory, which roles may read the people's words (the counterpart of the file
@@ -101,7 +86,7 @@ def postgres_checks(settings: Settings, fix: bool = False) -> list[Check]:
             state = "no Muninn tables yet" if version == 0 else "older than this Muninn"
             return checks + [Check("database", False, f"{described}: {state}", MIGRATE_FIX)]
         checks += [Check("database", True, described), stored_values_check(conn, fix)]
-        checks.append(vector_check(settings, storage.index_info(conn), health.unembedded_count(conn)))
+        checks.append(vector_check(settings, storage.index_info(conn), health.unembedded_count(conn), embed_dim))
         rows, later = postgres_health.readers(conn), postgres_health.default_readers(conn)
         checks.append(grants_check(rows, later, postgres_health.revokes(rows, later)))
         holder = storage.lease_holder(conn, "maintenance")
@@ -177,11 +162,18 @@ def describe_default_readers(rows: Sequence[DefaultReader]) -> str:
             f'(default privileges of "{owner}": a future migration\'s tables)')
 
 
-def vector_check(settings: Settings, info: vectors.IndexInfo | None, missing: int) -> Check:
-    """The vectors: made with the configured embedding model, and one for every active memory."""
+def vector_check(settings: Settings, info: vectors.IndexInfo | None, missing: int,
+                 embed_dim: int | None = None) -> Check:
+    """The vectors: made with the configured embedding model, of the size the embedding server
+    returns (`embed_dim`, when known), and one for every active memory."""
     if info is not None and info.model != settings.embed_model:
         return Check("vector index", False,
                      f"vectors made with {info.model!r}, OLLAMA_EMBED_MODEL is {settings.embed_model!r}", "muninn reindex")
+    if info is not None and embed_dim is not None and embed_dim != info.dim:
+        return Check("vector index", False, f"the index holds {info.dim}-dimensional vectors of {info.model}, the "
+                                            f"embedding server returns {embed_dim}-dimensional ones",
+                     "muninn reindex (or point the embedding settings back at a server whose model gives "
+                     f"{info.dim} dimensions)")
     detail = (f"{info.model}, {info.dim} dimensions" if info else "no vectors yet") + \
         f"; {missing} active memories without a vector"
     return Check("vector index", missing == 0, detail, "" if missing == 0 else "muninn maintain")
@@ -215,35 +207,15 @@ def stored_values_check(conn: Connection, fix: bool) -> Check:
 
 
 async def ollama_checks(settings: Settings) -> list[Check]:
-    """Every Ollama host of OLLAMA_URL reachable, with both models pulled."""
-    if not settings.ollama_url:
-        return [Check("ollama", False, "OLLAMA_URL is empty: recall is keyword-only and Muninn cannot chat",
-                      "set OLLAMA_URL=http://localhost:11434 in .env")]
-    urls = split_urls(settings.ollama_url)
-    checks: list[Check] = []
-    for url in urls:  # every host: a reply or an embedding may go to any of them
-        checks += await host_checks(settings.replace(ollama_url=url), "" if len(urls) == 1 else f" {redact_url(url)}")
-    return checks
-
-
-async def host_checks(settings: Settings, suffix: str) -> list[Check]:
-    """Reachable, and both models pulled, for one Ollama host (`suffix` names it among several)."""
-    async with OllamaClient.from_settings(settings) as client:
-        try:
-            names = await client.model_names()
-        except OllamaError as exc:
-            return [Check("ollama" + suffix, False, str(exc), "start Ollama with `ollama serve`, or fix OLLAMA_URL")]
-        checks = [Check("ollama" + suffix, True, f"reachable at {settings.shown('ollama_url')}")]
-        for role, model in (("chat model", settings.chat_model), ("embedding model", settings.embed_model)):
-            wanted = {model, f"{model}:latest"}
-            present = any(name in wanted for name in names)
-            checks.append(Check(role + suffix, present, f"{model} {'is' if present else 'is not'} pulled",
-                                "" if present else f"ollama pull {model}" + (f" (on{suffix})" if suffix else "")))
-    return checks
+    """Every LLM server (chat and embeddings, either kind) reachable, with its models (bot/cli/llm_doctor.py)."""
+    return await llm_checks(settings)
 
 
 async def run_doctor(settings: Settings, *, fix: bool = False) -> list[Check]:
-    """Every check: the database's (off the event loop), then Ollama's."""
+    """Every check: the database's (off the event loop, told the size of the embedding server's
+    vectors when it has the model), then the LLM servers'."""
     import asyncio
-    database = await asyncio.to_thread(database_checks, settings, fix=fix)
-    return database + await ollama_checks(settings)
+    llm = await ollama_checks(settings)
+    dim = await embedding_size(settings, llm)
+    database = await asyncio.to_thread(database_checks, settings, fix=fix, embed_dim=dim)
+    return database + llm

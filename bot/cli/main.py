@@ -188,7 +188,7 @@ async def cmd_import(args, settings: Settings) -> int:
     human = (f"imported {report.imported}, skipped {report.skipped_existing} already present, "
              f"{len(report.errors)} bad lines")
     if missing:
-        human += f"; {missing} memories await embeddings (Ollama unavailable?): run `muninn maintain` later"
+        human += f"; {missing} memories await embeddings (embedding server unavailable?): run `muninn maintain` later"
     emit(args, data, human)
     return SOME_LINES_BAD if report.errors else 0
 
@@ -375,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reindex", parents=[common], help="re-embed every memory with OLLAMA_EMBED_MODEL")
     p.set_defaults(handler=cmd_reindex)
 
-    p = sub.add_parser("doctor", parents=[common], help="check the database, sqlite-vec and Ollama")
+    p = sub.add_parser("doctor", parents=[common], help="check the database, sqlite-vec and the LLM servers")
     p.add_argument("--fix", action="store_true",
                    help="also clamp nonsense stored values and make the database files private")
     p.set_defaults(handler=cmd_doctor)

@@ -10,7 +10,7 @@ from bot.conversation.outlets import ReplyStream
 from bot.conversation.prompt import Prompt
 from bot.llm.answers import strip_thinking, visible_so_far
 from bot.llm.errors import OllamaDisabled, OllamaError, OllamaModelMissing, OllamaUnavailable
-from bot.llm.ollama import OllamaClient
+from bot.llm.servers import LLMClient
 from bot.settings import Settings
 
 CANNOT_THINK = ("Sorry, I can't think right now: my language model isn't answering. "
@@ -20,7 +20,7 @@ CANNOT_THINK = ("Sorry, I can't think right now: my language model isn't answeri
 class Thinking:
     """The pipeline's calls to the chat model."""
 
-    def __init__(self, ollama: OllamaClient, settings: Settings, log: Callable[..., None]) -> None:
+    def __init__(self, ollama: LLMClient, settings: Settings, log: Callable[..., None]) -> None:
         self._ollama = ollama
         self.settings = settings
         self._log = log  # the pipeline's once-a-minute logger: (key, level, message, *args)
@@ -63,8 +63,8 @@ class Thinking:
         if isinstance(exc, OllamaModelMissing):
             self._log("missing", logging.ERROR, "cannot answer: %s", exc)
         elif isinstance(exc, OllamaDisabled):
-            self._log("disabled", logging.ERROR, "cannot answer: no OLLAMA_URL is configured; set it "
-                      "in .env (for example http://localhost:11434)")
+            self._log("disabled", logging.ERROR, "cannot answer: no chat server is configured; set "
+                      "OLLAMA_URL (or MUNINN_CHAT_URL) in .env (for example http://localhost:11434)")
         elif isinstance(exc, OllamaUnavailable):
             self._log("unavailable", logging.WARNING, "cannot answer: %s", exc)
         else:

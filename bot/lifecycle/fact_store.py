@@ -11,7 +11,7 @@ from bot.conversation.exchange import Exchange
 from bot.lifecycle import writes
 from bot.lifecycle.facts import Fact
 from bot.llm.answers import ask_json
-from bot.llm.ollama import OllamaClient
+from bot.llm.servers import LLMClient
 from bot.memory.engine import Engine
 from bot.memory.records import PENDING
 from bot.memory.writing.facts import WriteOutcome
@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 # -- storing -------------------------------------------------------------------
 
-async def decide_update(client: OllamaClient, fact_text: str,
+async def decide_update(client: LLMClient, fact_text: str,
                         candidates: Sequence[tuple[int, str]]) -> UpdateDecision | None:
     """Ask the LLM whether the new fact repeats or replaces any of these older memories."""
     if not candidates or not client.enabled:

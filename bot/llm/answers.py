@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from bot.llm.errors import OllamaError
-from bot.llm.ollama import OllamaClient
+
+if TYPE_CHECKING:
+    from bot.llm.servers import LLMClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -93,7 +95,7 @@ def parse_json_reply(raw: str) -> Any:
     raise InvalidReply("the answer is not valid JSON")
 
 
-async def ask_json(client: OllamaClient, messages: list[dict[str, str]], schema: dict,
+async def ask_json(client: "LLMClient", messages: list[dict[str, str]], schema: dict,
                    check: Callable[[Any], tuple[T, list[str]]], *, what: str,
                    timeout: float | None = None) -> T | None:
     """Ask for JSON matching `schema`; `check` turns the parsed answer into a value plus the

@@ -66,6 +66,7 @@ class HostChoice:
     """The `OllamaClient` API over several hosts (see the module docstring): the half of
     `OllamaHosts` that chooses a host for each call. The client half sets the attributes."""
 
+    SERVER: str                    # how messages name the kind of server
     url: str
     where: str                     # the URLs as messages name them, without their credentials
     cooldown: float
@@ -113,7 +114,7 @@ class HostChoice:
                                   deadline: float | None = None) -> T:
         hosts = self.candidates(purpose)
         if not hosts:
-            raise OllamaUnavailable(f"every Ollama host ({self.where}) failed moments ago; "
+            raise OllamaUnavailable(f"every {self.SERVER} host ({self.where}) failed moments ago; "
                                     "not asking again for a few seconds")
         failure: OllamaUnavailable | None = None
         for host in hosts:
@@ -133,7 +134,7 @@ class HostChoice:
         raise failure
 
     def _log_skip(self, host: Host, purpose: Purpose, exc: OllamaError) -> None:
-        log.warning("Ollama host %s failed a %s call, skipping it for %.0f s: %s", host.where, purpose,
+        log.warning("%s host %s failed a %s call, skipping it for %.0f s: %s", self.SERVER, host.where, purpose,
                     self.cooldown, exc)
 
     # -- the OllamaClient API ------------------------------------------------
@@ -142,12 +143,12 @@ class HostChoice:
         """One embedding per text, from the first host that answers. OllamaUnavailable when every host
         is cooling down for embeddings, or failed (said in one warning); a host's other OllamaError is raised as it is."""
         if self.cooling_down("embed"):
-            raise OllamaUnavailable("every Ollama host failed recently; skipping embeddings during the cooldown")
+            raise OllamaUnavailable(f"every {self.SERVER} host failed recently; skipping embeddings during the cooldown")
         try:
             return await self._first_that_answers("embed", lambda host: host.embed(texts))
         except OllamaUnavailable as exc:
-            log.warning("embedding failed on every Ollama host, recall uses keywords only for %.0f s: %s",
-                        self.cooldown, exc)
+            log.warning("embedding failed on every %s host, recall uses keywords only for %.0f s: %s",
+                        self.SERVER, self.cooldown, exc)
             raise
 
     async def chat(self, messages: list[dict[str, str]], *, format: Any = None,
@@ -187,7 +188,7 @@ class HostChoice:
                     self._log_skip(host, "reply", exc)
             finally:
                 self.in_flight[host.url] -= 1
-        raise failure or OllamaUnavailable(f"no Ollama host ({self.where}) answered")
+        raise failure or OllamaUnavailable(f"no {self.SERVER} host ({self.where}) answered")
 
     async def model_names(self) -> list[str]:
         """The models that every reachable host has (a reply may go to any of them); raises

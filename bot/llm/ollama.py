@@ -13,7 +13,9 @@ Cooldowns are kept per purpose, so one failure never blocks another kind of call
 - background work (extraction, consolidation): its own cooldown, which replies never see.
 
 Several hosts (OLLAMA_URL=a,b) get an `OllamaHosts`: a client per host, and
-bot/llm/hosts.py's choice of the host for each call.
+bot/llm/hosts.py's choice of the host for each call. OpenAI-compatible servers (llama-server,
+vLLM, LM Studio, OpenRouter) get bot/llm/openai_api.py's client: this one with their paths,
+bodies and errors; bot/llm/servers.py picks the kind per purpose.
 """
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 
 PROBE_AFTER = 1.0      # seconds after a failed reply before the next one may probe Ollama
 PROBE_TIMEOUT = 1.0    # seconds a probe may take
+MAX_RETRY_WAIT = 2.0   # a Retry-After up to this is waited out within the call; a longer one starts the cooldown
+MAX_RETRY_AFTER = 600.0  # the longest cooldown a server's Retry-After may ask for
 
 
 def usable_vector(vector: Any) -> bool:
@@ -59,12 +63,22 @@ def usable_vector(vector: Any) -> bool:
 
 class OllamaClient:
     """The client of one Ollama server (one host of several: `OllamaHosts`); `from_settings` makes
-    the right one. Use it on one event loop: its HTTP session is opened on the loop of its first call."""
+    the right one. Use it on one event loop: its HTTP session is opened on the loop of its first call.
+    `url_setting` is the setting messages tell the operator to fix."""
+
+    SERVER = "Ollama"           # how messages name the server
+    CHAT_PATH = "/api/chat"
+    EMBED_PATH = "/api/embed"
+    MODELS_PATH = "/api/tags"
+    PROBE_PATH = "/api/version"  # the cheap call that asks whether the server is back
 
     def __init__(self, url: str, *, chat_model: str = "llama3.2", embed_model: str = "nomic-embed-text",
                  embed_timeout: float = 2.0, chat_timeout: float = 60.0, retries: int = 1,
-                 cooldown: float = 15.0, concurrency: int = 2):
+                 cooldown: float = 15.0, concurrency: int = 2, url_setting: str = "OLLAMA_URL",
+                 api_key: str = ""):
         self.url = url.rstrip("/")
+        self.url_setting = url_setting
+        self.api_key = api_key
         self.where = redact_url(self.url)  # what messages name: the URL without its credentials
         self.chat_model = chat_model
         self.embed_model = embed_model
@@ -84,7 +98,8 @@ class OllamaClient:
 
     @classmethod
     def from_settings(cls, settings) -> "OllamaClient":
-        """The client for OLLAMA_URL; several comma-separated hosts get an `OllamaHosts`."""
+        """The Ollama client for OLLAMA_URL; several comma-separated hosts get an `OllamaHosts`
+        (bot/llm/servers.py's `make_client` is the one that honours the kind settings)."""
         options = dict(chat_model=settings.chat_model, embed_model=settings.embed_model,
                        embed_timeout=settings.embed_timeout, chat_timeout=settings.chat_timeout,
                        retries=settings.ollama_retries, cooldown=settings.ollama_cooldown,
@@ -96,6 +111,11 @@ class OllamaClient:
     def enabled(self) -> bool:
         """Whether there is a URL; without one every call raises OllamaDisabled."""
         return bool(self.url)
+
+    @property
+    def embeds(self) -> bool:
+        """Whether embeddings have a server (the same one as chat)."""
+        return self.enabled
 
     async def close(self) -> None:
         """Close the HTTP session; a later call opens a new one."""
@@ -114,22 +134,28 @@ class OllamaClient:
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """One embedding per text, in order."""
         if not self.enabled:
-            raise OllamaDisabled("no OLLAMA_URL configured")
+            raise OllamaDisabled(f"no {self.url_setting} configured")
         if self.cooling_down("embed"):
-            raise OllamaUnavailable("Ollama failed recently; skipping embeddings during the cooldown")
+            raise OllamaUnavailable(f"{self.SERVER} failed recently; skipping embeddings during the cooldown")
         try:
-            data = await self._post("/api/embed", {"model": self.embed_model, "input": list(texts)},
-                                    self.embed_timeout, retry_timeouts=False)
+            data = await self._post(self.EMBED_PATH, self._embed_body(texts), self.embed_timeout, retry_timeouts=False)
         except OllamaUnavailable as exc:
-            self._failed("embed")
+            self._failed("embed", exc.retry_after)
             self._log_embed_failure(exc)
             raise
-        vectors = data.get("embeddings")
+        vectors = self._vectors_in(data)
         if not isinstance(vectors, list) or len(vectors) != len(texts) or not all(map(usable_vector, vectors)) \
                 or len({len(v) for v in vectors}) != 1:
-            raise OllamaBadResponse(f"/api/embed returned no usable embeddings for {len(texts)} inputs "
+            raise OllamaBadResponse(f"{self.EMBED_PATH} returned no usable embeddings for {len(texts)} inputs "
                                     "(missing, empty, zero, not finite or of mixed sizes)")
         return vectors
+
+    def _embed_body(self, texts: Sequence[str]) -> dict[str, Any]:
+        return {"model": self.embed_model, "input": list(texts)}
+
+    def _vectors_in(self, data: dict) -> Any:
+        """The vectors of an embedding answer, in input order (checked by the caller)."""
+        return data.get("embeddings")
 
     async def chat(self, messages: list[dict[str, str]], *, format: Any = None,
                    options: dict[str, Any] | None = None, timeout: float | None = None,
@@ -143,12 +169,16 @@ class OllamaClient:
         deadline = time.monotonic() + timeout
         async with self._slot(purpose, timeout):
             try:
-                data = await self._post("/api/chat", body, max(0.1, deadline - time.monotonic()),
+                data = await self._post(self.CHAT_PATH, body, max(0.1, deadline - time.monotonic()),
                                         retry_timeouts=False)
-            except OllamaUnavailable:
-                self._failed(purpose)
+            except OllamaUnavailable as exc:
+                self._failed(purpose, exc.retry_after)
                 raise
         self._recovered(purpose)
+        return self._content_of(data)
+
+    def _content_of(self, data: dict) -> str:
+        """The reply text of a whole (non-streamed) chat answer."""
         message = data.get("message")
         if not isinstance(message, dict) or not isinstance(message.get("content"), str):
             raise OllamaBadResponse("/api/chat returned no message content")
@@ -173,8 +203,8 @@ class OllamaClient:
                     break
                 except OllamaUnavailable as exc:
                     timed_out = isinstance(exc.__cause__, asyncio.TimeoutError)
-                    if started or timed_out or attempt >= self.retries:
-                        self._failed("reply")
+                    if started or timed_out or attempt >= self.retries or exc.retry_after is not None:
+                        self._failed("reply", exc.retry_after)
                         raise
                     attempt += 1
                     await asyncio.sleep(0.2 * attempt)
@@ -184,23 +214,34 @@ class OllamaClient:
         import aiohttp
         session = self._open_session()
         try:
-            async with session.post(self.url + "/api/chat", json=body, timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=timeout, sock_read=timeout)) as resp:
+            async with session.post(self.url + self.CHAT_PATH, json=body, headers=self._headers(),
+                                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout,
+                                                                  sock_read=timeout)) as resp:
                 if resp.status >= 400:
-                    self._raise_for(resp.status, await resp.text(), "/api/chat", body)
+                    self._raise_for(resp.status, await resp.text(), self.CHAT_PATH, body, resp.headers)
                 async for line in resp.content:
                     piece, done = self._stream_piece(line)
                     if piece:
                         yield piece
                     if done:
                         return
-            raise OllamaBadResponse("/api/chat ended its stream without saying it was done")
+            raise OllamaBadResponse(f"{self.CHAT_PATH} ended its stream without saying it was done")
         except asyncio.TimeoutError as exc:
-            raise OllamaUnavailable(f"Ollama at {self.where} stopped answering /api/chat for {timeout:g} s "
-                                    "(is the model loading? raise OLLAMA_CHAT_TIMEOUT if it is just slow)") from exc
+            raise OllamaUnavailable(f"{self.SERVER} at {self.where} stopped answering {self.CHAT_PATH} for "
+                                    f"{timeout:g} s (is the model loading? raise OLLAMA_CHAT_TIMEOUT if it is "
+                                    "just slow)") from exc
         except aiohttp.ClientError as exc:
-            raise OllamaUnavailable(f"cannot reach Ollama at {self.where} ({exc.__class__.__name__}): "
-                                    "start it with `ollama serve` or fix OLLAMA_URL") from exc
+            raise OllamaUnavailable(f"cannot reach {self.SERVER} at {self.where} ({exc.__class__.__name__}): "
+                                    f"{self._start_hint()}") from exc
+
+    def _start_hint(self) -> str:
+        """What to do when the server cannot be reached."""
+        return f"start it with `ollama serve` or fix {self.url_setting}"
+
+    def _headers(self) -> dict[str, str]:
+        """The request headers: the API key as a bearer token when one is set (a proxy in front of
+        the server may ask for it)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @staticmethod
     def _stream_piece(line: bytes) -> tuple[str, bool]:
@@ -222,7 +263,7 @@ class OllamaClient:
     def _chat_body(self, messages: list[dict[str, str]], format: Any, options: dict[str, Any] | None, *,
                    stream: bool) -> dict[str, Any]:
         if not self.enabled:
-            raise OllamaDisabled("no OLLAMA_URL configured")
+            raise OllamaDisabled(f"no {self.url_setting} configured")
         body: dict[str, Any] = {"model": self.chat_model, "messages": messages, "stream": stream}
         if format is not None:
             body["format"] = format
@@ -234,7 +275,7 @@ class OllamaClient:
     async def _slot(self, purpose: Purpose, timeout: float) -> AsyncIterator[None]:
         """A free chat slot of the purpose's line, after checking its cooldown."""
         if self.cooling_down(purpose) and not (purpose == "reply" and await self._back_up()):
-            raise OllamaUnavailable(f"Ollama at {self.where} failed moments ago; not asking again for a few seconds")
+            raise OllamaUnavailable(f"{self.SERVER} at {self.where} failed moments ago; not asking again for a few seconds")
         slots = self._background_slots if purpose == "background" else self._reply_slots
         try:
             await asyncio.wait_for(slots.acquire(), timeout)
@@ -256,10 +297,13 @@ class OllamaClient:
         whether Ollama is back: `_back_up`)."""
         return time.monotonic() < self._down_until[purpose]
 
-    def _failed(self, purpose: Purpose) -> None:
+    def _failed(self, purpose: Purpose, retry_after: float | None = None) -> None:
+        """Start the purpose's cooldown: OLLAMA_COOLDOWN, or as long as the server asked (Retry-After,
+        bounded by MAX_RETRY_AFTER). Replies do not probe the server before a Retry-After is over."""
         now = time.monotonic()
-        self._down_until[purpose] = now + self.cooldown
-        self._last_failure[purpose] = now
+        wait = self.cooldown if retry_after is None else min(retry_after, MAX_RETRY_AFTER)
+        self._down_until[purpose] = now + wait
+        self._last_failure[purpose] = now if retry_after is None else now + max(0.0, wait - PROBE_AFTER)
 
     def _recovered(self, purpose: Purpose) -> None:
         self._down_until[purpose] = 0.0
@@ -275,20 +319,23 @@ class OllamaClient:
 
     async def _probe_once(self) -> bool:
         try:
-            await self._request("GET", "/api/version", None, min(PROBE_TIMEOUT, self.embed_timeout))
+            await self._request("GET", self.PROBE_PATH, None, min(PROBE_TIMEOUT, self.embed_timeout))
         except OllamaError:
             self._last_failure["reply"] = time.monotonic()
             return False
-        log.info("Ollama at %s answers again", self.where)
+        log.info("%s at %s answers again", self.SERVER, self.where)
         for purpose in ("reply", "background"):
             self._recovered(purpose)
         return True
 
     async def model_names(self) -> list[str]:
-        """Models pulled on the server (/api/tags)."""
+        """Models pulled on the server (/api/tags; /v1/models on OpenAI-compatible servers)."""
         if not self.enabled:
-            raise OllamaDisabled("no OLLAMA_URL configured")
-        data = await self._request("GET", "/api/tags", None, self.embed_timeout * 2)
+            raise OllamaDisabled(f"no {self.url_setting} configured")
+        data = await self._request("GET", self.MODELS_PATH, None, self.embed_timeout * 2)
+        return self._model_names_in(data)
+
+    def _model_names_in(self, data: dict) -> list[str]:
         models = data.get("models")
         if not isinstance(models, list):
             raise OllamaBadResponse("/api/tags returned no model list")
@@ -301,6 +348,10 @@ class OllamaClient:
         wanted = {model, f"{model}:latest"} if ":" not in model else {model}
         return any(name in wanted for name in names)
 
+    def missing_model(self, model: str) -> OllamaModelMissing:
+        """The error that says `model` is not on this server and what to run about it."""
+        return OllamaModelMissing(model)
+
     # -- transport -----------------------------------------------------------
 
     async def _post(self, path: str, body: dict, timeout: float, *, retry_timeouts: bool) -> dict:
@@ -310,10 +361,12 @@ class OllamaClient:
                 return await self._request("POST", path, body, timeout)
             except OllamaUnavailable as exc:
                 timed_out = isinstance(exc.__cause__, asyncio.TimeoutError)
-                if attempt >= self.retries or (timed_out and not retry_timeouts):
+                # A server that asks for a pause longer than a retry's wait gets its cooldown instead.
+                told_to_wait = exc.retry_after is not None and exc.retry_after > MAX_RETRY_WAIT
+                if attempt >= self.retries or (timed_out and not retry_timeouts) or told_to_wait:
                     raise
                 attempt += 1
-                await asyncio.sleep(0.2 * attempt)
+                await asyncio.sleep(max(0.2 * attempt, exc.retry_after or 0.0))
 
     def _open_session(self) -> "aiohttp.ClientSession":
         import aiohttp
@@ -326,29 +379,28 @@ class OllamaClient:
         session = self._open_session()
         url = self.url + path
         try:
-            async with session.request(method, url, json=body,
-                                             timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            async with session.request(method, url, json=body, headers=self._headers(),
+                                       timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 text = await resp.text()
-                status = resp.status
+                status, headers = resp.status, resp.headers
         except asyncio.TimeoutError as exc:
             raise OllamaUnavailable(
-                f"Ollama at {self.where} did not answer {path} within {timeout:g} s "
+                f"{self.SERVER} at {self.where} did not answer {path} within {timeout:g} s "
                 "(is the model loading? raise the timeout setting if it is just slow)") from exc
         except aiohttp.ClientError as exc:
             raise OllamaUnavailable(
-                f"cannot reach Ollama at {self.where} ({exc.__class__.__name__}): "
-                "start it with `ollama serve` or fix OLLAMA_URL") from exc
+                f"cannot reach {self.SERVER} at {self.where} ({exc.__class__.__name__}): {self._start_hint()}") from exc
         try:
             data = json.loads(text) if text else {}
         except json.JSONDecodeError:
             data = None
         if status >= 400:
-            self._raise_for(status, text, path, body)
+            self._raise_for(status, text, path, body, headers)
         if not isinstance(data, dict):
-            raise OllamaBadResponse(f"Ollama at {self.where} answered {path} with something that is not JSON")
+            raise OllamaBadResponse(f"{self.SERVER} at {self.where} answered {path} with something that is not JSON")
         return data
 
-    def _raise_for(self, status: int, text: str, path: str, body: dict | None) -> None:
+    def _raise_for(self, status: int, text: str, path: str, body: dict | None, headers: Any = None) -> None:
         """The OllamaError for an HTTP error answer."""
         try:
             data = json.loads(text) if text else {}

@@ -7,12 +7,12 @@ import logging
 
 from bot.llm.ollama import (
     OllamaBadResponse,
-    OllamaClient,
     OllamaDisabled,
     OllamaError,
     OllamaModelMissing,
     OllamaUnavailable,
 )
+from bot.llm.servers import LLMClient
 from bot.logs import Throttle
 from bot.memory.recall.retrieval import VectorStatus
 
@@ -22,11 +22,11 @@ log = logging.getLogger("bot.memory.engine")  # the engine's lines, as before
 class Embedding:
     """Engine's embedding calls (mixed into bot/memory/engine.py's Engine)."""
 
-    ollama: OllamaClient
+    ollama: LLMClient
     _throttle: Throttle
 
     async def _query_vector(self, query: str) -> tuple[list[float] | None, VectorStatus]:
-        if not self.ollama.enabled:
+        if not self.ollama.embeds:
             return None, VectorStatus.DISABLED
         if not any(ch.isalnum() for ch in query):
             return None, VectorStatus.EMPTY_QUERY
@@ -39,7 +39,7 @@ class Embedding:
 
     async def embed_with_status(self, texts: list[str]) -> tuple[list[list[float]] | None, VectorStatus]:
         """(embeddings, OK), or (None, why not) — the vector_status values of RecallResult."""
-        if not texts or not self.ollama.enabled:
+        if not texts or not self.ollama.embeds:
             return None, VectorStatus.DISABLED
         try:
             return await self.ollama.embed(texts), VectorStatus.OK

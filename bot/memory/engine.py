@@ -21,10 +21,10 @@ from typing import Any, Callable, Sequence, TypeVar
 import apsw
 
 from bot.llm.ollama import (
-    OllamaClient,
     OllamaUnavailable,
     usable_vector,
 )
+from bot.llm.servers import LLMClient, make_client
 from bot.logs import Throttle
 from bot.memory import records
 from bot.memory.access import NamedAccess
@@ -74,12 +74,12 @@ async def _given(vector: list[float]) -> tuple[list[float] | None, VectorStatus]
 class Engine(NamedAccess, Embedding):
     """The memory engine: opens the database, runs every job off the event loop, recalls."""
 
-    def __init__(self, settings: Settings, ollama: OllamaClient | None = None, *, warm: bool = True):
+    def __init__(self, settings: Settings, ollama: LLMClient | None = None, *, warm: bool = True):
         """`warm`: load the vector cache in the background at start (a long-running bot wants it;
         a one-shot command would only pay for loading what it never searches)."""
         self._warm_at_start = warm
         self.settings = settings
-        self.ollama = ollama or OllamaClient.from_settings(settings)
+        self.ollama: LLMClient = ollama or make_client(settings)  # chat and embeddings, either kind
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-db")
         self._conn: Connection | None = None
         self._throttle = Throttle()

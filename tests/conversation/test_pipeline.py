@@ -1,4 +1,6 @@
-"""The conversation pipeline with the real engine, a real SQLite file and the fake Ollama."""
+"""The conversation pipeline with the real engine, a real database and each setup of fake LLM servers
+(tests/fakes/servers.py): Ollama, an OpenAI-compatible server, chat on the OpenAI one with
+embeddings on Ollama."""
 from __future__ import annotations
 
 import asyncio
@@ -20,13 +22,25 @@ from bot.memory.engine import Engine
 from bot.memory.records import NewMemory
 from bot.memory.sql import history, store
 from tests.fakes.ollama import FakeOllama
-from tests.helpers import QuietSink
+from tests.helpers import QuietSink, schema_of
 
 pytestmark = pytest.mark.usefixtures("backend")  # the whole pipeline on both storage backends
 
 ALICE, BOB = 7, 8
 GUILD, GENERAL, RANDOM, ALICE_DM = 900, 50, 51, 60
 _ids = itertools.count(10**17)
+
+
+@pytest.fixture
+def fake_ollama(llm):
+    """The chat server of the setup under test, which the tests script (`llm.embed` embeds)."""
+    return llm.chat
+
+
+@pytest.fixture
+def make_settings(make_settings, llm):
+    """Settings pointing at the setup's servers when given the chat server's URL."""
+    return llm.settings_maker(make_settings)
 
 
 def said(text: str, *, channel: int = GENERAL, author: int = ALICE, name: str = "Alice", dm: bool = False,
@@ -65,7 +79,7 @@ class RecordingSink(QuietSink):
 def chat_texts(fake: FakeOllama) -> list[str]:
     """The user-visible parts of every chat request, one string per request."""
     return ["\n".join(m["content"] for m in body["messages"]) for body in fake.chat_requests()
-            if not body.get("format")]
+            if not schema_of(body)]
 
 
 async def test_answer_uses_memories_history_and_current_message_then_hands_over(engine, fake_ollama):
@@ -137,7 +151,7 @@ async def test_the_token_budget_setting_cuts_the_oldest_history(make_settings, f
 
 @pytest.mark.parametrize("failure", ["down", "error", "slow", "missing", "empty"])
 async def test_ollama_trouble_gives_a_short_friendly_reply_and_keeps_the_message(
-        make_settings, fake_ollama, caplog, failure):
+        make_settings, fake_ollama, caplog, failure, llm):
     settings = make_settings(fake_ollama.url, OLLAMA_CHAT_TIMEOUT="0.3")
     events: list = []
     async with Engine(settings) as engine:
@@ -161,17 +175,21 @@ async def test_ollama_trouble_gives_a_short_friendly_reply_and_keeps_the_message
     assert [r.content for r in rows] == ["are you there?"]  # recorded; the apology is not history
     assert not any(e[0] == "submit" for e in events)
     if failure == "missing":
-        assert "ollama pull llama3.2" in caplog.text
+        assert MISSING_CHAT_MODEL[llm.setup] in caplog.text
 
 
-async def test_repeated_failures_are_logged_once_not_per_message(make_settings, fake_ollama, caplog):
+MISSING_CHAT_MODEL = {"ollama": "ollama pull llama3.2", "openai": "no model 'llama3.2': load it there",
+                      "openai-chat+ollama-embed": "no model 'llama3.2': load it there"}
+
+
+async def test_repeated_failures_are_logged_once_not_per_message(make_settings, fake_ollama, caplog, llm):
     async with Engine(make_settings(fake_ollama.url)) as engine:
         pipeline = Pipeline(engine)
         fake_ollama.missing.add("llama3.2")
         with caplog.at_level(logging.WARNING, logger="bot.conversation.pipeline"):
             for n in range(3):
                 await pipeline.respond(said(f"hello {n}"), RecordingOutlet([]))
-    assert caplog.text.count("ollama pull llama3.2") == 1
+    assert caplog.text.count(MISSING_CHAT_MODEL[llm.setup]) == 1
 
 
 async def test_messages_of_one_channel_are_answered_in_order_with_earlier_replies_in_context(engine, fake_ollama):
@@ -282,7 +300,7 @@ async def test_local_ids_for_replies_without_a_discord_id(engine):
 def facts_reply(*facts: tuple[str, str]):
     """A fake-Ollama reply function: extraction requests (JSON format) get these facts."""
     def reply(request: dict) -> str:
-        if request.get("format"):
+        if schema_of(request):
             said_text = request["messages"][-1]["content"]
             return json.dumps({"facts": [{"text": text, "about": "Alice", "scope": "personal", "importance": 0.8}
                                          for trigger, text in facts if trigger in said_text]})

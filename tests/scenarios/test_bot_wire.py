@@ -1,6 +1,7 @@
 """The bot in real life over the wire (tests/fakes/discord_server.py): streamed replies as
 message edits, the ⏳ sign past the queue limit, and a graceful stop on a real SIGTERM sent to
-a `muninn run` subprocess.
+a `muninn run` subprocess. Every test runs against each setup of LLM servers (tests/fakes/servers.py):
+Ollama, an OpenAI-compatible server, and chat on the OpenAI one with embeddings on Ollama.
 """
 from __future__ import annotations
 
@@ -22,12 +23,24 @@ from bot.memory.engine import Engine
 from bot.memory.sql import store
 from cogs.client import MuninnBot
 from tests.fakes.discord_server import FakeDiscord
+from tests.helpers import schema_of
 
 pytestmark = pytest.mark.usefixtures("backend")  # tests that open a database: on SQLite and PostgreSQL
 
 ROOT = Path(__file__).resolve().parents[2]
 FACT = "Alice's sister is called Ylva"
 
+
+@pytest.fixture
+def fake_ollama(llm):
+    """The chat server of the setup under test, which the tests script (`llm.embed` embeds)."""
+    return llm.chat
+
+
+@pytest.fixture
+def make_settings(make_settings, llm):
+    """Settings pointing at the setup's servers when given the chat server's URL."""
+    return llm.settings_maker(make_settings)
 
 
 @contextlib.asynccontextmanager
@@ -141,7 +154,7 @@ LAUNCHER = textwrap.dedent("""
 
 def extraction_or(reply: str):
     def answer(request: dict) -> str:
-        if request.get("format"):
+        if schema_of(request):
             said = request["messages"][-1]["content"]
             facts = [{"text": FACT, "about": "Alice", "scope": "personal", "importance": 0.8}] if "Ylva" in said else []
             return json.dumps({"facts": facts})
@@ -150,7 +163,7 @@ def extraction_or(reply: str):
 
 
 async def test_sigterm_finishes_the_reply_in_flight_saves_waiting_facts_and_exits_cleanly(
-        discord_world, fake_ollama, make_settings, tmp_path):
+        discord_world, fake_ollama, make_settings, tmp_path, llm):
     fake, alice, _ = discord_world
     fake_ollama.default_chat_reply = extraction_or("Noted.")
     launcher = tmp_path / "launch.py"
@@ -159,7 +172,7 @@ async def test_sigterm_finishes_the_reply_in_flight_saves_waiting_facts_and_exit
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DISCORD_TOKEN": "fake-token", "OLLAMA_URL": fake_ollama.url,
            "MUNINN_DB_PATH": str(db), "MUNINN_SHUTDOWN_SECONDS": "5", "MUNINN_MAINTENANCE_HOURS": "0",
            "MUNINN_STREAM_REPLIES": "false", "MUNINN_LOG_LEVEL": "INFO",
-           "MUNINN_DATABASE_URL": make_settings().database_url}
+           "MUNINN_DATABASE_URL": make_settings().database_url, **llm.env}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(launcher), fake.rest_url, fake.gateway_url, cwd=tmp_path, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -197,22 +210,24 @@ async def test_sigterm_finishes_the_reply_in_flight_saves_waiting_facts_and_exit
         [memory] = await engine.write(store.memories_of, int(alice["id"]), ("personal",))
         assert memory.text == FACT                                  # ...and the waiting fact was saved
         stored = await engine.write(lambda conn: [r[0] for r in conn.execute("SELECT content FROM messages")])
+    assert [FACT] in [body["input"] for body in llm.embed.embed_requests()]  # embedded by the embedding server
     assert "too late: Muninn is stopping" not in stored             # nothing new was taken
     assert "voice will NOT be supported" not in log
 
 
-async def test_ctrl_c_stops_an_idle_bot_cleanly(discord_world, fake_ollama, tmp_path, database_env):
+async def test_ctrl_c_stops_an_idle_bot_cleanly(discord_world, fake_ollama, tmp_path, database_env, llm):
     fake, _, _ = discord_world
     launcher = tmp_path / "launch.py"
     launcher.write_text(LAUNCHER)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DISCORD_TOKEN": "fake-token", "OLLAMA_URL": fake_ollama.url,
-           "MUNINN_DB_PATH": str(tmp_path / "bot.db"), "MUNINN_MAINTENANCE_HOURS": "0", "MUNINN_LOG_LEVEL": "INFO"}
+           "MUNINN_DB_PATH": str(tmp_path / "bot.db"), "MUNINN_MAINTENANCE_HOURS": "0", "MUNINN_LOG_LEVEL": "INFO",
+           **llm.env}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(launcher), fake.rest_url, fake.gateway_url, cwd=tmp_path, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         await fake.wait_until_ready(timeout=30)
-        await fake.wait_for(lambda: sum(path == "/api/tags" for path, _ in fake_ollama.requests) >= 2, timeout=15)
+        await fake.wait_for(lambda: llm.model_list_requests() >= 2, timeout=15)
         await asyncio.sleep(0.2)  # the start-up check of both models has been logged
         proc.send_signal(signal.SIGINT)
         _, stderr = await asyncio.wait_for(proc.communicate(), 20)
@@ -225,4 +240,4 @@ async def test_ctrl_c_stops_an_idle_bot_cleanly(discord_world, fake_ollama, tmp_
     assert "Traceback" not in log and "KeyboardInterrupt" not in log
     steps = [line.split(": ", 1)[1] for line in log.splitlines() if " INFO " in line]
     assert any(step.startswith("database ") for step in steps) and "voice" not in log  # one line per step
-    assert any(step.startswith("Ollama at ") for step in steps), steps
+    assert any(step.startswith(llm.started_line) for step in steps), steps
