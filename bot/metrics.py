@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from bot.conversation.watch import Watch
+from bot.llm.servers import parts_of
 from bot.memory.recall.retrieval import RecallResult
 
 disable_created_metrics()  # the `_created` series double every counter's lines and tell an operator nothing
@@ -167,7 +168,9 @@ def _llm_hosts(client: Any) -> Iterable[Metric]:
                            labels=["host"])
     cooling = GaugeMetricFamily("muninn_llm_host_cooling_down", "Whether calls of a kind (reply, embed, background) "
                                 "skip the host after a failure (OLLAMA_COOLDOWN).", labels=["host", "purpose"])
-    for host in getattr(client, "hosts", None) or [client]:
+    clients = [part for part, _ in parts_of(client)]  # chat and embeddings may be on different servers
+    hosts = [host for one in clients if getattr(one, "enabled", True) for host in (getattr(one, "hosts", None) or [one])]
+    for host in hosts:
         down = [purpose for purpose in PURPOSES if host.cooling_down(purpose)]
         up.add_metric([host.where], 0.0 if down else 1.0)
         for purpose in PURPOSES:
