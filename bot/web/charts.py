@@ -109,3 +109,24 @@ def link_graph(center: int, others: Sequence[tuple[int, str, bool, str]], *, siz
         x += 24 + 7 * len(kind)
     parts.append("</svg>")
     return "".join(parts)
+
+
+def histogram(buckets: list[tuple[str, int]], *, title: str, width: int = 640, height: int = 200) -> str:
+    """Counts per bucket (a latency histogram), one labelled bar each."""
+    if not buckets or not any(count for _, count in buckets):
+        return f'<p class="muted">{h(title)}: nothing yet.</p>'
+    top = max(count for _, count in buckets) or 1
+    left, plot_h = 10, height - 40
+    bar_w = (width - 2 * left) / len(buckets)
+    parts = [f'<svg role="img" aria-label="{h(title)}" width="{width}" height="{height}" viewBox="0 0 {width} {height}">']
+    for i, (label, count) in enumerate(buckets):
+        bar = plot_h * count / top
+        x = left + i * bar_w
+        parts.append(f'<rect x="{x + 2:.1f}" y="{10 + plot_h - bar:.1f}" width="{max(bar_w - 4, 1):.1f}" height="{bar:.1f}" '
+                     f'fill="{PALETTE[0]}"><title>{h(label)}: {count}</title></rect>'
+                     f'<text x="{x + bar_w / 2:.1f}" y="{height - 14}" font-size="10" text-anchor="middle" '
+                     f'fill="#667085">{h(label)}</text>'
+                     f'<text x="{x + bar_w / 2:.1f}" y="{8 + plot_h - bar:.1f}" font-size="10" text-anchor="middle">'
+                     f'{count if count else ""}</text>')
+    parts.append("</svg>")
+    return "".join(parts)

@@ -15,7 +15,7 @@ from bot.memory.console import STATES, Filter
 from bot.memory.engine import Engine
 from bot.memory.records import PENDING_REASON, MemoryNotFound
 from bot.memory.scope import Viewer
-from bot.web import charts
+from bot.web import charts, live
 from bot.web.auth import CHANGES, csrf_of
 from bot.web.html import (
     MEMORY_HEADERS,
@@ -300,9 +300,27 @@ async def stats(request: web.Request) -> web.Response:
             f"<h2>Archived per day</h2>"
             f"{charts.stacked_bars(s.timeline.archived, s.timeline.first_day, title='memories archived per day')}"
             f"<h2>Archived, by reason</h2>{archived}"
-            "<p class='muted'>Recall latency, modes and extraction outcomes of the running bot are on its "
-            "metrics endpoint (docs/console.md).</p>")
+            f"<h2>The running bot</h2>{await _live(engine_of(request))}")
     return render(request, "Stats", body)
+
+
+async def _live(engine: Engine) -> str:
+    """Recall latency and modes, answers and extraction, from the bot's own /metrics."""
+    url = live.metrics_url(engine.settings)
+    if url is None:
+        return ("<p class='muted'>Recall latency, recall modes and extraction outcomes come from the running bot: "
+                "set MUNINN_METRICS_PORT for it (docs/deployment.md) and they show here.</p>")
+    found = await live.read(url)
+    if isinstance(found, str):
+        return f"<p class='error'>{h(found)}</p>"
+
+    def counts(title: str, values: dict[str, int]) -> str:
+        return table((title, "count"), [[h(k), str(v)] for k, v in sorted(values.items())], numeric=(1,))
+    return (charts.histogram(found.recall_buckets, title="recall latency (recalls per bucket)")
+            + counts("recall mode / vector status", found.recalls)
+            + charts.histogram(found.reply_buckets, title="reply latency (replies per bucket)")
+            + counts("answered", found.answered) + counts("skipped", found.skipped)
+            + counts("extraction", {**found.extraction, "waiting now": found.waiting}))
 
 
 async def log_page(request: web.Request) -> web.Response:
