@@ -5,36 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestServer
 
+from bench import browser as browsers
 from bot.web.app import create_app
 from tests.web.conftest import ALICE, GENERAL, TOKEN
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-pytestmark = [pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="no chromium + chromedriver installed "
-                                 "(apt-get install chromium chromium-driver; .ci/run does)"),
-              pytest.mark.usefixtures("backend")]
+pytestmark = [pytest.mark.skipif(not browsers.available(), reason=browsers.MISSING), pytest.mark.usefixtures("backend")]
 SHOTS = os.environ.get("MUNINN_SCREENSHOTS", "")  # a folder: save the main views there (docs/console/)
-
-
-def browser():
-    """Headless chromium through its own chromedriver (Selenium downloads nothing)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,900",
-                 "--disable-extensions", "--no-first-run"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    return driver
 
 
 class Page:
@@ -92,7 +74,7 @@ class Page:
 async def page(world):
     server = TestServer(create_app(world.engine, token=TOKEN, changes=True), host="127.0.0.1")
     await server.start_server()
-    driver = await asyncio.to_thread(browser)
+    driver = await asyncio.to_thread(browsers.launch)
     try:
         yield Page(driver, str(server.make_url("")).rstrip("/"))
     finally:
