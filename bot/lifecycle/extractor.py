@@ -204,8 +204,9 @@ class Extractor:
             log.error("fact extraction failed %d times in a row for %d messages in channel %s; their facts are "
                       "NOT stored: %s", MAX_TRIES, len(deferred.left), deferred.left[0].channel_id, deferred.cause)
             return
-        log.info("fact extraction of %d messages waits for Ollama (%s); trying again in %g s",
-                 len(deferred.left), deferred.cause, self.retry_delay)
+        log.log(logging.WARNING if self._tries == 1 else logging.INFO,
+                "fact extraction of %d messages waits for Ollama (%s); trying again in %g s",
+                len(deferred.left), deferred.cause, self.retry_delay)
         self._queue.insert(0, list(deferred.left))
         await asyncio.sleep(self.retry_delay)
 
