@@ -8,9 +8,18 @@ from typing import NoReturn
 from bot import validate
 
 
+class UsageError(Exception):
+    """Bad command-line input found after parsing; the message is shown as one line."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """A parser whose errors are one line on stderr (what is wrong, and where the help is), not
-    argparse's usage block; its subcommands' parsers are of this class too."""
+    argparse's usage block; its subcommands' parsers are of this class too. Its epilog (the
+    examples) is printed as written."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Print `muninn CMD: what is wrong (see muninn CMD --help)` and exit with status 2."""

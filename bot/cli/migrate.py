@@ -62,8 +62,10 @@ def say(report: Report, source: Path, *, as_json: bool) -> None:
 
 def add_parser(sub: Any, common: Any) -> None:
     """The `migrate` subcommand on the command line's parser."""
-    p = sub.add_parser("migrate", parents=[common],
-                       help="copy the SQLite database into PostgreSQL (resumable, verified)")
+    summary = "copy the SQLite database into PostgreSQL (resumable, verified)"
+    p = sub.add_parser("migrate", parents=[common], help=summary, description=summary + ".",
+                       epilog="examples:\n  muninn migrate --to postgresql://muninn@localhost/muninn\n"
+                              "  muninn migrate --db old.db --to postgresql://muninn@db.example.org/muninn --batch 500")
     p.add_argument("--to", required=True, metavar="postgresql://...",
                    help="the target database (empty, or a copy of this source cut short)")
     p.add_argument("--batch", type=positive_int, default=BATCH, help=f"rows per transaction (default {BATCH})")
