@@ -10,6 +10,7 @@ Ctrl-D on an empty line ends the input; Ctrl-C sets `interrupted` (the chat leav
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sys
 import time
 from contextlib import asynccontextmanager
@@ -139,8 +140,11 @@ class StatusReplyStream:
         self.console = console
 
     async def update(self, text: str) -> None:
-        """Show the reply so far on the status line."""
-        self.console.status = text.replace("\n", " ")
+        """Show the reply so far on the status line (its end, when it would not fit on the screen)."""
+        size = shutil.get_terminal_size()
+        fits = max(80, size.columns * max(1, size.lines - 3) - len(REPLY) - 1)
+        text = text.replace("\n", " ")
+        self.console.status = text if len(text) <= fits else "…" + text[-fits:]
         self.console.is_thinking = False
         self.console._redraw()
 
