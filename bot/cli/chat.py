@@ -253,7 +253,10 @@ async def _leave(extractor, console: Console, timeout: float) -> None:
     waiting = getattr(extractor, "waiting", 0)
     if waiting and console.interactive and timeout > 0:
         console.line(f"Saving what Muninn learned from {plural(waiting, 'message')} (up to {timeout:g} s)…")
-    if "timeout" in inspect.signature(extractor.close).parameters:
+    takes = inspect.signature(extractor.close).parameters
+    if "report" in takes:  # the chat says what was dropped itself, in plainer words
+        await extractor.close(timeout=timeout, report=not console.interactive)
+    elif "timeout" in takes:
         await extractor.close(timeout=timeout)
     else:  # an extractor that takes no bound
         await extractor.close()
@@ -262,8 +265,8 @@ async def _leave(extractor, console: Console, timeout: float) -> None:
         console.line(f"Saved {plural(stored, 'memory', 'memories')} from this conversation: "
                      f"/memories lists {'it' if stored == 1 else 'them'} next time.")
     if console.interactive and dropped:
-        console.line(f"Not saved: what you said in the last {plural(dropped, 'message')} "
-                     "(extraction did not finish in time).")
+        last = "message" if dropped == 1 else f"{dropped} messages"
+        console.line(f"Not saved: what Muninn was still learning from your last {last} (it did not finish in time).")
 
 
 async def _converse(console: Console, commands: Commands, pipeline: Pipeline, outlet: TerminalOutlet,

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from bot import redact, validate
 from bot.cli import migrate, users
-from bot.cli.args import OneLineParser, UsageError, importance, positive_int, recall_limit, snowflake
+from bot.cli.args import OneLineParser, UsageError, add_command, importance, positive_int, recall_limit, snowflake
 from bot.cli.importer import import_lines
 from bot.cli.output import emit, key_values, lines, plural, status, table, write
 from bot.cli.progress import Progress
@@ -253,10 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="what to do (default: run)")
 
     def command(name: str, handler, summary: str, *examples: str, no_json: str | None = None):
-        p = sub.add_parser(name, parents=[common], help=summary, description=summary + ".",
-                           epilog="examples:\n" + "\n".join(f"  muninn {example}" for example in examples))
-        p.set_defaults(handler=handler, no_json=no_json)
-        return p
+        return add_command(sub, common, name, handler, summary, *examples, no_json=no_json)
 
     p = command("remember", cmd_remember, "store a memory, and say who will see it",
                 "remember 'Oz prefers dark mode' --scope personal --user 42 --guild 5",

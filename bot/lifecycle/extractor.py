@@ -289,16 +289,17 @@ class Extractor:
         """Exchanges not yet extracted (waiting for their batch, or queued)."""
         return sum(map(len, self._pending.values())) + sum(map(len, self._queue))
 
-    async def close(self, timeout: float | None = None) -> None:
+    async def close(self, timeout: float | None = None, *, report: bool = True) -> None:
         """Finish queued work (for at most `timeout` seconds, logging what is dropped after
-        that), then stop; later submits are ignored."""
+        that unless `report` is False: the caller says it), then stop; later submits are ignored.
+        `dropped` then counts the messages given up on."""
         if self._closed:
             return
         try:
             await asyncio.wait_for(self.drain(), timeout)
         except asyncio.TimeoutError:
             self.dropped = self.waiting + len(self._current or ())
-            if self.dropped:
+            if self.dropped and report:
                 log.warning("fact extraction did not finish within %g s; %d waiting messages (and any batch "
                             "being extracted) are dropped", timeout, self.waiting)
         finally:

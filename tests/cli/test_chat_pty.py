@@ -104,6 +104,24 @@ def test_thinking_then_the_reply_as_it_is_written_then_ctrl_d_saves(fake, tmp_pa
     assert "WARNING" not in chat.transcript and "INFO" not in chat.transcript     # a quiet start and end
 
 
+def test_leaving_before_extraction_ends_says_plainly_what_was_not_saved(fake, tmp_path):
+    fake.chat_replies.extend(["Noted.", FakeOllama.TIMEOUT])    # the reply, then an extraction that hangs
+    fake.delay = 10.0
+    chat = Chat(tmp_path, fake.url, MUNINN_SHUTDOWN_SECONDS="1")
+    try:
+        chat.expect("you>")
+        chat.say("I grow tomatoes")
+        chat.expect("muninn> Noted.")
+        chat.child.sendcontrol("d")
+        chat.expect("Saving what Muninn learned from 1 message (up to 1 s)…")
+        chat.expect("Not saved: what Muninn was still learning from your last message (it did not finish in time).")
+        assert chat.wait() == 0
+    finally:
+        chat.close()
+    assert "Traceback" not in chat.transcript and "did not finish within" not in chat.transcript
+    assert "Saved " not in chat.transcript
+
+
 def test_typed_text_survives_log_lines_and_the_line_can_be_edited_and_recalled(fake, tmp_path):
     fake.default_chat_reply = facts_or("Lovely.")
     # The reply, then three failed extractions: each a log line above the input line while the person types.
