@@ -127,14 +127,20 @@ def test_typed_text_survives_log_lines_and_the_line_can_be_edited_and_recalled(f
     # The reply, then three failed extractions: each a log line above the input line while the person types.
     fake.chat_replies.extend(["Lovely.", FakeOllama.HTTP_500, FakeOllama.HTTP_500, FakeOllama.HTTP_500])
     chat = Chat(tmp_path, fake.url, OLLAMA_COOLDOWN="0.6")
-    typed = "the quick brown fox jumps over the lazy dog, and then it sleeps"
+    text = "the quick brown fox jumps over the lazy dog, and then it sleeps; " * 8
     try:
         chat.expect("you>")
         chat.say("I grow tomatoes")
         chat.expect("muninn> Lovely.")
         before = len(chat.transcript)
-        chat.type_slowly(typed, 0.06)                        # about four seconds of typing
+        typed = ""
+        for char in text:                                    # typing on while the log lines come (a loaded
+            chat.type_slowly(char, 0.06)                     # machine may take longer to send them)
+            typed += char
+            if len(typed) > 40 and chat.transcript[before:].count("fact extraction") >= 2:
+                break
         while_typing = chat.transcript[before:]
+        typed = typed.strip()
         chat.say("")
         chat.expect("muninn> Lovely.")
         chat.type_slowly("hello wrld", 0.01)
