@@ -3,19 +3,39 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from bot import validate
 
 
+class UsageError(Exception):
+    """Bad command-line input found after parsing; the message is shown as one line."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """A parser whose errors are one line on stderr (what is wrong, and where the help is), not
-    argparse's usage block; its subcommands' parsers are of this class too."""
+    argparse's usage block; its subcommands' parsers are of this class too. Its epilog (the
+    examples) is printed as written."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Print `muninn CMD: what is wrong (see muninn CMD --help)` and exit with status 2."""
         print(f"{self.prog}: {validate.replace_invalid(message)} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
+
+
+def add_command(sub: Any, common: argparse.ArgumentParser, name: str, handler: Any, summary: str,
+                *examples: str, no_json: str | None = None) -> argparse.ArgumentParser:
+    """Register one subcommand: its one-line `summary` (help and description), its `examples`
+    (each a command line after `muninn `, shown under --help) and its handler; `no_json` says
+    why it refuses --json, for a command with no result to print. Returns its parser, for its arguments."""
+    parser = sub.add_parser(name, parents=[common], help=summary, description=summary + ".",
+                            epilog="examples:\n" + "\n".join(f"  muninn {example}" for example in examples))
+    parser.set_defaults(handler=handler, no_json=no_json)
+    return parser
 
 
 def positive_int(text: str) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from bot.cli.args import add_command
 from bot.memory.errors import DatabaseError
 from bot.memory.sqlite.backup import backup_to
 
@@ -65,7 +66,7 @@ async def cmd_backup(args: Any, settings: Any) -> int:
 
 def add_parser(sub: Any, common: Any) -> None:
     """The `backup` subcommand on the command line's parser."""
-    p = sub.add_parser("backup", parents=[common],
-                       help="copy the database safely while the bot runs (PostgreSQL: prints the pg_dump command)")
+    p = add_command(sub, common, "backup", cmd_backup,
+                    "copy the database safely while the bot runs (PostgreSQL: prints the pg_dump command)",
+                    "backup /var/backups/muninn/", "backup data/before-upgrade.db")
     p.add_argument("path", metavar="PATH", help="a new file, or a folder to put muninn-YYYYmmdd-HHMMSS.db in")
-    p.set_defaults(handler=cmd_backup)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import json
 import logging
 import os
 import sys
@@ -17,79 +16,44 @@ import traceback
 from pathlib import Path
 from typing import Awaitable, Callable, Protocol, TypeVar
 
+from rich.text import Text
+
 from bot import redact, validate
 from bot.cli import backup, migrate, users, web
-from bot.cli.args import OneLineParser, importance, positive_int, recall_limit, snowflake
+from bot.cli.args import OneLineParser, UsageError, add_command, importance, positive_int, recall_limit, snowflake
 from bot.cli.importer import import_lines
+from bot.cli.output import emit, key_values, lines, plural, status, table, write
 from bot.cli.progress import Progress
+from bot.cli.recall import SOME_LINES_BAD, cmd_recall
 from bot.memory import records
 from bot.memory.engine import Engine
-from bot.memory.scope import SCOPES, Viewer
+from bot.memory.scope import SCOPES
 from bot.memory.sqlite import files
 from bot.settings import Settings, SettingsError, load_settings, new_database_notice
 
 log = logging.getLogger("muninn")
 T = TypeVar("T")
 
-SOME_LINES_BAD = 3   # exit status: the good lines ran, some lines were bad (each reported)
+__all__ = ["SOME_LINES_BAD", "UsageError", "build_parser", "main"]
 
 
-class UsageError(Exception):
-    """Bad command-line input; the message is shown as one line."""
-
-
-# -- shared helpers ----------------------------------------------------------
-
-def emit(args: argparse.Namespace, data, human: str) -> None:
-    """Print a result; text that cannot be encoded (a lone surrogate in stored text) is replaced,
-    never allowed to abort the output."""
-    text = json.dumps(data, ensure_ascii=False) if getattr(args, "json", False) else human
-    print(validate.replace_invalid(redact.scrub(text)), flush=True)  # never a configured secret
-
-
-def viewer_from(user_id, channel_id, guild_id, dm) -> Viewer:
-    """The Viewer of a recall from the raw option or batch values; UsageError says what is wrong
-    (no user, a bad id, a DM with a guild)."""
-    if user_id is None:
-        raise UsageError("a viewer needs --user ID (user_id in batch files)")
-    try:
-        user = validate.snowflake(user_id, "user id", optional=False)
-        channel = validate.snowflake(channel_id, "channel id")
-        guild = validate.snowflake(guild_id, "guild id")
-        in_dm = validate.boolean(dm, "dm")
-    except validate.Invalid as exc:
-        raise UsageError(str(exc)) from None
-    if in_dm and guild is not None:
-        raise UsageError("--dm and --guild exclude each other: a DM has no guild")
-    assert user is not None
-    return Viewer(user_id=user, channel_id=channel, guild_id=guild, dm=in_dm)
-
-
-def as_of_from(value, *, touch: bool = True) -> float | None:
-    """The --as-of time (or a batch line's as_of) in unix seconds, None when not given; UsageError
-    when validate.as_of refuses it."""
-    try:
-        return validate.as_of(value, touch=touch)
-    except validate.Invalid as exc:
-        raise UsageError(f"--as-of: {exc}") from None
-
-
-def human_recall(result) -> str:
-    """The text `muninn recall` prints for a result: its mode, then each memory with why it came."""
-    lines = [f"mode: {result.mode} (vectors: {result.vector_status}), {len(result.memories)} memories"]
-    for i, recalled in enumerate(result.memories, start=1):
-        reason = recalled.candidate.reason()
-        why = ", ".join(f"{k}={v}" for k, v in reason.items() if k != "via")
-        lines.append(f"{i:>2}. #{recalled.memory.id} [{recalled.memory.scope}] {recalled.memory.text}")
-        lines.append(f"      via {reason['via']}: {why}")
-    return "\n".join(lines)
+def visible_to(memory: records.NewMemory) -> str:
+    """Who will see a memory, by the scope rule (bot/memory/scope.py), in words."""
+    if memory.scope == "global":
+        return "everyone, everywhere"
+    if memory.scope == "room":
+        return f"everyone in channel {memory.channel_id}"
+    if memory.guild_id is None:
+        return (f"user {memory.owner_id} in their DMs with Muninn only (learned in a DM; "
+                "--guild ID makes it a memory of that server)")
+    return f"user {memory.owner_id} in server {memory.guild_id} and in their DMs with Muninn"
 
 
 # -- subcommands -------------------------------------------------------------
 
 async def cmd_remember(args, settings: Settings) -> int:
-    """`muninn remember`: store one memory and print its id (with --json, also whether it got a
-    vector); returns 0. UsageError when a value is refused."""
+    """`muninn remember`: store one memory and say its id and who sees it (with --json, the id and
+    whether it got a vector); returns 0. UsageError when a value is refused."""
     try:
         memory = records.NewMemory(text=args.text, scope=args.scope, owner_id=args.user, channel_id=args.channel,
                                  guild_id=args.guild, importance=args.importance,
@@ -99,74 +63,11 @@ async def cmd_remember(args, settings: Settings) -> int:
     async with Engine(settings, warm=False) as engine:
         memory_id = await engine.remember(memory)
         embedded = (await engine.get(memory_id)).embedded
-    emit(args, {"id": memory_id, "embedded": embedded}, str(memory_id))
+    said = f"Remembered #{memory_id} ({memory.scope}), visible to {visible_to(memory)}."
+    if not embedded:
+        said += " It has no vector yet (the embedding server is off or did not answer): `muninn maintain` adds it."
+    emit(args, {"id": memory_id, "embedded": embedded}, Text(said))
     return 0
-
-
-async def cmd_recall(args, settings: Settings) -> int:
-    """`muninn recall`: print what the viewer would recall for QUERY, and why (counted as a recall
-    unless --no-touch); returns 0. With --batch, `recall_batch` runs instead."""
-    if args.batch:
-        return await recall_batch(args, settings)
-    if args.query is None:
-        raise UsageError("give a QUERY, or --batch FILE")
-    viewer = viewer_from(args.user, args.channel, args.guild, args.dm)
-    as_of = as_of_from(args.as_of, touch=not args.no_touch)
-    query, _ = validate.query_text(args.query)
-    async with Engine(settings, warm=False) as engine:
-        result = await engine.recall(query, viewer, limit=args.limit, as_of=as_of, touch=not args.no_touch)
-    emit(args, result.to_dict(as_of), human_recall(result))
-    return 0
-
-
-BATCH_KEYS = {"query", "user_id", "channel_id", "guild_id", "dm", "limit", "as_of", "no_touch"}
-
-
-def batch_request(raw: bytes) -> tuple[dict, bool]:
-    """One batch line checked: (the recall's arguments, whether the query had invalid characters
-    replaced). Raises UsageError or validate.Invalid with the reason."""
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"not valid UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})") from None
-    request = json.loads(line, parse_constant=validate.reject_json_constant)
-    if not isinstance(request, dict):
-        raise UsageError("line is not a JSON object")
-    unknown = set(request) - BATCH_KEYS
-    if unknown:
-        raise UsageError(f"unknown key(s): {validate.replace_invalid(', '.join(sorted(unknown)))}")
-    query, replaced = validate.query_text(request.get("query"), "'query'")
-    touch = not validate.boolean(request.get("no_touch"), "no_touch")
-    return {"query": query, "viewer": viewer_from(request.get("user_id"), request.get("channel_id"),
-                                                  request.get("guild_id"), request.get("dm", False)),
-            "limit": validate.limit(request.get("limit"), "'limit'"),
-            "as_of": as_of_from(request.get("as_of"), touch=touch), "touch": touch}, replaced
-
-
-async def recall_batch(args, settings: Settings) -> int:
-    """`muninn recall --batch FILE`: for each non-blank line, one JSON line with its result or its
-    error; returns SOME_LINES_BAD when a line was bad, else 0. UsageError when there is no such file."""
-    path = Path(args.batch)
-    if not path.is_file():
-        raise UsageError(f"--batch: no file {str(path)!r}")
-    bad = 0
-    async with Engine(settings, warm=False) as engine:
-        with path.open("rb") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    request, replaced = batch_request(line)
-                    result = await engine.recall(request["query"], request["viewer"], limit=request["limit"],
-                                                 as_of=request["as_of"], touch=request["touch"])
-                    out = {"line": number, **result.to_dict(request["as_of"])}
-                    if replaced:
-                        out["warning"] = "the query had invalid characters (lone surrogates); they were replaced"
-                except (UsageError, ValueError, RecursionError) as exc:
-                    bad += 1
-                    out = {"line": number, "error": validate.replace_invalid(str(exc))}
-                print(validate.replace_invalid(json.dumps(out, ensure_ascii=False)), flush=True)
-    return SOME_LINES_BAD if bad else 0
 
 
 async def cmd_import(args, settings: Settings) -> int:
@@ -182,14 +83,15 @@ async def cmd_import(args, settings: Settings) -> int:
             report = await import_lines(engine, lines, on_progress=bar.advance)
         missing = (await engine.stats())["missing_vectors"]
     for number, error in report.errors:
-        print(validate.replace_invalid(f"line {number}: {error}"), file=sys.stderr)
+        write(f"line {number}: {error}", stream=sys.stderr)
     data = {"imported": report.imported, "skipped_existing": report.skipped_existing,
             "errors": [{"line": n, "error": e} for n, e in report.errors], "missing_vectors": missing}
     human = (f"imported {report.imported}, skipped {report.skipped_existing} already present, "
-             f"{len(report.errors)} bad lines")
+             f"{plural(len(report.errors), 'bad line')}")
     if missing:
-        human += f"; {missing} memories await embeddings (embedding server unavailable?): run `muninn maintain` later"
-    emit(args, data, human)
+        human += (f"; {plural(missing, 'memory', 'memories')} await embeddings (embedding server unavailable?): "
+                  "run `muninn maintain` later")
+    emit(args, data, Text(human))
     return SOME_LINES_BAD if report.errors else 0
 
 
@@ -198,8 +100,7 @@ async def cmd_stats(args, settings: Settings) -> int:
     async with Engine(settings, warm=False) as engine:
         data = await engine.stats()
         data["database"] = engine.storage.where()
-    human = "\n".join(f"{key}: {value}" for key, value in data.items())
-    emit(args, data, human)
+    emit(args, data, key_values(data))
     return 0
 
 
@@ -214,7 +115,8 @@ async def cmd_reindex(args, settings: Settings) -> int:
             bar.update(done)
         count = await engine.reindex(progress=progress)
         bar.finish()
-    emit(args, {"reindexed": count, "model": settings.embed_model}, f"re-embedded {count} memories")
+    emit(args, {"reindexed": count, "model": settings.embed_model},
+         Text(f"re-embedded {plural(count, 'memory', 'memories')} with {settings.embed_model}"))
     return 0
 
 
@@ -223,8 +125,8 @@ async def cmd_doctor(args, settings: Settings) -> int:
     passed, else 1."""
     from bot.cli.doctor import run_doctor
     checks = await run_doctor(settings, fix=args.fix)
-    human = "\n".join(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" + (f"\n     fix: {c.fix}" if c.fix else "")
-                      for c in checks)
+    rows = [(status(c.ok), c.name, c.detail + (f"\nfix: {c.fix}" if c.fix else "")) for c in checks]
+    human = table(("", "check", "detail"), rows, styles=("", "bold", ""))
     emit(args, {"ok": all(c.ok for c in checks), "checks": [c.to_dict() for c in checks]}, human)
     return 0 if all(c.ok for c in checks) else 1
 
@@ -285,8 +187,8 @@ async def cmd_sync(args, settings: Settings) -> int:
     if status or names is None:
         return status
     where = f"to guild {args.guild} (usable now)" if args.guild else "globally (Discord may take up to an hour)"
-    emit(args, {"synced": names, "guild": args.guild}, f"synced {len(names)} commands {where}: "
-                                                        + ", ".join(f"/{name}" for name in names))
+    emit(args, {"synced": names, "guild": args.guild}, Text(
+        f"synced {plural(len(names), 'command')} {where}: " + ", ".join(f"/{name}" for name in names)))
     return 0
 
 
@@ -310,12 +212,15 @@ async def cmd_maintain(args, settings: Settings) -> int:
             if memory.archived_at is None:
                 raise UsageError(f"memory #{memory.id} is not archived")
             await engine.restore(memory.id)
-            emit(args, {"restored": memory.id}, f"restored #{memory.id}: {memory.text}")
+            emit(args, {"restored": memory.id}, Text(f"restored #{memory.id}: {memory.text}"))
             return 0
         if args.archived:
             memories, total = await maintenance.archived(engine, reason=args.reason, limit=args.limit or 50)
-            human = "\n".join([f"{total} archived memories"] + [
-                f"#{m.id} [{m.scope}] {m.text}  ({m.archive_reason}, {records.iso(m.archived_at)})" for m in memories])
+            rows = [(f"#{m.id}", m.scope, m.text, m.archive_reason, records.iso(m.archived_at)) for m in memories]
+            head = Text(plural(total, "archived memory", "archived memories")
+                        + (f" (newest {len(memories)})" if len(memories) < total else ""))
+            human = lines(head, table(("id", "scope", "memory", "why", "archived"), rows, styles=("cyan",))) \
+                if rows else head
             emit(args, {"total": total, "memories": [m.to_dict() for m in memories]}, human)
             return 0
         # Each step commits as it goes and prints when done, so an interrupted run keeps (and shows) its work.
@@ -324,82 +229,90 @@ async def cmd_maintain(args, settings: Settings) -> int:
                 engine, use_llm=not args.no_llm, on_step=None if args.json else lambda line: print(line, flush=True))
         except maintenance.MaintenanceBusy as exc:
             raise UsageError(str(exc)) from None
-    emit(args, report.to_dict(), f"done in {report.seconds:.1f} s")
+    emit(args, report.to_dict(), Text(f"done in {report.seconds:.1f} s"))
     return 0
 
 
 # -- parser ------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every subcommand: each sets `handler` to its `cmd_*` coroutine, and --db,
-    --json and -v are taken before or after the subcommand."""
+    """The parser of every subcommand: each sets `handler` to its `cmd_*` coroutine (and `no_json`
+    to why it refuses --json, if it does), has a help text and examples; --db, --json and -v are
+    taken before or after the subcommand."""
     common = OneLineParser(add_help=False)
     # SUPPRESS: a subcommand's unset option must not overwrite one given before the subcommand.
     common.add_argument("--db", metavar="PATH", default=argparse.SUPPRESS,
                         help="database file (default: MUNINN_DB_PATH or data/muninn.db)")
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print the result as JSON, for scripts")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="debug logging, and a failure's whole traceback")
 
-    parser = OneLineParser(prog="muninn", parents=[common],
-                                     description="Muninn: a Discord bot that remembers.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = OneLineParser(prog="muninn", parents=[common], description="Muninn: a Discord bot that remembers.",
+                           epilog="examples:\n  muninn doctor\n  muninn chat\n  muninn recall 'where do I live' "
+                                  "--user 42\n\nmuninn COMMAND --help says more about each command.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="what to do (default: run)")
 
-    p = sub.add_parser("remember", parents=[common], help="store a memory, print its id")
-    p.add_argument("text")
-    p.add_argument("--scope", choices=SCOPES, required=True)
-    p.add_argument("--user", type=snowflake, help="owner (personal) or author user id")
-    p.add_argument("--channel", type=snowflake, help="channel id (required for room scope)")
-    p.add_argument("--guild", type=snowflake, help="guild id where it was learned (omit for a DM)")
-    p.add_argument("--importance", type=importance, default=0.5)
-    p.set_defaults(handler=cmd_remember)
+    def command(name: str, handler, summary: str, *examples: str, no_json: str | None = None):
+        return add_command(sub, common, name, handler, summary, *examples, no_json=no_json)
 
-    p = sub.add_parser("recall", parents=[common], help="what Muninn would recall for a query, and why")
-    p.add_argument("query", nargs="?")
-    p.add_argument("--user", type=snowflake)
-    p.add_argument("--channel", type=snowflake)
-    p.add_argument("--guild", type=snowflake)
+    p = command("remember", cmd_remember, "store a memory, and say who will see it",
+                "remember 'Oz prefers dark mode' --scope personal --user 42 --guild 5",
+                "remember 'the wiki is at wiki.example.org' --scope room --channel 7 --guild 5")
+    p.add_argument("text", help="the memory, one sentence")
+    p.add_argument("--scope", choices=SCOPES, required=True,
+                   help="personal: one person's; room: a channel's; global: everyone's")
+    p.add_argument("--user", type=snowflake, metavar="ID", help="owner (personal) or author user id")
+    p.add_argument("--channel", type=snowflake, metavar="ID", help="channel id (required for room scope)")
+    p.add_argument("--guild", type=snowflake, metavar="ID",
+                   help="server id where it was learned (omit it for a memory learned in a DM)")
+    p.add_argument("--importance", type=importance, default=0.5, metavar="0..1",
+                   help="how much it matters, from 0 to 1 (default 0.5)")
+
+    p = command("recall", cmd_recall, "what Muninn would recall for a query, and why",
+                "recall 'where do I live' --user 42", "recall 'GPU' --user 42 --channel 7 --guild 5 --no-touch",
+                "recall --batch queries.jsonl")
+    p.add_argument("query", nargs="?", help="the words to recall for (not with --batch)")
+    p.add_argument("--user", type=snowflake, metavar="ID",
+                   help="whose view; alone, their DM view (their personal memories from everywhere)")
+    p.add_argument("--channel", type=snowflake, metavar="ID", help="the channel the viewer is in")
+    p.add_argument("--guild", type=snowflake, metavar="ID", help="the server of that channel")
     p.add_argument("--dm", action="store_true", help="the viewer is in a DM with Muninn")
-    p.add_argument("--limit", type=recall_limit, help=f"at most {validate.MAX_RECALL_LIMIT}")
+    p.add_argument("--limit", type=recall_limit, metavar="N", help=f"at most N memories (1 to {validate.MAX_RECALL_LIMIT})")
     p.add_argument("--as-of", metavar="ISO-TIME", help="evaluate at this time (decay, touch, newer memories hidden)")
     p.add_argument("--no-touch", action="store_true", help="inspect only: do not count this as a recall")
-    p.add_argument("--batch", metavar="FILE.jsonl", help="one query object a line, one result a line")
-    p.set_defaults(handler=cmd_recall)
+    p.add_argument("--batch", metavar="FILE.jsonl", help="one query object a line, one JSON result a line")
 
-    p = sub.add_parser("import", parents=[common], help="import memories from a JSON-lines file")
-    p.add_argument("file", metavar="FILE.jsonl")
-    p.set_defaults(handler=cmd_import)
+    p = command("import", cmd_import, "import memories from a JSON-lines file", "import memories.jsonl")
+    p.add_argument("file", metavar="FILE.jsonl", help="one memory object a line (docs/lifecycle.md)")
 
-    p = sub.add_parser("stats", parents=[common], help="counts of memories, vectors and links")
-    p.set_defaults(handler=cmd_stats)
+    command("stats", cmd_stats, "counts of memories, vectors and links", "stats", "stats --json")
+    command("reindex", cmd_reindex, "re-embed every memory with OLLAMA_EMBED_MODEL", "reindex")
 
-    p = sub.add_parser("reindex", parents=[common], help="re-embed every memory with OLLAMA_EMBED_MODEL")
-    p.set_defaults(handler=cmd_reindex)
-
-    p = sub.add_parser("doctor", parents=[common], help="check the database, sqlite-vec and the LLM servers")
+    p = command("doctor", cmd_doctor, "check the database, sqlite-vec and the LLM servers", "doctor", "doctor --fix")
     p.add_argument("--fix", action="store_true",
                    help="also clamp nonsense stored values and make the database files private")
-    p.set_defaults(handler=cmd_doctor)
 
-    p = sub.add_parser("run", parents=[common], help="start the Discord bot (the default with no COMMAND)")
-    p.set_defaults(handler=cmd_run)
+    command("run", cmd_run, "start the Discord bot (the default with no COMMAND)", "run",
+            no_json="the bot runs until it is stopped and prints log lines, not a result")
 
-    p = sub.add_parser("sync", parents=[common], help="register the slash commands with Discord")
-    p.add_argument("--guild", type=snowflake, help="only in this server (instant; global sync can take an hour)")
-    p.set_defaults(handler=cmd_sync)
+    p = command("sync", cmd_sync, "register the slash commands with Discord", "sync --guild 5", "sync")
+    p.add_argument("--guild", type=snowflake, metavar="ID",
+                   help="only in this server (instant; global sync can take an hour)")
 
-    p = sub.add_parser("chat", parents=[common], help="talk to Muninn in this terminal, without Discord")
+    p = command("chat", cmd_chat, "talk to Muninn in this terminal, without Discord", "chat", "chat --name Kari",
+                no_json="chat is a conversation for people; use `muninn recall --json` for results")
     p.add_argument("--name", help="what Muninn calls you (default: your login name)")
     p.add_argument("--log-file", metavar="PATH", help="write every log line to this file")
-    p.set_defaults(handler=cmd_chat)
 
-    p = sub.add_parser("maintain", parents=[common],
-                       help="archive faded memories, embed, link and consolidate (idempotent, safe to interrupt)")
+    p = command("maintain", cmd_maintain,
+                "archive faded memories, embed, link and consolidate (idempotent, safe to interrupt)",
+                "maintain", "maintain --archived --reason decayed", "maintain --restore 12")
     p.add_argument("--no-llm", action="store_true", help="consolidate by keeping the clearest original")
     p.add_argument("--archived", action="store_true", help="list archived memories instead (restorable)")
     p.add_argument("--reason", choices=["decayed", "superseded", "consolidated"], help="with --archived: only these")
-    p.add_argument("--limit", type=positive_int, help="with --archived: how many (default 50)")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="with --archived: how many (default 50)")
     p.add_argument("--restore", type=snowflake, metavar="ID", help="bring an archived memory back")
-    p.set_defaults(handler=cmd_maintain)
 
     migrate.add_parser(sub, common)
     backup.add_parser(sub, common)
@@ -424,6 +337,11 @@ def main(argv: list[str] | None = None, load_discord: Callable[[], DiscordAdapte
     args.load_discord = load_discord
     if args.command is None:  # plain `muninn` runs the bot
         args.command, args.handler = "run", cmd_run
+        args.no_json = parser.parse_args(["run"]).no_json
+    if getattr(args, "json", False) and getattr(args, "no_json", None):
+        print(f"muninn {args.command}: --json is not for this command: {args.no_json} "
+              f"(see muninn {args.command} --help)", file=sys.stderr)
+        return 2
     try:
         overrides = {"db_path": args.db} if getattr(args, "db", None) else {}
         settings = load_settings(**overrides)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bot.cli.args import positive_int
+from bot.cli.args import add_command, positive_int
 from bot.cli.progress import Progress
 from bot.memory.postgres.copy import BATCH, MigrationError, Report, copy_database
 
@@ -62,9 +62,9 @@ def say(report: Report, source: Path, *, as_json: bool) -> None:
 
 def add_parser(sub: Any, common: Any) -> None:
     """The `migrate` subcommand on the command line's parser."""
-    p = sub.add_parser("migrate", parents=[common],
-                       help="copy the SQLite database into PostgreSQL (resumable, verified)")
+    p = add_command(sub, common, "migrate", cmd_migrate, "copy the SQLite database into PostgreSQL (resumable, verified)",
+                    "migrate --to postgresql://muninn@localhost/muninn",
+                    "migrate --db old.db --to postgresql://muninn@db.example.org/muninn --batch 500")
     p.add_argument("--to", required=True, metavar="postgresql://...",
                    help="the target database (empty, or a copy of this source cut short)")
     p.add_argument("--batch", type=positive_int, default=BATCH, help=f"rows per transaction (default {BATCH})")
-    p.set_defaults(handler=cmd_migrate)

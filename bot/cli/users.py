@@ -157,14 +157,18 @@ async def cmd_user(args: argparse.Namespace, settings: Settings) -> int:
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """The `user` subcommand (export, forget) on the command line's parser."""
-    user = sub.add_parser("user", parents=[common], help="a person's data: export it, or forget it (their requests)")
-    actions = user.add_subparsers(dest="action", metavar="ACTION", required=True)
-    p = actions.add_parser("export", parents=[common],
-                           help="everything Muninn keeps of a person, as JSON (their memories and messages)")
+    summary = "a person's data: export it, or forget it (their requests)"
+    user = sub.add_parser("user", parents=[common], help=summary, description=summary + ".",
+                          epilog="examples:\n  muninn user export 42 --out user-42.json\n  muninn user forget 42")
+    actions = user.add_subparsers(dest="action", metavar="ACTION", required=True, help="export or forget")
+    summary = "everything Muninn keeps of a person, as JSON (their memories and messages)"
+    p = actions.add_parser("export", parents=[common], help=summary, description=summary + ".",
+                           epilog="examples:\n  muninn user export 42\n  muninn user export 42 --out user-42.json")
     p.add_argument("id", metavar="ID", help="the person's Discord user id")
     p.add_argument("--out", metavar="FILE", help="write it to FILE (readable by you alone) instead of stdout")
-    p = actions.add_parser("forget", parents=[common],
-                           help="forget everything about a person, as /memory forget-all does (asks first)")
+    summary = "forget everything about a person, as /memory forget-all does (asks first)"
+    p = actions.add_parser("forget", parents=[common], help=summary, description=summary + ".",
+                           epilog="examples:\n  muninn user forget 42\n  muninn user forget 42 --yes --json")
     p.add_argument("id", metavar="ID", help="the person's Discord user id")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     user.set_defaults(handler=cmd_user)

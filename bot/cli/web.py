@@ -12,6 +12,7 @@ import secrets
 import sys
 from typing import Any
 
+from bot.cli.args import add_command
 from bot.memory.engine import Engine
 from bot.settings import Settings
 
@@ -20,13 +21,13 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """The `web` subcommand on the command line's parser."""
-    p = sub.add_parser("web", parents=[common], help="the operator's console in a browser (read-only by default)",
-                       epilog="example: muninn web --port 8377   (then open http://127.0.0.1:8377/ and paste the token)")
+    p = add_command(sub, common, "web", cmd_web, "the operator's console in a browser (read-only by default)",
+                    "web", "web --port 8377 --allow-changes",
+                    no_json="the console is a web page; use `muninn recall --json` or `muninn stats --json` for results")
     p.add_argument("--host", metavar="ADDRESS", help="address to listen on (default: MUNINN_WEB_HOST, 127.0.0.1)")
     p.add_argument("--port", type=_port, metavar="PORT", help="port to listen on (default: MUNINN_WEB_PORT, 8377)")
     p.add_argument("--allow-changes", action="store_true",
                    help="enable forget, restore, approve, reject and a person's export and forget (each recorded)")
-    p.set_defaults(handler=cmd_web)
 
 
 def _port(text: str) -> int:
@@ -42,9 +43,6 @@ def _port(text: str) -> int:
 async def cmd_web(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the console until interrupted."""
     from bot.web.app import serve  # only here: the other commands start without aiohttp's server
-    if getattr(args, "json", False):
-        print("muninn web: --json does not apply (the console is a web page)", file=sys.stderr)
-        return 2
     host = args.host or settings.web_host
     port = settings.web_port if args.port is None else args.port
     token = settings.web_token or secrets.token_urlsafe(24)

@@ -83,6 +83,23 @@ class ForgetOffer:
     in_private: bool = True                     # a DM or a terminal: the texts may be listed openly
 
 
+@dataclass(frozen=True)
+class CommandNames:
+    """How a person runs Muninn's memory commands where they talk to it: every notice names these."""
+    resume: str = "/memory resume"
+    forget_all: str = "/memory forget-all"
+    list: str = "/memory list"
+
+
+DISCORD_COMMANDS = CommandNames()
+
+
+def command_names(outlet: object) -> CommandNames:
+    """The command names of `outlet` (its `commands` attribute), Discord's when it has none."""
+    names = getattr(outlet, "commands", None)
+    return names if isinstance(names, CommandNames) else DISCORD_COMMANDS
+
+
 def no_typing() -> AsyncContextManager:
     """For outlets with nothing to show while Muninn thinks."""
     return nullcontext()

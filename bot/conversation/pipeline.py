@@ -48,6 +48,7 @@ from bot.conversation.arrivals import Arrivals
 from bot.conversation.claims import claims
 from bot.conversation.exchange import Exchange, ExchangeSink
 from bot.conversation.outlets import (
+    DISCORD_COMMANDS,
     BusyOutlet,
     ConfirmingOutlet,
     ForgetOffer,
@@ -55,6 +56,7 @@ from bot.conversation.outlets import (
     Sent,
     SlowDownOutlet,
     StreamingOutlet,
+    command_names,
 )
 from bot.conversation.overrides import Tuning, default
 from bot.conversation.rate import MemberRate
@@ -70,10 +72,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 D = TypeVar("D")
 
-PAUSED_NOTE = ("(Your memory with me is paused: I answer, but I keep nothing of what you say. "
-               "`/memory resume` turns it back on.)")
-FORGET_EVERYTHING = ("To forget everything I remember about you, use `/memory forget-all`: it asks once "
-                     "more, then deletes your memories and your messages in my history.")
+# The notices name the commands of the place the person talks in (outlets.command_names).
+PAUSED = ("(Your memory with me is paused: I answer, but I keep nothing of what you say. "
+          "`{resume}` turns it back on.)")
+FORGET_ALL = ("To forget everything I remember about you, use `{forget_all}`: it asks once "
+              "more, then deletes your memories and your messages in my history.")
+PAUSED_NOTE = PAUSED.format(resume=DISCORD_COMMANDS.resume)
 LOG_EVERY_SECONDS = 60.0
 PRUNE_EVERY = 25  # history inserts per channel between two prunes to MUNINN_HISTORY_KEEP
 
@@ -331,7 +335,7 @@ class Pipeline:
         if paused:
             # Nothing of theirs is kept: not the message, not the reply, nothing for extraction.
             if await self.engine.take_pause_notice(incoming.author_id):
-                await outlet.send(PAUSED_NOTE)
+                await outlet.send(PAUSED.format(resume=command_names(outlet).resume))
             return reply
         reply_id = None
         # Whose words the reply may repeat: a forget-all of any of them empties it (reply_context).
@@ -372,7 +376,8 @@ class Pipeline:
         surface here, and let the outlet ask before forgetting them. Nothing of it is kept."""
         author = incoming.author_id
         if intent.everything:
-            return Reply(text=FORGET_EVERYTHING, ok=True, sent=await outlet.send(FORGET_EVERYTHING))
+            text = FORGET_ALL.format(forget_all=command_names(outlet).forget_all)
+            return Reply(text=text, ok=True, sent=await outlet.send(text))
         if intent.about is None:  # "don't remember this": their previous message here
             previous = await self.engine.last_message_of(incoming.channel_id, author, before=incoming.message_id)
             ids = [previous] if previous is not None else []
@@ -390,7 +395,7 @@ class Pipeline:
                         if r.memory.scope == "personal" and r.memory.owner_id == author
                         and _matches(r.candidate.reason(), self.settings)]
             none_found = (f"I found nothing of yours here about “{_clip(intent.about, 80)}”. "
-                          "`/memory list` shows what I remember about you here.")
+                          f"`{command_names(outlet).list}` shows what I remember about you here.")
             intro = f"About “{_clip(intent.about, 80)}” I remember:"
         if not memories:
             return Reply(text=none_found, ok=True, sent=await outlet.send(none_found))

@@ -15,6 +15,13 @@ from bot.settings import Settings
 
 CANNOT_THINK = ("Sorry, I can't think right now: my language model isn't answering. "
                 "Please try again in a little while.")
+# Waiting does not bring a missing model back: say what does (the operator reads it too).
+NO_MODEL = "Sorry, I can't think right now: my language model is not installed; pull the model: ollama pull {model}"
+
+
+def no_model(model: str) -> str:
+    """The reply when Ollama has no chat model `model`: how to get it, not "try again later"."""
+    return NO_MODEL.format(model=model)
 
 
 class Thinking:
@@ -62,6 +69,7 @@ class Thinking:
     def _cannot_answer(self, exc: OllamaError) -> tuple[str, bool]:
         if isinstance(exc, OllamaModelMissing):
             self._log("missing", logging.ERROR, "cannot answer: %s", exc)
+            return no_model(exc.model), False
         elif isinstance(exc, OllamaDisabled):
             self._log("disabled", logging.ERROR, "cannot answer: no chat server is configured; set "
                       "OLLAMA_URL (or MUNINN_CHAT_URL) in .env (for example http://localhost:11434)")

@@ -1,6 +1,8 @@
 """The background extractor: `submit` returns at once; a worker batches quick consecutive
 messages of one channel, extracts per author and stores each author's facts in one
-transaction. Failures are logged in one line and dropped; the conversation never notices."""
+transaction. When Ollama is unavailable, the batch waits for its cooldown to end and is tried
+again (a few times in a row at most), so a short outage costs no facts; other failures are
+logged in one line and dropped. The conversation never notices."""
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +16,7 @@ from bot.conversation.exchange import Exchange
 from bot.lifecycle import room_policy
 from bot.lifecycle.fact_store import store_facts
 from bot.lifecycle.facts import by_author, extract_author_facts, usable
+from bot.llm.errors import OllamaUnavailable
 from bot.memory.engine import Engine
 from bot.memory.errors import explain
 
@@ -21,6 +24,7 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 8             # exchanges of one channel in one batch (one LLM call per author in it)
 MAX_BACKLOG = 200         # batches waiting; beyond it the oldest are dropped (logged)
+MAX_TRIES = 3             # attempts in a row while Ollama is unavailable, each after its cooldown
 T = TypeVar("T")
 
 # -- the background extractor ----------------------------------------------------
@@ -53,7 +57,10 @@ class Extractor:
         self._closed = False
         self.processed = 0       # batches finished (for tests and stats)
         self.failed = 0          # batches whose processing raised (logged)
-        self.stored = 0          # memories written or strengthened by the batches (for the metrics)
+        self.stored = 0          # memories written (new or reinforced), for what `muninn chat` says at the end
+        self.dropped = 0         # messages `close` gave up on (its timeout ran out)
+        self._tries = 0          # failed attempts in a row while Ollama is unavailable
+        self._current: list[Exchange] | None = None   # the batch the worker is on
 
     @property
     def enabled(self) -> bool:
@@ -165,11 +172,16 @@ class Extractor:
     async def _work(self) -> None:
         while self._queue:
             batch = self._queue.pop(0)
+            self._current = batch
             try:
-                self.stored += len(await self.process(batch, taken_at=_clock()))
+                await self.process(batch, taken_at=_clock())
                 self.processed += 1
+                self._tries = 0
             except asyncio.CancelledError:
                 raise
+            except Deferred as deferred:
+                self._current = None  # back in the queue: `waiting` counts it
+                await self._again_later(deferred)
             except Exception as exc:
                 self.failed += 1
                 cause = explain(exc)
@@ -179,21 +191,51 @@ class Extractor:
                 else:
                     log.exception("fact extraction failed for %d messages in channel %s; they are skipped",
                                   len(batch), batch[0].channel_id)
+            finally:
+                self._current = None
+
+    async def _again_later(self, deferred: "Deferred") -> None:
+        """Ollama was unavailable: put what is left of the batch back at the head of the queue
+        (where a forget still reaches it) and wait out the cooldown; after MAX_TRIES in a row, drop it."""
+        self._tries += 1
+        if self._tries >= MAX_TRIES:
+            self._tries = 0
+            self.failed += 1
+            log.error("fact extraction failed %d times in a row for %d messages in channel %s; their facts are "
+                      "NOT stored: %s", MAX_TRIES, len(deferred.left), deferred.left[0].channel_id, deferred.cause)
+            return
+        log.log(logging.WARNING if self._tries == 1 else logging.INFO,
+                "fact extraction of %d messages waits for Ollama (%s); trying again in %g s",
+                len(deferred.left), deferred.cause, self.retry_delay)
+        self._queue.insert(0, list(deferred.left))
+        await asyncio.sleep(self.retry_delay)
+
+    @property
+    def retry_delay(self) -> float:
+        """How long a batch waits after Ollama was unavailable: until its cooldown for background work ends."""
+        return self.engine.settings.ollama_cooldown + 0.1
 
     async def process(self, batch: Sequence[Exchange], *, taken_at: float | None = None) -> list[int]:
         """Extract and store the facts of one channel's batch, author by author (one LLM call
         and one transaction each); returns the memory ids. Nothing is stored for an author
-        forgotten after `taken_at` (default: now)."""
+        forgotten after `taken_at` (default: now). Deferred when Ollama was unavailable: it
+        holds the messages of the authors not done yet."""
         taken_at = _clock() if taken_at is None else taken_at
         self._in_flight.append(taken_at)
         try:
             batch = usable(batch)
             ids: list[int] = []
-            for author_id, own in by_author(batch).items():
+            authors = list(by_author(batch).items())
+            for done, (author_id, own) in enumerate(authors):
                 own = [e for e in own if not self._gone_since(e, taken_at)]
                 if not own or self._forgotten_since(author_id, taken_at):
                     continue
-                facts = await room_policy.apply(self.engine, await extract_author_facts(self.engine, own, batch), own)
+                try:
+                    extracted = await extract_author_facts(self.engine, own, batch)
+                except OllamaUnavailable as exc:
+                    self.stored += len(ids)
+                    raise Deferred([e for _, rest in authors[done:] for e in rest], exc) from None
+                facts = await room_policy.apply(self.engine, extracted, own)
                 if self._forgotten_since(author_id, taken_at):
                     continue
                 if self._resubmit_if_gone(own, taken_at):
@@ -210,6 +252,7 @@ class Extractor:
                 ids += await store_facts(self.engine, facts, own, keep=keep)
                 if refused:  # a message went right before the write: the rest is extracted again
                     self._resubmit_if_gone(own, taken_at)
+            self.stored += len(ids)
             return ids
         finally:
             self._in_flight.remove(taken_at)
@@ -246,16 +289,19 @@ class Extractor:
         """Exchanges not yet extracted (waiting for their batch, or queued)."""
         return sum(map(len, self._pending.values())) + sum(map(len, self._queue))
 
-    async def close(self, timeout: float | None = None) -> None:
+    async def close(self, timeout: float | None = None, *, report: bool = True) -> None:
         """Finish queued work (for at most `timeout` seconds, logging what is dropped after
-        that), then stop; later submits are ignored."""
+        that unless `report` is False: the caller says it), then stop; later submits are ignored.
+        `dropped` then counts the messages given up on."""
         if self._closed:
             return
         try:
             await asyncio.wait_for(self.drain(), timeout)
         except asyncio.TimeoutError:
-            log.warning("fact extraction did not finish within %g s; %d waiting messages (and any batch being "
-                        "extracted) are dropped", timeout, self.waiting)
+            self.dropped = self.waiting + len(self._current or ())
+            if self.dropped and report:
+                log.warning("fact extraction did not finish within %g s; %d waiting messages (and any batch "
+                            "being extracted) are dropped", timeout, self.waiting)
         finally:
             self._closed = True
             for timer in list(self._timers.values()):
@@ -266,3 +312,11 @@ class Extractor:
                     await self._worker
                 except (asyncio.CancelledError, Exception):
                     pass
+
+
+class Deferred(Exception):
+    """Ollama was unavailable: `left` are the messages whose facts are still to be extracted."""
+
+    def __init__(self, left: list[Exchange], cause: Exception):
+        super().__init__(str(cause))
+        self.left, self.cause = left, cause

@@ -68,6 +68,8 @@ MAX_FACT_CHARS = 500
 MIN_FACT_CHARS = 8
 REPLY_SUPPORT = 0.5       # share of a fact's words that must be the author's own to survive an echo check
 
+LOCAL_ROOM = 0            # the guild id of `muninn chat`'s one local room (bot/cli/chat.py)
+
 SCOPE_WORDS = {"personal": "personal", "room": "room", "general": "general", "global": "general"}
 
 # -- facts -----------------------------------------------------------------------
@@ -250,7 +252,9 @@ def extraction_messages(own: Sequence[Exchange], context: Sequence[Exchange] = (
     """The prompt for one author: their own messages as the only source, other people's
     messages of the batch (if any) marked as context; no reply, persona or memories."""
     author = own[0]
-    where = "a direct message" if author.dm or author.guild_id is None else "a server channel"
+    where = ("a direct message" if author.dm or author.guild_id is None
+             else "a conversation in a terminal on the author's own computer" if author.guild_id == LOCAL_ROOM
+             else "a server channel")
     lines = [f"Where: {where}.", f"Author: {author.author_name}."]
     if context:
         lines.append("Context: other people's messages. Do NOT take any fact from these:")
@@ -400,7 +404,8 @@ async def extract_author_facts(engine: Engine, own: Sequence[Exchange], batch: S
     names = participant_names(batch)
     known = known_people(batch)
     raw_facts = await ask_json(engine.ollama, extraction_messages(own, context), FACT_SCHEMA, check_facts_reply,
-                               what=f"fact extraction (channel {own[0].channel_id}, author {author_id})")
+                               what=f"fact extraction (channel {own[0].channel_id}, author {author_id})",
+                               raise_unavailable=True)  # the extractor tries again once Ollama is back
     facts: list[Fact] = []
     screened: dict[str, int] = {}
     for raw in raw_facts or []:

@@ -9,7 +9,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from bot.llm.errors import OllamaError
+from bot.llm.errors import OllamaError, OllamaUnavailable
 
 if TYPE_CHECKING:
     from bot.llm.servers import LLMClient
@@ -97,11 +97,12 @@ def parse_json_reply(raw: str) -> Any:
 
 async def ask_json(client: "LLMClient", messages: list[dict[str, str]], schema: dict,
                    check: Callable[[Any], tuple[T, list[str]]], *, what: str,
-                   timeout: float | None = None) -> T | None:
+                   timeout: float | None = None, raise_unavailable: bool = False) -> T | None:
     """Ask for JSON matching `schema`; `check` turns the parsed answer into a value plus the
     problems it found (raising ValueError when nothing is usable). An answer with problems is
     retried once with the reason; then the usable part is returned and the rest logged.
-    Returns None when nothing usable came back (logged); never raises OllamaError.
+    Returns None when nothing usable came back (logged); never raises OllamaError, except
+    OllamaUnavailable with `raise_unavailable` (the caller tries again once Ollama is back).
     The reasons are logged at INFO/WARNING, so `check` must word them without quoting the
     answer (say "fact 2 uses I/me", not the fact); the raw answer is logged at DEBUG only."""
     fallback: T | None = None
@@ -110,6 +111,8 @@ async def ask_json(client: "LLMClient", messages: list[dict[str, str]], schema: 
             raw = await client.chat(messages, format=schema, options={"temperature": 0}, timeout=timeout,
                                     background=True)  # never in the way of a reply
         except OllamaError as exc:
+            if raise_unavailable and isinstance(exc, OllamaUnavailable) and fallback is None:
+                raise
             log.warning("%s skipped: %s", what, exc)
             return fallback
         try:

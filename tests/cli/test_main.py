@@ -48,7 +48,8 @@ def test_remember_then_recall_with_reasons(cli):
                        "--guild", 5, "--user", 1, "--json")
     assert code == 0 and json.loads(out) == {"id": 1, "embedded": True}
     code, out, _ = cli("remember", "Oz prefers dark mode", "--scope", "personal", "--user", 1, "--guild", 5)
-    assert code == 0 and out.strip() == "2"
+    assert code == 0 and out.strip() == ("Remembered #2 (personal), visible to user 1 in server 5 and in their DMs "
+                                         "with Muninn.")
     code, out, _ = cli("recall", "What GPU does the server have?", "--user", 2, "--channel", 7, "--guild", 5, "--json")
     data = json.loads(out)
     assert code == 0 and data["mode"] == "hybrid"
@@ -57,7 +58,9 @@ def test_remember_then_recall_with_reasons(cli):
     code, out, _ = cli("recall", "dark mode", "--user", 1, "--dm", "--json", "--no-touch")
     assert [(m["text"], m["access_count"]) for m in json.loads(out)["memories"]] == [("Oz prefers dark mode", 0)]
     code, out, _ = cli("recall", "dark mode", "--user", 1, "--dm")
-    assert "mode: hybrid" in out and "#2 [personal] Oz prefers dark mode" in out
+    assert out.startswith("hybrid recall (vectors: ok) as user 1 in a DM with Muninn: 1 memory\n")
+    assert out.splitlines()[2].split() == ["1", "#2", "personal", "Oz", "prefers", "dark", "mode", "words", "#1,",
+                                           "meaning", "0.71"]
     code, out, _ = cli("recall", "dark mode", "--user", 1, "--dm", "--json", "--no-touch")
     assert json.loads(out)["memories"][0]["access_count"] == 1  # only the recall without --no-touch counted
 

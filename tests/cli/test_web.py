@@ -66,7 +66,7 @@ def test_a_configured_token_is_never_printed(tmp_path):
 @pytest.mark.parametrize(("argv", "expected"), [
     (["web", "--port", "70000"], "not a port number"),
     (["web", "--port", "x"], "not a port number"),
-    (["web", "--json"], "--json does not apply"),
+    (["web", "--json"], "--json is not for this command"),
 ])
 def test_bad_input_is_one_line(tmp_path, monkeypatch, capsys, argv, expected):
     monkeypatch.setenv("MUNINN_DB_PATH", str(tmp_path / "m.db"))

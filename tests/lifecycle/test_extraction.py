@@ -9,10 +9,11 @@ import time
 import apsw
 import pytest
 
-from bot.lifecycle.extractor import Extractor
+from bot.lifecycle.extractor import MAX_TRIES, Extractor
 from bot.lifecycle.fact_store import store_facts
 from bot.lifecycle.facts import FACT_SCHEMA, Fact
 from bot.llm.answers import parse_json_reply, strip_reasoning
+from bot.llm.errors import OllamaUnavailable
 from bot.memory.engine import Engine
 from bot.memory.scope import Viewer
 from tests.fakes.ollama import FakeOllama
@@ -150,22 +151,20 @@ async def test_valid_part_of_a_twice_invalid_answer_is_kept(engine, fake_ollama,
     assert len(script.seen["extract"]) == 2
 
 
-async def test_http_500_is_logged_and_dropped(engine, fake_ollama, script, caplog):
+async def test_http_500_is_raised_for_the_extractor_to_try_again(engine, fake_ollama, script):
     fake_ollama.chat_replies.append(FakeOllama.HTTP_500)
-    with caplog.at_level(logging.WARNING, logger="bot"):
-        assert await extract_facts(engine, exchange("I live in Oslo.")) == []
-    assert "fact extraction" in caplog.text and "500" in caplog.text
+    with pytest.raises(OllamaUnavailable, match="500"):
+        await extract_facts(engine, exchange("I live in Oslo."))
 
 
-async def test_timeout_is_logged_and_dropped(fake_ollama, make_settings, caplog):
+async def test_timeout_is_raised_for_the_extractor_to_try_again(fake_ollama, make_settings):
     fake_ollama.delay = 2.0
     fake_ollama.chat_replies.append(FakeOllama.TIMEOUT)
     async with Engine(make_settings(fake_ollama.url, OLLAMA_CHAT_TIMEOUT="0.2")) as engine:
         started = time.perf_counter()
-        with caplog.at_level(logging.WARNING, logger="bot"):
-            assert await extract_facts(engine, exchange("I live in Oslo.")) == []
+        with pytest.raises(OllamaUnavailable, match="did not answer"):
+            await extract_facts(engine, exchange("I live in Oslo."))
         assert time.perf_counter() - started < 1.5
-    assert "did not answer" in caplog.text
 
 
 async def test_missing_model_is_logged_with_the_fix(engine, fake_ollama, caplog):
@@ -175,11 +174,38 @@ async def test_missing_model_is_logged_with_the_fix(engine, fake_ollama, caplog)
     assert "ollama pull llama3.2" in caplog.text
 
 
-async def test_ollama_down_is_logged_and_dropped(engine, fake_ollama, caplog):
+async def test_ollama_down_is_raised_for_the_extractor_to_try_again(engine, fake_ollama):
     await fake_ollama.go_down()
-    with caplog.at_level(logging.WARNING, logger="bot"):
-        assert await extract_facts(engine, exchange("I live in Oslo.")) == []
-    assert "cannot reach Ollama" in caplog.text
+    with pytest.raises(OllamaUnavailable, match="cannot reach Ollama"):
+        await extract_facts(engine, exchange("I live in Oslo."))
+
+
+async def test_one_failed_extraction_is_tried_again_and_later_facts_are_kept(fake_ollama, make_settings, script):
+    # the failure puts background calls on cooldown: the batch and the one after it wait it out
+    async with Engine(make_settings(fake_ollama.url, OLLAMA_COOLDOWN="0.5")) as engine:
+        fake_ollama.chat_replies.append(FakeOllama.HTTP_500)
+        script.add("extract", facts_reply(fact("Alice lives in Oslo.")), facts_reply(fact("Alice has two cats.")))
+        extractor = Extractor(engine, batch_delay=0.01)
+        extractor.submit(exchange("I live in Oslo."))
+        await asyncio.sleep(0.1)
+        extractor.submit(exchange("I have two cats.", message_id=2, channel=2))
+        await extractor.drain()
+        await extractor.close()
+        assert extractor.failed == 0 and extractor.processed == 2 and extractor.stored == 2
+        assert sorted(m.text for m in await memories_of(engine)) == ["Alice has two cats.", "Alice lives in Oslo."]
+
+
+async def test_extraction_gives_up_after_a_few_tries_and_says_so(fake_ollama, make_settings, caplog):
+    async with Engine(make_settings(fake_ollama.url)) as engine:
+        await fake_ollama.go_down()
+        extractor = Extractor(engine, batch_delay=0.01)
+        with caplog.at_level(logging.INFO, logger="bot.lifecycle"):
+            extractor.submit(exchange("I live in Oslo."))
+            await extractor.drain()
+        await extractor.close()
+    assert extractor.failed == 1 and extractor.stored == 0
+    assert caplog.text.count("waits for Ollama") == MAX_TRIES - 1
+    assert f"failed {MAX_TRIES} times in a row for 1 messages" in caplog.text and "NOT stored" in caplog.text
 
 
 async def test_no_ollama_configured_extracts_nothing(fts_engine):
