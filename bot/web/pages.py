@@ -149,11 +149,10 @@ async def people(request: web.Request) -> web.Response:
     """GET /people: the people memories belong to, most first; a form to open anyone by id."""
     offset = number(request, "offset", default=0) or 0
     found, total = await engine_of(request).console.people(limit=PAGE, offset=offset)
-    rows = [[person(p.user_id, {p.user_id: p.name} if p.name else None), str(p.personal), str(p.room), h(when(p.last_at))]
-            for p in found]
+    rows = [[person(p.user_id, {p.user_id: p.name} if p.name else None), str(p.personal), str(p.room)] for p in found]
     body = ("<h1>People</h1><form method='get' action='/people/open'><input name='id' placeholder='user id' "
             "inputmode='numeric'> <button>Open</button></form><br>"
-            + table(("person", "personal", "room (taught)", "last learned"), rows, numeric=(1, 2))
+            + table(("person", "personal", "room (taught)"), rows, numeric=(1, 2))
             + pager("/people", offset, PAGE, total))
     return render(request, "People", body)
 

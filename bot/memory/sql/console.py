@@ -41,7 +41,6 @@ class Person:
     name: str | None
     personal: int
     room: int
-    last_at: float
 
 
 @dataclass(frozen=True)
@@ -107,43 +106,61 @@ class LogEntry:
     user_id: int | None
 
 
+def _place_rows(conn: Connection) -> list[tuple[int | None, int | None, str, str, int]]:
+    """(guild, channel, scope, state, count) over all memories, read from the memories_place index alone."""
+    out = []
+    for channel_id, guild_id, scope, reason, total, active in conn.execute(
+            "SELECT channel_id, guild_id, scope, archive_reason, count(*), "
+            "sum(CASE WHEN archived_at IS NULL THEN 1 ELSE 0 END) FROM memories "
+            "GROUP BY channel_id, guild_id, scope, archive_reason"):
+        guild = None if guild_id is None else int(guild_id)
+        channel = None if channel_id is None else int(channel_id)
+        if int(active):
+            out.append((guild, channel, str(scope), "active", int(active)))
+        if int(total) > int(active):
+            out.append((guild, channel, str(scope), "pending" if reason == PENDING_REASON else "archived",
+                        int(total) - int(active)))
+    return out
+
+
 def places(conn: Connection) -> list[Place]:
     """Every channel that holds memories, with counts by kind, servers first then DMs."""
     counts: dict[tuple[int | None, int | None], dict[str, int]] = {}
-    rows = conn.execute(
-        "SELECT guild_id, channel_id, scope, "
-        "CASE WHEN archived_at IS NULL THEN 'active' WHEN archive_reason = ? THEN 'pending' ELSE 'archived' END, "
-        "count(*) FROM memories WHERE scope != 'global' GROUP BY 1, 2, 3, 4", (PENDING_REASON,))
-    for guild_id, channel_id, scope, state, n in rows:
+    for guild_id, channel_id, scope, state, n in _place_rows(conn):
+        if scope == "global":
+            continue
         slot = counts.setdefault((guild_id, channel_id), {})
         name = scope if state == "active" else state
-        slot[name] = slot.get(name, 0) + int(n)
-    out = [Place(None if g is None else int(g), None if c is None else int(c), c_.get("room", 0),
-                 c_.get("personal", 0), c_.get("pending", 0), c_.get("archived", 0))
+        slot[name] = slot.get(name, 0) + n
+    out = [Place(g, c, c_.get("room", 0), c_.get("personal", 0), c_.get("pending", 0), c_.get("archived", 0))
            for (g, c), c_ in counts.items()]
     return sorted(out, key=lambda p: (p.guild_id is None, p.guild_id or 0, p.channel_id or 0))
 
 
+def _owner_counts(conn: Connection, user_id: int | None = None) -> dict[int, dict[str, int]]:
+    """Active memories per owner and scope, read from the memories_owner index alone."""
+    where, params = ("owner_id = ?", (user_id,)) if user_id is not None else ("owner_id IS NOT NULL", ())
+    out: dict[int, dict[str, int]] = {}
+    for owner, scope, n in conn.execute(f"SELECT owner_id, scope, count(*) FROM memories WHERE {where} AND "
+                                        "archived_at IS NULL GROUP BY owner_id, scope", params):
+        out.setdefault(int(owner), {})[str(scope)] = int(n)
+    return out
+
+
 def people(conn: Connection, *, limit: int = 50, offset: int = 0) -> tuple[list[Person], int]:
     """One page of the people active memories belong to or were taught by, the most memories first."""
-    total = int(query_value(conn, "SELECT count(DISTINCT owner_id) FROM memories WHERE owner_id IS NOT NULL "
-                                  "AND archived_at IS NULL", (), 0))
-    rows = list(conn.execute(
-        "SELECT owner_id, sum(CASE WHEN scope = 'personal' THEN 1 ELSE 0 END), "
-        "sum(CASE WHEN scope = 'personal' THEN 0 ELSE 1 END), max(created_at) FROM memories "
-        "WHERE owner_id IS NOT NULL AND archived_at IS NULL GROUP BY owner_id "
-        "ORDER BY count(*) DESC, owner_id LIMIT ? OFFSET ?", (limit, offset)))
-    names = last_names(conn, [int(r[0]) for r in rows])
-    return [Person(int(r[0]), names.get(int(r[0])), int(r[1]), int(r[2]), float(r[3])) for r in rows], total
+    owners = _owner_counts(conn)
+    ranked = sorted(owners.items(), key=lambda item: (-sum(item[1].values()), item[0]))[offset:offset + limit]
+    names = last_names(conn, [owner for owner, _ in ranked])
+    return [Person(owner, names.get(owner), c.get("personal", 0), sum(c.values()) - c.get("personal", 0))
+            for owner, c in ranked], len(owners)
 
 
 def person(conn: Connection, user_id: int) -> Person:
     """One person's counts (zeros when nothing belongs to them)."""
-    row = next(iter(conn.execute(
-        "SELECT count(*), sum(CASE WHEN scope = 'personal' THEN 1 ELSE 0 END), max(created_at) FROM memories "
-        "WHERE owner_id = ? AND archived_at IS NULL", (user_id,))))
-    total, personal = int(row[0] or 0), int(row[1] or 0)
-    return Person(user_id, last_names(conn, [user_id]).get(user_id), personal, total - personal, float(row[2] or 0))
+    c = _owner_counts(conn, user_id).get(user_id, {})
+    return Person(user_id, last_names(conn, [user_id]).get(user_id), c.get("personal", 0),
+                  sum(c.values()) - c.get("personal", 0))
 
 
 def last_names(conn: Connection, user_ids: Sequence[int]) -> dict[int, str]:
@@ -169,9 +186,8 @@ def _where(f: Filter) -> tuple[str, list]:
         clauses.append("guild_id IS NULL")
     if f.state == "active":
         clauses.append("archived_at IS NULL")
-    elif f.state == "pending":
-        clauses.append("archived_at IS NOT NULL AND archive_reason = ?")
-        params.append(PENDING_REASON)
+    elif f.state == "pending":  # a literal, so that the partial index memories_pending serves it
+        clauses.append(f"archived_at IS NOT NULL AND archive_reason = '{PENDING_REASON}'")
     elif f.state == "archived":
         clauses.append("archived_at IS NOT NULL AND archive_reason != ?")
         params.append(PENDING_REASON)
@@ -232,10 +248,8 @@ def _text(value) -> str | None:
 def counts(conn: Connection) -> dict[str, int]:
     """Memories by state and scope: active room/personal/global, pending, archived, all."""
     out = {"room": 0, "personal": 0, "global": 0, "pending": 0, "archived": 0}
-    for scope, state, n in conn.execute(
-            "SELECT scope, CASE WHEN archived_at IS NULL THEN 'active' WHEN archive_reason = ? THEN 'pending' "
-            "ELSE 'archived' END, count(*) FROM memories GROUP BY 1, 2", (PENDING_REASON,)):
-        out[str(scope) if state == "active" else str(state)] += int(n)
+    for _, _, scope, state, n in _place_rows(conn):
+        out[scope if state == "active" else state] += n
     out["all"] = sum(out.values())
     return out
 
