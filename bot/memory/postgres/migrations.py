@@ -375,6 +375,11 @@ MIGRATIONS: list[str] = [
         SELECT id, reply_to_author FROM messages WHERE role = 'assistant' AND reply_to_author IS NOT NULL
         ON CONFLICT DO NOTHING;
     """,
+    # the second clock: when what a memory tells happens (bot/memory/clocks.py), as ISO 8601 text,
+    # a date or an interval of dates ("2026-03-05", "2026-03-09/2026-03-15"); NULL when it names none.
+    """
+    ALTER TABLE memories ADD COLUMN IF NOT EXISTS happens_on TEXT;
+    """,
 ]
 
 
