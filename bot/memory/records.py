@@ -123,9 +123,8 @@ class Memory:
                 values[index] = lenient_text(values[index])
         values[15] = _id_list(values[15])
         values[17] = bool(values[17])
-        if len(values) > 18:  # a stored date that is not one (another program wrote it) reads as none
-            span = clocks.parse(values[18].decode("utf-8", "replace") if isinstance(values[18], bytes) else values[18])
-            values[18] = span.iso() if span is not None else None
+        if len(values) > 18:
+            values[18] = cls.happens_of(values[18])
         for index in (7, 8, 10, 11, 12, 13):  # importance, stability and the times: numbers or None
             if values[index] is not None and not isinstance(values[index], (int, float)):
                 values[index] = _as_float(values[index])
@@ -136,6 +135,12 @@ class Memory:
         if not isinstance(values[1], str):
             values[1] = str(values[1])
         return cls(*values)
+
+    @staticmethod
+    def happens_of(stored: object) -> str | None:
+        """A stored happens_on as its ISO text; one that is not a date (another program wrote it) reads as none."""
+        span = clocks.parse(stored.decode("utf-8", "replace") if isinstance(stored, bytes) else stored)
+        return span.iso() if span is not None else None
 
     @property
     def happens(self) -> clocks.Span | None:
