@@ -44,7 +44,8 @@ def test_layout_is_system_then_history_then_current():
     assert memories[1:] == ['- "Oz prefers dark mode"', '- "the GPU server has 4x RTX 3090"']
     assert built.messages[1]["content"] == "(Sat, Apr 5 at 9:14 PM) Oz: message 1"
     assert built.messages[2]["content"] == "reply 1"  # Muninn's own words: no stamp to imitate
-    assert built.messages[3]["content"] == "(Sun, Apr 6 at 10:30 AM) Oz: current message"
+    # the current message says today's date with its year; the history keeps its stamps short
+    assert built.messages[3]["content"] == "(Sun, Apr 6, 2025 at 10:30 AM) Oz: current message"
     assert built.memories == ["Oz prefers dark mode", "the GPU server has 4x RTX 3090"]
 
 
