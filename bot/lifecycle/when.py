@@ -19,8 +19,10 @@ from bot.conversation.exchange import Exchange
 from bot.memory import clocks
 from bot.memory.writing import rules
 
-SOURCE_SUPPORT = 0.5   # share of the fact's content words its source sentence must hold
+SOURCE_SUPPORT = 0.5   # share of the fact's content words its source clause must hold
 _SENTENCE = re.compile(r"(?<=[.!?;])\s+|\n+")
+# Clauses of a sentence: "I live in Oslo and fly to Rome tomorrow" tells two facts, one dated.
+_CLAUSE = re.compile(r",\s*|\s+(?:and|but|while|then|so)\s+", re.IGNORECASE)
 
 
 def sent_on(exchange: Exchange, tz: tzinfo) -> str:
@@ -40,8 +42,9 @@ def said_at(own: Sequence[Exchange]) -> float:
 
 
 def from_source(fact_text: str, own: Sequence[Exchange], tz: tzinfo, names: Sequence[str] = ()) -> str | None:
-    """The date named in the sentence of the author's messages that the fact was taken from:
-    the sentence holding most of the fact's content words (its subject's name left out)."""
+    """The date named in the clause of the author's messages that the fact was taken from: the
+    clause holding most of the fact's content words (its subject's name left out); a clause
+    that is only a date ("Tomorrow, I fly to Rome") dates the clause after it."""
     name_words: set[str] = set()
     for name in names:
         name_words |= rules.content_words(name)
@@ -49,13 +52,17 @@ def from_source(fact_text: str, own: Sequence[Exchange], tz: tzinfo, names: Sequ
     if not wanted:
         return None
     for exchange in reversed(own):
+        sent = exchange.created_at or said_at(own)
         for sentence in _SENTENCE.split(exchange.user_message or ""):
-            shared = len(wanted & rules.content_words(sentence)) / len(wanted)
-            if shared < SOURCE_SUPPORT:
-                continue
-            found = clocks.event_date(sentence, exchange.created_at or said_at(own), tz)
-            if found is not None:
-                return found.iso()
+            carried: clocks.Span | None = None
+            for clause in _CLAUSE.split(sentence):
+                found = clocks.event_date(clause, sent, tz)
+                if found is not None and not rules.content_words(clocks.without_dates(clause)):
+                    carried = found
+                    continue
+                found, carried = found or carried, None
+                if found is not None and len(wanted & rules.content_words(clause)) / len(wanted) >= SOURCE_SUPPORT:
+                    return found.iso()
     return None
 
 

@@ -332,6 +332,13 @@ def spans(text: str, today: date, lean: str | None = None, *, calendar_dates: bo
         text = pattern.sub(lambda m: " " * len(m.group(0)), text)
 
 
+def without_dates(text: str) -> str:
+    """`text` with every date phrase blanked out ("Tomorrow, I fly" -> "        , I fly")."""
+    for _, pattern in _PATTERNS:
+        text = pattern.sub(lambda m: " " * len(m.group(0)), text)
+    return text
+
+
 def event_date(text: str, said_at: float, tz: tzinfo) -> Span | None:
     """When what a statement (a fact) tells happens, read from its words against the day it was
     said in `tz`: the first date it names, None when it names none."""
