@@ -8,6 +8,7 @@ tests/scenarios/test_discord_e2e.py cover it); memories are stored through the e
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import discord
@@ -96,6 +97,7 @@ async def test_every_dm_is_answered_as_a_reply_with_the_message_in_the_prompt(wo
     prompt = last_prompt(world)
     assert "private direct message with Alice" in prompt[0]["content"]
     assert prompt[-1]["content"].endswith(") Alice: hello raven") and prompt[-1]["content"].startswith("(")
+    assert re.match(r"\(\w+, \w+ \d+, \d{4} at ", prompt[-1]["content"])  # today's date, with its year
     typing = [r for r in world.env.http_requests if r.path.endswith("/typing")]
     assert typing, "Muninn shows typing while it thinks"
 
