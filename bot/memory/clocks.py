@@ -260,7 +260,14 @@ def _period(today: date, word: str, unit: str) -> Span:
     return Span.year(today.year + step)
 
 
+CALENDAR_FORMS = frozenset({"iso", "dmy", "mdy", "my", "dm", "md", "month"})
+_VERBS = ("may", "march", "mar")  # months that are also verbs: only capitalised ("we march 3 miles")
+
+
 def _read(form: str, groups: tuple, today: date, lean: str | None) -> list[Span]:
+    month_word = next((g for g in groups if isinstance(g, str) and g.lower().rstrip(".") in _VERBS), None)
+    if form in CALENDAR_FORMS and month_word is not None and not month_word[0].isupper():
+        return []
     if form == "iso":
         return [Span.day(date(int(groups[0]), int(groups[1]), int(groups[2])))]
     if form == "dmy":
@@ -301,9 +308,6 @@ def _read(form: str, groups: tuple, today: date, lean: str | None) -> list[Span]
     preposition, name = groups  # month
     word = preposition.lower()
     month = _month_number(name)
-    # "may"/"march" after a preposition can still be a verb ("by march"): only with a capital
-    if name.lower() in ("may", "march", "mar") and not name[0].isupper():
-        return []
     if word == "next":  # the first one after this month
         return [Span.month(today.year + (month <= today.month), month)]
     if word == "last":  # the latest one before this month
@@ -311,9 +315,6 @@ def _read(form: str, groups: tuple, today: date, lean: str | None) -> list[Span]
     if word == "this":
         return [Span.month(today.year, month)]
     return _dated(today, month, None, lean)
-
-
-CALENDAR_FORMS = frozenset({"iso", "dmy", "mdy", "my", "dm", "md", "month"})
 
 
 def spans(text: str, today: date, lean: str | None = None, *, calendar_dates: bool = True

@@ -71,6 +71,9 @@ def read(text: str, today: date = WED, lean: str | None = None) -> list[str]:
     ("next June", None, ["2026-06-01/2026-06-30"]),
     ("last March", None, ["2025-03-01/2025-03-31"]),
     ("you may march in may", None, []),                    # verbs
+    ("we march 3 miles", None, []),
+    ("in May", FUTURE, ["2026-05-01/2026-05-31"]),
+    ("May 5", FUTURE, ["2026-05-05"]),
     ("at 5:30", None, []),
     ("Alice lives in Oslo.", None, []),
 ])
