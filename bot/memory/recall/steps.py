@@ -3,8 +3,8 @@
 The keyword step runs while the question is being embedded: the viewer's visibility keys, the
 keyword hits (re-ranked by the names the plain query left out) and the vector index's state.
 The search step takes the embedding: vector candidates, fusion, the neighbour loan, the final
-order (with the lift of events on a date the question names: happens.py; newer before older
-where two disagree: newer.py), the fair share of each member (fair_share.py), the graph walk, and each chosen memory's
+order (with events on a date the question names: happens.py; newer before older where two
+disagree: newer.py), the fair share of each member (fair_share.py), the graph walk, and each chosen memory's
 cosine to the question.
 """
 from __future__ import annotations
@@ -66,6 +66,7 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
     fused = retrieval.fuse(found.hits, vector_hits, k=settings.rrf_k, limit=len(found.hits) + len(vector_hits),
                            weight_fts=settings.rrf_weight_fts, weight_vector=settings.rrf_weight_vec)
     fused = storage.spread_to_neighbours(conn, fused, keys, settings.neighbour_share, as_of)
+    fused = happens.dated(conn, fused, date_hints, keys, as_of, limit)
     fused = storage.final_order(conn, fused, now, time_weight=settings.time_weight, date_hints=date_hints,
                                 date_boost=settings.date_boost, tz=settings.timezone)
     fused = happens.lift(conn, fused, date_hints, settings.date_boost, settings.timezone)

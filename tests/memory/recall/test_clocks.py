@@ -137,3 +137,19 @@ def test_other_subjects_never_disagree():
     assert not newer.disagree(said(1, "Alice lives in Oslo", 1.0, owner=7), said(2, "Alice lives in Bergen", 2.0, owner=8))
     assert not newer.disagree(said(1, "The quiz starts at 9", 1.0, scope="room"),
                               said(2, "The quiz starts at 10", 2.0))
+
+
+async def test_an_event_on_the_named_date_is_found_without_a_shared_word(fts_engine: Engine):
+    dentist = await fts_engine.remember(mine("Alice has a dentist appointment", at=NOW - 2 * DAY, happens="2026-03-06"))
+    lunch = await fts_engine.remember(mine("Alice had lunch with Bo on Friday", at=NOW - 6 * DAY))
+    trip = await fts_engine.remember(mine("Alice travels to Rome", at=NOW - 9 * DAY, happens="2026-03-02/2026-03-08"))
+    await fts_engine.remember(mine("Alice visits the zoo", at=NOW - DAY, happens="2026-03-20"))
+    # someone else's event that day, a forgotten one, and one told after the question: never
+    await fts_engine.remember(NewMemory("Bob has a dentist appointment", "personal", owner_id=8, created_at=NOW - DAY,
+                                        happens_on="2026-03-06"))
+    gone = await fts_engine.remember(mine("Alice has a haircut", at=NOW - DAY, happens="2026-03-06"))
+    await fts_engine.write(lambda conn: storage_of(conn).archive(conn, gone, "test", now=NOW))
+    await fts_engine.remember(mine("Alice has a concert", at=NOW + DAY, happens="2026-03-06"))
+    result = await fts_engine.recall("what do I have on Friday?", ME, as_of=NOW, touch=False)
+    assert set(result.ids) == {dentist, lunch, trip} and result.ids[0] == dentist
+    assert (await fts_engine.recall("what do I have?", ME, as_of=NOW, touch=False)).ids == []  # no word, no date
