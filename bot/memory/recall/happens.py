@@ -24,6 +24,7 @@ from bot.memory.connection import Connection
 from bot.memory.recall.dates import DateHint, SpanHint
 from bot.memory.recall.retrieval import TEACHER_COLUMN, Candidate, rank
 from bot.memory.scope import ACTIVE, key_filter
+from bot.memory.storage import storage_of
 
 # A stored interval is at most this long for the search (longer ones are found by their start
 # only): "last year" is the longest span a phrase names.
@@ -64,7 +65,9 @@ def dated(conn: Connection, ranked: list[Candidate], hints: Sequence[DateHint], 
     params: list = [*key_params]
     for span in spans:
         params += [(span.first - REACH_BACK).isoformat(), span.last.isoformat()]
-    sql = (f"SELECT id, happens_on, {TEACHER_COLUMN} FROM memories WHERE {where} AND happens_on IS NOT NULL "
+    # SQLite's planner, without statistics for the new index, would walk every memory of the keys
+    index = " INDEXED BY memories_happens" if storage_of(conn).name == "sqlite" else ""
+    sql = (f"SELECT id, happens_on, {TEACHER_COLUMN} FROM memories{index} WHERE {where} AND happens_on IS NOT NULL "
            f"AND {ACTIVE} AND ({bounds})" + (" AND created_at <= ?" if as_of is not None else "")
            + f" ORDER BY created_at DESC, id DESC LIMIT {SCANNED}")
     if as_of is not None:

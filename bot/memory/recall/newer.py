@@ -20,6 +20,7 @@ time: the step leaves its order alone (the date lift decides, ranking.py and hap
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from bot.memory import clocks
 from bot.memory.connection import Connection
@@ -43,6 +44,16 @@ class Said:
     channel_id: int | None
     created_at: float
 
+    @cached_property
+    def words(self) -> frozenset[str]:
+        """Its content words (writing.rules.content_words), read once per recall."""
+        return frozenset(content_words(self.text))
+
+    @cached_property
+    def past(self) -> bool:
+        """Whether it tells something done (clocks.lean_of)."""
+        return clocks.lean_of(self.text) == clocks.PAST
+
     @property
     def subject(self) -> tuple:
         """Who or what it is about (writing.rules.same_subject, as a key)."""
@@ -59,12 +70,14 @@ def disagree(a: Said, b: Said) -> bool:
     """Whether two memories of the same subject say the same thing with a value changed."""
     if a.subject != b.subject:
         return False
-    words_a, words_b = content_words(a.text), content_words(b.text)
+    words_a, words_b = a.words, b.words
     if not words_a - words_b or not words_b - words_a:
         return False  # one adds to the other, or they say the same
-    if clocks.lean_of(a.text) == clocks.PAST and clocks.lean_of(b.text) == clocks.PAST:
+    shared = jaccard(set(words_a), set(words_b))
+    if shared < SHARED:
+        return False
+    if a.past and b.past:
         return False  # two things done, both true
-    shared = jaccard(words_a, words_b)
     if shared >= SHARED and values_conflict(a.text, b.text):
         return True
     return shared >= SHARED_WORDS and len(words_a - words_b) <= CHANGED and len(words_b - words_a) <= CHANGED
