@@ -347,7 +347,8 @@ async def test_a_memory_naming_someone_is_theirs_to_export_and_erase_never_to_re
     in her export and /memory why, and may forget it; nobody else may."""
     g, general = world.guild.id, world.general.id
     lent = await world.engine.remember(NewMemory("Bob lent Alice 50 euros", "personal", owner_id=world.bob.id,
-                                                 guild_id=g, channel_id=general, mentions=[world.alice.id]))
+                                                 guild_id=g, channel_id=general, mentions=[world.alice.id],
+                                                 happens_on="2026-03-05"))
     other = await world.engine.remember(NewMemory("Bob lent Alice his bike", "personal", owner_id=world.bob.id,
                                                   guild_id=g, channel_id=general, mentions=[world.alice.id]))
     assert "50 euros" not in text_of(await world.alice.slash(world.general, "memory list"))
@@ -360,6 +361,7 @@ async def test_a_memory_naming_someone_is_theirs_to_export_and_erase_never_to_re
         (lent, world.bob.id, True), (other, world.bob.id, True)}
     why = text_of(await world.alice.slash(world.general, "memory why", id=lent))
     assert "another member's memory that mentions you" in why and "50 euros" in why
+    assert "What it tells happens on 5 Mar 2026." in why
 
     assert "No memory" in text_of(await world.mod.slash(world.random, "memory forget", id=lent))  # not named
     assert "Forgot memory" in text_of(await world.alice.slash(world.general, "memory forget", id=lent))
