@@ -562,3 +562,26 @@ async def test_the_model_sees_today_s_date_each_memory_s_two_clocks_and_the_newe
                         r'"Alice flies to Rome"$', line) for line in lines)
     year = datetime.fromtimestamp(now, engine.settings.timezone).year
     assert re.match(rf"\(\w+, \w+ \d+, {year} at \d+:\d\d [AP]M\) Alice: do I live", messages[-1]["content"])
+
+
+async def test_tomorrow_said_today_is_the_event_s_date_the_next_day(engine, fake_ollama):
+    # the whole path: a message, extraction against its time, storage, then the next day's question
+    fake_ollama.default_chat_reply = facts_reply(("fly to Rome", "Alice flies to Rome."))
+    extractor = Extractor(engine, batch_delay=0.01)
+    pipeline = Pipeline(engine, extractor)
+    tz = engine.settings.timezone
+    monday = datetime(2031, 3, 3, 12, 0, tzinfo=tz).timestamp()
+    try:
+        await pipeline.respond(said("Tomorrow I fly to Rome!", channel=ALICE_DM, dm=True, at=monday),
+                               RecordingOutlet([]))
+        await extractor.drain()
+        [memory] = await engine.write(store.memories_of, ALICE, ("personal",))
+        assert (memory.text, memory.happens_on) == ("Alice flies to Rome.", "2031-03-04")
+        await pipeline.respond(said("what am I doing today?", channel=ALICE_DM, dm=True, at=monday + 86400),
+                               RecordingOutlet([]))
+        messages = fake_ollama.chat_requests()[-1]["messages"]
+        assert '(3 Mar 2031, happens 4 Mar 2031) Alice, who is writing to you now, told you: "Alice flies to Rome."' \
+            in messages[0]["content"]
+        assert messages[-1]["content"].startswith("(Tue, Mar 4, 2031 at 12:00 PM) Alice: what am I doing today?")
+    finally:
+        await extractor.close()
