@@ -273,6 +273,8 @@ class MemoryCog(RoomModeration, commands.GroupCog, group_name="memory",
         lines = [f"{self.describe(memory)}",
                  f"Learned {discord.utils.format_dt(datetime.fromtimestamp(memory.created_at, timezone.utc), 'f')}"
                  + (f" in <#{memory.channel_id}>" if memory.channel_id else "") + "."]
+        if memory.happens is not None:  # the second clock (bot/memory/clocks.py)
+            lines.append(f"What it tells happens on {memory.happens.text()}.")
         if memory.archive_reason == PENDING_REASON:
             lines.append("It waits for a moderator of that channel to approve it; until then Muninn tells nobody.")
         elif memory.archived_at is not None:

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 BATCH = 64
 FIELDS = {"text", "scope", "user_id", "channel_id", "guild_id", "importance", "created_at", "external_id",
-          "source_message_ids", "private"}
+          "source_message_ids", "private", "happens_on"}
 
 
 @dataclass
@@ -69,7 +69,8 @@ def memory_from_record(record) -> NewMemory:
                      created_at=validate.timestamp(record.get("created_at"), "created_at"),
                      source_message_ids=validate.message_ids(record.get("source_message_ids")),
                      external_id=validate.external_id(record.get("external_id")),
-                     private=validate.boolean(record.get("private"), "private"))
+                     private=validate.boolean(record.get("private"), "private"),
+                     happens_on=record.get("happens_on"))
 
 
 def parse_lines(lines: Iterable[bytes | str], report: ImportReport) -> Iterable[tuple[int, NewMemory]]:

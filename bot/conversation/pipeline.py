@@ -415,8 +415,10 @@ class Pipeline:
             self._log("recall", logging.ERROR, "recall failed, answering without memories: %s: %s",
                       type(exc).__name__, exc)
             return []
+        outdated = {r.memory.id: r.candidate.outdated_by for r in found.memories if r.candidate.outdated_by}
         return await claims(self.engine, [r.memory for r in found.memories], viewer_id=incoming.author_id,
-                            viewer_name=incoming.author_name, channel_id=None if incoming.dm else incoming.channel_id)
+                            viewer_name=incoming.author_name, channel_id=None if incoming.dm else incoming.channel_id,
+                            outdated=outdated)
 
     async def _db_or(self, default: D, what: str, job: Awaitable[T]) -> T | D:
         """The database `job`'s result, or `default` (and one log line a minute) when it fails."""

@@ -46,16 +46,19 @@ the reason, then the valid part is kept and the rest logged and dropped.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import unicodedata
 from dataclasses import dataclass
+from datetime import UTC, tzinfo
 from typing import Any, Iterable, Sequence, TypeVar
 
 from bot import validate
 from bot.conversation.exchange import Exchange
-from bot.lifecycle import sensitive
+from bot.lifecycle import sensitive, when
 from bot.llm.answers import InvalidReply, ask_json
+from bot.memory import clocks
 from bot.memory.engine import Engine
 from bot.memory.records import NewMemory
 from bot.memory.writing import rules
@@ -86,6 +89,7 @@ FACT_SCHEMA = {
                     "about": {"type": "string"},
                     "scope": {"type": "string", "enum": ["personal", "room", "general"]},
                     "importance": {"type": "number", "minimum": 0, "maximum": 1},
+                    "when": {"type": "string"},
                 },
                 "required": ["text", "about", "scope", "importance"],
             },
@@ -103,6 +107,7 @@ Rules:
 - scope: "personal" for a fact about the author, "room" for a fact about this channel or server, "general" for general knowledge.
 - Only record facts about the author. Something the author says about another person counts only as a fact about the author ("Alice's sister Jane is a doctor", about Alice); otherwise leave it out. Facts about other people are never "room" or "general" facts.
 - importance from 0 to 1: 0.9 identity, health, family; 0.6 work, stable preferences, plans; 0.3 small details.
+- when (optional): for a fact about an event on a date (a trip, an appointment, something done), the date it happens as YYYY-MM-DD, or YYYY-MM-DD/YYYY-MM-DD for several days, worked out from the date each message was sent ("tomorrow" in a message sent on 2026-03-04 is 2026-03-05). Leave it out for lasting facts and when no date is said.
 - Nothing worth remembering: {"facts": []}.
 Reply with JSON only: {"facts": [{"text": "...", "about": "...", "scope": "personal", "importance": 0.6}]}"""
 
@@ -123,6 +128,7 @@ class RawFact:
     about: str
     scope: str        # personal | room | general
     importance: float
+    when: str | None = None  # the date the model gave its event (clocks.parse): a bad one is left out
 
 
 @dataclass(frozen=True)
@@ -139,13 +145,14 @@ class Fact:
     private: bool = False          # learned in a private guild channel (personal facts stay there)
     mentions: tuple[int, ...] = ()  # the ids of the people it names besides its owner
     standing: str | None = None    # a room fact's, set by bot/lifecycle/room_policy.py (records.STANDINGS)
+    happens_on: str | None = None  # when what it tells happens (bot/lifecycle/when.py), ISO date or interval
 
     def to_new_memory(self, created_at: float | None = None) -> NewMemory:
         """The fact as a memory to insert; `created_at` None: stored as of the insert."""
         return NewMemory(text=self.text, scope=self.scope, owner_id=self.owner_id, channel_id=self.channel_id,
                          guild_id=self.guild_id, importance=self.importance, created_at=created_at,
                          source_message_ids=self.source_message_ids, private=self.private, mentions=self.mentions,
-                         standing=self.standing)
+                         standing=self.standing, happens_on=self.happens_on)
 
 
 def _symbols(text: str) -> str:
@@ -210,7 +217,10 @@ def check_fact(item: Any) -> RawFact:
         raise ValueError("'importance' must be a number from 0 to 1")  # NaN fails the range test too
     if scope == "personal" and not mentions(text, about):
         raise ValueError("'text' does not name the person in 'about'")
-    return RawFact(text=text, about=about, scope=scope, importance=float(importance))
+    # the event's date is a help, never a reason to lose the fact: one that is not a date is left out
+    happens = clocks.parse(item.get("when"))
+    return RawFact(text=text, about=about, scope=scope, importance=float(importance),
+                   when=happens.iso() if happens is not None else None)
 
 
 def check_facts_reply(data: Any) -> tuple[list[RawFact], list[str]]:
@@ -244,13 +254,17 @@ def check_facts_reply(data: Any) -> tuple[list[RawFact], list[str]]:
     return facts, problems
 
 
-def _quoted(exchange: Exchange) -> str:
-    return f"[{exchange.author_name}] " + exchange.user_message.strip().replace("\n", "\n    ")
+def _quoted(exchange: Exchange, tz: tzinfo) -> str:
+    sent = when.sent_on(exchange, tz)
+    label = f"{exchange.author_name}, {sent}" if sent else exchange.author_name
+    return f"[{label}] " + exchange.user_message.strip().replace("\n", "\n    ")
 
 
-def extraction_messages(own: Sequence[Exchange], context: Sequence[Exchange] = ()) -> list[dict[str, str]]:
+def extraction_messages(own: Sequence[Exchange], context: Sequence[Exchange] = (),
+                        tz: tzinfo = UTC) -> list[dict[str, str]]:
     """The prompt for one author: their own messages as the only source, other people's
-    messages of the batch (if any) marked as context; no reply, persona or memories."""
+    messages of the batch (if any) marked as context; no reply, persona or memories. Each
+    message shows the day it was sent in `tz`, against which "tomorrow" has a date."""
     author = own[0]
     where = ("a direct message" if author.dm or author.guild_id is None
              else "a conversation in a terminal on the author's own computer" if author.guild_id == LOCAL_ROOM
@@ -258,9 +272,9 @@ def extraction_messages(own: Sequence[Exchange], context: Sequence[Exchange] = (
     lines = [f"Where: {where}.", f"Author: {author.author_name}."]
     if context:
         lines.append("Context: other people's messages. Do NOT take any fact from these:")
-        lines += ["    " + _quoted(e) for e in context]
+        lines += ["    " + _quoted(e, tz) for e in context]
     lines.append(f"Messages by {author.author_name}, oldest first (the only source of facts):")
-    lines += [_quoted(e) for e in own]
+    lines += [_quoted(e, tz) for e in own]
     return [{"role": "system", "content": EXTRACTION_SYSTEM}, {"role": "user", "content": "\n".join(lines)}]
 
 
@@ -403,7 +417,8 @@ async def extract_author_facts(engine: Engine, own: Sequence[Exchange], batch: S
     context = [e for e in batch if e.author_id != author_id]
     names = participant_names(batch)
     known = known_people(batch)
-    raw_facts = await ask_json(engine.ollama, extraction_messages(own, context), FACT_SCHEMA, check_facts_reply,
+    tz = engine.settings.timezone
+    raw_facts = await ask_json(engine.ollama, extraction_messages(own, context, tz), FACT_SCHEMA, check_facts_reply,
                                what=f"fact extraction (channel {own[0].channel_id}, author {author_id})",
                                raise_unavailable=True)  # the extractor tries again once Ollama is back
     facts: list[Fact] = []
@@ -426,7 +441,7 @@ async def extract_author_facts(engine: Engine, own: Sequence[Exchange], batch: S
         if any(rules.normalise(f.text) == rules.normalise(fact.text) and f.scope == fact.scope
                for f in facts):
             continue
-        facts.append(fact)
+        facts.append(dataclasses.replace(fact, happens_on=when.happens_on(raw.text, raw.when, own, tz, names)))
     if screened:  # counts only: never what the facts said, not even at DEBUG
         log.info("fact extraction (channel %s, author %s): dropped %s", own[0].channel_id, author_id,
                  ", ".join(f"{count} {kind}" for kind, count in sorted(screened.items())))

@@ -456,7 +456,7 @@ class Engine(NamedAccess, Embedding):
             elif found.partial:
                 status = VectorStatus.PARTIAL  # a re-index is under way or was interrupted: some vectors are missing
         searched = await self._read(steps.search_step, self.storage, self.settings, found, vector, limit, now, as_of,
-                                    dates.hints(query))
+                                    dates.hints(query, now, self.settings.timezone))
         candidates, mode, finish = searched.chosen, searched.mode, searched.timings_ms
         t0 = time.perf_counter()
         ids = [c.memory_id for c in candidates]

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Sequence
 
 from bot import validate
-from bot.memory import decay
+from bot.memory import clocks, decay
 from bot.memory.scope import SCOPES, is_private, memory_key
 
 # Times Python can render (datetime covers years 1 to 9999): a stored value outside is
@@ -36,7 +36,7 @@ PENDING_REASON = "pending approval"
 # that TEXT is UTF-8, and one bad byte written by another program must not break every read.
 COLUMNS = ("id, CAST(text AS BLOB), scope, owner_id, channel_id, guild_id, vis_key, importance, stability, "
            "access_count, last_accessed, created_at, updated_at, archived_at, CAST(archive_reason AS BLOB), "
-           "source_message_ids, CAST(external_id AS BLOB), embedded")
+           "source_message_ids, CAST(external_id AS BLOB), embedded, happens_on")
 
 
 class MemoryNotFound(LookupError):
@@ -59,6 +59,7 @@ class NewMemory:
     private: bool = False  # learned in a guild channel not everyone there can read (scope.memory_key)
     mentions: Sequence[int] = ()  # people it names besides its owner, who may export and erase it
     standing: str | None = None  # a room memory's: SET or PENDING (see STANDINGS); None: a member's claim
+    happens_on: str | None = None  # when what it tells happens: an ISO date or interval (bot/memory/clocks.py)
 
     def __post_init__(self):
         # The last line of defence for every writer (import, CLI, slash commands, LLM output):
@@ -80,6 +81,7 @@ class NewMemory:
         ids = (validate.snowflake(m, "mentioned user id", optional=False) for m in self.mentions)
         self.mentions = sorted({m for m in ids if m is not None})
         memory_key(self.scope, self.owner_id, self.channel_id, self.guild_id, self.private)  # validates ids
+        self.happens_on = clocks.check(self.happens_on)
         if self.standing is not None and (self.standing not in STANDINGS or self.scope != "room"):
             raise ValueError("only a room memory can be set by a moderator or wait for one")
 
@@ -110,6 +112,7 @@ class Memory:
     source_message_ids: list = field(default_factory=list)
     external_id: str | None = None
     embedded: bool = False
+    happens_on: str | None = None   # when what it tells happens (bot/memory/clocks.py); None: it names no date
 
     @classmethod
     def from_row(cls, row) -> "Memory":
@@ -120,6 +123,8 @@ class Memory:
                 values[index] = lenient_text(values[index])
         values[15] = _id_list(values[15])
         values[17] = bool(values[17])
+        if len(values) > 18:
+            values[18] = cls.happens_of(values[18])
         for index in (7, 8, 10, 11, 12, 13):  # importance, stability and the times: numbers or None
             if values[index] is not None and not isinstance(values[index], (int, float)):
                 values[index] = _as_float(values[index])
@@ -130,6 +135,17 @@ class Memory:
         if not isinstance(values[1], str):
             values[1] = str(values[1])
         return cls(*values)
+
+    @staticmethod
+    def happens_of(stored: object) -> str | None:
+        """A stored happens_on as its ISO text; one that is not a date (another program wrote it) reads as none."""
+        span = clocks.parse(stored.decode("utf-8", "replace") if isinstance(stored, bytes) else stored)
+        return span.iso() if span is not None else None
+
+    @property
+    def happens(self) -> clocks.Span | None:
+        """When what it tells happens, as days (None: it names no date)."""
+        return clocks.parse(self.happens_on)
 
     @property
     def private(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 
 import pytest
 
@@ -53,6 +54,7 @@ async def test_chat_answers_remembers_and_recalls_in_the_local_room(fake_ollama,
     prompt = [r for r in fake_ollama.chat_requests() if not r.get("format")][-1]["messages"]
     assert memory.text in prompt[0]["content"] and "terminal" in prompt[0]["content"]
     assert [m["role"] for m in prompt] == ["system", "user", "assistant", "user"]  # the earlier session
+    assert re.match(r"\(\w+, \w+ \d+, \d{4} at ", prompt[-1]["content"])  # today's date, with its year
 
 
 async def test_chat_with_ollama_down_still_answers(fake_ollama, make_settings):

@@ -8,6 +8,7 @@ tests/scenarios/test_discord_e2e.py cover it); memories are stored through the e
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import discord
@@ -98,6 +99,7 @@ async def test_every_dm_is_answered_as_a_reply_with_the_message_in_the_prompt(wo
     prompt = last_prompt(world)
     assert "private direct message with Alice" in prompt[0]["content"]
     assert prompt[-1]["content"].endswith(") Alice: hello raven") and prompt[-1]["content"].startswith("(")
+    assert re.match(r"\(\w+, \w+ \d+, \d{4} at ", prompt[-1]["content"])  # today's date, with its year
     typing = [r for r in world.env.http_requests if r.path.endswith("/typing")]
     assert typing, "Muninn shows typing while it thinks"
 
@@ -347,7 +349,8 @@ async def test_a_memory_naming_someone_is_theirs_to_export_and_erase_never_to_re
     in her export and /memory why, and may forget it; nobody else may."""
     g, general = world.guild.id, world.general.id
     lent = await world.engine.remember(NewMemory("Bob lent Alice 50 euros", "personal", owner_id=world.bob.id,
-                                                 guild_id=g, channel_id=general, mentions=[world.alice.id]))
+                                                 guild_id=g, channel_id=general, mentions=[world.alice.id],
+                                                 happens_on="2026-03-05"))
     other = await world.engine.remember(NewMemory("Bob lent Alice his bike", "personal", owner_id=world.bob.id,
                                                   guild_id=g, channel_id=general, mentions=[world.alice.id]))
     assert "50 euros" not in text_of(await world.alice.slash(world.general, "memory list"))
@@ -360,6 +363,7 @@ async def test_a_memory_naming_someone_is_theirs_to_export_and_erase_never_to_re
         (lent, world.bob.id, True), (other, world.bob.id, True)}
     why = text_of(await world.alice.slash(world.general, "memory why", id=lent))
     assert "another member's memory that mentions you" in why and "50 euros" in why
+    assert "What it tells happens on 5 Mar 2026." in why
 
     assert "No memory" in text_of(await world.mod.slash(world.random, "memory forget", id=lent))  # not named
     assert "Forgot memory" in text_of(await world.alice.slash(world.general, "memory forget", id=lent))

@@ -47,3 +47,20 @@ async def test_claims_read_the_names_once_and_survive_a_failed_read(engine, monk
     monkeypatch.setattr(engine.rooms, "attribution", broken)
     [made] = await claims(engine, found, viewer_id=DAVE, viewer_name="Dave", channel_id=10)
     assert (made.kind, made.by) == (prompt.MEMBER, None)  # still given, as a member's claim
+
+
+@pytest.mark.usefixtures("backend")
+async def test_claims_carry_the_event_date_and_mark_an_earlier_memory_only_beside_its_newer(engine):
+    rome = await engine.remember(NewMemory("Dave flies to Rome", "personal", owner_id=DAVE, happens_on="2026-03-05"))
+    oslo = await engine.remember(NewMemory("Dave lives in Oslo", "personal", owner_id=DAVE, created_at=1e9))
+    bergen = await engine.remember(NewMemory("Dave lives in Bergen", "personal", owner_id=DAVE, created_at=2e9))
+    found = await engine.get_many([rome, bergen, oslo])
+    made = await claims(engine, [found[rome], found[bergen], found[oslo]], viewer_id=DAVE, viewer_name="Dave",
+                        channel_id=None, outdated={oslo: bergen})
+    assert [(c.text, c.happens, c.earlier) for c in made] == [
+        ("Dave flies to Rome", "2026-03-05", False), ("Dave lives in Bergen", None, False),
+        ("Dave lives in Oslo", None, True)]
+    # the newer one was not shown (cut from the list): the older is no longer "earlier" than anything shown
+    made = await claims(engine, [found[oslo]], viewer_id=DAVE, viewer_name="Dave", channel_id=None,
+                        outdated={oslo: bergen})
+    assert [c.earlier for c in made] == [False]

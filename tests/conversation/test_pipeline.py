@@ -11,6 +11,7 @@ import logging
 import re
 import time
 from contextlib import asynccontextmanager
+from datetime import datetime
 
 import pytest
 
@@ -547,5 +548,50 @@ async def test_deleting_a_message_takes_back_what_was_learned_from_it_alone(engi
         await slow.drain()
         assert await engine.write(store.memories_of, ALICE, ("personal",)) == []
         await slow.close()
+    finally:
+        await extractor.close()
+
+
+async def test_the_model_sees_today_s_date_each_memory_s_two_clocks_and_the_newer_first(engine, fake_ollama):
+    now = time.time()
+    await engine.remember(NewMemory("Alice lives in Oslo, Norway", "personal", owner_id=ALICE, guild_id=GUILD,
+                                          channel_id=GENERAL, created_at=now - 200 * 86400))
+    await engine.remember(NewMemory("Alice lives in Bergen, Norway", "personal", owner_id=ALICE, guild_id=GUILD,
+                                    channel_id=GENERAL, created_at=now - 10 * 86400))
+    await engine.remember(NewMemory("Alice flies to Rome", "personal", owner_id=ALICE, guild_id=GUILD,
+                                    channel_id=GENERAL, created_at=now - 86400, happens_on="2031-03-05"))
+    pipeline = Pipeline(engine, QuietSink(), assistant_id=1, assistant_name="Muninn")
+    fake_ollama.chat_replies.append("Bergen, and Rome soon.")
+    await pipeline.respond(said("do I live in Oslo? when do I fly to Rome?", at=now), RecordingOutlet([]))
+    messages = fake_ollama.chat_requests()[-1]["messages"]
+    lines = [line for line in messages[0]["content"].splitlines() if line.startswith("- (")]
+    bergen = next(i for i, line in enumerate(lines) if "Bergen" in line)
+    oslo = next(i for i, line in enumerate(lines) if "Oslo" in line)
+    assert bergen < oslo and re.match(r"- \(\d+ \w+ \d{4}, earlier\) Alice", lines[oslo])
+    assert any(re.match(r'- \(\d+ \w+ \d{4}, happens 5 Mar 2031\) Alice, who is writing to you now, told you: '
+                        r'"Alice flies to Rome"$', line) for line in lines)
+    year = datetime.fromtimestamp(now, engine.settings.timezone).year
+    assert re.match(rf"\(\w+, \w+ \d+, {year} at \d+:\d\d [AP]M\) Alice: do I live", messages[-1]["content"])
+
+
+async def test_tomorrow_said_today_is_the_event_s_date_the_next_day(engine, fake_ollama):
+    # the whole path: a message, extraction against its time, storage, then the next day's question
+    fake_ollama.default_chat_reply = facts_reply(("fly to Rome", "Alice flies to Rome."))
+    extractor = Extractor(engine, batch_delay=0.01)
+    pipeline = Pipeline(engine, extractor)
+    tz = engine.settings.timezone
+    monday = datetime(2031, 3, 3, 12, 0, tzinfo=tz).timestamp()
+    try:
+        await pipeline.respond(said("Tomorrow I fly to Rome!", channel=ALICE_DM, dm=True, at=monday),
+                               RecordingOutlet([]))
+        await extractor.drain()
+        [memory] = await engine.write(store.memories_of, ALICE, ("personal",))
+        assert (memory.text, memory.happens_on) == ("Alice flies to Rome.", "2031-03-04")
+        await pipeline.respond(said("what am I doing today?", channel=ALICE_DM, dm=True, at=monday + 86400),
+                               RecordingOutlet([]))
+        messages = fake_ollama.chat_requests()[-1]["messages"]
+        assert '(3 Mar 2031, happens 4 Mar 2031) Alice, who is writing to you now, told you: "Alice flies to Rome."' \
+            in messages[0]["content"]
+        assert messages[-1]["content"].startswith("(Tue, Mar 4, 2031 at 12:00 PM) Alice: what am I doing today?")
     finally:
         await extractor.close()

@@ -44,7 +44,8 @@ def test_layout_is_system_then_history_then_current():
     assert memories[1:] == ['- "Oz prefers dark mode"', '- "the GPU server has 4x RTX 3090"']
     assert built.messages[1]["content"] == "(Sat, Apr 5 at 9:14 PM) Oz: message 1"
     assert built.messages[2]["content"] == "reply 1"  # Muninn's own words: no stamp to imitate
-    assert built.messages[3]["content"] == "(Sun, Apr 6 at 10:30 AM) Oz: current message"
+    # the current message says today's date with its year; the history keeps its stamps short
+    assert built.messages[3]["content"] == "(Sun, Apr 6, 2025 at 10:30 AM) Oz: current message"
     assert built.memories == ["Oz prefers dark mode", "the GPU server has 4x RTX 3090"]
 
 
@@ -145,3 +146,47 @@ def test_the_budget_drops_the_weakest_claims_first():
     built = prompt.build(persona=PERSONA, tz=OSLO, memories=many, history=[], current=msg(1, "hi"), token_budget=260)
     assert built.memories == [c.text for c in many[:len(built.memories)]] and 0 < len(built.memories) < 5
     assert built.tokens <= 260
+
+
+# -- the two clocks: learned, happens; an earlier note; today's date --------------------------
+
+def test_a_claim_shows_when_its_event_happens_and_whether_it_is_earlier():
+    told = at(2026, 3, 4, 12, 0)
+    rome = prompt.Claim("Oz flies to Rome", told, prompt.OWN, by="Oz", happens="2026-03-05")
+    trip = prompt.Claim("the club trip", told, prompt.MEMBER, by="Bob", happens="2026-03-09/2026-03-15")
+    today = prompt.Claim("Oz went hiking", told, prompt.OWN, by="Oz", happens="2026-03-04")
+    bergen = prompt.Claim("Oz lives in Bergen", told, prompt.OWN, by="Oz")
+    oslo = prompt.Claim("Oz lives in Oslo", at(2025, 6, 1, 12, 0), prompt.OWN, by="Oz", earlier=True)
+    broken = prompt.Claim("Oz has a plan", told, prompt.OWN, by="Oz", happens="soon")
+    lines = prompt.system_prompt(PERSONA, [rome, trip, today, bergen, oslo, broken], tz=OSLO).splitlines()
+    assert lines[-6:] == [
+        '- (4 Mar 2026, happens 5 Mar 2026) Oz, who is writing to you now, told you: "Oz flies to Rome"',
+        '- (4 Mar 2026, happens 9 Mar 2026 to 15 Mar 2026) Bob said: "the club trip"',
+        '- (4 Mar 2026) Oz, who is writing to you now, told you: "Oz went hiking"',   # the day it was told
+        '- (4 Mar 2026) Oz, who is writing to you now, told you: "Oz lives in Bergen"',
+        '- (1 Jun 2025, earlier) Oz, who is writing to you now, told you: "Oz lives in Oslo"',
+        '- (4 Mar 2026) Oz, who is writing to you now, told you: "Oz has a plan"']
+    assert prompt.HAPPENS_NOTE in lines and prompt.EARLIER_NOTE in lines
+    # the notes that explain them come only with a memory that needs them
+    plain = prompt.system_prompt(PERSONA, [bergen], tz=OSLO).splitlines()
+    assert prompt.HAPPENS_NOTE not in plain and prompt.EARLIER_NOTE not in plain
+
+
+def test_the_budget_drops_an_earlier_note_before_the_weakest_memory():
+    told = at(2026, 1, 1, 12, 0)
+    newer = prompt.Claim("Oz lives in Bergen " + "b" * 200, told, prompt.OWN, by="Oz")
+    older = prompt.Claim("Oz lives in Oslo " + "o" * 200, told - 86400 * 90, prompt.OWN, by="Oz", earlier=True)
+    other = prompt.Claim("Oz has a cat " + "c" * 200, told, prompt.OWN, by="Oz")
+    roomy = prompt.build(persona=PERSONA, tz=OSLO, memories=[newer, older, other], history=[], current=msg(1, "hi"),
+                         token_budget=4000)
+    assert roomy.memories == [newer.text, older.text, other.text]
+    tight = prompt.build(persona=PERSONA, tz=OSLO, memories=[newer, older, other], history=[], current=msg(1, "hi"),
+                         token_budget=roomy.tokens - 10)
+    assert tight.memories == [newer.text, other.text]
+
+
+def test_the_current_message_carries_the_year_and_the_history_does_not():
+    built = prompt.build(persona=PERSONA, tz=OSLO, memories=[], history=[msg(1, "before", ts=at(2026, 12, 31, 23, 0))],
+                         current=msg(2, "happy new year", ts=at(2027, 1, 1, 0, 5)), token_budget=4000)
+    assert built.messages[1]["content"] == "(Thu, Dec 31 at 11:00 PM) Oz: before"
+    assert built.messages[2]["content"] == "(Fri, Jan 1, 2027 at 12:05 AM) Oz: happy new year"

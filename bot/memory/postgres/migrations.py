@@ -418,6 +418,14 @@ MIGRATIONS: list[str] = [
     END
     $$;
     """,
+    # 22: the second clock: when what a memory tells happens (bot/memory/clocks.py), as ISO 8601 text,
+    # a date or an interval of dates ("2026-03-05", "2026-03-09/2026-03-15"); NULL when it names none.
+    # The index holds only dated memories: recall's search for events on a date a question names.
+    """
+    ALTER TABLE memories ADD COLUMN IF NOT EXISTS happens_on TEXT;
+    CREATE INDEX IF NOT EXISTS memories_happens ON memories (vis_key, happens_on)
+        WHERE happens_on IS NOT NULL AND archived_at IS NULL;
+    """,
 ]
 
 

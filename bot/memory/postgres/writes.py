@@ -28,8 +28,8 @@ def _lock_in_order(conn: PgConnection, ids: Sequence[int]) -> None:
 _TOUCH_SET = ("access_count = access_count + 1, last_accessed = greatest(%s, coalesce(last_accessed, 0)), "
               "stability = least(stability * %s, %s)")
 _INSERT_MEMORY = ("INSERT INTO memories (text, scope, owner_id, channel_id, guild_id, vis_key, importance, "
-                  "stability, created_at, updated_at, source_message_ids, external_id, embedded) "
-                  "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+                  "stability, created_at, updated_at, source_message_ids, external_id, embedded, happens_on) "
+                  "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
 
 _FIRST_TEACHER = (", t AS (INSERT INTO memory_teachers (memory_id, user_id, first_taught_at, source_message_ids) "
                   "SELECT id, owner_id, created_at, source_message_ids FROM m)")
@@ -99,7 +99,7 @@ def insert(storage: Storage[PgConnection], conn: PgConnection, memories: Sequenc
                       memory.vis_key, memory.importance,
                       decay.initial_stability(memory.importance, base_stability_days), created, now,
                       json.dumps([str(s) for s in memory.source_message_ids]), memory.external_id,
-                      int(vector is not None))
+                      int(vector is not None), memory.happens_on)
             # A room memory's first teacher (sql/teachers.py) in the same statement.
             teacher = _FIRST_TEACHER if memory.scope == "room" and memory.owner_id is not None else ""
             if vector is None:

@@ -48,6 +48,7 @@ class Candidate:
     neighbour_of: int | None = None     # the hit stored next to it that lent it score (spread_to_neighbours)
     similarity: float | None = None     # cosine to the query, for what recall returns (each backend's recall_sql)
     touched: bool | None = None         # counted as recalled (above the touch floor); None = touch was off
+    outdated_by: int | None = None      # a newer memory recalled with it says otherwise (newer.py)
     # (last recalled or created, stability, importance, created_at) as the neighbour step read them,
     # for ranking.final_order (which then reads no row again); None = not read
     vitals: tuple[float, float, float, float] | None = field(default=None, repr=False, compare=False)
@@ -90,6 +91,8 @@ class Candidate:
             out["fused_score"] = float(f"{self.fused:.6g}")
         if self.touched is not None:
             out["touched"] = self.touched
+        if self.outdated_by is not None:
+            out["outdated_by"] = self.outdated_by
         return out
 
 

@@ -42,12 +42,12 @@ def insert_many(conn: Connection, memories: Sequence[NewMemory], *, base_stabili
             memory_id = int(query_value(
                 conn,
                 "INSERT INTO memories (text, scope, owner_id, channel_id, guild_id, vis_key, importance, "
-                "stability, created_at, updated_at, source_message_ids, external_id) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                "stability, created_at, updated_at, source_message_ids, external_id, happens_on) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (memory.text, memory.scope, memory.owner_id, memory.channel_id, memory.guild_id,
                  memory.vis_key, memory.importance,
                  decay.initial_stability(memory.importance, base_stability_days), created, now,
-                 json.dumps([str(s) for s in memory.source_message_ids]), memory.external_id)))
+                 json.dumps([str(s) for s in memory.source_message_ids]), memory.external_id, memory.happens_on)))
             ids.append(memory_id)
             if memory.scope == "room" and memory.owner_id is not None:  # its first teacher (sql/teachers.py)
                 conn.execute("INSERT INTO memory_teachers (memory_id, user_id, first_taught_at, source_message_ids) "

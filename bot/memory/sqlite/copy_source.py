@@ -52,8 +52,8 @@ def _text(name: str) -> str:
 
 MEMORY_COLUMNS = ("id", "text", "scope", "owner_id", "channel_id", "guild_id", "vis_key", "importance", "stability",
                   "access_count", "last_accessed", "created_at", "updated_at", "archived_at", "archive_reason",
-                  "source_message_ids", "external_id", "embedded")
-MEMORY_TEXTS = frozenset({"text", "vis_key", "archive_reason", "source_message_ids", "external_id"})
+                  "source_message_ids", "external_id", "embedded", "happens_on")
+MEMORY_TEXTS = frozenset({"text", "vis_key", "archive_reason", "source_message_ids", "external_id", "happens_on"})
 MESSAGE_COLUMNS = ("id", "channel_id", "guild_id", "author_id", "author_name", "role", "content", "created_at",
                    "edited_at", "deleted_at", "reply_to", "reply_to_author")
 MESSAGE_TEXTS = frozenset({"author_name", "content"})

@@ -106,16 +106,26 @@ def find_duplicate(conn: Connection, info: vectors.IndexInfo | None, memory: rec
     the caller's `nearest(..., [memory.vis_key], k >= DUPLICATE_NEIGHBOURS)`, to search once;
     `same_words`: its keyword search for the exact-text check (`same_text_match`)."""
     match = same_text_match(conn, memory.vis_key, memory.text, same_words)
-    if match is not None:
+    if match is not None and same_time(conn, memory, match):
         return match
     if near is None:
         near = nearest(conn, info, vector, [memory.vis_key], DUPLICATE_NEIGHBOURS)
     hits = [(mid, cos) for mid, cos in near[:DUPLICATE_NEIGHBOURS] if cos >= threshold]
     texts = texts_of(conn, [mid for mid, _ in hits])
     for memory_id, _ in hits:
-        if memory_id in texts and not values_conflict(memory.text, texts[memory_id]):
+        if memory_id in texts and not values_conflict(memory.text, texts[memory_id]) \
+                and same_time(conn, memory, memory_id):
             return memory_id
     return None
+
+
+def same_time(conn: Connection, memory: records.NewMemory, memory_id: int) -> bool:
+    """Whether the stored memory may be the same fact as `memory` by their dates: "Alice sees the
+    dentist on Friday" said in two weeks is two appointments. A side without a date matches."""
+    if memory.happens_on is None:
+        return True
+    stored = query_value(conn, "SELECT happens_on FROM memories WHERE id = ?", (memory_id,))
+    return stored is None or records.Memory.happens_of(stored) in (None, memory.happens_on)
 
 
 def update_candidates(conn: Connection, info: vectors.IndexInfo | None, memory: records.NewMemory,
@@ -319,6 +329,9 @@ def write_facts(conn: Connection, memories: Sequence[records.NewMemory],
                           growth=settings.stability_growth, now=now,
                           teacher=memory.owner_id if memory.scope == "room" else None, taught_at=memory.created_at)
                 out.reinforced.append(target)
+                if memory.happens_on is not None:  # the fact said again, now with its date
+                    conn.execute("UPDATE memories SET happens_on = ? WHERE id = ? AND happens_on IS NULL",
+                                 (memory.happens_on, target))
                 if memory.standing == SET:  # a moderator said what a member had: approved
                     rooms.vouch(conn, target, rooms.APPROVED, memory.owner_id, now)
             elif not budget.take(memory, out):
@@ -359,7 +372,8 @@ def _llm_duplicate(conn: Connection, memory: records.NewMemory, decision: Update
     found = store.get_many(conn, list(decision.same))
     for memory_id in decision.same:
         other = found.get(memory_id)
-        if other is not None and other.archived_at is None and other.vis_key == memory.vis_key:
+        if other is not None and other.archived_at is None and other.vis_key == memory.vis_key \
+                and other.happens_on in (None, memory.happens_on):
             return memory_id
     return None
 

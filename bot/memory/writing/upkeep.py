@@ -173,7 +173,8 @@ def apply_consolidation(conn: Connection, cluster_ids: Sequence[int], merged_tex
                 conn, [records.NewMemory(text=merged_text, scope=first.scope, owner_id=first.owner_id,
                                        channel_id=first.channel_id, guild_id=first.guild_id, importance=importance,
                                        created_at=first.created_at, source_message_ids=sources,
-                                       private=first.private)],
+                                       private=first.private, happens_on=first.happens_on
+                                       if len({m.happens_on for m in members}) == 1 else None)],
                 base_stability_days=base_stability_days, model=model,
                 vecs=[list(vector)] if vector is not None else None, now=now)[0]
             merged_by, originals = "llm", [m.id for m in members]

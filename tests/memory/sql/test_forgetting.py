@@ -92,6 +92,8 @@ async def test_the_migration_fills_teachers_and_each_replys_conversation_from_wh
         def before(conn):
             conn.execute("DROP TABLE memory_teachers")
             conn.execute("DROP TABLE reply_context")
+            conn.execute("DROP INDEX memories_happens")  # a later migration's index and column
+            conn.execute("ALTER TABLE memories DROP COLUMN happens_on")
             if backend:
                 conn.execute("UPDATE schema_version SET version = ?", (number - 1,))
             else:
