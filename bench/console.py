@@ -44,7 +44,7 @@ async def pages(engine: Engine) -> dict[str, str]:
             "heaviest person": f"/people/{heaviest}", "a memory": f"/memories/{linked}",
             "search": f"/search?q=what+did+we+plan+for+the+weekend&user={heaviest}&channel={busiest.channel_id}"
                       f"&guild={busiest.guild_id}",
-            "stats": "/stats", "log": "/log"}
+            "stats (a year)": "/stats?days=366", "log": "/log"}
 
 
 async def log_in(client: TestClient) -> None:

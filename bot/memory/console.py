@@ -75,6 +75,11 @@ class Console:
         """Counts by state and scope, archived by reason, and learned/archived per day over `days` days."""
         return await self._engine.read(_stats, days)
 
+    async def overview(self, days: int = 14) -> Stats:
+        """What the overview draws: counts by state and scope, and learned per day over `days` days
+        (nothing archived: the stats page has that)."""
+        return await self._engine.read(_overview, days)
+
     async def log(self, limit: int = 50) -> list[LogEntry]:
         """The console's latest actions, newest first."""
         return await self._engine.read(console.log_entries, limit)
@@ -125,6 +130,10 @@ class Console:
 
 def _stats(conn: Connection, days: int) -> Stats:
     return Stats(console.counts(conn), console.archived_by_reason(conn), console.timeline(conn, days))
+
+
+def _overview(conn: Connection, days: int) -> Stats:
+    return Stats(console.counts(conn), {}, console.timeline(conn, days, archived=False))
 
 
 def _store_vector(conn: Connection, model: str, memory_id: int, vector: list[float]) -> int:

@@ -90,7 +90,7 @@ async def favicon(request: web.Request) -> web.Response:
 async def overview(request: web.Request) -> web.Response:
     """GET /: counts, and what is waiting for a moderator."""
     engine = engine_of(request)
-    stats = await engine.console.stats(days=14)
+    stats = await engine.console.overview(days=14)
     c = stats.counts
     cards = "".join(f'<div class="card"><b>{c.get(k, 0)}</b>{h(label)}</div>' for k, label in (
         ("room", "room memories"), ("personal", "personal memories"), ("global", "global memories"),

@@ -261,8 +261,8 @@ def archived_by_reason(conn: Connection) -> dict[str, int]:
         "(archive_reason IS NULL OR archive_reason != ?) GROUP BY 1 ORDER BY 2 DESC", (PENDING_REASON,))}
 
 
-def timeline(conn: Connection, days: int = 60, now: float | None = None) -> Timeline:
-    """Memories learned per day by scope, and archived per day by reason, over the last `days` days."""
+def timeline(conn: Connection, days: int = 60, now: float | None = None, *, archived: bool = True) -> Timeline:
+    """Memories learned per day by scope, and (`archived`) archived per day by reason, over the last `days` days."""
     today = int((time.time() if now is None else now) // DAY)
     first = today - days + 1
     created: dict[str, list[int]] = {}
@@ -272,14 +272,14 @@ def timeline(conn: Connection, days: int = 60, now: float | None = None) -> Time
         index = int(day) - first
         if 0 <= index < days:
             created.setdefault(str(scope), [0] * days)[index] += int(n)
-    archived: dict[str, list[int]] = {}
-    for day, reason, n in conn.execute(
+    by_reason: dict[str, list[int]] = {}
+    for day, reason, n in ([] if not archived else conn.execute(
             "SELECT floor(archived_at / 86400), archive_reason, count(*) FROM memories WHERE archived_at >= ? "
-            "AND (archive_reason IS NULL OR archive_reason != ?) GROUP BY 1, 2", (first * DAY, PENDING_REASON)):
+            "AND (archive_reason IS NULL OR archive_reason != ?) GROUP BY 1, 2", (first * DAY, PENDING_REASON))):
         index = int(day) - first
         if 0 <= index < days:
-            archived.setdefault(str(reason or "unknown"), [0] * days)[index] += int(n)
-    return Timeline(first, days, created, archived)
+            by_reason.setdefault(str(reason or "unknown"), [0] * days)[index] += int(n)
+    return Timeline(first, days, created, by_reason)
 
 
 def record(conn: Connection, action: str, *, memory_id: int | None = None, user_id: int | None = None,

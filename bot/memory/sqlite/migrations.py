@@ -289,7 +289,7 @@ MIGRATIONS: list[str] = [
     # 20: the operator's console (`muninn web`): what it did, when, to which memory or person; never a
     # memory's text, as the moderators' log. Its counts by channel and by person read indexes only:
     # memories_place (new) and memories_owner, widened by archived_at (a superset of the old one,
-    # so every query that used it still does).
+    # so every query that used it still does); its charts of what was learned per day, memories_created.
     """
     CREATE TABLE IF NOT EXISTS console_log (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -302,6 +302,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS memories_place ON memories (channel_id, guild_id, scope, archive_reason, archived_at);
     DROP INDEX IF EXISTS memories_owner;
     CREATE INDEX IF NOT EXISTS memories_owner ON memories (owner_id, scope, archived_at);
+    CREATE INDEX IF NOT EXISTS memories_created ON memories (created_at, scope);
     """,
     # 21: Settings per channel and thread, changed from Discord (bot/memory/sql/options.py): one row per
     # channel and setting (channel_options) instead of one always-answer column (channel_settings).
