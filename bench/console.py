@@ -6,7 +6,7 @@ Builds (once, kept in bench/results/, git-ignored) a community of the realistic 
 (bench/world.py SkewShape: one busy channel with 30 % of all memories, Zipf users), starts the
 console over it as `muninn web` does, logs in, and asks each page the hard way: the busiest
 channel, the person with the most memories, a memory with links, a search as the busiest viewer,
-the stats over 60 days. It prints per page the server time (p50/p95 over --repeat requests,
+the stats over a year (every memory of the world). It prints per page the server time (p50/p95 over --repeat requests,
 from the HTTP client on 127.0.0.1) and, when chromium is installed, the browser's own load time
 (Navigation Timing: request to load event, the page drawn), beside the 200 ms goal.
 """
