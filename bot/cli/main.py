@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Awaitable, Callable, Protocol, TypeVar
 
 from bot import redact, validate
-from bot.cli import migrate, users
+from bot.cli import invite, migrate, users
 from bot.cli.args import OneLineParser, importance, positive_int, recall_limit, snowflake
 from bot.cli.importer import import_lines
 from bot.cli.progress import Progress
@@ -402,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate.add_parser(sub, common)
     users.add_parser(sub, common)
+    invite.add_parser(sub, common)
     return parser
 
 
