@@ -2,7 +2,8 @@
 
 `client.MuninnBot` is the `commands.Bot`; each feature is an extension loaded in its
 `setup_hook`: `chat` (answering messages, keeping the history), `memory` (the
-`/memory` slash commands and the always-answer toggle) and `guilds` (the servers Muninn
+`/memory` slash commands and the always-answer toggle), `context_menus` (the message
+menus "Remember this" and "Forget what this taught you") and `guilds` (the servers Muninn
 leaves and rejoins, for the purge of what it kept of the ones it left).
 """
-EXTENSIONS = ("cogs.chat", "cogs.memory", "cogs.guilds")
+EXTENSIONS = ("cogs.chat", "cogs.memory", "cogs.context_menus", "cogs.guilds")
