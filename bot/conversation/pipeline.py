@@ -28,6 +28,7 @@ Outlets may offer more than `send`, declared by a protocol each, and the pipelin
 - `confirm_forget(offer)` (ConfirmingOutlet): "forget that I live in Oslo" in plain words
   (bot/conversation/forget_intent.py) shows the person's matching memories and forgets them
   on confirmation; such a request is neither answered by the model nor kept.
+- `quoted(id)` (QuotingOutlet): the older message a reply points at, and its chain (replies.py).
 A person who paused Muninn's memory (/memory pause) is answered, but nothing of theirs is
 kept or extracted, and Muninn says so once. `stop_accepting` and `wait_idle` let a graceful
 shutdown finish the replies in flight.
@@ -41,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, TypeVar
 
-from bot.conversation import forget_intent, prompt
+from bot.conversation import forget_intent, prompt, replies
 from bot.conversation.arrivals import Arrivals
 from bot.conversation.claims import claims
 from bot.conversation.exchange import Exchange, ExchangeSink
@@ -90,6 +91,7 @@ class Incoming:
     # Everyone the message mentions, as (display name, user id); the content names them "@name"
     mentions: tuple[tuple[str, int], ...] = ()
     moderator: bool = False    # the author may moderate the channel (exchange.Exchange.moderator)
+    reply_to: int | None = None  # the message of this channel it replies to (replies.py brings it in)
 
     @property
     def viewer(self) -> Viewer:
@@ -321,6 +323,9 @@ class Pipeline:
             await self.arrivals.earlier_settled(incoming.channel_id, incoming.message_id)
             recent: list[HistoryMessage] = await self._db_or([], "read the channel history", self.engine.messages.recent(
                 incoming.channel_id, self.settings.history_limit, before=current))
+            recent = await replies.with_chain(self.engine, channel_id=incoming.channel_id, guild_id=incoming.guild_id,
+                                              reply_to=incoming.reply_to, recent=recent, outlet=outlet,
+                                              assistant_id=self.assistant_id)
             built = prompt.build(persona=self.settings.persona, tz=self.settings.timezone,
                                  memories=memories, history=recent, current=current,
                                  token_budget=self.settings.token_budget, place=incoming.place)
