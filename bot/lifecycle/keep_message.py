@@ -12,7 +12,8 @@ message:
   global    the bot's owner only, as their note ("Bob said: …" when Bob wrote it).
 Never kept: anyone's password, token or key; something sensitive (health, home, contact, anything
 like a credential) about anyone but the memory's owner; anything of a person who paused Muninn's
-memory. Keeping the same message again in the same scope gives the memory it already made.
+memory. Keeping the same message again in the same scope gives the memory it already made; a
+moderator who keeps a message whose room claim waits for approval approves it.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from bot.lifecycle import sensitive
 from bot.lifecycle.room_policy import OFF, OPEN
 from bot.memory.engine import Engine
-from bot.memory.records import PENDING, SET, NewMemory
+from bot.memory.records import PENDING, PENDING_REASON, SET, NewMemory
 from bot.memory.scope import SCOPES
 
 KEPT_IMPORTANCE = 0.8  # kept on purpose: worth keeping longer than a fact picked up in passing
@@ -122,6 +123,11 @@ async def keep(engine: Engine, said: Said, keeper: Keeper, scope: str) -> Kept:
         raise Refused(f"Muninn cannot remember that: {exc}.") from None
     for earlier in await engine.from_message(said.message_id):
         if earlier.scope == scope and earlier.owner_id == owner and earlier.text == memory.text:
+            if earlier.archive_reason == PENDING_REASON and keeper.moderator:  # a moderator keeps a waiting claim
+                assert said.guild_id is not None
+                await engine.rooms.approve(earlier.id, channel_id=said.channel_id, guild_id=said.guild_id,
+                                           moderator_id=keeper.user_id)
+                return Kept(earlier.id, scope, APPROVED_BY_YOU)
             return Kept(earlier.id, scope, standing, again=True)
     if standing == APPROVED_BY_YOU:
         memory_id = await engine.rooms.keep_approved(memory, moderator_id=keeper.user_id)
