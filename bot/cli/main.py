@@ -247,7 +247,8 @@ class DiscordAdapter(Protocol):
         """Run the bot until it is stopped; StartupError when Discord turns it away."""
 
     async def sync_commands(self, settings: Settings, guild_id: int | None = None) -> list[str]:
-        """Register the slash commands globally, or in one guild; returns their names."""
+        """Register the slash commands and message menus globally, or in one guild; returns their names
+        as people find them ("/memory", "Remember this (message menu)")."""
 
 
 async def on_discord(args, settings: Settings, action: Callable[[DiscordAdapter], Awaitable[T]]) -> tuple[int, T | None]:
@@ -284,8 +285,7 @@ async def cmd_sync(args, settings: Settings) -> int:
     if status or names is None:
         return status
     where = f"to guild {args.guild} (usable now)" if args.guild else "globally (Discord may take up to an hour)"
-    emit(args, {"synced": names, "guild": args.guild}, f"synced {len(names)} commands {where}: "
-                                                        + ", ".join(f"/{name}" for name in names))
+    emit(args, {"synced": names, "guild": args.guild}, f"synced {len(names)} commands {where}: " + ", ".join(names))
     return 0
 
 
