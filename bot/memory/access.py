@@ -60,7 +60,7 @@ class NamedAccess:
 
     async def from_message(self, message_id: int) -> list[records.Memory]:
         """Every memory learned from a message (archived ones included), whoever's: for "Forget what
-        you learned from this", which keeps only those the person may change."""
+        this taught you", which keeps only those the person may change."""
         return await self._read(choices.from_message, message_id)
 
     async def mentioned(self, memory_id: int) -> set[int]:

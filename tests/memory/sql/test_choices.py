@@ -79,3 +79,11 @@ async def test_the_memories_a_message_taught_whoever_s(fts_engine):
 
 def test_a_typed_pattern_matches_only_itself():
     assert choices.like_pattern("50%_a\\b") == "%50\\%\\_a\\\\b%"
+
+
+async def test_words_are_looked_for_among_the_newest_memories_only(fts_engine, monkeypatch):
+    monkeypatch.setattr(choices, "SEARCHED", 5)
+    ids = await fts_engine.remember_many([NewMemory(f"Alice note {n}" + (" zeppelin" if n in (0, 7) else ""),
+                                                    "personal", ALICE, CHANNEL, GUILD) for n in range(10)])
+    found = await fts_engine.own_choices(HERE, "zeppelin")
+    assert [m.id for m in found] == [ids[7]]  # the oldest one is past the newest five
