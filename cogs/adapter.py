@@ -54,7 +54,8 @@ async def run_bot(settings: Settings) -> None:
 
 
 async def sync_commands(settings: Settings, guild_id: int | None = None) -> list[str]:
-    """Register the slash commands with Discord: globally, or in one guild (instant, for testing)."""
+    """Register the slash commands and message menus with Discord: globally, or in one guild
+    (instant, for testing); returns their names as people find them."""
     async with MuninnBot(settings) as bot:
         try:
             await bot.login(settings.discord_token.strip())
@@ -70,4 +71,6 @@ async def sync_commands(settings: Settings, guild_id: int | None = None) -> list
                                f"with the applications.commands scope: {invite_url(bot.application_id)}") from None
         except discord.HTTPException as exc:
             raise StartupError(f"Discord refused the slash commands: {exc}") from None
-    return [command.name for command in synced]
+    # as people find them: "/memory" for a slash command, "Remember this (message menu)" for a menu
+    return [f"/{command.name}" if command.type is discord.AppCommandType.chat_input
+            else f"{command.name} (message menu)" for command in synced]

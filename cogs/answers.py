@@ -22,3 +22,12 @@ def fit(lines: list[str], limit: int = MESSAGE_LIMIT) -> str:
         out.append(line)
         used += len(line) + 1
     return "\n".join(out)
+
+
+CHOICE_LIMIT = 100  # Discord's longest autocomplete choice name
+
+
+def choice_name(memory_id: int, text: str) -> str:
+    """A memory as an autocomplete choice shows it: "id: shortened text", within Discord's limit."""
+    head = f"{memory_id}: "
+    return head + shorten(text, CHOICE_LIMIT - len(head))

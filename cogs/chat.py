@@ -18,6 +18,7 @@ from discord.ext import commands
 from bot.conversation.outlets import ForgetOffer, Sent
 from bot.conversation.overrides import EVERY, NEVER, Tuning
 from bot.conversation.pipeline import Incoming, Pipeline
+from bot.conversation.replies import Quoted
 from bot.conversation.text import split_message
 from bot.logs import Throttle
 
@@ -83,6 +84,16 @@ def mentioned_people(message: discord.Message) -> tuple[tuple[str, int], ...]:
     return tuple((name, user_id) for user_id, name in people.items())
 
 
+def replied_to(message: discord.Message) -> int | None:
+    """The id of the message of the same channel this one replies to (a forward or a message of
+    another channel is not followed), or None."""
+    reference = message.reference
+    if (reference is None or reference.message_id is None or reference.type != discord.MessageReferenceType.reply
+            or reference.channel_id != message.channel.id):
+        return None
+    return reference.message_id
+
+
 def to_incoming(message: discord.Message, tuning: Tuning | None = None) -> Incoming:
     """The pipeline's view of a Discord message: author, text (mentions shown as "@name"), the
     people it mentions by id, time, whether the channel is private, and a line for the prompt
@@ -98,7 +109,7 @@ def to_incoming(message: discord.Message, tuning: Tuning | None = None) -> Incom
                     author_id=message.author.id, author_name=author, content=message.clean_content,
                     created_at=message.created_at.timestamp(), message_id=message.id,
                     dm=message.guild is None, place=place, mentions=mentioned_people(message),
-                    moderator=is_moderator(message), tuning=tuning,
+                    moderator=is_moderator(message), tuning=tuning, reply_to=replied_to(message),
                     private=is_private_channel(message.channel, message.guild.id if message.guild else None, message.guild))
 
 
@@ -141,6 +152,26 @@ class DiscordOutlet:
                 break
             sent.append(Sent(posted.id, posted.created_at.timestamp()))
         return sent
+
+    async def quoted(self, message_id: int) -> Quoted | None:
+        """A message of this channel (the one answered replies to, or one further up its chain), as
+        Discord delivered it with the reply or, when it did not, as the channel holds it; None when it
+        is gone, or Muninn may not read the channel's history (Read Message History)."""
+        found = self.message.reference.resolved if self.message.reference is not None else None
+        if not isinstance(found, discord.Message) or found.id != message_id:
+            try:
+                found = await self.message.channel.fetch_message(message_id)
+            except discord.NotFound:
+                return None
+            except discord.Forbidden:
+                log.warning("cannot read the message a reply points at in channel %s: Muninn lacks the Read "
+                            "Message History permission there", self.message.channel.id)
+                return None
+        if found.channel.id != self.message.channel.id:
+            return None
+        return Quoted(id=found.id, author_id=found.author.id, author_name=found.author.display_name,
+                      content=found.clean_content, created_at=found.created_at.timestamp(),
+                      refers_to=replied_to(found))
 
     def stream(self) -> DiscordReplyStream:
         """A DiscordReplyStream answering this message."""

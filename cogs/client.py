@@ -17,6 +17,7 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
+from bot.cli import invite
 from bot.conversation.pipeline import ExchangeSink, Pipeline
 from bot.llm.errors import OllamaError
 from bot.llm.servers import missing_models, server_name
@@ -39,11 +40,8 @@ class _NoVoice(logging.Filter):
 
 logging.getLogger("discord.client").addFilter(_NoVoice())
 
-# What the bot needs in a channel: see it, read the history it replies to, write, and react
-# (its quiet signs on a message it will not answer: ⏳ busy, 🐢 over the sender's share).
-# Create Public Threads: for the channels that open a thread on a mention (auto_thread, cogs/threads.py).
-INVITE_PERMISSIONS = discord.Permissions(view_channel=True, send_messages=True, send_messages_in_threads=True,
-                                         read_message_history=True, add_reactions=True, create_public_threads=True)
+# What the bot needs in a channel, listed once with why in bot/cli/invite.py (`muninn invite`).
+INVITE_PERMISSIONS = discord.Permissions(invite.PERMISSIONS_VALUE)
 SOMETHING_WENT_WRONG = "Something went wrong on my side; it has been logged. Please try again later."
 DATABASE_UNAVAILABLE = ("My memory is unavailable right now (busy with maintenance, or a disk problem); nothing "
                         "was changed. It has been logged. Please try again in a few minutes.")

@@ -37,7 +37,7 @@ from bot.memory import records
 from bot.memory.records import PENDING_REASON, SET, Memory, MemoryNotFound, NewMemory
 from bot.memory.scope import Viewer
 
-from .answers import fit, shorten
+from .answers import choice_name, fit, shorten
 from .chat import is_private_channel
 from .client import Refusal, answer_privately
 from .moderation import RoomModeration
@@ -191,6 +191,12 @@ class MemoryCog(RoomModeration, commands.GroupCog, group_name="memory",
         await interaction.followup.send(
             f"Forgot memory #{memory_id}: {discord.utils.escape_markdown(shorten(memory.text))}", ephemeral=True)
 
+    @forget.autocomplete("memory_id")
+    async def own_ids(self, interaction: discord.Interaction, current: str) -> list[app_commands.Choice[int]]:
+        """The caller's own memories they may see here whose words (or number) hold what they typed."""
+        found = await self.engine.own_choices(viewer_of(interaction), current)
+        return [app_commands.Choice(name=choice_name(m.id, m.text), value=m.id) for m in found]
+
     @app_commands.command(name="forget-all", description="Forget everything Muninn remembers about you")
     async def forget_all(self, interaction: discord.Interaction) -> None:
         """/memory forget-all: asks first (ConfirmForgetAll), then forgets the caller's memories and messages."""
@@ -256,6 +262,7 @@ class MemoryCog(RoomModeration, commands.GroupCog, group_name="memory",
     @app_commands.command(name="why", description="Where one of your memories came from")
     @app_commands.rename(memory_id="id")
     @app_commands.describe(memory_id="The memory's number, as /memory list shows it")
+    @app_commands.autocomplete(memory_id=own_ids)
     async def why(self, interaction: discord.Interaction, memory_id: app_commands.Range[int, 1]) -> None:
         """/memory why: where and when one of the caller's own memories (or another's that
         mentions them) was learned."""

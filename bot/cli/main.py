@@ -19,7 +19,7 @@ from typing import Awaitable, Callable, Protocol, TypeVar
 from rich.text import Text
 
 from bot import redact, validate
-from bot.cli import backup, migrate, users, web
+from bot.cli import backup, invite, migrate, users, web
 from bot.cli.args import OneLineParser, UsageError, add_command, importance, positive_int, recall_limit, snowflake
 from bot.cli.importer import import_lines
 from bot.cli.output import emit, key_values, lines, plural, status, table, write
@@ -150,7 +150,8 @@ class DiscordAdapter(Protocol):
         """Run the bot until it is stopped; StartupError when Discord turns it away."""
 
     async def sync_commands(self, settings: Settings, guild_id: int | None = None) -> list[str]:
-        """Register the slash commands globally, or in one guild; returns their names."""
+        """Register the slash commands and message menus globally, or in one guild; returns their names
+        as people find them ("/memory", "Remember this (message menu)")."""
 
 
 async def on_discord(args, settings: Settings, action: Callable[[DiscordAdapter], Awaitable[T]]) -> tuple[int, T | None]:
@@ -187,8 +188,8 @@ async def cmd_sync(args, settings: Settings) -> int:
     if status or names is None:
         return status
     where = f"to guild {args.guild} (usable now)" if args.guild else "globally (Discord may take up to an hour)"
-    emit(args, {"synced": names, "guild": args.guild}, Text(
-        f"synced {plural(len(names), 'command')} {where}: " + ", ".join(f"/{name}" for name in names)))
+    emit(args, {"synced": names, "guild": args.guild},
+         Text(f"synced {plural(len(names), 'command')} {where}: " + ", ".join(names)))
     return 0
 
 
@@ -318,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     backup.add_parser(sub, common)
     users.add_parser(sub, common)
     web.add_parser(sub, common)
+    invite.add_parser(sub, common)
     return parser
 
 

@@ -28,6 +28,7 @@ Outlets may offer more than `send`, declared by a protocol each, and the pipelin
 - `confirm_forget(offer)` (ConfirmingOutlet): "forget that I live in Oslo" in plain words
   (bot/conversation/forget_intent.py) shows the person's matching memories and forgets them
   on confirmation; such a request is neither answered by the model nor kept.
+- `quoted(id)` (QuotingOutlet): the older message a reply points at, and its chain (replies.py).
 The place's settings (`Incoming.tuning`, bot/conversation/overrides.py) add to the persona, hint
 the language, size the history in the prompt and say whether facts are learned there.
 A person who paused Muninn's memory (/memory pause) is answered, but nothing of theirs is
@@ -43,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, TypeVar
 
-from bot.conversation import forget_intent, prompt
+from bot.conversation import forget_intent, prompt, replies
 from bot.conversation.arrivals import Arrivals
 from bot.conversation.claims import claims
 from bot.conversation.exchange import Exchange, ExchangeSink
@@ -99,6 +100,7 @@ class Incoming:
     mentions: tuple[tuple[str, int], ...] = ()
     moderator: bool = False    # the author may moderate the channel (exchange.Exchange.moderator)
     tuning: Tuning | None = None  # the settings of the place (overrides.py); None: the .env's
+    reply_to: int | None = None  # the message of this channel it replies to (replies.py brings it in)
 
     @property
     def viewer(self) -> Viewer:
@@ -326,6 +328,9 @@ class Pipeline:
             await self.arrivals.earlier_settled(incoming.channel_id, incoming.message_id)
             recent: list[HistoryMessage] = await self._db_or([], "read the channel history", self.engine.messages.recent(
                 incoming.channel_id, tuning.history, before=current))
+            recent = await replies.with_chain(self.engine, channel_id=incoming.channel_id, guild_id=incoming.guild_id,
+                                              reply_to=incoming.reply_to, recent=recent, outlet=outlet,
+                                              assistant_id=self.assistant_id)
             built = prompt.build(persona=tuning.persona(self.settings.persona), tz=self.settings.timezone,
                                  memories=memories, history=recent, current=current,
                                  token_budget=self.settings.token_budget, place=incoming.place)

@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from bot.memory import records
 from bot.memory.scope import Viewer
-from bot.memory.sql import forgetting, health, store
+from bot.memory.sql import choices, forgetting, health, store
 from bot.memory.storage import Storage
 from bot.settings import Settings
 
@@ -52,6 +52,16 @@ class NamedAccess:
         """A person's personal memories, the room memories they taught and others' memories that
         mention them (their data, for export and forget-all), archived ones included."""
         return await self._run(self.storage.memories_of, user_id, tuple(scopes))
+
+    async def own_choices(self, viewer: Viewer, typed: str, *, limit: int = 25) -> list[records.Memory]:
+        """For the autocomplete of a memory id: up to `limit` of the viewer's own memories (personal,
+        or room memories they taught) that they may see here, matching `typed`, newest first."""
+        return await self._read(choices.own_matching, viewer, typed, limit)
+
+    async def from_message(self, message_id: int) -> list[records.Memory]:
+        """Every memory learned from a message (archived ones included), whoever's: for "Forget what
+        this taught you", which keeps only those the person may change."""
+        return await self._read(choices.from_message, message_id)
 
     async def mentioned(self, memory_id: int) -> set[int]:
         """The ids of the people a memory mentions besides its owner (they may export and erase it)."""

@@ -11,11 +11,11 @@ from bot.memory.connection import Connection
 from bot.memory.jobs import Jobs
 from bot.memory.sql import forgetting, history
 from bot.memory.sql.forgetting import Forgotten
-from bot.memory.sql.history import Edit, Edited, HistoryMessage
+from bot.memory.sql.history import Edit, Edited, HistoryMessage, Linked
 from bot.memory.sql.history import storable as storable_text
 from bot.memory.storage import storage_of
 
-__all__ = ["Edit", "Edited", "Forgotten", "HistoryMessage", "Messages", "storable_text"]
+__all__ = ["Edit", "Edited", "Forgotten", "HistoryMessage", "Linked", "Messages", "storable_text"]
 
 
 class Messages:
@@ -44,6 +44,11 @@ class Messages:
         """Mark messages deleted and take back what they alone taught, in one transaction."""
         return await self._jobs.write(history.delete_and_take_back, list(message_ids), deleted_at,
                                       what=f"mark {len(message_ids)} deleted messages")
+
+    async def in_channel(self, channel_id: int, message_id: int) -> Linked | None:
+        """A message of that channel's history, with what it answers and whether it was deleted;
+        None when the history holds no such message in that channel."""
+        return await self._jobs.read(history.in_channel, channel_id, message_id)
 
     async def is_own(self, message_id: int) -> bool:
         """Whether the message is one of Muninn's replies."""

@@ -7,14 +7,16 @@ Named methods over the SQL of `sql/rooms.py`, run on the engine's threads.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from bot.memory.connection import Connection
 from bot.memory.jobs import Jobs
-from bot.memory.records import Memory
-from bot.memory.sql import rooms
+from bot.memory.records import Memory, NewMemory
+from bot.memory.sql import rooms, store
 from bot.memory.sql.rooms import APPROVED, DEFAULT_MODE, MODES, Approval, LogEntry, RoomMemory
+from bot.memory.sql.transactions import write_transaction
 from bot.memory.storage import storage_of
 from bot.settings import Settings
 
@@ -84,6 +86,16 @@ class Rooms:
                                          what="store an approved memory's vector")
         return memory
 
+    async def keep_approved(self, memory: NewMemory, *, moderator_id: int) -> int:
+        """A member's words a moderator keeps for the room (the "Remember this" menu): stored as that
+        member's room memory (`memory.owner_id`), approved by the moderator and logged, in one
+        transaction; returns its id."""
+        if memory.scope != "room" or memory.standing is not None or memory.channel_id is None:
+            raise ValueError("only a member's room memory can be kept approved by a moderator")
+        vecs = await self._engine.embed_or_none([memory.text])
+        return await self._engine.write(_keep_approved, memory, vecs, moderator_id, self._engine.settings,
+                                        what="keep a room memory approved by a moderator")
+
     async def reject(self, memory_id: int, *, channel_id: int, guild_id: int | None,
                      moderator_id: int) -> Memory | None:
         """Delete a claim waiting in the channel (logged); None when no such claim waits there."""
@@ -115,6 +127,20 @@ def _attribution(conn: Connection, channel_id: int | None, room_ids: list[int], 
     people += [a.moderator_id for a in approvals.values() if a.moderator_id is not None]
     names = rooms.last_names(conn, channel_id, people) if channel_id is not None else {}
     return Attribution(approvals, names)
+
+
+def _keep_approved(conn: Connection, memory: NewMemory, vecs: list[list[float]] | None, moderator_id: int,
+                   settings: Settings) -> int:
+    now = time.time()
+    assert memory.channel_id is not None
+    with write_transaction(conn):  # the memory, whom it names, its approval and the log land together
+        memory_id = storage_of(conn).insert(conn, [memory], base_stability_days=settings.base_stability_days,
+                                            model=settings.embed_model, vecs=vecs, now=now)[0]
+        store.add_mentions(conn, memory_id, memory.mentions)
+        rooms.vouch(conn, memory_id, APPROVED, moderator_id, now)
+        rooms.log_action(conn, "approve", channel_id=memory.channel_id, guild_id=memory.guild_id,
+                         moderator_id=moderator_id, memory_id=memory_id, now=now)
+    return memory_id
 
 
 def _store_vector(conn: Connection, model: str, memory_id: int, vector: Any) -> int:

@@ -979,9 +979,11 @@ class FakeDiscord:
         attachments: Iterable[Dict[str, Any]] = (),
         embeds: Iterable[Dict[str, Any]] = (),
         message_id: Optional[Snowflake] = None,
+        dispatch: bool = True,
         **extra: Any,
     ) -> Dict[str, Any]:
-        """Dispatch a MESSAGE_CREATE as if ``author`` typed ``content``.
+        """Dispatch a MESSAGE_CREATE as if ``author`` typed ``content`` (``dispatch=False``: only
+        store it, as a message written before the bot joined, which REST still serves).
 
         ``guild_id`` is inferred from the channel when omitted; DM channels
         (see :meth:`dm_channel`) produce a message without guild_id/member.
@@ -1048,7 +1050,8 @@ class FakeDiscord:
             return msg
 
         self._store_message(msg)
-        await self._dispatch("MESSAGE_CREATE", make, require=True)
+        if dispatch:
+            await self._dispatch("MESSAGE_CREATE", make, require=True)
         return msg
 
     async def send_interaction(
@@ -1065,6 +1068,7 @@ class FakeDiscord:
         command_guild_id: Optional[Snowflake] = None,
         locale: str = "en-US",
         app_permissions: Optional[int] = None,
+        target_id: Optional[Snowflake] = None,
         **extra: Any,
     ) -> Dict[str, Any]:
         """Dispatch an APPLICATION_COMMAND (type 2) INTERACTION_CREATE.
@@ -1092,6 +1096,8 @@ class FakeDiscord:
             data["resolved"] = resolved
         if command_guild_id is not None:
             data["guild_id"] = str(command_guild_id)
+        if target_id is not None:  # a context menu's user or message
+            data["target_id"] = str(target_id)
         iid = self.snowflake()
         token = "aW50ZXJhY3Rpb246" + uuid.uuid4().hex + uuid.uuid4().hex
         payload: Dict[str, Any] = {
@@ -1135,6 +1141,26 @@ class FakeDiscord:
         self.interactions[token] = payload
         await self._dispatch("INTERACTION_CREATE", lambda conn: payload, require=True)
         return payload
+
+    async def use_message_menu(self, name: str, user: UserLike, message: Dict[str, Any], *,
+                               command_id: Optional[Snowflake] = None, **extra: Any) -> Dict[str, Any]:
+        """Dispatch a message command (a context menu, data.type 3): ``user`` right-clicks
+        ``message`` (a payload from :meth:`send_message` or a bot message) and picks ``name``.
+        Discord sends the target's id and the whole message in ``data.resolved.messages``."""
+        target = self._find_message(_sid(message["id"]), message["channel_id"]) or message
+        resolved = {"messages": {target["id"]: {k: v for k, v in target.items() if k not in ("guild_id", "member")}}}
+        return await self.send_interaction(name, user, target["channel_id"], command_type=3, resolved=resolved,
+                                           command_id=command_id, target_id=target["id"], **extra)
+
+    async def autocomplete(self, name: str, user: UserLike, channel_id: Snowflake,
+                           options: List[Dict[str, Any]], *, command_id: Optional[Snowflake] = None,
+                           **extra: Any) -> Dict[str, Any]:
+        """Dispatch an APPLICATION_COMMAND_AUTOCOMPLETE (type 4) INTERACTION_CREATE: ``user`` is
+        typing into the option marked ``"focused": True`` of ``options`` (raw Discord options, the
+        typed value a string). Its answer is recorded as a type 8 callback
+        (:meth:`wait_for_interaction_response`; the choices are in ``data.choices``)."""
+        return await self.send_interaction(name, user, channel_id, options=options, command_id=command_id,
+                                           type=4, **extra)
 
     async def press_button(self, user: UserLike, message: Dict[str, Any], label: Optional[str] = None, *,
                            custom_id: Optional[str] = None) -> Dict[str, Any]:

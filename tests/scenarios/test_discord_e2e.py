@@ -94,7 +94,7 @@ async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, f
 
         # Slash commands, once synced explicitly, answer privately.
         synced = await bot.tree.sync()
-        assert sorted(c.name for c in synced) == ["memory", "settings"]
+        assert sorted(c.name for c in synced) == ["Forget what this taught you", "Remember this", "memory", "settings"]
         memory_id = next(c.id for c in synced if c.name == "memory")
         listing = await fake.send_interaction("memory", alice, dm["id"], command_id=memory_id,
                                               options=[{"name": "list", "type": 1, "options": []}])
@@ -266,8 +266,9 @@ async def test_muninn_sync_registers_the_commands_in_one_guild(discord_world, cl
     cli_env.setenv("DISCORD_TOKEN", "fake-token")
     assert await asyncio.to_thread(main, ["sync", "--guild", guild["id"]]) == 0
     out = capsys.readouterr().out
-    assert "synced 2 commands to guild" in out and "/memory" in out
-    assert sorted(c["name"] for c in fake.commands[guild["id"]]) == ["memory", "settings"]
+    assert "synced 4 commands to guild" in out and "/memory, /settings, Remember this (message menu)" in out
+    assert sorted((c["name"], c["type"]) for c in fake.commands[guild["id"]]) == [
+        ("Forget what this taught you", 3), ("Remember this", 3), ("memory", 1), ("settings", 1)]
     memory = next(c for c in fake.commands[guild["id"]] if c["name"] == "memory")
     room = next(o for o in memory["options"] if o["name"] == "room")  # the moderators' subgroup (type 2)
     assert room["type"] == 2 and sorted(o["name"] for o in room["options"]) == [

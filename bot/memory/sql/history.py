@@ -246,6 +246,24 @@ def get(conn: Connection, message_id: int) -> HistoryMessage | None:
     return None if row is None else HistoryMessage(*row)
 
 
+@dataclass(frozen=True)
+class Linked:
+    """A message of the history with what it answers (`reply_to`: for Muninn's replies, the
+    message it answered) and whether it was deleted (its content is then empty)."""
+    message: HistoryMessage
+    reply_to: int | None
+    deleted: bool
+
+
+def in_channel(conn: Connection, channel_id: int, message_id: int) -> Linked | None:
+    """The message if the history holds it in that channel (deleted ones included), else None."""
+    row = query_one(conn, f"SELECT {COLUMNS}, reply_to, deleted_at FROM messages WHERE id = ? AND channel_id = ?",
+                    (message_id, channel_id))
+    if row is None:
+        return None
+    return Linked(HistoryMessage(*row[:-2]), None if row[-2] is None else int(row[-2]), row[-1] is not None)
+
+
 def is_assistant_message(conn: Connection, message_id: int) -> bool:
     """Whether the id is one of Muninn's replies in the history (False when the history does not hold it)."""
     return query_value(conn, "SELECT 1 FROM messages WHERE id = ? AND role = 'assistant'", (message_id,)) == 1
