@@ -43,7 +43,7 @@ def cli(tmp_path, monkeypatch, capsys):
 
 def test_the_permissions_are_exactly_those_discord_py_names_for_what_muninn_does():
     expected = discord.Permissions(view_channel=True, send_messages=True, send_messages_in_threads=True,
-                                   read_message_history=True, add_reactions=True)
+                                   read_message_history=True, create_public_threads=True, add_reactions=True)
     assert invite.PERMISSIONS_VALUE == expected.value == INVITE_PERMISSIONS.value
     assert not discord.Permissions(invite.PERMISSIONS_VALUE).administrator
     assert len({p.bit for p in invite.PERMISSIONS}) == len(invite.PERMISSIONS)  # each listed once
@@ -68,7 +68,7 @@ def test_json_lists_each_permission_with_why(cli):
     data = json.loads(out)
     assert code == 0 and data["application_id"] == str(APP_ID)
     assert [g["name"] for g in data["granted"]] == ["View Channels", "Send Messages", "Send Messages in Threads",
-                                                    "Read Message History", "Add Reactions"]
+                                                    "Read Message History", "Create Public Threads", "Add Reactions"]
     assert all(g["why"] for g in data["granted"]) and sum(g["value"] for g in data["granted"]) == data["permissions"]
 
 
