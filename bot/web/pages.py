@@ -71,6 +71,16 @@ def number(request: web.Request, name: str, *, default: int | None = None, sourc
     return value
 
 
+def listing(request: web.Request) -> tuple[int, str, int]:
+    """A listing page's id (from the path), state tab and offset; HTTPBadRequest names a bad one."""
+    found = number(request, "id", source="path")
+    assert found is not None, "the route has an {id}"
+    state = request.query.get("state", "active")
+    if state not in STATES:
+        raise web.HTTPBadRequest(text=f"state must be one of {', '.join(STATES)}")
+    return found, state, number(request, "offset", default=0) or 0
+
+
 def render(request: web.Request, title: str, body: str) -> web.Response:
     """A page as the response, with the flash message the last action left in the query string."""
     return web.Response(text=page(title, body, csrf=csrf(request), flash=request.query.get("done", "")[:200],
@@ -123,12 +133,7 @@ async def servers(request: web.Request) -> web.Response:
 
 async def channel(request: web.Request) -> web.Response:
     """GET /channels/{id}: the channel's room memories, claims waiting, and personal memories learned there."""
-    channel_id = number(request, "id", source="path")
-    assert channel_id is not None
-    state = request.query.get("state", "active")
-    if state not in STATES:
-        raise web.HTTPBadRequest(text=f"state must be one of {', '.join(STATES)}")
-    offset = number(request, "offset", default=0) or 0
+    channel_id, state, offset = listing(request)
     engine = engine_of(request)
     waiting, _ = await engine.console.memories(Filter(channel_id=channel_id, scope="room", state="pending"), limit=PAGE)
     memories, total = await engine.console.memories(Filter(channel_id=channel_id, state=state), limit=PAGE, offset=offset)
@@ -167,12 +172,7 @@ async def open_person(request: web.Request) -> web.Response:
 
 async def person_page(request: web.Request) -> web.Response:
     """GET /people/{id}: a person's memories (owned or taught), with export and forget-all."""
-    user_id = number(request, "id", source="path")
-    assert user_id is not None
-    state = request.query.get("state", "active")
-    if state not in STATES:
-        raise web.HTTPBadRequest(text=f"state must be one of {', '.join(STATES)}")
-    offset = number(request, "offset", default=0) or 0
+    user_id, state, offset = listing(request)
     engine = engine_of(request)
     who = await engine.console.person(user_id)
     memories, total = await engine.console.memories(Filter(owner_id=user_id, state=state), limit=PAGE, offset=offset)
