@@ -175,3 +175,11 @@ async def until(condition: Callable[[], Awaitable[bool] | bool], what: str, time
             return
         assert time.monotonic() < deadline, f"still not {what} after {timeout} s"
         await asyncio.sleep(0.02)
+
+
+def undo_columns_added_later(conn) -> None:
+    """Take out what a migration after a rewound one added with ALTER TABLE ADD COLUMN, which SQLite
+    cannot run twice: a test that sets the schema version back re-runs every later migration."""
+    conn.execute("DROP INDEX IF EXISTS memories_happens")
+    conn.execute("ALTER TABLE memories DROP COLUMN happens_on")
+

@@ -12,6 +12,7 @@ from bot.memory.postgres import migrations as pg_migrations
 from bot.memory.records import NewMemory
 from bot.memory.sql import history
 from bot.memory.sqlite import migrations as sqlite_migrations
+from tests.helpers import undo_columns_added_later
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -92,8 +93,7 @@ async def test_the_migration_fills_teachers_and_each_replys_conversation_from_wh
         def before(conn):
             conn.execute("DROP TABLE memory_teachers")
             conn.execute("DROP TABLE reply_context")
-            conn.execute("DROP INDEX memories_happens")  # a later migration's index and column
-            conn.execute("ALTER TABLE memories DROP COLUMN happens_on")
+            undo_columns_added_later(conn)
             if backend:
                 conn.execute("UPDATE schema_version SET version = ?", (number - 1,))
             else:

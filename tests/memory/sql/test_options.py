@@ -8,6 +8,7 @@ from bot.memory.engine import Engine
 from bot.memory.options import Stored
 from bot.memory.postgres import migrations as pg_migrations
 from bot.memory.sqlite import migrations as sqlite_migrations
+from tests.helpers import undo_columns_added_later
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -44,6 +45,7 @@ async def test_channels_opted_in_or_out_of_always_answer_keep_their_choice_after
 
         def before(conn):  # as a database made before the migration: one always-answer column
             conn.execute("DROP TABLE channel_options")
+            undo_columns_added_later(conn)
             conn.execute("CREATE TABLE channel_settings (channel_id BIGINT PRIMARY KEY, guild_id BIGINT, "
                          "always_answer INTEGER NOT NULL DEFAULT 0, updated_at REAL NOT NULL)")
             conn.execute("INSERT INTO channel_settings VALUES (?, ?, 1, 5.0), (?, ?, 0, 6.0)",
@@ -61,6 +63,7 @@ async def test_channels_opted_in_or_out_of_always_answer_keep_their_choice_after
         await engine.options.set_channel(RANDOM, GUILD, "answer", "never")
 
         def again(conn):  # run once more (a restore, a second process): nothing changes
+            undo_columns_added_later(conn)
             if backend:
                 conn.execute("UPDATE schema_version SET version = ?", (number - 1,))
             else:
