@@ -23,6 +23,7 @@ from bot.memory.scope import (
     visible_keys,
 )
 from bot.memory.sql import removals, teachers
+from bot.memory.sql.marks import mark_pending
 from bot.memory.sql.queries import query_one, query_value
 from bot.memory.sql.transactions import after_commit, write_transaction
 from bot.memory.sqlite import vec0 as vectors
@@ -164,13 +165,32 @@ def retract(conn: Connection, rows: Sequence[tuple[int, Any]], wanted: Sequence[
     return emptied
 
 
+TRUNCATE_ATTEMPTS = 3  # each waits up to the busy timeout for readers on an older snapshot
+
+
 def scrub(conn: Connection) -> None:
     """Leave no recoverable trace of deleted text: FTS5 keeps deleted terms in its segments
     until they merge, and old pages linger in the WAL (free pages are zeroed by
     `secure_delete`, set in db.connect)."""
     with write_transaction(conn):
         conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('optimize')")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    if not truncate_wal(conn):
+        with write_transaction(conn):
+            mark_pending(conn)  # the next maintenance run scrubs again
+
+
+def truncate_wal(conn: Connection, attempts: int = TRUNCATE_ATTEMPTS) -> bool:
+    """Copy the WAL into the database file and empty it, so the old pages it holds (deleted words
+    among them) are gone. A reader still on an older snapshot (a long read: the vector cache
+    loading a big key) keeps the WAL from being emptied beyond the busy timeout: try again a few
+    times. False when a reader held on throughout (the caller leaves the scrub for later)."""
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(0.2 * attempt)
+        busy = query_one(conn, "PRAGMA wal_checkpoint(TRUNCATE)")
+        if busy is None or not busy[0]:
+            return True
+    return False
 
 
 def archive(conn: Connection, memory_id: int, reason: str, now: float | None = None) -> None:

@@ -261,8 +261,8 @@ class SQLiteStorage:
         with self._own_checkpoint():
             if SCRUB_PENDING in marks:
                 store.scrub(conn)
-            else:  # the history's words only: `messages` has no FTS index (optimize: slow on a big database, under
-                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the write lock); secure_delete zeroed the pages
+            elif not store.truncate_wal(conn):  # the history's words only: `messages` has no FTS index (optimize:
+                return True  # slow on a big database, under the write lock); secure_delete zeroed the pages. Kept: retried
         clear_marks(conn, marks)  # only once it worked: a failed scrub is retried next time
         return True
 
