@@ -67,6 +67,16 @@ def _int(lo: int = 0, hi: int | None = None):
     return parse
 
 
+def _one_of(*choices: str):
+    """One of `choices`, case-insensitive."""
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise SettingsError(f"{name}={raw!r} must be one of {', '.join(choices)}")
+        return value
+    return parse
+
+
 def _str(name: str, raw: str) -> str:
     return raw
 
@@ -198,7 +208,8 @@ SETTINGS: dict[str, Spec] = {
     "maintenance_hours": Spec("MUNINN_MAINTENANCE_HOURS", "6", "Hours between automatic maintenance runs in the bot (decay, embeddings, links, consolidation); 0 = never.", _float(0)),
     "guild_retention_days": Spec("MUNINN_GUILD_RETENTION_DAYS", "30", "Days Muninn keeps what it learned in a server after being removed from it (its room and personal memories, history, channel options); maintenance purges it then, unless Muninn was added back. 0 = at the next maintenance run.", _float(0, 36500)),
     "db_readers": Spec("MUNINN_DB_READERS", "3", "Database connections that serve recalls beside the one writer (WAL lets readers run while it writes).", _int(1, 32)),
-    "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "4096", "Most memory for the vectors kept in RAM for fast search (float32, per visibility key; it takes only what the vectors need: ~3.2 GB for 1M 768-dim vectors, ~390 MB for 100k); keys beyond it are searched inside sqlite-vec, much slower. Lower it on a small host.", _int(0)),
+    "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "4096", "Most memory for the vectors kept in RAM for fast search (per visibility key, in MUNINN_VECTOR_FORM; it takes only what the vectors need: int8 ~0.9 GB for 1M 768-dim vectors, ~100 MB for 100k; float32 four times that); keys beyond it are searched inside the database, much slower. Lower it on a small host.", _int(0)),
+    "vector_form": Spec("MUNINN_VECTOR_FORM", "int8", "How the vectors in RAM are held: int8 (a quarter of the memory; the best matches are rescored exactly from the database, recall unchanged on real embeddings) or float32 (as stored, exact without the rescoring reads).", _one_of("int8", "float32")),
     "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A viewer who sees at least this many vectors (over all their visibility keys) has them searched by sign-bit codes first (1 bit per dimension), then the best ~2 % of them (at least 256) are scored exactly (about 0.98 of the exact top 10 on real embeddings, measured on 4.4k MiniLM turns, at a fraction of the cost); viewers who see fewer and searches as of a past moment stay exact; 0 = always exact.", _int(0)),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str),
 }
@@ -255,6 +266,7 @@ class Settings:
     guild_retention_days: float
     db_readers: int
     vector_cache_mb: int
+    vector_form: str
     vector_codes_min: int
     log_level: str
 

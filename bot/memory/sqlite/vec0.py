@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _warnings = Throttle()
 
+READ_BATCH = 500  # ids per statement in read_vectors (SQLite's bound parameters stay well under its limit)
 DEFAULT_CHUNK_SIZE = 8  # with thousands of small keys, bigger chunks leave many slots empty
 LAYOUT = "key"           # meta vec_layout; databases without it have the old bucketed table
 
@@ -392,6 +393,26 @@ def read_vector(conn: Connection, info: IndexInfo, memory_id: int) -> np.ndarray
     return None if vector is None else np.frombuffer(vector, dtype=np.float32).copy()
 
 
+def read_vectors(conn: Connection, info: IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
+    """The stored vectors of those of `ids` that have one, as float32 arrays: one statement
+    through the chunk tables when their layout is known (a rescoring reads dozens per search),
+    else one lookup each."""
+    if not has_chunk_tables(conn):  # pragma: no cover - a future sqlite-vec with other shadow tables
+        found = {memory_id: read_vector(conn, info, memory_id) for memory_id in ids}
+        return {memory_id: vector for memory_id, vector in found.items() if vector is not None}
+    out: dict[int, np.ndarray] = {}
+    wanted = list(dict.fromkeys(int(memory_id) for memory_id in ids))
+    size = info.dim * 4
+    for start in range(0, len(wanted), READ_BATCH):
+        batch = wanted[start:start + READ_BATCH]
+        for memory_id, offset, blob in conn.execute(
+                "SELECT r.rowid, r.chunk_offset, v.vectors FROM vec_memories_rowids r CROSS JOIN "
+                "vec_memories_vector_chunks00 v ON v.rowid = +r.chunk_id "
+                f"WHERE r.rowid IN ({','.join('?' * len(batch))})", batch):
+            out[int(memory_id)] = np.frombuffer(blob, dtype=np.float32, count=info.dim, offset=offset * size).copy()
+    return out
+
+
 class SQLiteVectorSource:
     """The cache's reads on SQLite: vec0's chunk tables, and the log by `seq` (one writer at a
     time, so seq order is commit order and a rollback reuses its numbers)."""
@@ -424,8 +445,7 @@ class SQLiteVectorSource:
 
     def read_vectors(self, conn: Connection, info: IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
         """The stored vectors of those of `ids` that have one."""
-        found = {memory_id: read_vector(conn, info, memory_id) for memory_id in ids}
-        return {memory_id: vector for memory_id, vector in found.items() if vector is not None}
+        return read_vectors(conn, info, ids)
 
     def search(self, conn: Connection, info: IndexInfo, query: list[float], keys: list[str], k: int,
                as_of: float | None) -> list[tuple[int, float]]:
