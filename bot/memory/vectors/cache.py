@@ -2,8 +2,11 @@
 
 sqlite-vec 0.1.9 (scalar build) scans each vector in scalar code, plus a fixed cost per partition;
 numpy `X @ q` reads the same vectors at memory bandwidth, many times faster.
-So the engine keeps, per visibility key, a float32 matrix of that key's vectors, and a scoped
-KNN is one matrix-vector product per visible key: its cost is what the viewer may see.
+So the engine keeps, per visibility key, a matrix of that key's vectors, and a scoped
+KNN is one matrix-vector product per visible key: its cost is what the viewer may see. The
+matrix is float32 or, by default, int8 with a scale per row (arrays.py, MUNINN_VECTOR_FORM):
+int8 scores choose a short list whose stored float32 vectors are read in one go and give the
+exact scores returned (`_rescored`).
 
 vec0 stays the store of record. Every `vectors.put`/`vectors.remove` appends the memory id to
 `vector_changes` in the same transaction; before each search the cache applies the changes it
