@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import struct
 import weakref
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence, cast
 
+import apsw
 import numpy as np
 
 from bot.logs import Throttle
@@ -394,22 +395,42 @@ def read_vector(conn: Connection, info: IndexInfo, memory_id: int) -> np.ndarray
 
 
 def read_vectors(conn: Connection, info: IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
-    """The stored vectors of those of `ids` that have one, as float32 arrays: one statement
-    through the chunk tables when their layout is known (a rescoring reads dozens per search),
-    else one lookup each."""
+    """The stored vectors of those of `ids` that have one, as float32 arrays. Through the chunk
+    tables when their layout is known: where each vector sits in one statement, then only its
+    own bytes read from its chunk's blob (a rescoring reads dozens per search; reading each
+    whole chunk took several times as long); else one lookup each."""
     if not has_chunk_tables(conn):  # pragma: no cover - a future sqlite-vec with other shadow tables
         found = {memory_id: read_vector(conn, info, memory_id) for memory_id in ids}
         return {memory_id: vector for memory_id, vector in found.items() if vector is not None}
-    out: dict[int, np.ndarray] = {}
     wanted = list(dict.fromkeys(int(memory_id) for memory_id in ids))
-    size = info.dim * 4
+    places: list[tuple[int, int, int]] = []
     for start in range(0, len(wanted), READ_BATCH):
         batch = wanted[start:start + READ_BATCH]
-        for memory_id, offset, blob in conn.execute(
-                "SELECT r.rowid, r.chunk_offset, v.vectors FROM vec_memories_rowids r CROSS JOIN "
-                "vec_memories_vector_chunks00 v ON v.rowid = +r.chunk_id "
-                f"WHERE r.rowid IN ({','.join('?' * len(batch))})", batch):
-            out[int(memory_id)] = np.frombuffer(blob, dtype=np.float32, count=info.dim, offset=offset * size).copy()
+        places += conn.execute("SELECT chunk_id, chunk_offset, rowid FROM vec_memories_rowids "
+                               f"WHERE rowid IN ({','.join('?' * len(batch))})", batch).fetchall()
+    out: dict[int, np.ndarray] = {}
+    size = info.dim * 4
+    sqlite = cast(apsw.Connection, conn)
+    blob = None
+    try:
+        # A chunk's slots are never reused (a replaced vector gets a new one): a write committed
+        # since the statement above leaves the bytes at these places as they were.
+        for chunk_id, offset, memory_id in sorted(places):
+            try:
+                if blob is None:
+                    blob = sqlite.blob_open("main", "vec_memories_vector_chunks00", "vectors", chunk_id, False)
+                else:
+                    blob.reopen(chunk_id)
+            except apsw.Error:  # the chunk is gone (the index was re-created since): no vector there
+                if blob is not None:
+                    blob.close()
+                blob = None
+                continue
+            blob.seek(offset * size)
+            out[int(memory_id)] = np.frombuffer(blob.read(size), dtype=np.float32).copy()
+    finally:
+        if blob is not None:
+            blob.close()
     return out
 
 
