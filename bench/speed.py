@@ -591,11 +591,18 @@ async def _probe(path: Path) -> dict:
         out["after_class_recalls"] = rss_mb()
         cache = getattr(engine, "vector_cache", None)
         if cache is not None:
+            # the start-up warm loads every key that fits, big ones too (a recall defers a big
+            # key's load to the background: measured before it ends, the busy key was missing)
+            out["warmed_keys"] = await engine.warmed()
             keys = await engine.write(lambda conn: [r[0] for r in conn.execute("SELECT DISTINCT vis_key FROM memories")])
             _, qvec = world.query()
             for start in range(0, len(keys), 200):
                 await engine.read(lambda conn, ks=keys[start:start + 200]: vectors.knn(
                     conn, vectors.index_info(conn), qvec.tolist(), ks, 1))
+            for _ in range(1200):  # big keys a recall handed to the background loader: their loads end
+                if not cache._loading:
+                    break
+                await asyncio.sleep(0.1)
             out["all_keys_loaded"] = rss_mb()
             out["cache_mb"] = round(cache.nbytes / 2**20, 1)
             out["form"] = cache.form

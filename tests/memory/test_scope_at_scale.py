@@ -7,7 +7,8 @@ COMMON_HITS, COMMON_EXACT, the counted_bm25 scorer), match-first or visible-firs
 sign-code shortlists (MUNINN_VECTOR_CODES_MIN, vector_codes.RERANK_*), keys loaded in the
 background (vector_cache.INLINE_LOAD_MAX), keys too big for the cache budget (searched in vec0 /
 the server), evictions, the change log, int8 rows rescored from the store (MUNINN_VECTOR_FORM), the
-neighbour loan, the graph walk, the name re-rank, and on PostgreSQL the common-word walk per key and the word estimates from the statistics.
+neighbour loan, the graph walk, the name re-rank, and on PostgreSQL the common-word walk per key and
+the word estimates from the statistics.
 
 Here those thresholds are lowered so that a world of ~450 memories takes them, with one key far
 bigger than the others (a busy room), words common to many keys, private channels, DMs, archived

@@ -25,6 +25,7 @@ FORMS = ("float32", "int8")
 INT8_MAX = 127
 RESCORE_EXTRA = 8
 DECODE_BYTES = 256 << 10   # int8 rows are widened to float32 this many bytes at a time (stays in the CPU cache)
+QUANTISE_BYTES = 4 << 20   # float32 rows quantised at a time when a key is loaded
 
 
 # (ids, created, matrix, n, scales): one key's arrays as a search reads them (KeyVectors.view)
@@ -100,7 +101,11 @@ class KeyVectors:
         if form == "int8":
             self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.int8)
             self.scales = np.zeros(cap, dtype=np.float32)
-            self.matrix[:n], self.scales[:n] = quantise(matrix)
+            # a block at a time: quantising a big key whole took several float32 copies of it at once
+            step = max(1, QUANTISE_BYTES // (4 * max(1, matrix.shape[1])))
+            for start in range(0, n, step):
+                end = min(n, start + step)
+                self.matrix[start:end], self.scales[start:end] = quantise(matrix[start:end])
         else:
             self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.float32)
             self.matrix[:n] = matrix
