@@ -408,14 +408,16 @@ def read_vectors(conn: Connection, info: IndexInfo, ids: Sequence[int]) -> dict[
         batch = wanted[start:start + READ_BATCH]
         places += conn.execute("SELECT chunk_id, chunk_offset, rowid FROM vec_memories_rowids "
                                f"WHERE rowid IN ({','.join('?' * len(batch))})", batch).fetchall()
-    out: dict[int, np.ndarray] = {}
     size = info.dim * 4
+    buffer = bytearray(len(places) * size)  # every vector read into one buffer: one allocation
+    rows = np.frombuffer(buffer, dtype=np.float32).reshape(len(places), info.dim)
+    out: dict[int, np.ndarray] = {}
     sqlite = cast(apsw.Connection, conn)
     blob = None
     try:
         # A chunk's slots are never reused (a replaced vector gets a new one): a write committed
         # since the statement above leaves the bytes at these places as they were.
-        for chunk_id, offset, memory_id in sorted(places):
+        for row, (chunk_id, offset, memory_id) in enumerate(sorted(places)):
             try:
                 if blob is None:
                     blob = sqlite.blob_open("main", "vec_memories_vector_chunks00", "vectors", chunk_id, False)
@@ -427,7 +429,8 @@ def read_vectors(conn: Connection, info: IndexInfo, ids: Sequence[int]) -> dict[
                 blob = None
                 continue
             blob.seek(offset * size)
-            out[int(memory_id)] = np.frombuffer(blob.read(size), dtype=np.float32).copy()
+            blob.read_into(buffer, row * size, size)
+            out[int(memory_id)] = rows[row]
     finally:
         if blob is not None:
             blob.close()
