@@ -416,7 +416,8 @@ def read_vectors(conn: Connection, info: IndexInfo, ids: Sequence[int]) -> dict[
     blob = None
     try:
         # A chunk's slots are never reused (a replaced vector gets a new one): a write committed
-        # since the statement above leaves the bytes at these places as they were.
+        # since the statement above can at most leave a stale vector here for a memory it removed
+        # or replaced, as a search made just before that write would have seen it.
         for row, (chunk_id, offset, memory_id) in enumerate(sorted(places)):
             try:
                 if blob is None:

@@ -3,8 +3,8 @@
 A key's rows are held in one of two forms (MUNINN_VECTOR_FORM): `float32`, the stored vectors
 as they are, or `int8`, each row scaled by its largest component to the int8 range and kept
 with that scale (a quarter of the bytes). An int8 row's dot product with a unit query is
-within a few thousandths of the exact one on real embeddings: good enough to choose a short
-list, not to answer. The cache (cache.py) rescores that short list exactly from the store of
+close to the exact one, off by at most half a step per component: good enough to choose a
+short list, not to answer. The cache (cache.py) rescores that short list exactly from the store of
 record. A per-row scale (not one per key) keeps every row's accuracy whatever is appended
 later: a key's range never has to grow and no row is ever quantised twice.
 """
@@ -71,13 +71,6 @@ def scores_of(matrix: np.ndarray, q: np.ndarray, scales: np.ndarray | None) -> n
         np.matmul(rows, q, out=out[start:end])
     out *= scales[:n]
     return out
-
-
-def decoded(matrix: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
-    """The rows as float32 (a copy for int8 rows: approximate, within the quantisation step)."""
-    if scales is None:
-        return matrix
-    return matrix.astype(np.float32) * scales[:, None]
 
 
 class KeyVectors:

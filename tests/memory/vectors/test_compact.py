@@ -75,8 +75,8 @@ def _sqlite_side(tmp_path, form: str, budget: int) -> Iterator[Side]:
 
     def stored() -> dict[int, tuple[str, np.ndarray]]:
         keys = dict(plain.execute("SELECT id, vis_key FROM memories WHERE embedded = 1 AND archived_at IS NULL"))
-        found = vectors.read_vectors(plain, info, list(keys))
-        return {mid: (keys[mid], vector) for mid, vector in found.items()}
+        found = {mid: vectors.read_vector(plain, info, mid) for mid in keys}  # not read_vectors: the rescoring's own read
+        return {mid: (keys[mid], vector) for mid, vector in found.items() if vector is not None}
 
     yield Side(cache, lambda q, keys, k, as_of=None: vectors.knn(cached, info, q, keys, k, as_of),
                lambda q, ids: vectors.cosines(cached, info, q, ids),
@@ -263,3 +263,22 @@ def test_the_form_is_a_setting(tmp_path):
         load_settings({**env, "MUNINN_VECTOR_FORM": "float16"})
     with pytest.raises(ValueError, match="vector form"):
         VectorCache(1 << 20, form="float16")
+
+
+def test_sqlite_reads_many_stored_vectors_at_once_as_one_by_one(tmp_path):
+    """vec0.read_vectors (the rescoring's read: each vector's bytes out of its chunk blob) gives
+    what a read of each vector alone gives, across chunks, leaving out ids without a vector."""
+    conn = db.connect(tmp_path / "r.db")
+    rng = np.random.default_rng(6)
+    with conn:
+        info = vectors.create_index(conn, "m", DIM)
+        ids = store.insert_many(conn, [memory_for(KEYS[i % len(KEYS)], i) for i in range(90)], base_stability_days=7,
+                                vector_info=info, vectors_=embeddings(rng, 90).tolist(), now=1000.0)
+    store.archive(conn, ids[5], "test")
+    wanted = ids[::-1] + [ids[3], 10**9]  # any order, a repeat, an unknown id
+    got = vectors.read_vectors(conn, info, wanted)
+    alone = {mid: vectors.read_vector(conn, info, mid) for mid in set(wanted)}
+    assert set(got) == {mid for mid, vector in alone.items() if vector is not None} and ids[5] not in got
+    assert all(np.array_equal(got[mid], alone[mid]) for mid in got)
+    conn.close()
+
