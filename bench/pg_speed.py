@@ -80,9 +80,11 @@ def copied(url: str) -> bool:
 
 
 def settings_for(path: Path, database_url: str = "", ollama_url: str = "") -> Any:
+    # MUNINN_VECTOR_* from the environment, as bench.world's bench_settings (the cache's form, budget, codes)
+    chosen = {key: value for key, value in os.environ.items() if key.startswith("MUNINN_VECTOR_")}
     return load_settings({"MUNINN_DB_PATH": str(path), "MUNINN_DATABASE_URL": database_url, "OLLAMA_URL": ollama_url,
                           "OLLAMA_EMBED_MODEL": EMBED_MODEL, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30",
-                          "MUNINN_MAINTENANCE_HOURS": "0", "MUNINN_LEARN_PER_DAY": "1000000"})
+                          "MUNINN_MAINTENANCE_HOURS": "0", "MUNINN_LEARN_PER_DAY": "1000000", **chosen})
 
 
 async def measure_recall(settings: Any, shape: SkewShape, per_class: int, warm: int = 10) -> dict:
@@ -186,6 +188,10 @@ async def run_pg(args: Any) -> list[dict]:
             report = copy_database(path, url, batch=5000)
             row["migrate_s"] = round(report.seconds, 1)
             print(f"  copied into {name} in {report.seconds:.1f} s: {report.line()}", flush=True)
+        if getattr(args, "forms", ""):
+            row["forms"] = await pg_forms(args, path, url, shape)
+            rows.append(row)
+            continue
         backends = {"sqlite": settings_for(path), "postgresql": settings_for(path, url)}
         row["recall"] = {}
         for backend, settings in backends.items():
@@ -196,6 +202,34 @@ async def run_pg(args: Any) -> list[dict]:
             row["writes"] = measure_backend_writes(args, path, url, name, size)
         rows.append(row)
     return rows
+
+
+async def pg_forms(args: Any, path: Path, url: str, shape: SkewShape) -> dict:
+    """PostgreSQL's recall per class with each MUNINN_VECTOR_FORM in turn (`--forms`, `--rounds`,
+    the order swapped every round): each form's p95 per round and class."""
+    forms = [form.strip() for form in args.forms.split(",") if form.strip()]
+    got: dict = {form: {kind: [] for kind in VIEWER_CLASSES} for form in forms}
+    before = os.environ.get("MUNINN_VECTOR_FORM")
+    try:
+        for round_ in range(args.rounds):
+            for form in forms if round_ % 2 == 0 else forms[::-1]:
+                os.environ["MUNINN_VECTOR_FORM"] = form
+                recall = await measure_recall(settings_for(path, url), shape, args.viewers)
+                for kind in VIEWER_CLASSES:
+                    got[form][kind].append(recall[kind]["total"]["p95"])
+                print(f"  postgresql {form} round {round_ + 1} (load {os.getloadavg()[0]:.1f}) p95 ms: "
+                      + ", ".join(f"{kind} {recall[kind]['total']['p95']:.1f}" for kind in VIEWER_CLASSES), flush=True)
+    finally:
+        if before is None:
+            os.environ.pop("MUNINN_VECTOR_FORM", None)
+        else:
+            os.environ["MUNINN_VECTOR_FORM"] = before
+    for kind in VIEWER_CLASSES:
+        means = [sum(got[form][kind]) / len(got[form][kind]) for form in forms]
+        print(f"  {kind}: " + " | ".join(f"{form} {', '.join(f'{p:.2f}' for p in got[form][kind])}" for form in forms)
+              + " | " + ", ".join(f"{form}/{forms[0]} {mean / means[0]:.2f}x" for form, mean in zip(forms[1:], means[1:],
+                                                                                             strict=True)), flush=True)
+    return got
 
 
 def measure_backend_writes(args: Any, path: Path, url: str, name: str, size: int) -> dict:
@@ -235,7 +269,7 @@ def print_pg(rows: list[dict]) -> None:
     print("| size | class | SQLite total | PostgreSQL total | PostgreSQL fts | PostgreSQL vector |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        for kind in VIEWER_CLASSES:
+        for kind in VIEWER_CLASSES if "recall" in r else ():  # --forms rows printed as they ran
             s, p = r["recall"]["sqlite"][kind], r["recall"]["postgresql"][kind]
             print(f"| {r['size']:,} | {kind} | {s['total']['median']:.2f} / {s['total']['p95']:.2f} | "
                   f"**{p['total']['median']:.2f} / {p['total']['p95']:.2f}** | {p['fts']['median']:.2f} / "

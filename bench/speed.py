@@ -320,7 +320,8 @@ async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: in
                   f"{summary([r['total'] for r in timed[kind]])['median']:.2f} / "
                   f"{summary([r['total'] for r in timed[kind]])['p95']:.2f} ms", flush=True)
         rss = rss_mb()
-    print(f"  rss after the recalls {rss}", flush=True)
+        cache_mb = engine.vector_cache.nbytes / 2**20
+    print(f"  rss after the recalls {rss}, vector cache {cache_mb:.1f} MB ({engine.vector_cache.form})", flush=True)
     out: dict = {}
     measured = anchors(path, recalls, k)
     for kind in VIEWER_CLASSES:
@@ -549,9 +550,11 @@ async def measure_maintenance(path: Path, shape: SkewShape, added: int = 1000) -
     return out
 
 
-def memory_probe(path: Path) -> dict:
+def memory_probe(path: Path, processes: int = 1) -> dict:
     """Resident memory of a process that serves recalls from `path` the way the bot does: after
-    recalls of every class, and after every key's vectors were loaded (a long-running bot)."""
+    recalls of every class, and after every key's vectors were loaded (a long-running bot).
+    With `processes` > 1, that many such processes on the one file at once (shards of one bot
+    on one machine): each one's figures, and their sum."""
     import subprocess
     import sys
     code = (
@@ -559,9 +562,20 @@ def memory_probe(path: Path) -> dict:
         "from pathlib import Path\n"
         "from bench import speed\n"
         "print(json.dumps(asyncio.run(speed._probe(Path(sys.argv[1])))))\n")
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parent.parent)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    started = [subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True,
+                                cwd=Path(__file__).resolve().parent.parent) for _ in range(processes)]
+    each = []
+    for process in started:
+        out, _ = process.communicate()
+        if process.returncode:
+            raise RuntimeError(f"memory probe process failed ({process.returncode})")
+        each.append(json.loads(out.strip().splitlines()[-1]))
+    if processes == 1:
+        return each[0]
+    loaded = [one["all_keys_loaded"] for one in each]
+    return {"processes": processes, "each": each,
+            "total_all_keys_loaded": {name: round(sum(one[name] for one in loaded), 1) for name in loaded[0]},
+            "total_cache_mb": round(sum(one.get("cache_mb", 0.0) for one in each), 1)}
 
 
 async def _probe(path: Path) -> dict:
@@ -577,13 +591,21 @@ async def _probe(path: Path) -> dict:
         out["after_class_recalls"] = rss_mb()
         cache = getattr(engine, "vector_cache", None)
         if cache is not None:
+            # the start-up warm loads every key that fits, big ones too (a recall defers a big
+            # key's load to the background: measured before it ends, the busy key was missing)
+            out["warmed_keys"] = await engine.warmed()
             keys = await engine.write(lambda conn: [r[0] for r in conn.execute("SELECT DISTINCT vis_key FROM memories")])
             _, qvec = world.query()
             for start in range(0, len(keys), 200):
                 await engine.read(lambda conn, ks=keys[start:start + 200]: vectors.knn(
                     conn, vectors.index_info(conn), qvec.tolist(), ks, 1))
+            for _ in range(1200):  # big keys a recall handed to the background loader: their loads end
+                if not cache._loading:
+                    break
+                await asyncio.sleep(0.1)
             out["all_keys_loaded"] = rss_mb()
             out["cache_mb"] = round(cache.nbytes / 2**20, 1)
+            out["form"] = cache.form
     return out
 
 
@@ -635,16 +657,36 @@ async def run_skew(args) -> list[dict]:
             print(f"built {path} in {row['build']['build_s']} s", flush=True)
         row["db_mb"] = round(db_bytes(path) / 1e6, 1)
         print(f"size {size}:", flush=True)
-        if not args.concurrency_only:
+        if args.forms:
+            row["forms"] = await measure_forms(path, shape, args)
+            rows.append(row)
+            continue
+        if not args.concurrency_only and not args.memory_only:
             row["cold"] = await measure_cold(path, shape)
             row["classes"] = await measure_classes(path, shape, args.viewers, talk=args.talk)
         row["load"] = os.getloadavg()
         if args.classes_only:
             rows.append(row)
             continue
+        if args.memory_only:
+            args.concurrency_only = False
+            row["memory"] = memory_probe(path)
+            print(f"  memory: {row['memory']}", flush=True)
+            for count in [int(n) for n in args.processes.split(",") if n.strip() and int(n) > 1]:
+                row[f"memory_x{count}"] = probe = memory_probe(path, count)
+                print(f"  memory, {count} processes: each "
+                      f"{[(one['all_keys_loaded'], one.get('cache_mb')) for one in probe['each']]}; total "
+                      f"{probe['total_all_keys_loaded']}, caches {probe['total_cache_mb']} MB", flush=True)
+            rows.append(row)
+            continue
         if args.memory and not args.concurrency_only:
             row["memory"] = memory_probe(path)
             print(f"  memory: {row['memory']}", flush=True)
+            for count in [int(n) for n in args.processes.split(",") if n.strip() and int(n) > 1]:
+                row[f"memory_x{count}"] = probe = memory_probe(path, count)
+                print(f"  memory, {count} processes: each "
+                      f"{[(one['all_keys_loaded'], one.get('cache_mb')) for one in probe['each']]}; total "
+                      f"{probe['total_all_keys_loaded']}, caches {probe['total_cache_mb']} MB", flush=True)
         scratch = Path(args.workdir) / f"scratch-{size}.db"
         for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
             p.unlink(missing_ok=True)
@@ -666,6 +708,48 @@ async def run_skew(args) -> list[dict]:
             p.unlink(missing_ok=True)
         rows.append(row)
     return rows
+
+
+async def measure_forms(path: Path, shape: SkewShape, args) -> dict:
+    """The per-class recalls with each MUNINN_VECTOR_FORM in turn, `--rounds` times, the order
+    swapped every round (a shared machine's load drifts: compare within a run); per form and
+    class, the p95 of every round and of all recalls, and the cache's bytes."""
+    forms = [form.strip() for form in args.forms.split(",") if form.strip()]
+    got: dict = {form: {"rounds": []} for form in forms}
+    before = os.environ.get("MUNINN_VECTOR_FORM")
+    try:
+        for round_ in range(args.rounds):
+            for form in forms if round_ % 2 == 0 else forms[::-1]:
+                os.environ["MUNINN_VECTOR_FORM"] = form
+                print(f"  form {form}, round {round_ + 1} (load {os.getloadavg()[0]:.1f})", flush=True)
+                got[form]["rounds"].append(await measure_classes(path, shape, args.viewers, talk=args.talk))
+    finally:
+        if before is None:
+            os.environ.pop("MUNINN_VECTOR_FORM", None)
+        else:
+            os.environ["MUNINN_VECTOR_FORM"] = before
+    for form in forms:
+        rounds = got[form]["rounds"]
+        got[form]["p95"] = {kind: [r[kind]["total"]["p95"] for r in rounds] for kind in VIEWER_CLASSES}
+        got[form]["median"] = {kind: [r[kind]["total"]["median"] for r in rounds] for kind in VIEWER_CLASSES}
+    return got
+
+
+def print_forms(rows: list[dict]) -> None:
+    """The --forms table: per class, each form's p95 per round and the ratio of the means to the first form's."""
+    for r in rows:
+        forms = r.get("forms")
+        if not forms:
+            continue
+        names = list(forms)
+        print(f"\n| size | class | {' | '.join(f'{name} p95 per round' for name in names)} | "
+              f"{' | '.join(f'{name} / {names[0]}' for name in names[1:])} |")
+        print("|---|---|" + "---|" * (2 * len(names) - 1))
+        for kind in VIEWER_CLASSES:
+            means = [sum(forms[name]["p95"][kind]) / len(forms[name]["p95"][kind]) for name in names]
+            cells = [", ".join(f"{p:.2f}" for p in forms[name]["p95"][kind]) for name in names]
+            print(f"| {r['size']:,} | {kind} | {' | '.join(cells)} | "
+                  f"{' | '.join(f'{mean / means[0]:.2f}x' for mean in means[1:])} |")
 
 
 def print_skew(rows: list[dict]) -> None:
@@ -748,6 +832,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="skew: only the cold and per-class recalls (no concurrency, facts, maintenance, memory)")
     parser.add_argument("--concurrency-only", action="store_true",
                         help="skew: only the 20 concurrent recalls (on a scratch copy)")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="skew: only the resident memory of serving processes (see --processes)")
+    parser.add_argument("--processes", default="1,4",
+                        help="skew: the memory probe with these numbers of processes on one file at once")
+    parser.add_argument("--forms", default="", metavar="float32,int8",
+                        help="skew: only the per-class recalls, once per MUNINN_VECTOR_FORM in turn (see --rounds)")
+    parser.add_argument("--rounds", type=int, default=2, help="with --forms: rounds, the order swapped each round")
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--no-writes", dest="writes", action="store_false",
                         help="skip the write and loop-lag measurements (they add memories to the database)")
@@ -770,6 +861,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = asyncio.run(run(args))
         print("\n== summary")
         (print_table if args.shape == "uniform" else print_skew)(rows)
+        print_forms(rows)
     out = Path(args.out) if args.out else RESULTS / f"{args.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))

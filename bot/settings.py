@@ -153,6 +153,16 @@ def check_api_keys(values: dict[str, Any]) -> None:
                                 "one Authorization, so keep only one of them")
 
 
+def _one_of(*choices: str):
+    """One of `choices`, case-insensitive."""
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise SettingsError(f"{name}={raw!r} must be one of {', '.join(choices)}")
+        return value
+    return parse
+
+
 def _path(name: str, raw: str, base: Path | None = None) -> Path:
     """A file path; a relative one is taken from `base` (default: the working directory)."""
     if not raw.strip():
@@ -258,8 +268,8 @@ SETTINGS: dict[str, Spec] = {
     "maintenance_hours": Spec("MUNINN_MAINTENANCE_HOURS", "6", "Hours between automatic maintenance runs in the bot (decay, embeddings, links, consolidation); 0 = never.", _float(0), section=LIFECYCLE),
     "guild_retention_days": Spec("MUNINN_GUILD_RETENTION_DAYS", "30", "Days Muninn keeps what it learned in a server after being removed from it (its room and personal memories, history, channel options); maintenance purges it then, unless Muninn was added back. 0 = at the next maintenance run.", _float(0, 36500), section=LIFECYCLE),
     "db_readers": Spec("MUNINN_DB_READERS", "3", "Database connections that serve recalls beside the one writer (WAL lets readers run while it writes).", _int(1, 32), section=DATABASE),
-    "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "4096", "Most memory for the vectors kept in RAM for fast search (float32, per visibility key; it takes only what the vectors need: docs/performance.md, Memory); keys beyond it are searched inside the database, much slower. Lower it on a small host.", _int(0), section=DATABASE),
-    "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A viewer who sees at least this many vectors (over all their visibility keys) has them ranked first by sign-bit codes (1 bit per dimension), and only the best of them (at least 256) are scored exactly: nearly the exact top results at a fraction of the cost (docs/performance.md); viewers who see fewer, and searches as of a past moment, stay exact; 0 = always exact.", _int(0), section=DATABASE),
+    "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "4096", "Most memory for the vectors kept in RAM for fast search (per visibility key, in MUNINN_VECTOR_FORM; it takes only what the vectors need: int8 about a quarter of float32, docs/performance.md, Memory); keys beyond it are searched inside the database, much slower. Lower it on a small host.", _int(0), section=DATABASE),
+    "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A viewer who sees at least this many vectors (over all their visibility keys) has them ranked first by sign-bit codes (1 bit per dimension), and only the best of them (at least 256) are scored in full (the best of those rescored exactly: MUNINN_VECTOR_FORM): nearly the exact top results at a fraction of the cost (docs/performance.md); viewers who see fewer, and searches as of a past moment, stay exact; 0 = always exact.", _int(0), section=DATABASE),
     "metrics_port": Spec("MUNINN_METRICS_PORT", "", "Health and metrics: the port of /healthz and Prometheus /metrics, served by the bot (docs/deployment.md); empty = off. With several processes, one port each.", _optional_port, section=OPERATIONS),
     "metrics_host": Spec("MUNINN_METRICS_HOST", "127.0.0.1", "Health and metrics: the address /healthz and /metrics listen on; 0.0.0.0 in a container whose port you publish (they show no memories, but counts and host names).", _str, section=OPERATIONS),
     "web_host": Spec("MUNINN_WEB_HOST", "127.0.0.1", "Console (`muninn web`): the address it listens on; it shows everything Muninn keeps, so keep it on the loopback interface and reach it through an SSH tunnel or a reverse proxy with TLS.", _str, section=OPERATIONS),
@@ -278,6 +288,7 @@ SETTINGS: dict[str, Spec] = {
     "embed_url": Spec("MUNINN_EMBED_URL", "", "Embedding server address (several separated by commas); empty = OLLAMA_URL. May differ from the chat server in address and kind; its vectors must have the size the database holds (else `muninn reindex`).", _urls, "url", section=OLLAMA),
     "llm_api_key": Spec("MUNINN_LLM_API_KEY", "", "API key sent (as a Bearer token) to openai-kind servers: OpenRouter, a vLLM or llama-server started with --api-key; never to Ollama-kind servers; empty = none.", _str, "secret", section=OLLAMA),
     "embed_api_key": Spec("MUNINN_EMBED_API_KEY", "", "API key for an openai-kind embedding server that needs a different one; empty = MUNINN_LLM_API_KEY.", _str, "secret", section=OLLAMA),
+    "vector_form": Spec("MUNINN_VECTOR_FORM", "int8", "How the vectors in RAM are held: int8 (a quarter of the memory; the best matches are rescored exactly from the database, recall unchanged on real embeddings) or float32 (as stored, exact without the rescoring reads).", _one_of("int8", "float32"), section=DATABASE),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str, section=LOGGING),
 }
 
@@ -354,6 +365,7 @@ class Settings:
     embed_url: str
     llm_api_key: str
     embed_api_key: str
+    vector_form: str
     log_level: str
 
     def shown(self, key: str) -> str:

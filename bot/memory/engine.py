@@ -83,7 +83,8 @@ class Engine(NamedAccess, Embedding):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-db")
         self._conn: Connection | None = None
         self._throttle = Throttle()
-        self.vector_cache = VectorCache(settings.vector_cache_mb << 20, codes_min=settings.vector_codes_min)
+        self.vector_cache = VectorCache(settings.vector_cache_mb << 20, codes_min=settings.vector_codes_min,
+                                        form=settings.vector_form)
         self.storage = storage_for(settings, self.vector_cache)  # SQLite, or PostgreSQL (storage.py)
         self.messages = Messages(self)  # the channel history
         self.options = Options(self)    # settings of servers, channels and threads set from Discord

@@ -67,6 +67,39 @@ async def test_skewed_speed_benchmark_measures_every_viewer_class(tmp_path, monk
     assert upkeep["first_run_s"] > 0 and upkeep["incremental_added"] == 20
 
 
+async def test_memory_per_process_and_the_forms_side_by_side(tmp_path, monkeypatch):
+    """bench.speed --processes / --forms on a tiny world: every process's figures and their sum;
+    each form's recalls in turn, the cache holding that form's rows."""
+    import argparse
+    shape = SkewShape(400, users=30, channels=8, guilds=2, vocab=1500)
+    path = tmp_path / "skew.db"
+    await build(path, shape)
+    two = speed.memory_probe(path, 2)
+    assert two["processes"] == 2 and len(two["each"]) == 2
+    assert all(one["form"] == "int8" and one["cache_mb"] > 0 and one["all_keys_loaded"]["rssanon"] > 0
+               for one in two["each"])
+    assert two["total_cache_mb"] == pytest.approx(sum(one["cache_mb"] for one in two["each"]), abs=0.2)
+    monkeypatch.delenv("MUNINN_VECTOR_FORM", raising=False)
+    args = argparse.Namespace(forms="float32,int8", rounds=2, viewers=3, talk=True)
+    forms = await speed.measure_forms(path, shape, args)
+    assert set(forms) == {"float32", "int8"} and "MUNINN_VECTOR_FORM" not in __import__("os").environ
+    assert all(len(forms[form]["p95"][kind]) == 2 and min(forms[form]["p95"][kind]) > 0
+               for form in forms for kind in VIEWER_CLASSES)
+
+
+def test_compact_bench_measures_recall_of_int8_against_exact():
+    import numpy as np
+
+    from bench import compact
+    rng = np.random.default_rng(3)
+    rows = compact.unit_rows(rng.standard_normal((600, 32)).astype(np.float32))
+    got = compact.recall(rows[50:], rows[:50])
+    assert got["bytes_per_row"]["int8"] < got["bytes_per_row"]["float32"] / 2
+    assert all(0.9 <= got[f"k={k}"]["recall_rescored"] <= 1.0 for k in compact.KS)
+    assert got[f"k={compact.KS[0]}"]["recall_rescored"] >= got[f"k={compact.KS[0]}"]["recall_int8_alone"]
+    assert 0 < got["max_int8_score_error"] < 0.05
+
+
 CONVERSATION = {
     "sample_id": "conv-test",
     "conversation": {

@@ -6,8 +6,9 @@ COMMON_HITS, COMMON_EXACT, the counted_bm25 scorer), match-first or visible-firs
 (recall.keywords.DENSE_VISIBLE), the shared word-count cache and the removals counter, the vector cache's
 sign-code shortlists (MUNINN_VECTOR_CODES_MIN, vector_codes.RERANK_*), keys loaded in the
 background (vector_cache.INLINE_LOAD_MAX), keys too big for the cache budget (searched in vec0 /
-the server), evictions, the change log, the neighbour loan, the graph walk, the name re-rank,
-and on PostgreSQL the common-word walk per key and the word estimates from the statistics.
+the server), evictions, the change log, int8 rows rescored from the store (MUNINN_VECTOR_FORM), the
+neighbour loan, the graph walk, the name re-rank, and on PostgreSQL the common-word walk per key and
+the word estimates from the statistics.
 
 Here those thresholds are lowered so that a world of ~450 memories takes them, with one key far
 bigger than the others (a busy room), words common to many keys, private channels, DMs, archived
@@ -443,7 +444,9 @@ async def test_scale_paths_never_leak(config, backend, small_ollama, make_settin
     paths = Paths()
     instrument(monkeypatch, paths, postgres)
     rng = random.Random(f"{config}-{postgres}-{os.environ.get('MUNINN_SCALE_SEED', '')}")  # other seeds: more worlds
-    env = {"MUNINN_VECTOR_CODES_MIN": "40", "MUNINN_GRAPH_LIMIT": "50", "MUNINN_RECALL_LIMIT": "5"}
+    env = {"MUNINN_VECTOR_CODES_MIN": "40", "MUNINN_GRAPH_LIMIT": "50", "MUNINN_RECALL_LIMIT": "5",
+           # both forms of the cache's rows: int8 (rescored from the store) beside codes, float32 in the tight budget
+           "MUNINN_VECTOR_FORM": "int8" if config == "coded" else "float32"}
     settings = make_settings(small_ollama.url, **env)
 
     specs = make_world(rng)

@@ -1,6 +1,16 @@
-"""One visibility key's vectors as numpy arrays, and the scoring of a query against them."""
+"""One visibility key's vectors as numpy arrays, and the scoring of a query against them.
+
+A key's rows are held in one of two forms (MUNINN_VECTOR_FORM): `float32`, the stored vectors
+as they are, or `int8`, each row scaled by its largest component to the int8 range and kept
+with that scale (a quarter of the bytes). An int8 row's dot product with a unit query is
+close to the exact one, off by at most half a step per component: good enough to choose a
+short list, not to answer. The cache (cache.py) rescores that short list exactly from the store of
+record. A per-row scale (not one per key) keeps every row's accuracy whatever is appended
+later: a key's range never has to grow and no row is ever quantised twice.
+"""
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -11,6 +21,56 @@ from bot.memory.vectors import index as vectors
 SLACK_ROWS = 4             # room for a few new vectors before a key's arrays are copied
 GROWTH = 1.25              # then 25 % more, so appends cost O(1) on average
 MIN_DEAD_TO_COMPACT = 64
+FORMS = ("float32", "int8")
+INT8_MAX = 127
+RESCORE_EXTRA = 8
+DECODE_BYTES = 1 << 20     # int8 rows are widened to float32 this many bytes at a time (stays in the CPU cache)
+QUANTISE_BYTES = 4 << 20   # float32 rows quantised at a time when a key is loaded
+
+
+# (ids, created, matrix, n, scales): one key's arrays as a search reads them (KeyVectors.view)
+View = tuple[np.ndarray, np.ndarray, np.ndarray, int, "np.ndarray | None"]
+
+
+def quantise(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 rows, float32 scale of each row): row ~ scale * int8 row, the largest component
+    mapped to +-INT8_MAX (an all-zero row gets scale 0)."""
+    rows = np.asarray(rows, dtype=np.float32).reshape(-1, rows.shape[-1])
+    peak = np.max(np.abs(rows), axis=1) if rows.size else np.zeros(len(rows), dtype=np.float32)
+    scales = (peak / INT8_MAX).astype(np.float32)
+    safe = np.where(scales > 0, scales, 1.0).astype(np.float32)
+    codes = np.rint(rows / safe[:, None])
+    np.clip(codes, -INT8_MAX, INT8_MAX, out=codes)
+    return codes.astype(np.int8), scales
+
+
+_buffers = threading.local()
+
+
+def _decode_buffer(rows: int, dim: int) -> np.ndarray:
+    """This thread's float32 scratch of at least rows x dim (no allocation per search)."""
+    buffer = getattr(_buffers, "block", None)
+    if buffer is None or buffer.shape[1] != dim or len(buffer) < rows:
+        buffer = _buffers.block = np.empty((rows, dim), dtype=np.float32)
+    return buffer[:rows]
+
+
+def scores_of(matrix: np.ndarray, q: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
+    """`matrix @ q` as float32 for rows in either form: int8 rows (with their `scales`) are
+    widened a block at a time into a scratch buffer, then multiplied by their scale."""
+    if scales is None:
+        return matrix @ q
+    n, dim = matrix.shape
+    out = np.empty(n, dtype=np.float32)
+    step = max(16, DECODE_BYTES // (4 * max(1, dim)))
+    block = _decode_buffer(min(step, max(1, n)), dim)
+    for start in range(0, n, step):
+        end = min(n, start + step)
+        rows = block[:end - start]
+        np.copyto(rows, matrix[start:end], casting="unsafe")
+        np.matmul(rows, q, out=out[start:end])
+    out *= scales[:n]
+    return out
 
 
 class KeyVectors:
@@ -20,21 +80,33 @@ class KeyVectors:
     `codes`: the rows' sign codes (vector_codes.py), only for a key searched by code (packed at
     load for a key big enough to be searched by code alone, else by the first search that
     shortlists it: `pack_codes` / `install_codes`), else None. Packing every key made each
-    key's load markedly slower and took memory for codes no search read."""
-    __slots__ = ("ids", "created", "matrix", "codes", "n", "dead", "row_of")
+    key's load markedly slower and took memory for codes no search read.
+    `form`: float32 rows, or int8 rows with each row's scale in `scales` (None for float32)."""
+    __slots__ = ("ids", "created", "matrix", "scales", "codes", "n", "dead", "row_of")
 
     def __init__(self, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, spare: int = 0,
-                 coded: bool = False):
+                 coded: bool = False, form: str = "float32"):
         n = len(ids)
         cap = n + SLACK_ROWS + spare
         self.ids = np.full(cap, -1, dtype=np.int64)
         self.created = np.zeros(cap, dtype=np.float64)
-        self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.float32)
-        self.ids[:n], self.created[:n], self.matrix[:n] = ids, created, matrix
+        self.scales: np.ndarray | None = None
+        if form == "int8":
+            self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.int8)
+            self.scales = np.zeros(cap, dtype=np.float32)
+            # a block at a time: quantising a big key whole took several float32 copies of it at once
+            step = max(1, QUANTISE_BYTES // (4 * max(1, matrix.shape[1])))
+            for start in range(0, n, step):
+                end = min(n, start + step)
+                self.matrix[start:end], self.scales[start:end] = quantise(matrix[start:end])
+        else:
+            self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.float32)
+            self.matrix[:n] = matrix
+        self.ids[:n], self.created[:n] = ids, created
         self.codes: np.ndarray | None = None
         if coded:
             self.codes = vector_codes.empty(matrix.shape[1], cap)
-            self.codes[:, :n] = vector_codes.pack(matrix)
+            self.codes[:, :n] = vector_codes.pack(self.matrix[:n])
         self.n = n
         self.dead = 0
         self.row_of = {int(mid): i for i, mid in enumerate(ids)}
@@ -43,7 +115,13 @@ class KeyVectors:
     def nbytes(self) -> int:
         """The bytes its arrays take (ids, times, matrix, codes when packed), counted against the cache's budget."""
         codes = self.codes.nbytes if self.codes is not None else 0
-        return self.matrix.nbytes + self.ids.nbytes + self.created.nbytes + codes
+        scales = self.scales.nbytes if self.scales is not None else 0
+        return self.matrix.nbytes + self.ids.nbytes + self.created.nbytes + codes + scales
+
+    @staticmethod
+    def row_bytes(dim: int, form: str) -> int:
+        """The bytes one row takes in `form` (vector, its scale, id, created_at), codes aside."""
+        return dim + 4 + 16 if form == "int8" else dim * 4 + 16
 
     @staticmethod
     def pack_codes(matrix: np.ndarray, n: int) -> tuple[np.ndarray, int, np.ndarray]:
@@ -69,10 +147,10 @@ class KeyVectors:
         """How many rows hold a vector: rows [0, n) less the removed ones."""
         return self.n - self.dead
 
-    def view(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """(ids, created, matrix, n) as of now: a search reads rows [0, n)
+    def view(self) -> View:
+        """(ids, created, matrix, n, scales) as of now: a search reads rows [0, n)
         of these arrays, which later appends and swaps leave as they are."""
-        return self.ids, self.created, self.matrix, self.n
+        return self.ids, self.created, self.matrix, self.n, self.scales
 
     def discard(self, memory_id: int) -> None:
         """Remove a memory's vector (its row gets id -1), compacting once enough rows
@@ -91,9 +169,13 @@ class KeyVectors:
         if self.n == len(self.ids):
             self._regrow(int(self.n * GROWTH) + SLACK_ROWS)
         row = self.n
-        self.matrix[row] = vector
+        if self.scales is not None:
+            rows, scales = quantise(np.asarray(vector, dtype=np.float32).reshape(1, -1))
+            self.matrix[row], self.scales[row] = rows[0], scales[0]
+        else:
+            self.matrix[row] = vector
         if self.codes is not None:
-            self.codes[:, row] = vector_codes.pack(np.asarray(vector, dtype=np.float32).reshape(1, -1))[:, 0]
+            self.codes[:, row] = vector_codes.pack(self.matrix[row:row + 1])[:, 0]
         self.created[row] = created_at
         self.ids[row] = memory_id
         self.row_of[memory_id] = row
@@ -105,9 +187,13 @@ class KeyVectors:
         capacity = max(capacity, count + 1)
         ids = np.full(capacity, -1, dtype=np.int64)
         created = np.zeros(capacity, dtype=np.float64)
-        matrix = np.zeros((capacity, self.matrix.shape[1]), dtype=np.float32)
+        matrix = np.zeros((capacity, self.matrix.shape[1]), dtype=self.matrix.dtype)
         ids[:count], created[:count], matrix[:count] = (self.ids[:self.n][alive], self.created[:self.n][alive],
                                                         self.matrix[:self.n][alive])
+        if self.scales is not None:
+            scales = np.zeros(capacity, dtype=np.float32)
+            scales[:count] = self.scales[:self.n][alive]
+            self.scales = scales
         codes = None
         if self.codes is not None:
             codes = vector_codes.empty(self.matrix.shape[1], capacity)
@@ -129,18 +215,26 @@ def unit(vector: Sequence[float]) -> np.ndarray:
     return q / norm
 
 
+def rescore_count(k: int) -> int:
+    """How many of the best close (int8) scores are rescored exactly for `k` results:
+    RESCORE_EXTRA more (a true top-k row ranked just below the k-th by its close score is
+    still read; twice k kept no more of the exact top k on real embeddings, bench/compact.py)."""
+    return k + RESCORE_EXTRA
+
+
 def distance_of(score: float) -> float:
     """L2 distance between unit vectors from their dot product (what vec0 returns)."""
     return float(np.sqrt(max(0.0, 2.0 - 2.0 * float(score))))
 
 
 def top_scores(ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, q: np.ndarray, k: int,
-               as_of: float | None, skip: np.ndarray | None) -> list[tuple[float, int]]:
+               as_of: float | None, skip: np.ndarray | None,
+               scales: np.ndarray | None = None) -> list[tuple[float, int]]:
     """The k best (dot product, id) of one key's rows for the unit query `q`, in no particular
     order, leaving out removed rows, those created after `as_of` and the ids in `skip`."""
     if len(ids) == 0:
         return []
-    scores = matrix @ q
+    scores = scores_of(matrix, q, scales)
     scores[ids < 0] = -np.inf
     if as_of is not None:
         scores[created > as_of] = -np.inf
@@ -149,18 +243,20 @@ def top_scores(ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, q: np.n
     return top_scores_of(ids, scores, k)
 
 
-def top_scores_over(views: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]], q: np.ndarray, k: int,
+def top_scores_over(views: list[View], q: np.ndarray, k: int,
                     as_of: float | None, skip: np.ndarray | None) -> list[tuple[float, int]]:
     """The k best over several keys' rows: one product per key (their arrays stay where they
     are, no copy), then one selection over all the scores instead of one per key."""
     views = [view for view in views if view[3] > 0]
     if len(views) == 1:
-        ids, created, matrix, n = views[0]
-        return top_scores(ids[:n], created[:n], matrix[:n], q, k, as_of, skip)
+        ids, created, matrix, n, scales = views[0]
+        return top_scores(ids[:n], created[:n], matrix[:n], q, k, as_of, skip,
+                          None if scales is None else scales[:n])
     if not views:
         return []
     ids = np.concatenate([view[0][:view[3]] for view in views])
-    scores = np.concatenate([view[2][:view[3]] @ q for view in views])
+    scores = np.concatenate([scores_of(matrix[:n], q, None if scales is None else scales[:n])
+                             for _, _, matrix, n, scales in views])
     scores[ids < 0] = -np.inf
     if as_of is not None:
         scores[np.concatenate([view[1][:view[3]] for view in views]) > as_of] = -np.inf

@@ -2,8 +2,11 @@
 
 sqlite-vec 0.1.9 (scalar build) scans each vector in scalar code, plus a fixed cost per partition;
 numpy `X @ q` reads the same vectors at memory bandwidth, many times faster.
-So the engine keeps, per visibility key, a float32 matrix of that key's vectors, and a scoped
-KNN is one matrix-vector product per visible key: its cost is what the viewer may see.
+So the engine keeps, per visibility key, a matrix of that key's vectors, and a scoped
+KNN is one matrix-vector product per visible key: its cost is what the viewer may see. The
+matrix is float32 or, by default, int8 with a scale per row (arrays.py, MUNINN_VECTOR_FORM):
+int8 scores choose a short list whose stored float32 vectors are read in one go and give the
+exact scores returned (`_rescored`).
 
 vec0 stays the store of record. Every `vectors.put`/`vectors.remove` appends the memory id to
 `vector_changes` in the same transaction; before each search the cache applies the changes it
@@ -35,7 +38,7 @@ from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE
 from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
-from bot.memory.vectors.arrays import KeyVectors, distance_of, top_scores_of, top_scores_over, unit
+from bot.memory.vectors.arrays import KeyVectors, distance_of, rescore_count, top_scores_of, top_scores_over, unit
 from bot.memory.vectors.keys import CachedKeys
 from bot.memory.vectors.source import Overlay, read_with
 
@@ -103,12 +106,16 @@ class VectorCache(CachedKeys):
         exact, parts = [], []
         for view, codes, removed in views:
             if coded and codes is not None and self._key_coded(view[3]):
-                ids, _, matrix, n = view
-                parts.append((codes, ids, matrix, n, removed))
+                ids, _, matrix, n, scales = view
+                parts.append((codes, ids, matrix, n, removed, scales))
             else:
                 exact.append(view)
-        scored = top_scores_of(*vector_codes.search_many(parts, q, k, skip), k) if parts else []
-        scored += top_scores_over(exact, q, k, as_of, skip)
+        # int8 rows give close scores: the best `short` of them are rescored exactly below
+        short = k if self.form == "float32" else rescore_count(k)
+        scored = top_scores_of(*vector_codes.search_many(parts, q, k, skip), short) if parts else []
+        scored += top_scores_over(exact, q, short, as_of, skip)
+        if self.form != "float32":
+            scored = self._rescored(conn, info, scored, q, short)
         if in_vec0:
             scored += [(1.0 - d * d / 2.0, mid) for mid, d in self.source.search(conn, info, q.tolist(), in_vec0, k, as_of)
                        if mid not in overlay]
@@ -116,6 +123,18 @@ class VectorCache(CachedKeys):
             scored += self._overlay_scores(conn, info, overlay, set(keys), q, as_of)
         scored.sort(key=lambda item: (-item[0], item[1]))
         return [(mid, distance_of(score)) for score, mid in scored[:k]]
+
+    def _rescored(self, conn: Connection, info: vectors.IndexInfo, scored: list[tuple[float, int]],
+                  q: np.ndarray, short: int) -> list[tuple[float, int]]:
+        """The `short` best of `scored` (close scores of int8 rows) with their exact scores, from
+        the stored float32 vectors read in one go; one no longer stored (removed since the sync)
+        is left out, as the next sync would."""
+        if not scored:
+            return scored
+        scored.sort(key=lambda item: (-item[0], item[1]))
+        wanted = [mid for _, mid in scored[:short]]
+        found = self.source.read_vectors(conn, info, wanted)
+        return [(float(found[mid] @ q), mid) for mid in wanted if mid in found]
 
     def cosines(self, conn: Connection, info: vectors.IndexInfo, query: Sequence[float],
                 ids: Sequence[int], *, synced: bool = False) -> dict[int, float]:
@@ -137,6 +156,11 @@ class VectorCache(CachedKeys):
                     found.append((memory_id, entry.matrix[row]))
         if not found:
             return {}
+        if self.form != "float32":  # int8 rows are close, not exact: the stored vectors, read in one go
+            stored = self.source.read_vectors(conn, info, [memory_id for memory_id, _ in found])
+            found = [(memory_id, stored[memory_id]) for memory_id, _ in found if memory_id in stored]
+            if not found:
+                return {}
         rows = np.stack([vector for _, vector in found])
         # vec0's vec_distance_cosine divides by both norms; so does this (stored vectors are unit already).
         scores = (rows @ q) / np.maximum(np.linalg.norm(rows, axis=1), np.finfo(np.float32).tiny)
@@ -184,9 +208,14 @@ class VectorCache(CachedKeys):
                     out[memory_id] = self.source.similar_to_memory(conn, info, memory_id, [key], k)
                 continue
             with self._lock:  # the rows and the arrays they index, from one moment
-                ids, _, matrix, n = entry.view()
+                ids, _, matrix, n, scales = entry.view()
                 rows = [entry.row_of.get(mid) for mid in wanted]
             ids, matrix = ids[:n], matrix[:n]
+            if scales is not None:  # int8 rows: the key's exact rows, read from the store as a load does
+                ids, _, matrix = self.source.load_key(conn, info, key)
+                row_of = {int(mid): row for row, mid in enumerate(ids.tolist())}
+                rows = [row_of.get(mid) for mid in wanted]
+                n = len(ids)
             present = [(mid, row) for mid, row in zip(wanted, rows, strict=True) if row is not None]
             step = max(1, block_bytes // max(1, 4 * n))
             for start in range(0, len(present), step):

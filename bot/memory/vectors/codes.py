@@ -93,23 +93,29 @@ def rerank_count(n: int, k: int) -> int:
 
 
 def search(codes: np.ndarray, ids: np.ndarray, matrix: np.ndarray, n: int, q: np.ndarray, k: int,
-           skip: np.ndarray | None, removed: bool = True) -> tuple[np.ndarray, np.ndarray]:
+           skip: np.ndarray | None, removed: bool = True,
+           scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`search_many` over one key."""
-    return search_many([(codes, ids, matrix, n, removed)], q, k, skip)
+    return search_many([(codes, ids, matrix, n, removed, scales)], q, k, skip)
 
 
-def search_many(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, bool]], q: np.ndarray, k: int,
+# per key: (codes, ids, matrix, n, removed, scales): see search_many
+Part = tuple[np.ndarray, np.ndarray, np.ndarray, int, bool, "np.ndarray | None"]
+
+
+def search_many(parts: list[Part], q: np.ndarray, k: int,
                 skip: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, exact scores) of the rows shortlisted by code over several keys' rows, one shortlist
+    """(ids, scores) of the rows shortlisted by code over several keys' rows, one shortlist
     for all of them (as big as one key of all their rows would get); removed and skipped rows
-    score -inf. `parts`: per key (codes, ids, matrix, n, removed), `removed`: rows [0, n) may hold
-    removed ones (id -1; False skips looking for them).
+    score -inf. `parts`: per key (codes, ids, matrix, n, removed, scales), `removed`: rows [0, n)
+    may hold removed ones (id -1; False skips looking for them); `scales`: the rows are int8
+    with these scales (arrays.py; their scores are then close, not exact), None: float32 rows.
     Not for searches as of a past moment (the caller keeps those exact: a time filter could
     leave few of the shortlisted rows)."""
     query_code = pack(q[None])[:, 0]
-    offsets = np.cumsum([0] + [n for _, _, _, n, _ in parts])
+    offsets = np.cumsum([0] + [n for _, _, _, n, _, _ in parts])
     distances = np.empty(int(offsets[-1]), dtype=np.uint16)
-    for (codes, ids, _, n, removed), start in zip(parts, offsets.tolist(), strict=False):
+    for (codes, ids, _, n, removed, _), start in zip(parts, offsets.tolist(), strict=False):
         mine = hamming(codes, n, query_code, out=distances[start:start + n])
         # Removed rows take no place in the shortlist: one past the farthest possible distance (not
         # uint16's max: nearest_rows' bincount would then count 65,536 bins per search, several times its cost).
@@ -118,10 +124,11 @@ def search_many(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, bool]
     rows = nearest_rows(distances, rerank_count(len(distances), k))
     bounds = np.searchsorted(rows, offsets).tolist()
     got, scored = [], []
-    for (_, ids, matrix, _, _), start, lo, hi in zip(parts, offsets.tolist(), bounds, bounds[1:], strict=False):
+    for (_, ids, matrix, _, _, scales), start, lo, hi in zip(parts, offsets.tolist(), bounds, bounds[1:], strict=False):
         mine = rows[lo:hi] - start
         got.append(ids[mine])
-        scored.append(matrix[mine] @ q)  # sorted rows: read in order
+        # sorted rows: read in order
+        scored.append(matrix[mine] @ q if scales is None else (matrix[mine].astype(np.float32) @ q) * scales[mine])
     got_ids = np.concatenate(got) if got else np.zeros(0, dtype=np.int64)
     scores = np.concatenate(scored) if scored else np.zeros(0, dtype=np.float32)
     scores[got_ids < 0] = -np.inf

@@ -12,7 +12,7 @@ from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE
 from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
-from bot.memory.vectors.arrays import SLACK_ROWS, KeyVectors
+from bot.memory.vectors.arrays import FORMS, SLACK_ROWS, KeyVectors
 from bot.memory.vectors.source import Changed, Overlay, VectorSource, read_with
 
 RELOAD_AFTER_CHANGES = 256  # more changes than this (and 1 % of the key) to one cached key: reload it on demand
@@ -60,8 +60,14 @@ def _empty_key(dim: int) -> KeyVectors:
 class CachedKeys:
     """The state of a VectorCache (cache.py, its searches): the keys it holds and their bookkeeping."""
 
-    def __init__(self, budget_bytes: int, source: VectorSource | None = None, codes_min: int = 0):
+    def __init__(self, budget_bytes: int, source: VectorSource | None = None, codes_min: int = 0,
+                 form: str = "float32"):
+        if form not in FORMS:
+            raise ValueError(f"vector form must be one of {', '.join(FORMS)}, not {form!r}")
         self.budget_bytes = budget_bytes
+        # How keys hold their rows (arrays.py): float32 as stored, or int8 with a scale per row,
+        # whose search results the cache rescores exactly from the source (VectorCache.knn).
+        self.form = form
         # where the vectors come from: the backend sets it (SQLite: vec0.attach_cache; PostgreSQL: its storage)
         self.source: VectorSource = source or _NoSource()
         # A search over at least this many vectors (all the viewer's keys) shortlists them by sign
@@ -307,8 +313,8 @@ class CachedKeys:
             ids, created, matrix = self.source.load_key(conn, info, key)
             # Built off the lock: the copy, the id map and the codes take long for a big key,
             # and every search waits for the lock.
-            entry = (KeyVectors(ids, created, matrix, spare_rows(len(ids)), coded=self._coded(len(ids)))
-                     if matrix.nbytes <= self.budget_bytes
+            entry = (KeyVectors(ids, created, matrix, spare_rows(len(ids)), coded=self._coded(len(ids)), form=self.form)
+                     if (matrix.nbytes if self.form == "float32" else matrix.size) <= self.budget_bytes
                      else None)
             with self._lock:
                 if self._generation != generation:
@@ -338,7 +344,7 @@ class CachedKeys:
         writes. Stops early when `stop` is set. Returns how many keys it loaded."""
         if not conn.get_autocommit() or self._sync(conn, info) is None:
             return 0
-        per_vector = info.dim * 4 + 16  # matrix row + id + created_at (+ a code in a key searched by code)
+        per_vector = KeyVectors.row_bytes(info.dim, self.form)  # (+ a code in a key searched by code)
         loaded = 0
         with self._lock:
             generation = self._generation

@@ -74,7 +74,8 @@ def test_a_memory_stored_before_its_key_was_cached_gets_the_same_cosine(tmp_path
     conn.close()
 
 
-def test_one_selection_over_all_keys_equals_one_per_key():
+@pytest.mark.parametrize("form", ["float32", "int8"])
+def test_one_selection_over_all_keys_equals_one_per_key(form):
     """vector_cache.top_scores_over (one argpartition over every visible key) picks what
     selecting per key and merging did, with removed rows, an as_of and skipped ids."""
     from bot.memory.vectors.arrays import KeyVectors, top_scores, top_scores_over
@@ -82,14 +83,16 @@ def test_one_selection_over_all_keys_equals_one_per_key():
     entries = []
     for size in (0, 3, 40, 7, 120):
         matrix = rng.standard_normal((size, DIM_)).astype(np.float32)
-        entry = KeyVectors(np.arange(size, dtype=np.int64) + 1000 * len(entries), rng.uniform(0, 100, size), matrix)
+        entry = KeyVectors(np.arange(size, dtype=np.int64) + 1000 * len(entries), rng.uniform(0, 100, size), matrix,
+                           form=form)
         for memory_id in entry.ids[:entry.n][::5].tolist():
             entry.discard(int(memory_id))
         entries.append(entry)
     q = rng.standard_normal(DIM_).astype(np.float32)
     for k, as_of, skip in ((5, None, None), (30, 50.0, np.array([4001, 4002, 2011])), (500, 10.0, None)):
         views = [entry.view() for entry in entries]
-        per_key = sorted((pair for ids, created, matrix, n in views
-                          for pair in top_scores(ids[:n], created[:n], matrix[:n], q, k, as_of, skip)), reverse=True)[:k]
+        per_key = sorted((pair for ids, created, matrix, n, scales in views
+                          for pair in top_scores(ids[:n], created[:n], matrix[:n], q, k, as_of, skip,
+                                                 None if scales is None else scales[:n])), reverse=True)[:k]
         assert sorted(top_scores_over(views, q, k, as_of, skip), reverse=True)[:k] == per_key
 

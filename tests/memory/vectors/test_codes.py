@@ -232,7 +232,7 @@ def test_one_shortlist_over_several_keys_ranks_their_rows_together():
     q /= np.linalg.norm(q)
     keys = [rng.standard_normal((n, DIM)).astype(np.float32) for n in (700, 40, 500)]
     keys[1][3] = q                                              # the nearest row sits in the smallest key
-    parts = [(vector_codes.pack(m), np.arange(n, dtype=np.int64) + 10_000 * i, m, n, False)
+    parts = [(vector_codes.pack(m), np.arange(n, dtype=np.int64) + 10_000 * i, m, n, False, None)
              for i, (m, n) in enumerate((m, len(m)) for m in keys)]
     got, scores = vector_codes.search_many(parts, q, 10, None)
     assert len(got) == vector_codes.rerank_count(1240, 10) and 10_003 in got.tolist()
