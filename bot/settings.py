@@ -117,6 +117,13 @@ def _timezone(name: str, raw: str) -> ZoneInfo:
         raise SettingsError(f"{name}={raw!r} is not an IANA time zone such as Europe/Oslo or UTC") from None
 
 
+def _fusion(name: str, raw: str) -> str:
+    low = raw.strip().lower()
+    if low not in ("scores", "ranks"):
+        raise SettingsError(f"{name}={raw!r} must be scores or ranks")
+    return low
+
+
 def _bool(name: str, raw: str) -> bool:
     low = raw.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -164,14 +171,17 @@ SETTINGS: dict[str, Spec] = {
     "ollama_concurrency": Spec("OLLAMA_MAX_CONCURRENCY", "2", "Most chat requests sent to Ollama at once.", _int(1, 64)),
     "recall_limit": Spec("MUNINN_RECALL_LIMIT", "5", "Memories recalled per message before graph augmentation.", _int(1, 100)),
     "graph_limit": Spec("MUNINN_GRAPH_LIMIT", "3", "Most linked memories added by the 1-hop graph walk.", _int(0, 50)),
-    "rrf_k": Spec("MUNINN_RRF_K", "3", "Reciprocal Rank Fusion constant k (small = trust the top ranks; chosen on LoCoMo, bench/README.md).", _float(positive=True)),
-    "rrf_weight_fts": Spec("MUNINN_RRF_WEIGHT_FTS", "1.0", "Weight of the keyword (FTS5) path in fusion.", _float(0)),
-    "rrf_weight_vec": Spec("MUNINN_RRF_WEIGHT_VEC", "0.8", "Weight of the vector path in fusion.", _float(0)),
+    "rrf_k": Spec("MUNINN_RRF_K", "3", "Reciprocal Rank Fusion constant k, with MUNINN_FUSION=ranks (small = trust the top ranks).", _float(positive=True)),
+    "rrf_weight_fts": Spec("MUNINN_RRF_WEIGHT_FTS", "1.0", "Weight of the keyword (FTS5) path in rank fusion (MUNINN_FUSION=ranks).", _float(0)),
+    "rrf_weight_vec": Spec("MUNINN_RRF_WEIGHT_VEC", "0.8", "Weight of the vector path in rank fusion (MUNINN_FUSION=ranks).", _float(0)),
     "neighbour_share": Spec("MUNINN_NEIGHBOUR_SHARE", "0.5", "Share of a hit's fusion score lent to the memories stored just before and after it (0 = off).", _float(0, 2)),
     "time_weight": Spec("MUNINN_TIME_WEIGHT", "0.02", "Ranking: how much retention and importance may lift a memory (score = relevance x (1 + weight x vitality)); small, so time breaks near-ties and never buries relevance (README, Ranking).", _float(0, 10)),
     "date_boost": Spec("MUNINN_DATE_BOOST", "1.0", "Ranking: lift for memories stored on a day or in a month the question names (\"on 7 July\", \"in August\"): score x (1 + boost).", _float(0, 10)),
     "keyword_lead": Spec("MUNINN_KEYWORD_LEAD", "1.1", "Ranking: the best keyword (BM25) match goes first when it beats the runner-up keyword match by this factor (0 = off).", _float(0, 100)),
     "touch_min_cosine": Spec("MUNINN_TOUCH_MIN_COSINE", "", "Cosine to the query a recalled memory needs to be strengthened (touched); empty = the floor measured for the embedding model, or half the best hit's cosine for a model not measured (bot/memory/recall/ranking.py).", _optional_float(-1.0, 1.0)),
+    "fusion": Spec("MUNINN_FUSION", "scores", "Recall: how the keyword and vector paths become one list: scores (each memory's BM25, relative to the best keyword hit, and its cosine, spread over the candidates) or ranks (Reciprocal Rank Fusion, MUNINN_RRF_*) (bot/memory/recall/fusion.py).", _fusion),
+    "fusion_vector_share": Spec("MUNINN_FUSION_VECTOR_SHARE", "0.5", "Recall, score fusion: the vector path's share of the fused score (0 = keywords only, 1 = meaning only); chosen by cross-validation over LoCoMo and BEAM conversations (bench/README.md).", _float(0, 1)),
+    "inject_min_cosine": Spec("MUNINN_INJECT_MIN_COSINE", "", "Relevance floor: the cosine to the message a recalled memory needs to be put into the prompt, so a question about something never discussed gets no memories; empty = the floor measured for the embedding model (none for a model not measured); -1 = off.", _optional_float(-1.0, 1.0)),
     "base_stability_days": Spec("MUNINN_BASE_STABILITY_DAYS", "7", "Decay: days until an unimportant, never-recalled memory falls to 37% retention.", _float(positive=True)),
     "stability_growth": Spec("MUNINN_STABILITY_GROWTH", "1.5", "Decay: factor by which each recall multiplies a memory's stability.", _float(1.0, 10.0)),
     "timezone": Spec("MUNINN_TIMEZONE", "UTC", "Time zone for the timestamps shown to the LLM.", _timezone),
@@ -228,6 +238,9 @@ class Settings:
     date_boost: float
     keyword_lead: float
     touch_min_cosine: float | None
+    fusion: str
+    fusion_vector_share: float
+    inject_min_cosine: float | None
     base_stability_days: float
     stability_growth: float
     timezone: ZoneInfo

@@ -408,7 +408,7 @@ class Pipeline:
             self._log("recall", logging.ERROR, "recall failed, answering without memories: %s: %s",
                       type(exc).__name__, exc)
             return []
-        return await claims(self.engine, [r.memory for r in found.memories], viewer_id=incoming.author_id,
+        return await claims(self.engine, [r.memory for r in found.relevant()], viewer_id=incoming.author_id,
                             viewer_name=incoming.author_name, channel_id=None if incoming.dm else incoming.channel_id)
 
     async def _db_or(self, default: D, what: str, job: Awaitable[T]) -> T | D:

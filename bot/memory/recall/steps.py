@@ -3,7 +3,7 @@
 The keyword step runs while the question is being embedded: the viewer's visibility keys, the
 keyword hits (re-ranked by the names the plain query left out) and the vector index's state.
 The search step takes the embedding: vector candidates, fusion, the neighbour loan, the final
-order, the fair share of each member (fair_share.py), the graph walk, and each chosen memory's
+order (fusion.py), the fair share of each member (fair_share.py), the graph walk, and each chosen memory's
 cosine to the question.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from bot.memory.recall import fair_share, ranking, retrieval, subqueries
+from bot.memory.recall import fair_share, fusion, ranking, retrieval, subqueries
 from bot.memory.recall.dates import DateHint
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import Viewer
@@ -61,13 +61,15 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
     keys, info, depth = found.keys, found.info, limit * 3
     vector_hits = (storage.vector_candidates(conn, info, vector, keys, depth, as_of)
                    if vector is not None and info is not None else [])
+    if vector is not None and vector_hits and found.hits and settings.fusion == fusion.SCORES:
+        # score fusion weighs every keyword hit's cosine too (the vector cache has them at hand)
+        storage.measure_similarity(conn, vector, found.hits, info)
     t1 = time.perf_counter()
-    fused = retrieval.fuse(found.hits, vector_hits, k=settings.rrf_k, limit=len(found.hits) + len(vector_hits),
-                           weight_fts=settings.rrf_weight_fts, weight_vector=settings.rrf_weight_vec)
+    fused = fusion.fuse(found.hits, vector_hits, settings)
     fused = storage.spread_to_neighbours(conn, fused, keys, settings.neighbour_share, as_of)
     fused = storage.final_order(conn, fused, now, time_weight=settings.time_weight, date_hints=date_hints,
                                 date_boost=settings.date_boost, tz=settings.timezone)
-    if settings.rrf_weight_fts > 0:
+    if fusion.keywords_count(settings):
         fused = ranking.keyword_winner_first(fused, settings.keyword_lead)
     fair = fair_share.FairShare(found.viewer_id, fair_share.share_of(limit))
     relevant = fair_share.relevance(fused, ranking.touch_floor(settings.embed_model, settings.touch_min_cosine))
