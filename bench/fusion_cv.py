@@ -36,7 +36,7 @@ from pathlib import Path
 from . import beam, quality
 from .embed_server import MINILM_NAME, EmbedServerProcess
 
-DEFAULT_GRID = ("MUNINN_FUSION=scores;@fusion.AGREEMENT=0,2,4;MUNINN_FUSION_VECTOR_SHARE=0.4,0.5,0.6,0.7;"
+DEFAULT_GRID = ("MUNINN_FUSION_VECTOR_SHARE=0.5,0.6;@fusion.AGREEMENT=0,2,4;@fusion.RANK_SHARE=0,0.15,0.3,0.5;"
                 "MUNINN_KEYWORD_LEAD=0,1.1|MUNINN_FUSION=ranks")
 FLOORS = tuple(round(0.05 * i, 2) for i in range(2, 13))
 

@@ -6,7 +6,8 @@ hit the same whether its cosine is high or low. Weights chosen where keywords ar
 then hurt wherever meaning matters more than words: the fused list fell below the vector
 path alone. Score fusion weighs how good each path's evidence is, question by question:
 
-    fused   = (1 - share) x trust x keyword + share x meaning
+    fused   = (1 - RANK_SHARE) x scores + RANK_SHARE x rrf / the best rrf
+    scores  = (1 - share) x trust x keyword + share x meaning
     keyword = bm25 / the best bm25 among the question's keyword hits, in their order (0: a non-hit)
     meaning = (cosine - lowest) / (highest - lowest) over the candidates       (0 without a vector)
     trust   = (mean cosine of the best keyword hits / mean of the best cosines) ^ AGREEMENT, in 0..1
@@ -17,10 +18,13 @@ to the question's best hit (no match, its floor, is 0); cosines are spread over 
 candidates' range. `trust` is the paths' agreement: when the best keyword hits are far from
 the question in meaning (the question's words are common in the conversation, or the
 answer paraphrases), the keyword path counts for less in this question; when they are among
-the nearest, fully. `share` (MUNINN_FUSION_VECTOR_SHARE) and AGREEMENT were chosen by
-cross-validation over the LoCoMo and BEAM development conversations (bench/fusion_cv.py,
-bench/README.md): each conversation left out in turn, the setting best on the others was
-the same in nearly every fold.
+the nearest, fully. A share of the old rank fusion (retrieval.fuse, MUNINN_RRF_*) stays in:
+where the scores are close, the top ranks of each path still order them (it kept LoCoMo,
+where keywords are strong, at its level while BEAM gained). `share`
+(MUNINN_FUSION_VECTOR_SHARE), AGREEMENT and RANK_SHARE were chosen by cross-validation over
+the LoCoMo and BEAM development conversations (bench/fusion_cv.py, bench/README.md): with
+each conversation left out in turn, the setting best on the others was the same in nearly
+every fold.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ SCORES = "scores"
 RANKS = "ranks"
 AGREEMENT = 4.0    # how sharply disagreement mutes the keyword path (0 = never)
 AGREEMENT_TOP = 3  # the best keyword hits and the best cosines compared
+RANK_SHARE = 0.3   # the share of the (relative) RRF score in the fused one (0 = scores alone)
 
 
 def agreement(pool: Sequence[Candidate], top: int = AGREEMENT_TOP) -> float:
@@ -90,7 +95,22 @@ def fuse(fts_hits: list[Candidate], vector_hits: list[Candidate], settings: Sett
     if settings.fusion == RANKS:
         return fuse_ranks(fts_hits, vector_hits, k=settings.rrf_k, limit=limit,
                           weight_fts=settings.rrf_weight_fts, weight_vector=settings.rrf_weight_vec)
-    return fuse_scores(fts_hits, vector_hits, share=settings.fusion_vector_share, limit=limit)
+    scored = fuse_scores(fts_hits, vector_hits, share=settings.fusion_vector_share, limit=limit)
+    if RANK_SHARE <= 0:
+        return scored
+    by_rank = fuse_ranks(fts_hits, vector_hits, k=settings.rrf_k, limit=limit,
+                         weight_fts=settings.rrf_weight_fts, weight_vector=settings.rrf_weight_vec)
+    return blend(scored, {c.memory_id: c.fused for c in by_rank}, RANK_SHARE)
+
+
+def blend(scored: list[Candidate], by_rank: dict[int, float], rank_share: float) -> list[Candidate]:
+    """Score fusion with `rank_share` of each candidate's RRF score (relative to the best one's)
+    mixed in: the top ranks of each path keep a say when the scores are close."""
+    top = max(by_rank.values(), default=0.0)
+    for cand in scored:
+        rrf = by_rank.get(cand.memory_id, 0.0) / top if top > 0 else 0.0
+        cand.fused = (1.0 - rank_share) * cand.fused + rank_share * rrf
+    return rank(scored)
 
 
 def keywords_count(settings: Settings) -> bool:
