@@ -75,7 +75,9 @@ def as_of_from(value, *, touch: bool = True) -> float | None:
 
 def human_recall(result) -> str:
     """The text `muninn recall` prints for a result: its mode, then each memory with why it came."""
-    lines = [f"mode: {result.mode} (vectors: {result.vector_status}), {len(result.memories)} memories"]
+    lines = [f"mode: {result.mode} (vectors: {result.vector_status}), {len(result.memories)} memories"
+             + ("" if result.relevant() or not result.memories else
+                f"; none reaches the relevance floor ({result.floor}): a reply's prompt gets none")]
     for i, recalled in enumerate(result.memories, start=1):
         reason = recalled.candidate.reason()
         why = ", ".join(f"{k}={v}" for k, v in reason.items() if k != "via")

@@ -155,8 +155,10 @@ class RecallResult:
         return [r.memory.id for r in self.memories]
 
     def to_dict(self, now: float | None = None) -> dict:
-        """The result as JSON-ready data (timings rounded to the microsecond)."""
+        """The result as JSON-ready data (timings rounded to the microsecond); `for_prompt`: how
+        many of the memories a reply's prompt would get (the relevance floor's verdict)."""
         return {"query": self.query, "mode": self.mode, "vector_status": self.vector_status,
+                "relevance_floor": self.floor, "for_prompt": len(self.relevant()),
                 "memories": [r.to_dict(now) for r in self.memories],
                 "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()}}
 
