@@ -516,20 +516,20 @@ def print_table(results: dict, title: str = "LoCoMo dev") -> None:
     print(f"{'group':<24} {'mode':<7} {'n':>4} " + " ".join(f"{p:>27}" for p in protocols))
     for group in groups_of(results[protocols[0]][modes[0]]):
         for mode in modes:
-            cells = [results[p][mode].get(group) for p in protocols]
+            cells = [results[p].get(mode, {}).get(group) for p in protocols]  # a world has no cosine mode
             if not cells[0]:
                 continue
             line = " ".join(f"{c['r5']:>6.3f} {c['r10']:>6.3f} {c['mrr']:>6.3f} {c.get('r10_floor', float('nan')):>6.3f}"
-                            for c in cells)
+                            if c else f"{'-':>27}" for c in cells)
             print(f"{group:<24} {mode:<7} {cells[0]['n']:>4} {line}")
     for p in protocols:
-        for mode in modes:
+        for mode in (m for m in modes if m in results[p]):
             extra = {k: results[p][mode][k] for k in ("update_order", "abstention") if k in results[p][mode]}
             if extra:
                 print(f"{p:<6} {mode:<7} {json.dumps(extra)}")
     print("\nR@10 by evidence age (categories 1-4) and share of the top 10 from the last 14 days")
     for p in protocols:
-        for mode in modes:
+        for mode in (m for m in modes if m in results[p]):
             age = results[p][mode]["age"]
             cells = " ".join(f"{name} {age[name]['r10'] if age[name]['r10'] is not None else '-':>6} (n {age[name]['n']:>3})"
                              for _, _, name in AGE_BUCKETS)
@@ -541,7 +541,7 @@ def print_table(results: dict, title: str = "LoCoMo dev") -> None:
             reference = reference_of(world, results)
             if reference is None:
                 continue
-            for mode in modes:
+            for mode in (m for m in modes if m in results[world] and m in results[reference]):
                 cells = [(g, results[world][mode].get(g), results[reference][mode].get(g))
                          for g in groups_of(results[world][mode])]
                 changes = "  ".join(f"{g} {w['r10'] - i['r10']:+.3f}" for g, w, i in cells if w and i)
@@ -615,14 +615,14 @@ def main(argv: list[str] | None = None) -> None:
         RESULTS.mkdir(parents=True, exist_ok=True)
         with EmbedServerProcess("minilm", cache=str(EMBED_CACHE)) as url:
             results = asyncio.run(run(url))
-    for name, found in results.items():
-        print_table(found, {"locomo": "LoCoMo dev", "beam": "BEAM dev"}[name])
     out = Path(args.out) if args.out else RESULTS / f"{args.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"settings": overrides, "touch": not args.no_touch, "conversations": len(data),
                                "results": results.get("locomo", {}), "beam": results.get("beam", {}),
                                "beam_chats": len(corpora["beam"].records) if "beam" in corpora else 0,
                                "seconds": round(time.perf_counter() - started, 1)}, indent=2))
+    for name, found in results.items():
+        print_table(dict(found), {"locomo": "LoCoMo dev", "beam": "BEAM dev"}[name])
     print(f"saved {out} ({time.perf_counter() - started:.0f} s)")
 
 
