@@ -98,18 +98,20 @@ def fuse(fts_hits: list[Candidate], vector_hits: list[Candidate], settings: Sett
     scored = fuse_scores(fts_hits, vector_hits, share=settings.fusion_vector_share, limit=limit)
     if RANK_SHARE <= 0:
         return scored
-    by_rank = fuse_ranks(fts_hits, vector_hits, k=settings.rrf_k, limit=limit,
-                         weight_fts=settings.rrf_weight_fts, weight_vector=settings.rrf_weight_vec)
-    return blend(scored, {c.memory_id: c.fused for c in by_rank}, RANK_SHARE)
+    return blend(scored, RANK_SHARE, k=settings.rrf_k, weight_fts=settings.rrf_weight_fts,
+                 weight_vector=settings.rrf_weight_vec)
 
 
-def blend(scored: list[Candidate], by_rank: dict[int, float], rank_share: float) -> list[Candidate]:
-    """Score fusion with `rank_share` of each candidate's RRF score (relative to the best one's)
-    mixed in: the top ranks of each path keep a say when the scores are close."""
-    top = max(by_rank.values(), default=0.0)
-    for cand in scored:
-        rrf = by_rank.get(cand.memory_id, 0.0) / top if top > 0 else 0.0
-        cand.fused = (1.0 - rank_share) * cand.fused + rank_share * rrf
+def blend(scored: list[Candidate], rank_share: float, *, k: float, weight_fts: float,
+          weight_vector: float) -> list[Candidate]:
+    """Score fusion with `rank_share` of each candidate's RRF score (retrieval.fuse's formula,
+    relative to the best one's) mixed in: the top ranks of each path keep a say when the scores
+    are close."""
+    rrf = [(weight_fts / (k + c.fts_rank) if c.fts_rank is not None else 0.0)
+           + (weight_vector / (k + c.vector_rank) if c.vector_rank is not None else 0.0) for c in scored]
+    top = max(rrf, default=0.0)
+    for cand, by_rank in zip(scored, rrf, strict=True):
+        cand.fused = (1.0 - rank_share) * cand.fused + rank_share * (by_rank / top if top > 0 else 0.0)
     return rank(scored)
 
 

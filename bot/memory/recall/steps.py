@@ -62,8 +62,10 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
     vector_hits = (storage.vector_candidates(conn, info, vector, keys, depth, as_of)
                    if vector is not None and info is not None else [])
     if vector is not None and vector_hits and found.hits and settings.fusion == fusion.SCORES:
-        # score fusion weighs every keyword hit's cosine too (the vector cache has them at hand)
-        storage.measure_similarity(conn, vector, found.hits, info)
+        # score fusion weighs every keyword hit's cosine too (the vector cache has them at hand);
+        # those the vector search found carry theirs already
+        near = {c.memory_id for c in vector_hits}
+        storage.measure_similarity(conn, vector, [c for c in found.hits if c.memory_id not in near], info)
     t1 = time.perf_counter()
     fused = fusion.fuse(found.hits, vector_hits, settings)
     fused = storage.spread_to_neighbours(conn, fused, keys, settings.neighbour_share, as_of)
