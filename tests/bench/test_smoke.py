@@ -197,17 +197,17 @@ def write_beam_chat(folder, number: int) -> None:
     long_reply = "Here is the plan.\n\n" + "\n\n".join(f"Step {i}: " + "write tests " * 40 for i in range(12))
     batches = [
         {"batch_number": 1, "time_anchor": None, "turns": [[
-            {"role": "user", "id": 0, "time_anchor": "March-15-2024", "content": "My budget app uses Flask. ->-> 1,1"},
+            {"role": "user", "id": 0, "time_anchor": "March-15-2024", "content": "My garden planner uses Django. ->-> 1,1"},
             {"role": "assistant", "id": 1, "content": long_reply}]]},
         {"batch_number": 2, "time_anchor": None, "turns": [[
             {"role": "user", "id": 2, "time_anchor": "April-05-2024", "content": "The API answers in 400ms."},
             {"role": "assistant", "id": 3, "content": "Good to know."},
             {"role": "user", "id": 4, "content": "After caching, the API answers in 250ms."}]]}]
     probing = {
-        "information_extraction": [{"question": "Which framework does my budget app use?", "source_chat_ids": [0]}],
+        "information_extraction": [{"question": "Which framework does my garden planner use?", "source_chat_ids": [0]}],
         "knowledge_update": [{"question": "How fast does the API answer?",
                               "source_chat_ids": {"original_info": [2], "updated_info": [4]}}],
-        "abstention": [{"question": "Which database did my budget app pick?", "source_chat_ids": None}]}
+        "abstention": [{"question": "Which database did my garden planner pick?", "source_chat_ids": None}]}
     (chat / "chat.json").write_text(json.dumps(batches))
     (chat / "probing_questions" / "probing_questions.json").write_text(json.dumps(probing))
 
@@ -217,7 +217,7 @@ def test_beam_chats_are_imported_with_their_dates_in_parts_a_memory_may_hold(tmp
     assert beam.folder(str(tmp_path)) == tmp_path / "100K"  # the 100K folder inside is looked into
     corpus = quality.Corpus.beam(beam.folder(str(tmp_path)))
     stored = corpus.records["beam-1"]
-    assert stored[0]["text"] == "User: My budget app uses Flask."  # BEAM's plan marker left out
+    assert stored[0]["text"] == "User: My garden planner uses Django."  # BEAM's plan marker left out
     parts = [r for r in stored if r["external_id"].startswith("beam-1:1#")]
     assert len(parts) > 1 and all(len(r["text"]) <= records.MAX_TEXT_CHARS for r in parts)
     assert stored[0]["created_at"] == beam.anchor_time("March-15-2024")
