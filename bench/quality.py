@@ -41,7 +41,7 @@ from bot.memory.records import clean_text
 from bot.memory.scope import Viewer
 from bot.settings import SETTINGS, load_settings
 
-from . import shared_world
+from . import beam, shared_world
 from .bm25 import Bm25Index
 from .embed_server import MINILM_NAME, EmbedServerProcess
 from .shared_world import WorldSpec
@@ -52,7 +52,7 @@ RESULTS = Path(__file__).resolve().parent / "results"  # git-ignored: the embedd
 REFERENCE = Path(__file__).resolve().parent / "reference" / "quality.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 DIA_ID = re.compile(r"D\d+:\d+")
-MODES = ("bm25", "fts", "vector", "hybrid")
+MODES = ("bm25", "cosine", "fts", "vector", "hybrid")
 ENGINE_MODES = ("fts", "vector", "hybrid")
 DAY = 86400.0
 PROTOCOLS: dict[str, float | None] = {"+1d": 1.0, "+30d": 30.0, "+365d": 365.0, "none": None}
@@ -99,6 +99,11 @@ def questions(conv: dict, known: set[str]) -> list[dict]:
     return out
 
 
+def turns(ranked: list[str]) -> list[str]:
+    """External ids as the turns they belong to (a long BEAM message is stored in parts), first seen first."""
+    return list(dict.fromkeys(beam.turn_of(eid) for eid in ranked))
+
+
 def score(ranked: list[str], evidence: set[str]) -> dict:
     hits5 = len(evidence & set(ranked[:5]))
     hits10 = len(evidence & set(ranked[:10]))
@@ -110,44 +115,103 @@ def score(ranked: list[str], evidence: set[str]) -> dict:
 def aggregate(rows: list[dict]) -> dict:
     if not rows:
         return {}
-    return {m: round(sum(r[m] for r in rows) / len(rows), 4) for m in ("r5", "r10", "all10", "mrr")} | {
-        "n": len(rows)}
+    metrics = ("r5", "r10", "all10", "mrr") + (("r10_floor",) if "r10_floor" in rows[0] else ())
+    return {m: round(sum(r[m] for r in rows) / len(rows), 4) for m in metrics} | {"n": len(rows)}
 
 
-def by_group(rows: list[dict]) -> dict:
+def by_group(rows: list[dict], groups: dict | None = None) -> dict:
+    """Scores overall (every category but LoCoMo's adversarial) and per category."""
     out = {"overall": aggregate([r for r in rows if r["category"] != 5])}
-    for cat, name in CATEGORIES.items():
+    for cat, name in (CATEGORIES if groups is None else groups).items():
         out[name] = aggregate([r for r in rows if r["category"] == cat])
     return out
+
+
+def update_order(rows: list[dict]) -> dict:
+    """Knowledge-update questions where both the original and the updated turn are in the top
+    10: the share with the updated one ranked above the original."""
+    both = above = 0
+    for row in rows:
+        if not row.get("updated") or not row.get("original"):
+            continue
+        top = row["ranked"][:10]
+        first = {kind: min((top.index(e) for e in row[kind] if e in top), default=None) for kind in ("original", "updated")}
+        if first["original"] is not None and first["updated"] is not None:
+            both += 1
+            above += first["updated"] < first["original"]
+    return {"updated_first": round(above / both, 4) if both else None, "both_found": both,
+            "questions": sum(1 for r in rows if r.get("updated"))}
+
+
+def abstention(rows: list[dict]) -> dict:
+    """Questions without evidence: the share that would get no memory injected into the prompt
+    (nothing above the relevance floor among the memories the bot injects)."""
+    if not rows:
+        return {}
+    return {"none_injected": round(sum(r["injected"] == 0 for r in rows) / len(rows), 4),
+            "mean_injected": round(sum(r["injected"] for r in rows) / len(rows), 3), "n": len(rows)}
 
 
 def mode_settings(base: dict, mode: str, url: str):
     env = dict(base)
     env["OLLAMA_URL"] = "" if mode == "fts" else url
-    if mode == "vector":
-        env["MUNINN_RRF_WEIGHT_FTS"] = "0"
+    if mode == "vector":  # the keyword path without weight, in either fusion
+        env["MUNINN_RRF_WEIGHT_FTS"], env["MUNINN_FUSION_VECTOR_SHARE"] = "0", "1"
     return load_settings(env)
 
 
 class Corpus:
-    """The dev split as imported: records, questions in order, each conversation's owner and last session."""
+    """One data set as imported: records, questions in order (with evidence), the questions
+    without evidence (`absent`), each conversation's owner and last session. `Corpus(data)`
+    is the LoCoMo dev split; `Corpus.beam(folder)` BEAM's chats (bench/beam.py)."""
 
-    def __init__(self, data: list[dict]):
+    def __init__(self, data: list[dict], name: str = "locomo"):
+        self.name = name
+        self.groups: dict = dict(CATEGORIES)
         self.records: dict[str, list[dict]] = {}
         self.asks: list[dict] = []
+        self.absent: list[dict] = []
         self.created: dict[str, float] = {}
         self.conversations: list[dict] = []
         for i, conv in enumerate(data):
             sid = conv["sample_id"]
             records = import_records(conv, i + 1)
-            self.records[sid] = records
             self.conversations.append({"sid": sid, "owner": i + 1, "speakers": (
                 conv["conversation"]["speaker_a"], conv["conversation"]["speaker_b"])})
-            self.created.update((r["external_id"], r["created_at"]) for r in records)
-            last = max(r["created_at"] for r in records)
-            known = {r["external_id"] for r in records}
-            self.asks += [q | {"owner": i + 1, "conversation": sid, "last_session": last}
-                          for q in questions(conv, known)]
+            self.add(sid, i + 1, records, questions(conv, {r["external_id"] for r in records}))
+
+    def add(self, sid: str, owner: int, records: list[dict], asks: list[dict]) -> None:
+        """One conversation: its records and its questions (those without evidence go to `absent`)."""
+        self.records[sid] = records
+        self.created.update((beam.turn_of(r["external_id"]), r["created_at"]) for r in records)
+        last = max(r["created_at"] for r in records)
+        for q in asks:
+            (self.asks if q["evidence"] else self.absent).append(
+                q | {"owner": owner, "conversation": sid, "last_session": last})
+
+    @classmethod
+    def beam(cls, path: Path, limit: int = 0) -> Corpus:
+        """BEAM's chats under `path` (bench/beam.py), owners 1, 2, ... in chat order."""
+        corpus = cls([], "beam")
+        for i, chat in enumerate(beam.chats(path, limit)):
+            sid, records, asks = beam.load(chat, i + 1)
+            corpus.add(sid, i + 1, records, asks)
+        corpus.groups = {name: name for name in dict.fromkeys(q["category"] for q in corpus.asks)}
+        return corpus
+
+    def foreign(self, other: Corpus, per_conversation: int) -> None:
+        """Add `per_conversation` of the other data set's questions to each conversation's questions
+        without evidence: asked where that was never discussed (spread evenly over its questions)."""
+        pool = [q["question"] for q in other.asks]
+        if not pool:
+            return
+        for n, sid in enumerate(self.records):
+            owner = next(q["owner"] for q in self.asks + self.absent if q["conversation"] == sid)
+            last = max(r["created_at"] for r in self.records[sid])
+            step = max(1, len(pool) // per_conversation)
+            picked = [pool[(n + i * step) % len(pool)] for i in range(per_conversation)]
+            self.absent += [{"question": q, "category": "foreign", "evidence": set(), "owner": owner,
+                             "conversation": sid, "last_session": last} for q in picked]
 
 
 def as_of_for(ask: dict, days_after: float | None) -> float | None:
@@ -181,38 +245,85 @@ def copy_database(template: Path, target: Path) -> None:
 async def ask_engine(corpus: Corpus, path: Path, env: dict, mode: str, url: str, days_after: float | None,
                      touch: bool, limit: int, view: str | None = None) -> list[dict]:
     """Every question in order through `Engine.recall`; one row per question. `view` (the
-    shared world's 'dm' or 'room'): ask there and fail on any memory the asker may not see."""
+    shared world's 'dm' or 'room'): ask there and fail on any memory the asker may not see.
+    Then the questions without evidence (touch off: they never change what later questions
+    find), rows with `injected`: how many memories would reach the prompt past the floor."""
     rows = []
     async with Engine(mode_settings(dict(env, MUNINN_DB_PATH=str(path)), mode, url)) as engine:
-        for q in corpus.asks:
+        for q in corpus.asks + corpus.absent:
             as_of = as_of_for(q, days_after)
             viewer = Viewer(q["owner"], dm=True) if view is None else shared_world.viewer_for(q["owner"], view)
-            result = await engine.recall(q["question"], viewer, limit=limit, as_of=as_of, touch=touch)
+            result = await engine.recall(q["question"], viewer, limit=limit, as_of=as_of,
+                                         touch=touch and bool(q["evidence"]))
             if view is not None:
                 shared_world.check_scope([r.memory for r in result.memories], viewer, q["question"])
             expected_mode = {"fts": "fts-only", "vector": "hybrid", "hybrid": "hybrid"}[mode]
             if result.mode not in (expected_mode, "vector-only") or (mode != "fts" and result.vector_status != "ok"):
                 raise RuntimeError(f"{mode}: recall ran as {result.mode}/{result.vector_status}")
             chosen = [r for r in result.memories if r.candidate.link is None]
-            ranked = [r.memory.external_id for r in chosen]
-            cosines = [r.candidate.cosine for r in chosen]
+            kept = {id(r) for r in result.relevant()}
+            if not q["evidence"]:  # what the bot injects: its recall limit's worth, past the floor
+                top = chosen[:engine.settings.recall_limit]
+                rows.append({"category": q["category"], "injected": sum(id(r) in kept for r in top),
+                             "cosines": [r.candidate.cosine for r in top]})
+                continue
+            first: dict[str, float | None] = {}  # each turn once, with its best-ranked part's cosine
+            for r in chosen:
+                first.setdefault(beam.turn_of(r.memory.external_id or ""), r.candidate.cosine)
+            ranked, cosines = list(first), list(first.values())
+            floored = turns([r.memory.external_id for r in chosen if id(r) in kept])
             rows.append(score(ranked, q["evidence"]) | {
+                "r10_floor": score(floored, q["evidence"])["r10"],
                 "category": q["category"], "ranked": ranked, "evidence": sorted(q["evidence"]),
-                "cosines": cosines, "as_of": as_of if as_of is not None else time.time()})
+                "cosines": cosines, "as_of": as_of if as_of is not None else time.time()}
+                | {k: sorted(q[k]) for k in ("original", "updated") if k in q})
     return rows
+
+
+def baseline_row(q: dict, ranked: list[str], days_after: float | None = 1.0) -> dict:
+    """A baseline's row (no touch, no floor: it injects what it ranks)."""
+    return score(ranked, q["evidence"]) | {"category": q["category"], "ranked": ranked, "cosines": [],
+                                           "evidence": sorted(q["evidence"]), "as_of": q["last_session"] + DAY} | {
+        k: sorted(q[k]) for k in ("original", "updated") if k in q}
 
 
 def ask_bm25(corpus: Corpus, limit: int) -> list[dict]:
     """Plain porter BM25 over the same turns (no decay, no scope machinery): the baseline."""
     index = Bm25Index((sid, r["external_id"], 0.0, r["text"]) for sid, records in corpus.records.items()
                       for r in records)
-    rows = []
-    for q in corpus.asks:
-        ranked = index.ask(q["question"], [q["conversation"]], limit)
-        rows.append(score(ranked, q["evidence"]) | {"category": q["category"], "ranked": ranked,
-                                                    "evidence": sorted(q["evidence"]), "cosines": [],
-                                                    "as_of": q["last_session"] + DAY})
+    rows = [baseline_row(q, turns(index.ask(q["question"], [q["conversation"]], limit * 3))[:limit])
+            for q in corpus.asks]
+    rows += [{"category": q["category"], "injected": len(index.ask(q["question"], [q["conversation"]], 5))}
+             for q in corpus.absent]
     return rows
+
+
+async def ask_cosine(corpus: Corpus, path: Path, url: str, env: dict, limit: int) -> list[dict]:
+    """Plain cosine over the same turns' embeddings (no fusion, no neighbours, no time): the
+    vector-only baseline; it always has something nearest, so it injects for every question."""
+    vectors = await embed_corpus(corpus, path, url, env)
+    rows = []
+    for q, qv in zip(corpus.asks + corpus.absent, vectors["questions"], strict=True):
+        ids, m = vectors["turns"][q["conversation"]]
+        order = np.argsort(-(m @ qv), kind="stable")[: limit * 3]
+        if q["evidence"]:
+            rows.append(baseline_row(q, turns([ids[i] for i in order])[:limit]))
+        else:
+            rows.append({"category": q["category"], "injected": min(5, len(ids))})
+    return rows
+
+
+async def embed_corpus(corpus: Corpus, path: Path, url: str, env: dict) -> dict:
+    """Unit vectors of every turn (by conversation: ids, matrix) and of every question (evidence first)."""
+    async with Engine(load_settings(dict(env, MUNINN_DB_PATH=str(path), OLLAMA_URL=url))) as engine:
+        out: dict = {"turns": {}}
+        for sid, rows in corpus.records.items():
+            m = np.asarray(await engine.embed_or_none([clean_text(r["text"]) for r in rows]), dtype=np.float32)
+            out["turns"][sid] = ([r["external_id"] for r in rows], m / np.linalg.norm(m, axis=1, keepdims=True))
+        qs = np.asarray(await engine.embed_or_none([q["question"] for q in corpus.asks + corpus.absent]),
+                        dtype=np.float32)
+        out["questions"] = qs / np.linalg.norm(qs, axis=1, keepdims=True)
+    return out
 
 
 def age_report(rows: list[dict], created: dict[str, float]) -> dict:
@@ -267,23 +378,18 @@ FLOORS = (0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
 RATIOS = (0.5, 0.6, 0.7, ranking.RELATIVE_FLOOR)  # cosine / the best recalled cosine of the same question
 
 
-async def floor_report(corpus: Corpus, path: Path, url: str, env: dict) -> dict:
+def floor_report(corpus: Corpus, vectors: dict) -> dict:
     """For choosing the touch floor of this embedding model: the cosine between each question
-    (categories 1-4) and its evidence turns versus every other turn of its conversation, and
-    the share of each above candidate floors."""
-    async with Engine(load_settings(dict(env, MUNINN_DB_PATH=str(path), OLLAMA_URL=url))) as engine:
-        texts = {sid: [clean_text(r["text"]) for r in rows] for sid, rows in corpus.records.items()}
-        asks = [q for q in corpus.asks if q["category"] != 5]
-        turn_vecs = {sid: np.asarray(await engine.embed_or_none(t), dtype=np.float32) for sid, t in texts.items()}
-        question_vecs = np.asarray(await engine.embed_or_none([q["question"] for q in asks]), dtype=np.float32)
+    (with evidence; LoCoMo's adversarial apart) and its evidence turns versus every other turn
+    of its conversation, and the share of each above candidate floors."""
     evidence: list[float] = []
     other: list[float] = []
-    for q, qv in zip(asks, question_vecs, strict=True):
-        ids = [r["external_id"] for r in corpus.records[q["conversation"]]]
-        m = turn_vecs[q["conversation"]]
-        cos = (m / np.linalg.norm(m, axis=1, keepdims=True)) @ (qv / np.linalg.norm(qv))
-        for eid, c in zip(ids, cos.tolist(), strict=True):
-            (evidence if eid in q["evidence"] else other).append(c)
+    for q, qv in zip(corpus.asks, vectors["questions"], strict=False):  # the evidence questions come first
+        if q["category"] == 5:
+            continue
+        ids, m = vectors["turns"][q["conversation"]]
+        for eid, c in zip(ids, (m @ qv).tolist(), strict=True):
+            (evidence if beam.turn_of(eid) in q["evidence"] else other).append(c)
     ev, ot = np.asarray(evidence), np.asarray(other)
     return {"evidence": {f"p{p}": round(float(np.percentile(ev, p)), 4) for p in (5, 10, 25, 50)} | {"n": len(ev)},
             "other": {f"p{p}": round(float(np.percentile(ot, p)), 4) for p in (50, 75, 90, 95, 99)} | {"n": len(ot)},
@@ -294,28 +400,53 @@ async def floor_report(corpus: Corpus, path: Path, url: str, env: dict) -> dict:
 async def evaluate(data: list[dict], url: str, env: dict, modes: tuple[str, ...], limit: int,
                    protocols: dict[str, float | None] | None = None, touch: bool = True,
                    keep_rows: bool = False, worlds: dict[str, WorldSpec] | None = None) -> dict:
-    """results[protocol][mode] = per-group scores, R@10 by evidence age and recalled cosines;
-    `worlds` adds the shared-world protocols."""
+    """The LoCoMo dev split's results (evaluate_corpus)."""
+    return await evaluate_corpus(Corpus(data), url, env, modes, limit, protocols, touch, keep_rows, worlds)
+
+
+def summarise(rows: list[dict], corpus: Corpus, created: dict[str, float]) -> dict:
+    """A mode's scores: per group, R@10 by age, recalled cosines, knowledge-update order, abstention."""
+    asked = [r for r in rows if "injected" not in r]
+    absent = [r for r in rows if "injected" in r]
+    out = by_group(asked, corpus.groups) | {"age": age_report(asked, created), "cosine": cosine_report(asked)}
+    if any(r.get("updated") for r in asked):
+        out["update_order"] = update_order(asked)
+    kinds = dict.fromkeys(r["category"] for r in absent)
+    if kinds:
+        out["abstention"] = {kind: abstention([r for r in absent if r["category"] == kind]) for kind in kinds}
+    return out
+
+
+async def evaluate_corpus(corpus: Corpus, url: str, env: dict, modes: tuple[str, ...], limit: int,
+                          protocols: dict[str, float | None] | None = None, touch: bool = True,
+                          keep_rows: bool = False, worlds: dict[str, WorldSpec] | None = None) -> dict:
+    """results[protocol][mode] = per-group scores, R@10 by evidence age, recalled cosines,
+    abstention on the questions without evidence, knowledge-update order (where the data says
+    which turn updated which); `worlds` adds the shared-world protocols."""
     protocols = PROTOCOLS if protocols is None else protocols
-    corpus = Corpus(data)
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         template = Path(tmp) / "template.db"
         await import_all(corpus, template, url, env)
         bm25_rows = ask_bm25(corpus, limit) if "bm25" in modes else []
-        if any(m != "fts" for m in modes if m != "bm25"):
-            results["touch_floor"] = await floor_report(corpus, Path(tmp) / "floor.db", url, env)
+        cosine_rows: list[dict] = []
+        if any(m not in ("fts", "bm25") for m in modes):
+            vectors = await embed_corpus(corpus, Path(tmp) / "floor.db", url, env)
+            results["touch_floor"] = floor_report(corpus, vectors)
+            if "cosine" in modes:
+                cosine_rows = await ask_cosine(corpus, Path(tmp) / "floor.db", url, env, limit)
         for name, days_after in protocols.items():
             results[name] = {}
             for mode in modes:
-                if mode == "bm25":
-                    rows = [dict(r, as_of=as_of_for(q, days_after) or time.time())
-                            for r, q in zip(bm25_rows, corpus.asks, strict=True)]
+                if mode in ("bm25", "cosine"):
+                    rows = [dict(r, as_of=as_of_for(q, days_after) or time.time()) if "as_of" in r else r
+                            for r, q in zip(bm25_rows if mode == "bm25" else cosine_rows, corpus.asks + corpus.absent,
+                                            strict=True)]
                 else:
                     path = Path(tmp) / f"{name}-{mode}.db"
                     copy_database(template, path)
                     rows = await ask_engine(corpus, path, env, mode, url, days_after, touch, limit)
-                out = by_group(rows) | {"age": age_report(rows, corpus.created), "cosine": cosine_report(rows)}
+                out = summarise(rows, corpus, corpus.created)
                 if keep_rows:
                     out["rows"] = rows
                 results[name][mode] = out
@@ -338,6 +469,8 @@ async def evaluate_world(corpus: Corpus, tmp: Path, url: str, env: dict, modes: 
     asks = [q | {"as_of": as_of_for(q, spec.days_after)} for q in corpus.asks]
     out: dict = {}
     for mode in modes:
+        if mode == "cosine":  # the plain baselines of a shared world: BM25 only
+            continue
         if mode == "bm25":
             rankings = shared_world.bm25_world(world, asks, view, limit)
             rows = [score(ranked, q["evidence"]) | {"category": q["category"], "ranked": ranked, "cosines": [],
@@ -348,6 +481,7 @@ async def evaluate_world(corpus: Corpus, tmp: Path, url: str, env: dict, modes: 
             path = tmp / f"world-{view}-{same_names}-{spec.crowd}-{spec.days_after}-{mode}.db"
             copy_database(template, path)
             rows = await ask_engine(corpus, path, env, mode, url, spec.days_after, touch, limit, view=view)
+            rows = [r for r in rows if "injected" not in r]
         room = [sum(eid.startswith("room") for eid in r["ranked"][:10]) / max(1, len(r["ranked"][:10]))
                 for r in rows if r["category"] != 5]
         out[mode] = by_group(rows) | {"age": age_report(rows, created), "cosine": cosine_report(rows),
@@ -369,22 +503,33 @@ def reference_of(world: str, results: dict) -> str | None:
     return isolated if isolated in results else None
 
 
-def print_table(results: dict) -> None:
+def groups_of(scores: dict) -> list[str]:
+    """The groups a mode's scores hold (overall first), in their order."""
+    return [g for g, v in scores.items() if isinstance(v, dict) and "r10" in v]
+
+
+def print_table(results: dict, title: str = "LoCoMo dev") -> None:
     floors = results.pop("touch_floor", None)
     protocols = list(results)
     modes = list(results[protocols[0]])
-    print("\nR@5 / R@10 / MRR by as_of (touch on, questions in order)")
-    print(f"{'group':<12} {'mode':<7} {'n':>4} " + " ".join(f"{p:>20}" for p in protocols))
-    for group in GROUPS:
+    print(f"\n{title}: R@5 / R@10 / MRR by as_of (touch on, questions in order); R@10 past the relevance floor")
+    print(f"{'group':<24} {'mode':<7} {'n':>4} " + " ".join(f"{p:>27}" for p in protocols))
+    for group in groups_of(results[protocols[0]][modes[0]]):
         for mode in modes:
-            cells = [results[p][mode].get(group) for p in protocols]
+            cells = [results[p].get(mode, {}).get(group) for p in protocols]  # a world has no cosine mode
             if not cells[0]:
                 continue
-            line = " ".join(f"{c['r5']:>6.3f} {c['r10']:>6.3f} {c['mrr']:>6.3f}" for c in cells)
-            print(f"{group:<12} {mode:<7} {cells[0]['n']:>4} {line}")
+            line = " ".join(f"{c['r5']:>6.3f} {c['r10']:>6.3f} {c['mrr']:>6.3f} {c.get('r10_floor', float('nan')):>6.3f}"
+                            if c else f"{'-':>27}" for c in cells)
+            print(f"{group:<24} {mode:<7} {cells[0]['n']:>4} {line}")
+    for p in protocols:
+        for mode in (m for m in modes if m in results[p]):
+            extra = {k: results[p][mode][k] for k in ("update_order", "abstention") if k in results[p][mode]}
+            if extra:
+                print(f"{p:<6} {mode:<7} {json.dumps(extra)}")
     print("\nR@10 by evidence age (categories 1-4) and share of the top 10 from the last 14 days")
     for p in protocols:
-        for mode in modes:
+        for mode in (m for m in modes if m in results[p]):
             age = results[p][mode]["age"]
             cells = " ".join(f"{name} {age[name]['r10'] if age[name]['r10'] is not None else '-':>6} (n {age[name]['n']:>3})"
                              for _, _, name in AGE_BUCKETS)
@@ -396,8 +541,9 @@ def print_table(results: dict) -> None:
             reference = reference_of(world, results)
             if reference is None:
                 continue
-            for mode in modes:
-                cells = [(g, results[world][mode].get(g), results[reference][mode].get(g)) for g in GROUPS]
+            for mode in (m for m in modes if m in results[world] and m in results[reference]):
+                cells = [(g, results[world][mode].get(g), results[reference][mode].get(g))
+                         for g in groups_of(results[world][mode])]
                 changes = "  ".join(f"{g} {w['r10'] - i['r10']:+.3f}" for g, w, i in cells if w and i)
                 print(f"{world:<18} vs {reference:<14} {mode:<7} {changes}  "
                       f"room share {results[world][mode]['room_share_top10']}")
@@ -415,6 +561,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Muninn retrieval quality on LoCoMo (dev split)")
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--conversations", type=int, default=0, help="use only the first N (0 = all)")
+    parser.add_argument("--datasets", default="locomo,beam", help="locomo, beam or both")
+    parser.add_argument("--beam", default=None, help=f"BEAM's chats (default ${beam.ENV} or bench/data/beam/)")
+    parser.add_argument("--beam-chats", type=int, default=0, help="use only the first N BEAM chats (0 = all)")
+    parser.add_argument("--foreign", type=int, default=20,
+                        help="questions of the other data set asked of each conversation (no evidence there)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help=f"any of {', '.join(PROTOCOLS)}")
     parser.add_argument("--worlds", default=",".join(WORLDS),
@@ -439,21 +590,39 @@ def main(argv: list[str] | None = None) -> None:
     modes = tuple(m for m in args.modes.split(",") if m)
     protocols = {p: PROTOCOLS[p] for p in args.protocols.split(",") if p}
     worlds = {w: WORLDS[w] for w in args.worlds.split(",") if w}
+    datasets = [d for d in args.datasets.split(",") if d]
+    if not set(datasets) <= {"locomo", "beam"}:
+        parser.error("--datasets takes locomo, beam or both")
+    corpora = {"locomo": Corpus(data)}
+    if "beam" in datasets:
+        where = beam.folder(args.beam)
+        if not where.is_dir() or not beam.chats(where):
+            parser.error(f"no BEAM chats at {where}: download them there (bench/README.md) or pass --beam DIR")
+        corpora["beam"] = Corpus.beam(where, args.beam_chats)
+        corpora["locomo"].foreign(corpora["beam"], args.foreign)
+        corpora["beam"].foreign(Corpus(data), args.foreign)
     started = time.perf_counter()
     env = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
            "MUNINN_GRAPH_LIMIT": "0"} | overrides
+
+    async def run(url: str) -> dict:
+        return {name: await evaluate_corpus(corpora[name], url, env, modes, 10, protocols, not args.no_touch,
+                                            worlds=worlds if name == "locomo" else None) for name in datasets}
+
     if args.url:
-        results = asyncio.run(evaluate(data, args.url, env, modes, 10, protocols, not args.no_touch,
-                                       worlds=worlds))
+        results = asyncio.run(run(args.url))
     else:
         RESULTS.mkdir(parents=True, exist_ok=True)
         with EmbedServerProcess("minilm", cache=str(EMBED_CACHE)) as url:
-            results = asyncio.run(evaluate(data, url, env, modes, 10, protocols, not args.no_touch, worlds=worlds))
-    print_table(results)
+            results = asyncio.run(run(url))
     out = Path(args.out) if args.out else RESULTS / f"{args.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"settings": overrides, "touch": not args.no_touch, "conversations": len(data),
-                               "results": results, "seconds": round(time.perf_counter() - started, 1)}, indent=2))
+                               "results": results.get("locomo", {}), "beam": results.get("beam", {}),
+                               "beam_chats": len(corpora["beam"].records) if "beam" in corpora else 0,
+                               "seconds": round(time.perf_counter() - started, 1)}, indent=2))
+    for name, found in results.items():
+        print_table(dict(found), {"locomo": "LoCoMo dev", "beam": "BEAM dev"}[name])
     print(f"saved {out} ({time.perf_counter() - started:.0f} s)")
 
 

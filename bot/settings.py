@@ -163,6 +163,13 @@ def _one_of(*choices: str):
     return parse
 
 
+def _fusion(name: str, raw: str) -> str:
+    low = raw.strip().lower()
+    if low not in ("scores", "ranks"):
+        raise SettingsError(f"{name}={raw!r} must be scores or ranks")
+    return low
+
+
 def _path(name: str, raw: str, base: Path | None = None) -> Path:
     """A file path; a relative one is taken from `base` (default: the working directory)."""
     if not raw.strip():
@@ -234,9 +241,9 @@ SETTINGS: dict[str, Spec] = {
     "ollama_concurrency": Spec("OLLAMA_MAX_CONCURRENCY", "2", "Most chat requests sent to Ollama at once.", _int(1, 64), section=OLLAMA),
     "recall_limit": Spec("MUNINN_RECALL_LIMIT", "5", "Memories recalled per message before graph augmentation.", _int(1, 100), section=RECALL),
     "graph_limit": Spec("MUNINN_GRAPH_LIMIT", "3", "Most linked memories added by the 1-hop graph walk.", _int(0, 50), section=RECALL),
-    "rrf_k": Spec("MUNINN_RRF_K", "3", "Reciprocal Rank Fusion constant k (small = trust the top ranks; chosen on LoCoMo, bench/README.md).", _float(positive=True), section=RECALL),
-    "rrf_weight_fts": Spec("MUNINN_RRF_WEIGHT_FTS", "1.0", "Weight of the keyword (FTS5) path in fusion.", _float(0), section=RECALL),
-    "rrf_weight_vec": Spec("MUNINN_RRF_WEIGHT_VEC", "0.8", "Weight of the vector path in fusion.", _float(0), section=RECALL),
+    "rrf_k": Spec("MUNINN_RRF_K", "3", "Reciprocal Rank Fusion constant k, with MUNINN_FUSION=ranks (small = trust the top ranks).", _float(positive=True), section=RECALL),
+    "rrf_weight_fts": Spec("MUNINN_RRF_WEIGHT_FTS", "1.0", "Weight of the keyword (FTS5) path in rank fusion (MUNINN_FUSION=ranks).", _float(0), section=RECALL),
+    "rrf_weight_vec": Spec("MUNINN_RRF_WEIGHT_VEC", "0.8", "Weight of the vector path in rank fusion (MUNINN_FUSION=ranks).", _float(0), section=RECALL),
     "neighbour_share": Spec("MUNINN_NEIGHBOUR_SHARE", "0.5", "Share of a hit's fusion score lent to the memories stored just before and after it (0 = off).", _float(0, 2), section=RECALL),
     "time_weight": Spec("MUNINN_TIME_WEIGHT", "0.02", "Ranking: how much retention and importance may lift a memory (score = relevance x (1 + weight x vitality)); small, so time breaks near-ties and never buries relevance (docs/architecture.md, Ranking).", _float(0, 10), section=RECALL),
     "date_boost": Spec("MUNINN_DATE_BOOST", "1.0", "Ranking: lift for memories stored on a day or in a month the question names (\"on 7 July\", \"in August\"): score x (1 + boost).", _float(0, 10), section=RECALL),
@@ -289,6 +296,9 @@ SETTINGS: dict[str, Spec] = {
     "llm_api_key": Spec("MUNINN_LLM_API_KEY", "", "API key sent (as a Bearer token) to openai-kind servers: OpenRouter, a vLLM or llama-server started with --api-key; never to Ollama-kind servers; empty = none.", _str, "secret", section=OLLAMA),
     "embed_api_key": Spec("MUNINN_EMBED_API_KEY", "", "API key for an openai-kind embedding server that needs a different one; empty = MUNINN_LLM_API_KEY.", _str, "secret", section=OLLAMA),
     "vector_form": Spec("MUNINN_VECTOR_FORM", "int8", "How the vectors in RAM are held: int8 (a quarter of the memory; the best matches are rescored exactly from the database, recall unchanged on real embeddings) or float32 (as stored, exact without the rescoring reads).", _one_of("int8", "float32"), section=DATABASE),
+    "fusion": Spec("MUNINN_FUSION", "scores", "Recall: how the keyword and vector paths become one list: scores (each memory's BM25 relative to the best keyword hit and its cosine, weighed by how well the two paths agree, with a share of rank fusion) or ranks (Reciprocal Rank Fusion alone, MUNINN_RRF_*) (bot/memory/recall/fusion.py).", _fusion, section=RECALL),
+    "fusion_vector_share": Spec("MUNINN_FUSION_VECTOR_SHARE", "0.6", "Recall, score fusion: the vector path's share of the fused score (0 = keywords only, 1 = meaning only); chosen by cross-validation over LoCoMo and BEAM conversations (bench/README.md).", _float(0, 1), section=RECALL),
+    "inject_min_cosine": Spec("MUNINN_INJECT_MIN_COSINE", "", "Relevance floor: the cosine to the message a recalled memory needs to be put into the prompt, so a question about something never discussed gets no memories; empty = the floor measured for the embedding model (none for a model not measured); -1 = off.", _optional_float(-1.0, 1.0), section=RECALL),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str, section=LOGGING),
 }
 
@@ -366,6 +376,9 @@ class Settings:
     llm_api_key: str
     embed_api_key: str
     vector_form: str
+    fusion: str
+    fusion_vector_share: float
+    inject_min_cosine: float | None
     log_level: str
 
     def shown(self, key: str) -> str:

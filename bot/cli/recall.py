@@ -79,7 +79,9 @@ def found_by(reason: dict) -> str:
 def human_recall(result: Any, viewer: Viewer) -> Any:
     """What `muninn recall` prints for people: the mode and whose view, then a table of the memories."""
     head = Text(f"{result.mode} recall (vectors: {result.vector_status}) as {where(viewer)}: "
-                f"{plural(len(result.memories), 'memory', 'memories')}")
+                f"{plural(len(result.memories), 'memory', 'memories')}"
+                + ("" if result.relevant() or not result.memories else
+                   f"; none reaches the relevance floor ({result.floor}): a reply's prompt gets none"))
     if not result.memories:
         return head
     rows = []

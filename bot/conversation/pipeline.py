@@ -420,8 +420,9 @@ class Pipeline:
             self._log("recall", logging.ERROR, "recall failed, answering without memories: %s: %s",
                       type(exc).__name__, exc)
             return []
-        outdated = {r.memory.id: r.candidate.outdated_by for r in found.memories if r.candidate.outdated_by}
-        return await claims(self.engine, [r.memory for r in found.memories], viewer_id=incoming.author_id,
+        chosen = found.relevant()  # none when nothing reaches the relevance floor
+        outdated = {r.memory.id: r.candidate.outdated_by for r in chosen if r.candidate.outdated_by}
+        return await claims(self.engine, [r.memory for r in chosen], viewer_id=incoming.author_id,
                             viewer_name=incoming.author_name, channel_id=None if incoming.dm else incoming.channel_id,
                             outdated=outdated)
 

@@ -403,7 +403,7 @@ class Engine(NamedAccess, Embedding):
 
     async def recall(self, query: str, viewer: Viewer, *, limit: int | None = None, as_of: float | None = None,
                      touch: bool = True, query_vector: Sequence[float] | None = None) -> retrieval.RecallResult:
-        """Hybrid retrieval for `viewer`: FTS5 + vector KNN fused by RRF, then the graph, then touch.
+        """Hybrid retrieval for `viewer`: FTS5 + vector KNN fused (recall/fusion.py), then the graph, then touch.
         `query_vector` (an embedding of `query` made earlier) skips the embedding call."""
         self._recalls_in_flight += 1
         if self._no_recall is not None:
@@ -474,7 +474,9 @@ class Engine(NamedAccess, Embedding):
         # a memory archived (or forgotten) since the search is not returned: archived ones never are
         result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
                                         memories=[retrieval.Recalled(memories[c.memory_id], c) for c in candidates
-                                                  if c.memory_id in memories and memories[c.memory_id].archived_at is None])
+                                                  if c.memory_id in memories and memories[c.memory_id].archived_at is None],
+                                        floor=None if vector is None else ranking.inject_floor(
+                                            self.settings.embed_model, self.settings.inject_min_cosine))
         result.timings_ms = {"fts": (fts_done - started) * 1000, "embed_wait": (embed_done - fts_done) * 1000,
                              **finish, "total": (time.perf_counter() - started) * 1000}
         return result

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bench import quality, shared_world, speed
+from bench import beam, quality, shared_world, speed
 from bench.world import DIM, VIEWER_CLASSES, Shape, SkewShape, build
 from bot.memory import records
 from bot.memory.sqlite import db
@@ -137,11 +137,12 @@ async def test_quality_benchmark_on_one_conversation(tmp_path):
     shares = [v["other"] for v in floors["share_above"].values()]
     assert shares == sorted(shares, reverse=True)  # a higher floor lets fewer through
     assert set(results) == {"+1d", "none"}
-    assert set(results["+1d"]) == {"bm25", "fts", "vector", "hybrid"}
+    assert set(results["+1d"]) == {"bm25", "cosine", "fts", "vector", "hybrid"}
     for mode in ("bm25", "fts"):
         found = results["+1d"][mode]
         assert found["overall"]["n"] == 2 and found["adversarial"]["n"] == 1 and found["single-hop"]["n"] == 1
-        assert found["single-hop"] == {"r5": 1.0, "r10": 1.0, "all10": 1.0, "mrr": 1.0, "n": 1}
+        assert {k: v for k, v in found["single-hop"].items() if k != "r10_floor"} == {
+            "r5": 1.0, "r10": 1.0, "all10": 1.0, "mrr": 1.0, "n": 1}
         assert found["multi-hop"]["r10"] == 1.0  # the malformed "D1:2; D2:1" evidence counts as two turns
     # asked the day after the last session (20 June): the evidence of 8 May is 43 days old
     age = results["+1d"]["fts"]["age"]
@@ -152,23 +153,30 @@ async def test_quality_benchmark_on_one_conversation(tmp_path):
         for mode in protocol.values():
             for group in (mode[g] for g in quality.GROUPS if mode[g]):  # categories with no question are empty
                 assert 0.0 <= group["r5"] <= group["r10"] <= 1.0 and 0.0 <= group["mrr"] <= 1.0
+    # the engine's modes also say what the relevance floor leaves (never more than without it)
+    assert 0.0 <= results["+1d"]["hybrid"]["overall"]["r10_floor"] <= results["+1d"]["hybrid"]["overall"]["r10"]
 
 
 def test_the_reference_quality_run_has_the_layout_a_run_writes():
     """bench/reference/quality.json is compared with by hand (bench/README.md): it must stay readable
     as what `python -m bench.quality` writes today; a changed layout means a new reference run."""
     reference = json.loads(quality.REFERENCE.read_text())
-    assert set(reference) == {"settings", "touch", "conversations", "results", "seconds"}
+    assert set(reference) == {"settings", "touch", "conversations", "results", "beam", "beam_chats", "seconds"}
     assert reference["settings"] == {} and reference["touch"] is True  # the defaults, as the bot asks
     results = reference["results"]
     assert set(results) == {*quality.PROTOCOLS, *quality.WORLDS, "touch_floor"}  # every protocol and world
-    for protocol in (results[p] for p in (*quality.PROTOCOLS, *quality.WORLDS)):
-        assert set(protocol) == set(quality.MODES)
-        for mode in protocol.values():
+    for name in (*quality.PROTOCOLS, *quality.WORLDS):  # a shared world has no plain cosine baseline
+        assert set(results[name]) == set(quality.MODES) - ({"cosine"} if name in quality.WORLDS else set())
+        for mode, scores in results[name].items():
             for group in quality.GROUPS:
-                assert set(mode[group]) == {"r5", "r10", "all10", "mrr", "n"}
+                extra = {"r10_floor"} if mode in quality.ENGINE_MODES else set()
+                assert set(scores[group]) == {"r5", "r10", "all10", "mrr", "n"} | extra
     hybrid, bm25 = results["+1d"]["hybrid"]["overall"], results["+1d"]["bm25"]["overall"]
     assert hybrid["n"] == bm25["n"] == 383 and hybrid["r10"] > bm25["r10"]  # the LoCoMo dev split, categories 1-4
+    assert reference["beam_chats"] == 10 and set(reference["beam"]) == {*quality.PROTOCOLS, "touch_floor"}
+    for mode in reference["beam"]["+1d"].values():  # BEAM's dev chats: every ability, abstention, updates
+        assert mode["overall"]["n"] > 150 and "knowledge_update" in mode and "update_order" in mode
+        assert set(mode["abstention"]) == {"abstention", "foreign"}
 
 
 def test_scores_are_the_share_of_evidence_found():
@@ -213,3 +221,70 @@ def test_shared_world_scope_rule_refuses_what_the_asker_may_not_see():
     shared_world.check_scope([own, my_room], room, "q")
     with pytest.raises(shared_world.ScopeLeak):
         shared_world.check_scope([own, others], dm, "q")
+
+
+def write_beam_chat(folder, number: int) -> None:
+    """A tiny chat in BEAM's layout: two batches with time anchors, probing questions of three kinds."""
+    chat = folder / str(number)
+    (chat / "probing_questions").mkdir(parents=True)
+    long_reply = "Here is the plan.\n\n" + "\n\n".join(f"Step {i}: " + "write tests " * 40 for i in range(12))
+    batches = [
+        {"batch_number": 1, "time_anchor": None, "turns": [[
+            {"role": "user", "id": 0, "time_anchor": "March-15-2024", "content": "My garden planner uses Django. ->-> 1,1"},
+            {"role": "assistant", "id": 1, "content": long_reply}]]},
+        {"batch_number": 2, "time_anchor": None, "turns": [[
+            {"role": "user", "id": 2, "time_anchor": "April-05-2024", "content": "The API answers in 400ms."},
+            {"role": "assistant", "id": 3, "content": "Good to know."},
+            {"role": "user", "id": 4, "content": "After caching, the API answers in 250ms."}]]}]
+    probing = {
+        "information_extraction": [{"question": "Which framework does my garden planner use?", "source_chat_ids": [0]}],
+        "knowledge_update": [{"question": "How fast does the API answer?",
+                              "source_chat_ids": {"original_info": [2], "updated_info": [4]}}],
+        "abstention": [{"question": "Which database did my garden planner pick?", "source_chat_ids": None}]}
+    (chat / "chat.json").write_text(json.dumps(batches))
+    (chat / "probing_questions" / "probing_questions.json").write_text(json.dumps(probing))
+
+
+def test_beam_chats_are_imported_with_their_dates_in_parts_a_memory_may_hold(tmp_path):
+    write_beam_chat(tmp_path / "100K", 1)
+    assert beam.folder(str(tmp_path)) == tmp_path / "100K"  # the 100K folder inside is looked into
+    corpus = quality.Corpus.beam(beam.folder(str(tmp_path)))
+    stored = corpus.records["beam-1"]
+    assert stored[0]["text"] == "User: My garden planner uses Django."  # BEAM's plan marker left out
+    parts = [r for r in stored if r["external_id"].startswith("beam-1:1#")]
+    assert len(parts) > 1 and all(len(r["text"]) <= records.MAX_TEXT_CHARS for r in parts)
+    assert stored[0]["created_at"] == beam.anchor_time("March-15-2024")
+    assert stored[-1]["created_at"] == beam.anchor_time("April-05-2024") + 4  # the anchor + the message's index
+    assert [q["category"] for q in corpus.asks] == ["information_extraction", "knowledge_update"]
+    update = corpus.asks[1]
+    assert update["original"] == {"beam-1:2"} and update["updated"] == {"beam-1:4"}
+    assert [q["category"] for q in corpus.absent] == ["abstention"]
+    assert quality.turns(["beam-1:1#0", "beam-1:1#3", "beam-1:0"]) == ["beam-1:1", "beam-1:0"]
+
+
+def test_update_order_and_abstention_count_what_they_say():
+    rows = [{"ranked": ["u", "o"], "original": ["o"], "updated": ["u"]},
+            {"ranked": ["o", "x", "u"], "original": ["o"], "updated": ["u"]},
+            {"ranked": ["o"], "original": ["o"], "updated": ["u"]}]  # the update not found: not counted
+    assert quality.update_order(rows) == {"updated_first": 0.5, "both_found": 2, "questions": 3}
+    absent = [{"injected": 0}, {"injected": 5}, {"injected": 0}, {"injected": 3}]
+    assert quality.abstention(absent) == {"none_injected": 0.5, "mean_injected": 2.0, "n": 4}
+
+
+async def test_quality_benchmark_on_a_beam_chat_with_foreign_questions(tmp_path):
+    write_beam_chat(tmp_path, 1)
+    corpus = quality.Corpus.beam(tmp_path)
+    corpus.foreign(quality.Corpus([CONVERSATION]), 2)
+    env = {"OLLAMA_EMBED_MODEL": quality.MINILM_NAME, "OLLAMA_COOLDOWN": "0", "MUNINN_GRAPH_LIMIT": "0",
+           "MUNINN_INJECT_MIN_COSINE": "0.99"}
+    async with FakeOllama(models=[quality.MINILM_NAME], dim=384) as fake:
+        results = await quality.evaluate_corpus(corpus, fake.url, env, quality.MODES, 10, {"+1d": 1.0})
+    found = results["+1d"]
+    assert set(found["hybrid"]) >= {"overall", "information_extraction", "knowledge_update", "update_order",
+                                     "abstention"}
+    assert found["hybrid"]["overall"]["n"] == 2 and found["hybrid"]["update_order"]["questions"] == 1
+    assert found["hybrid"]["abstention"]["foreign"]["n"] == 2 and found["hybrid"]["abstention"]["abstention"]["n"] == 1
+    # at a floor no memory reaches, nothing is injected, and R@10 past the floor is 0
+    assert found["hybrid"]["abstention"]["foreign"]["none_injected"] == 1.0
+    assert found["hybrid"]["overall"]["r10_floor"] == 0.0 < found["hybrid"]["overall"]["r10"]
+    assert found["cosine"]["abstention"]["foreign"]["none_injected"] == 0.0  # a baseline always injects

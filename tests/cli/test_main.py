@@ -288,3 +288,16 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(60) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_recall_says_when_the_relevance_floor_leaves_the_prompt_nothing(cli, monkeypatch):
+    monkeypatch.setenv("MUNINN_INJECT_MIN_COSINE", "0.4")  # the fake's cosines: 0.46 near, 0.19 far
+    cli("remember", "the GPU server has 4x RTX 3090", "--scope", "global")
+    _, out, _ = cli("recall", "What GPU does the server have?", "--user", 1, "--dm", "--json", "--no-touch")
+    near = json.loads(out)
+    assert near["relevance_floor"] == 0.4 and near["for_prompt"] == 1
+    _, out, _ = cli("recall", "the capital of Peru", "--user", 1, "--dm", "--json", "--no-touch")
+    far = json.loads(out)
+    assert len(far["memories"]) == 1 and far["for_prompt"] == 0  # still listed, never put into a prompt
+    _, out, _ = cli("recall", "the capital of Peru", "--user", 1, "--dm", "--no-touch")
+    assert "none reaches the relevance floor (0.4): a reply's prompt gets none" in out

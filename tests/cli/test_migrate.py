@@ -130,8 +130,11 @@ async def test_recall_on_the_copy_matches_sqlite(source, postgres_url, fake_olla
     settings, _ = source
     assert copy_database(settings.db_path, postgres_url).ok
     results = {}
+    # through rank fusion: the copy holds the same memories, vectors and keyword ranks; score fusion
+    # also weighs each backend's own keyword score (SQLite's BM25, PostgreSQL's ts_rank_cd)
     for name, url in (("sqlite", ""), ("postgresql", postgres_url)):
-        async with Engine(make_settings(fake_ollama.url, MUNINN_DATABASE_URL=url), warm=False) as engine:
+        async with Engine(make_settings(fake_ollama.url, MUNINN_DATABASE_URL=url, MUNINN_FUSION="ranks"),
+                          warm=False) as engine:
             results[name] = [sorted(m.memory.id for m in (await engine.recall(q, v, touch=False)).memories)
                              for v in VIEWERS for q in QUERIES]
     assert results["postgresql"] == results["sqlite"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from bot.memory.connection import Connection
-from bot.memory.recall import retrieval
+from bot.memory.recall import fusion
 from bot.memory.recall.ranking import RELATIVE_FLOOR
 from bot.memory.recall.retrieval import TEACHER_COLUMN, Candidate
 from bot.memory.storage import Storage
@@ -133,13 +133,12 @@ def deeper(conn: Any, storage: Storage[Any], settings: Settings, query: str, key
            info: IndexInfo | None, vector: list[float] | None, depth: int, as_of: float | None,
            pool: Sequence[Candidate], *, keyword: bool, semantic: bool) -> list[Candidate]:
     """The second look (the module doc): the paths that came back `depth` deep (`keyword`,
-    `semantic`) searched again DEEPER times as deep, fused by RRF among themselves, without the
+    `semantic`) searched again DEEPER times as deep, fused among themselves (fusion.py), without the
     candidates of `pool`; fill-ins, ranked after every one of `pool`."""
     k = min(DEEPER_MAX, depth * DEEPER)
     hits = storage.fts_candidates(conn, query, keys, k, as_of) if keyword and query.strip() else []
     near = (storage.vector_candidates(conn, info, vector, keys, k, as_of)
             if semantic and vector is not None and info is not None else [])
     seen = {c.memory_id for c in pool}
-    fused = retrieval.fuse(hits, near, k=settings.rrf_k, limit=len(hits) + len(near),
-                           weight_fts=settings.rrf_weight_fts, weight_vector=settings.rrf_weight_vec)
+    fused = fusion.fuse(hits, near, settings)
     return [c for c in fused if c.memory_id not in seen]

@@ -24,6 +24,13 @@ most on temporal questions, where porter BM25 alone had beaten the hybrid rankin
 A date the question names ("on 7 July, 2023", "in August": bot/memory/recall/dates.py) doubles
 the score of candidates stored on that day or in that month (DATE_BOOST 1.0).
 
+The relevance floor (inject_floor, RecallResult.relevant): when not one recalled memory reaches
+the model's floor, none goes into the prompt. Measured on questions asked where their subject
+was never discussed (LoCoMo's questions asked of BEAM's chats and the other way round), at the
+touch floor no evidence question of either development set lost a memory from its top 10 while
+most foreign questions got nothing; dropping single memories under the floor from an otherwise
+relevant list lost evidence and spared no noise (bench/README.md, the decision log).
+
 Touch (a recall strengthens a memory) goes only to memories that were relevant:
 cosine to the query at least the embedding model's floor (TOUCH_FLOORS, measured on
 LoCoMo; MUNINN_TOUCH_MIN_COSINE overrides), or, for a model without a measured floor,
@@ -108,6 +115,15 @@ def touch_floor(model: str, override: float | None) -> float | None:
     """The absolute cosine floor for this model, or None to use the relative rule."""
     if override is not None:
         return override
+    return TOUCH_FLOORS.get(model.split(":", 1)[0])
+
+
+def inject_floor(model: str, override: float | None) -> float | None:
+    """The relevance floor for what goes into a prompt (RecallResult.relevant): the setting when
+    given (a negative one turns it off), else the model's measured touch floor, else None (off:
+    a model without a measured floor has no scale to judge a cosine by)."""
+    if override is not None:
+        return None if override < 0 else override
     return TOUCH_FLOORS.get(model.split(":", 1)[0])
 
 

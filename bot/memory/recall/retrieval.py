@@ -131,6 +131,21 @@ class RecallResult:
     vector_status: VectorStatus
     memories: list[Recalled] = field(default_factory=list)
     timings_ms: dict = field(default_factory=dict)
+    # the relevance floor (ranking.inject_floor): the cosine to the question at least one memory
+    # needs for any to be put into a prompt; None: no floor (the vector path did not run, or the
+    # embedding model has no measured floor)
+    floor: float | None = None
+
+    def relevant(self) -> list[Recalled]:
+        """The memories worth putting into a prompt: all of them, in order, when at least one
+        reaches the relevance floor; none when none does (a question about something never
+        discussed: nothing is better than noise). Without a floor, or without any cosine
+        (vectors missing), all of them."""
+        floor = self.floor
+        known = [cos for r in self.memories if (cos := r.candidate.cosine) is not None]
+        if floor is None or not known or max(known) >= floor:
+            return list(self.memories)
+        return []
 
     @property
     def texts(self) -> list[str]:
@@ -143,8 +158,10 @@ class RecallResult:
         return [r.memory.id for r in self.memories]
 
     def to_dict(self, now: float | None = None) -> dict:
-        """The result as JSON-ready data (timings rounded to the microsecond)."""
+        """The result as JSON-ready data (timings rounded to the microsecond); `for_prompt`: how
+        many of the memories a reply's prompt would get (the relevance floor's verdict)."""
         return {"query": self.query, "mode": self.mode, "vector_status": self.vector_status,
+                "relevance_floor": self.floor, "for_prompt": len(self.relevant()),
                 "memories": [r.to_dict(now) for r in self.memories],
                 "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()}}
 

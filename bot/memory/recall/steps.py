@@ -3,8 +3,8 @@
 The keyword step runs while the question is being embedded: the viewer's visibility keys, the
 keyword hits (re-ranked by the names the plain query left out) and the vector index's state.
 The search step takes the embedding: vector candidates, fusion, the neighbour loan, the final
-order (with events on a date the question names: happens.py; newer before older where two
-disagree: newer.py), the fair share of each member (fair_share.py), the graph walk, and each chosen memory's
+order (fusion.py; with events on a date the question names: happens.py; newer before older where
+two disagree: newer.py), the fair share of each member (fair_share.py), the graph walk, and each chosen memory's
 cosine to the question.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from bot.memory.recall import fair_share, happens, newer, ranking, retrieval, subqueries
+from bot.memory.recall import fair_share, fusion, happens, newer, ranking, retrieval, subqueries
 from bot.memory.recall.dates import DateHint
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import Viewer
@@ -62,15 +62,19 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
     keys, info, depth = found.keys, found.info, limit * 3
     vector_hits = (storage.vector_candidates(conn, info, vector, keys, depth, as_of)
                    if vector is not None and info is not None else [])
+    if vector is not None and vector_hits and found.hits and settings.fusion == fusion.SCORES:
+        # score fusion weighs every keyword hit's cosine too (the vector cache has them at hand);
+        # those the vector search found carry theirs already
+        near = {c.memory_id for c in vector_hits}
+        storage.measure_similarity(conn, vector, [c for c in found.hits if c.memory_id not in near], info)
     t1 = time.perf_counter()
-    fused = retrieval.fuse(found.hits, vector_hits, k=settings.rrf_k, limit=len(found.hits) + len(vector_hits),
-                           weight_fts=settings.rrf_weight_fts, weight_vector=settings.rrf_weight_vec)
+    fused = fusion.fuse(found.hits, vector_hits, settings)
     fused = storage.spread_to_neighbours(conn, fused, keys, settings.neighbour_share, as_of)
     fused = happens.dated(conn, fused, date_hints, keys, as_of, limit)
     fused = storage.final_order(conn, fused, now, time_weight=settings.time_weight, date_hints=date_hints,
                                 date_boost=settings.date_boost, tz=settings.timezone)
     fused = happens.lift(conn, fused, date_hints, settings.date_boost, settings.timezone)
-    if settings.rrf_weight_fts > 0:
+    if fusion.keywords_count(settings):
         fused = ranking.keyword_winner_first(fused, settings.keyword_lead)
     fused = newer.newer_first(conn, fused, limit, dated=bool(date_hints))
     fair = fair_share.FairShare(found.viewer_id, fair_share.share_of(limit))
