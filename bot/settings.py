@@ -11,15 +11,28 @@ import textwrap
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import urlparse
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
-from bot.redact import redact_url, secrets_in, shown
-
-
-class SettingsError(ValueError):
-    """A setting has a value Muninn cannot use; the message names it."""
-
+from bot.redact import secrets_in, shown
+from bot.setting_values import (  # noqa: F401  (SettingsError: every caller imports it from here)
+    SettingsError,
+    _bool,
+    _choice,
+    _database_url,
+    _float,
+    _id_list,
+    _int,
+    _optional_float,
+    _optional_port,
+    _path,
+    _shard_list,
+    _str,
+    _timezone,
+    _token,
+    _url,
+    _urls,
+    check_api_keys,
+)
 
 # The sections of `.env.example`, in the order it lists them. A row names its section; one that
 # names none lands under OTHER, and every row that is not `essential` is written commented out.
@@ -43,188 +56,6 @@ class Spec:
     kind: str = ""
     section: str = OTHER
     essential: bool = False
-
-
-def _float(lo: float | None = None, hi: float | None = None, *, positive: bool = False):
-    def parse(name: str, raw: str) -> float:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise SettingsError(f"{name}={raw!r} is not a number") from None
-        if positive and value <= 0:
-            raise SettingsError(f"{name}={raw!r} must be greater than 0")
-        if lo is not None and value < lo or hi is not None and value > hi:
-            raise SettingsError(f"{name}={raw!r} must be between {lo} and {hi}")
-        return value
-    return parse
-
-
-def _optional_float(lo: float, hi: float):
-    """A number in [lo, hi], or empty for "decide automatically" (None)."""
-    number = _float(lo, hi)
-
-    def parse(name: str, raw: str) -> float | None:
-        return None if raw.strip() == "" else number(name, raw)
-    return parse
-
-
-def _int(lo: int = 0, hi: int | None = None):
-    def parse(name: str, raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise SettingsError(f"{name}={raw!r} is not a whole number") from None
-        if value < lo or (hi is not None and value > hi):
-            bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-            raise SettingsError(f"{name}={raw!r} must be {bound}")
-        return value
-    return parse
-
-
-def _str(name: str, raw: str) -> str:
-    return raw
-
-
-def _url(name: str, raw: str) -> str:
-    raw = raw.strip()
-    if not raw:
-        return ""  # explicitly disabled
-    parsed = urlparse(raw)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise SettingsError(f"{name}={redact_url(raw)!r} must be an http(s) URL such as http://localhost:11434 (or empty to disable)")
-    return raw.rstrip("/")
-
-
-def _urls(name: str, raw: str) -> str:
-    """One URL, or several separated by commas (several Ollama hosts); kept as one string."""
-    parts = [part.strip() for part in raw.split(",")]
-    if len(parts) > 1 and not all(parts):
-        raise SettingsError(f"{name}={redact_url(raw)!r} has an empty entry; separate the URLs with single commas")
-    return ",".join(dict.fromkeys(_url(name, part) for part in parts))
-
-
-def _database_url(name: str, raw: str) -> str:
-    """Empty (SQLite at MUNINN_DB_PATH) or a postgresql:// URL (the PostgreSQL backend)."""
-    raw = raw.strip()
-    if not raw:
-        return ""
-    parsed = urlparse(raw)
-    if parsed.scheme not in ("postgresql", "postgres") or not (parsed.netloc or parsed.query):
-        raise SettingsError(f"{name} must be a postgresql:// URL such as postgresql://muninn@localhost/muninn "
-                            "(or empty for SQLite at MUNINN_DB_PATH)")
-    return raw
-
-
-def _token(name: str, raw: str) -> str:
-    """A login token: empty (one is made at start), or 16 characters or more without spaces."""
-    token = raw.strip()
-    if token and (len(token) < 16 or any(c.isspace() for c in token)):
-        raise SettingsError(f"{name} must be 16 characters or more without spaces (or empty: a random one each start)")
-    return token
-
-
-def _choice(*allowed: str):
-    def parse(name: str, raw: str) -> str:
-        value = raw.strip().lower()
-        if value not in allowed:
-            raise SettingsError(f"{name}={raw.strip()!r} must be one of: {', '.join(allowed)}")
-        return value
-    return parse
-
-
-def _kind(name: str, raw: str) -> str:
-    """The kind of LLM server: its native Ollama API, or the OpenAI-compatible one."""
-    kind = raw.strip().lower()
-    if kind not in ("ollama", "openai"):
-        raise SettingsError(f"{name}={raw!r} must be ollama or openai (any OpenAI-compatible server)")
-    return kind
-
-
-def check_api_keys(values: dict[str, Any]) -> None:
-    """An API key and a URL with a user name and password cannot both go to one server: a request
-    carries one Authorization header."""
-    for purpose, url_key, api_key in (("CHAT", "chat_url", values["llm_api_key"]),
-                                      ("EMBED", "embed_url", values["embed_api_key"] or values["llm_api_key"])):
-        if values[f"{purpose.lower()}_kind"] != "openai" or not api_key:
-            continue
-        name = f"MUNINN_{purpose}_URL" if values[url_key] else "OLLAMA_URL"
-        if any(urlparse(url).username or urlparse(url).password for url in (values[url_key] or values["ollama_url"]).split(",")):
-            raise SettingsError(f"{name} has a user name or password and an API key is set for it: a request carries "
-                                "one Authorization, so keep only one of them")
-
-
-def _one_of(*choices: str):
-    """One of `choices`, case-insensitive."""
-    def parse(name: str, raw: str) -> str:
-        value = raw.strip().lower()
-        if value not in choices:
-            raise SettingsError(f"{name}={raw!r} must be one of {', '.join(choices)}")
-        return value
-    return parse
-
-
-def _fusion(name: str, raw: str) -> str:
-    low = raw.strip().lower()
-    if low not in ("scores", "ranks"):
-        raise SettingsError(f"{name}={raw!r} must be scores or ranks")
-    return low
-
-
-def _path(name: str, raw: str, base: Path | None = None) -> Path:
-    """A file path; a relative one is taken from `base` (default: the working directory)."""
-    if not raw.strip():
-        raise SettingsError(f"{name} is empty; give a file path such as data/muninn.db")
-    path = Path(raw).expanduser()
-    if not path.is_absolute():
-        path = ((base or Path.cwd()) / path).resolve()
-    return path
-
-
-def _timezone(name: str, raw: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(raw)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise SettingsError(f"{name}={raw!r} is not an IANA time zone such as Europe/Oslo or UTC") from None
-
-
-def _bool(name: str, raw: str) -> bool:
-    low = raw.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off", ""):
-        return False
-    raise SettingsError(f"{name}={raw!r} must be true or false")
-
-
-def _id_list(name: str, raw: str) -> frozenset[int]:
-    out = set()
-    for part in raw.replace(";", ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit():
-            raise SettingsError(f"{name}: {part!r} is not a Discord id (digits only)")
-        out.add(int(part))
-    return frozenset(out)
-
-
-def _optional_port(name: str, raw: str) -> int | None:
-    """A TCP port (1-65535), or empty for "off" (None)."""
-    if raw.strip() == "":
-        return None
-    return _int(1, 65535)(name, raw.strip())
-
-
-def _shard_list(name: str, raw: str) -> tuple[int, ...]:
-    out: list[int] = []
-    for part in raw.replace(";", ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit():
-            raise SettingsError(f"{name}: {part!r} is not a shard id (a whole number from 0)")
-        out.append(int(part))
-    return tuple(sorted(set(out)))
 
 
 SETTINGS: dict[str, Spec] = {
@@ -289,14 +120,14 @@ SETTINGS: dict[str, Spec] = {
     "allow_dms": Spec("MUNINN_ALLOW_DMS", "true", "Answer direct messages; false = DMs are neither answered nor kept.", _bool, section=DISCORD),
     "blocked_users": Spec("MUNINN_BLOCKED_USERS", "", "Comma-separated Discord user ids Muninn neither answers nor remembers anywhere (servers add their own lists with /settings access).", _id_list, section=DISCORD),
     "message_content": Spec("MUNINN_MESSAGE_CONTENT", "auto", "The Message Content intent: auto (use it when the Developer Portal grants it), on (require it) or off (run on DMs, mentions and replies to Muninn only; no passive history, no every-message channels).", _choice("auto", "on", "off"), section=DISCORD),
-    "chat_kind": Spec("MUNINN_CHAT_KIND", "ollama", "Kind of server that writes replies and extracts facts: ollama (its native API) or openai (any OpenAI-compatible server: llama-server, vLLM, LM Studio, OpenRouter). The OLLAMA_* models, timeouts, retries, cooldown and concurrency apply to either kind.", _kind, section=OLLAMA),
+    "chat_kind": Spec("MUNINN_CHAT_KIND", "ollama", "Kind of server that writes replies and extracts facts: ollama (its native API) or openai (any OpenAI-compatible server: llama-server, vLLM, LM Studio, OpenRouter). The OLLAMA_* models, timeouts, retries, cooldown and concurrency apply to either kind.", _choice("ollama", "openai", why=" (any OpenAI-compatible server)"), section=OLLAMA),
     "chat_url": Spec("MUNINN_CHAT_URL", "", "Chat server address (several separated by commas); empty = OLLAMA_URL. For openai, the API's base URL such as http://localhost:8000/v1 (a bare address gets /v1).", _urls, "url", section=OLLAMA),
-    "embed_kind": Spec("MUNINN_EMBED_KIND", "ollama", "Kind of server that computes embeddings: ollama or openai (its /v1/embeddings).", _kind, section=OLLAMA),
+    "embed_kind": Spec("MUNINN_EMBED_KIND", "ollama", "Kind of server that computes embeddings: ollama or openai (its /v1/embeddings).", _choice("ollama", "openai", why=" (any OpenAI-compatible server)"), section=OLLAMA),
     "embed_url": Spec("MUNINN_EMBED_URL", "", "Embedding server address (several separated by commas); empty = OLLAMA_URL. May differ from the chat server in address and kind; its vectors must have the size the database holds (else `muninn reindex`).", _urls, "url", section=OLLAMA),
     "llm_api_key": Spec("MUNINN_LLM_API_KEY", "", "API key sent (as a Bearer token) to openai-kind servers: OpenRouter, a vLLM or llama-server started with --api-key; never to Ollama-kind servers; empty = none.", _str, "secret", section=OLLAMA),
     "embed_api_key": Spec("MUNINN_EMBED_API_KEY", "", "API key for an openai-kind embedding server that needs a different one; empty = MUNINN_LLM_API_KEY.", _str, "secret", section=OLLAMA),
-    "vector_form": Spec("MUNINN_VECTOR_FORM", "int8", "How the vectors in RAM are held: int8 (a quarter of the memory; the best matches are rescored exactly from the database, recall unchanged on real embeddings) or float32 (as stored, exact without the rescoring reads).", _one_of("int8", "float32"), section=DATABASE),
-    "fusion": Spec("MUNINN_FUSION", "scores", "Recall: how the keyword and vector paths become one list: scores (each memory's BM25 relative to the best keyword hit and its cosine, weighed by how well the two paths agree, with a share of rank fusion) or ranks (Reciprocal Rank Fusion alone, MUNINN_RRF_*) (bot/memory/recall/fusion.py).", _fusion, section=RECALL),
+    "vector_form": Spec("MUNINN_VECTOR_FORM", "int8", "How the vectors in RAM are held: int8 (a quarter of the memory; the best matches are rescored exactly from the database, recall unchanged on real embeddings) or float32 (as stored, exact without the rescoring reads).", _choice("int8", "float32"), section=DATABASE),
+    "fusion": Spec("MUNINN_FUSION", "scores", "Recall: how the keyword and vector paths become one list: scores (each memory's BM25 relative to the best keyword hit and its cosine, weighed by how well the two paths agree, with a share of rank fusion) or ranks (Reciprocal Rank Fusion alone, MUNINN_RRF_*) (bot/memory/recall/fusion.py).", _choice("scores", "ranks"), section=RECALL),
     "fusion_vector_share": Spec("MUNINN_FUSION_VECTOR_SHARE", "0.6", "Recall, score fusion: the vector path's share of the fused score (0 = keywords only, 1 = meaning only); chosen by cross-validation over LoCoMo and BEAM conversations (bench/README.md).", _float(0, 1), section=RECALL),
     "inject_min_cosine": Spec("MUNINN_INJECT_MIN_COSINE", "", "Relevance floor: the cosine to the message a recalled memory needs to be put into the prompt, so a question about something never discussed gets no memories; empty = the floor measured for the embedding model (none for a model not measured); -1 = off.", _optional_float(-1.0, 1.0), section=RECALL),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str, section=LOGGING),
