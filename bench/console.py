@@ -1,6 +1,6 @@
 """How fast the operator's console answers at scale: every page, over HTTP and in a real browser.
 
-    python -m bench.console [--size 100000] [--repeat 10] [--no-browser]
+    python -m bench.console [--size 100000] [--repeat 10] [--no-browser] [--database-url URL]
 
 Builds (once, kept in bench/results/, git-ignored) a community of the realistic shape
 (bench/world.py SkewShape: one busy channel with 30 % of all memories, Zipf users), starts the
@@ -102,7 +102,16 @@ async def run(args: argparse.Namespace) -> dict:
     if not path.exists():
         print(f"building a {args.size:,}-memory community in {path} (once) ...", flush=True)
         await build(path, SkewShape(args.size))
-    async with Engine(bench_settings(path), warm=False) as engine:
+    settings = bench_settings(path)
+    if args.database_url:  # the same world, copied by `muninn migrate`'s own copy into PostgreSQL
+        from bench.pg_speed import copied, create_database, database_url, settings_for
+        from bot.memory.postgres.copy import copy_database
+        url = database_url(args.database_url, f"console_bench_{args.size}")
+        if not copied(url):
+            create_database(args.database_url, f"console_bench_{args.size}")
+            await asyncio.to_thread(copy_database, path, url, batch=5000)
+        settings = settings_for(path, url)
+    async with Engine(settings, warm=False) as engine:
         paths = await pages(engine)
         server = TestServer(create_app(engine, token=TOKEN), host="127.0.0.1")
         client = TestClient(server)
@@ -122,7 +131,8 @@ async def run(args: argparse.Namespace) -> dict:
             row["browser_ms"] = round(statistics.median(seen[name]), 1)
             row["browser_max_ms"] = round(max(seen[name]), 1)
         rows.append(row)
-    return {"size": args.size, "goal_ms": GOAL_MS, "pages": rows,
+    return {"size": args.size, "backend": "postgresql" if args.database_url else "sqlite", "goal_ms": GOAL_MS,
+            "pages": rows,
             "browser": "chromium" if seen else ("off" if not args.browser else browser.MISSING)}
 
 
@@ -132,17 +142,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10, help="requests per page over HTTP (half as many in the browser)")
     parser.add_argument("--no-browser", dest="browser", action="store_false", help="time over HTTP only")
     parser.add_argument("--workdir", default=str(RESULTS))
+    parser.add_argument("--database-url", default="", metavar="URL",
+                        help="a PostgreSQL server: the world is copied into a database of its own there (once)")
     args = parser.parse_args()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     result = asyncio.run(run(args))
-    print(f"console at {result['size']:,} memories (goal: every page under {GOAL_MS:.0f} ms; browser: {result['browser']})")
+    print(f"console at {result['size']:,} memories on {result['backend']} "
+          f"(goal: every page under {GOAL_MS:.0f} ms; browser: {result['browser']})")
     print(f"{'page':<18}{'http p50':>10}{'http p95':>10}{'browser p50':>13}{'max':>8}  within goal")
     for row in result["pages"]:
         worst = max(row["http_p95_ms"], row.get("browser_ms", 0.0))
         print(f"{row['page']:<18}{row['http_p50_ms']:>10.1f}{row['http_p95_ms']:>10.1f}"
               f"{row.get('browser_ms', float('nan')):>13.1f}{row.get('browser_max_ms', float('nan')):>8.1f}"
               f"  {'yes' if worst < GOAL_MS else 'NO'}")
-    out = Path(args.workdir) / f"console-{args.size}.json"
+    out = Path(args.workdir) / f"console-{args.size}-{result['backend']}.json"
     out.write_text(json.dumps(result, indent=2))
 
 
