@@ -76,6 +76,15 @@ class HostChoice:
     _turn: int                     # whose turn it is among equally busy hosts
     _probes: set[asyncio.Task]     # recovery probes of cooling hosts, running in the background
 
+    def _take_hosts(self, hosts: Sequence[Host]) -> None:
+        """Start with `hosts`, none busy, none probed (the client half's constructor calls it)."""
+        if not hosts:
+            raise ValueError(f"{type(self).__name__} needs at least one URL")
+        self.hosts = hosts
+        self.in_flight = {host.url: 0 for host in hosts}
+        self._turn = 0
+        self._probes = set()
+
     async def close(self) -> None:
         """Cancel the recovery probes still running, then close every host's client."""
         for probe in list(self._probes):

@@ -428,10 +428,5 @@ class OllamaHosts(HostChoice, OllamaClient):
     takes a call is `HostChoice`'s (bot/llm/hosts.py)."""
 
     def __init__(self, urls: Sequence[str], **options: Any):
-        if not urls:
-            raise ValueError("OllamaHosts needs at least one URL")
         super().__init__(",".join(urls), **options)
-        self.hosts = [_Host(url, **options) for url in urls]
-        self.in_flight = {host.url: 0 for host in self.hosts}
-        self._turn = 0
-        self._probes = set()
+        self._take_hosts([_Host(url, **options) for url in urls])

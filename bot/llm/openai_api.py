@@ -263,12 +263,7 @@ class OpenAIHosts(HostChoice, OpenAIClient):
     takes a call is `HostChoice`'s (bot/llm/hosts.py)."""
 
     def __init__(self, urls: Sequence[str], **options: Any):
-        if not urls:
-            raise ValueError("OpenAIHosts needs at least one URL")
         super().__init__(",".join(urls), **options)
+        self._take_hosts([_OpenAIHost(url, **options) for url in urls])
         self.url = ",".join(api_base(url) for url in urls)
         self.where = redact_url(self.url)
-        self.hosts = [_OpenAIHost(url, **options) for url in urls]
-        self.in_flight = {host.url: 0 for host in self.hosts}
-        self._turn = 0
-        self._probes = set()
