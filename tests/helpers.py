@@ -177,9 +177,18 @@ async def until(condition: Callable[[], Awaitable[bool] | bool], what: str, time
         await asyncio.sleep(0.02)
 
 
-def undo_columns_added_later(conn) -> None:
-    """Take out what a migration after a rewound one added with ALTER TABLE ADD COLUMN, which SQLite
-    cannot run twice: a test that sets the schema version back re-runs every later migration."""
+def rewind_schema(conn, backend: str, introducing: str) -> None:
+    """Set the schema version back to just before the migration whose SQL holds `introducing`, so
+    that the next start runs it again, and every later one: what a later migration added with ALTER
+    TABLE ADD COLUMN (which SQLite cannot run twice) is taken out first."""
+    from bot.memory.postgres import migrations as pg_migrations
+    from bot.memory.sqlite import migrations as sqlite_migrations
+    migrations = pg_migrations.MIGRATIONS if backend else sqlite_migrations.MIGRATIONS
+    number = next(n for n, sql in enumerate(migrations, 1) if introducing in sql)
     conn.execute("DROP INDEX IF EXISTS memories_happens")
     conn.execute("ALTER TABLE memories DROP COLUMN happens_on")
+    if backend:
+        conn.execute("UPDATE schema_version SET version = ?", (number - 1,))
+    else:
+        conn.execute(f"PRAGMA user_version = {number - 1}")
 

@@ -8,11 +8,9 @@ import time
 import pytest
 
 from bot.memory.engine import Engine
-from bot.memory.postgres import migrations as pg_migrations
 from bot.memory.records import NewMemory
 from bot.memory.sql import history
-from bot.memory.sqlite import migrations as sqlite_migrations
-from tests.helpers import undo_columns_added_later
+from tests.helpers import rewind_schema
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -87,17 +85,10 @@ async def test_the_migration_fills_teachers_and_each_replys_conversation_from_wh
         alone = await said(engine, MUNINN, "Quiet here.", channel=RANDOM, answering=CAROL, at=now + 3)
 
         # As a database made before the migration: without its tables.
-        migrations = pg_migrations.MIGRATIONS if backend else sqlite_migrations.MIGRATIONS
-        number = next(n for n, sql in enumerate(migrations, 1) if "memory_teachers" in sql)
-
         def before(conn):
             conn.execute("DROP TABLE memory_teachers")
             conn.execute("DROP TABLE reply_context")
-            undo_columns_added_later(conn)
-            if backend:
-                conn.execute("UPDATE schema_version SET version = ?", (number - 1,))
-            else:
-                conn.execute(f"PRAGMA user_version = {number - 1}")
+            rewind_schema(conn, backend, "memory_teachers")
         await engine.write(before)
 
     async with Engine(settings) as engine:

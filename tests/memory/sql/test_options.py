@@ -6,9 +6,7 @@ import pytest
 
 from bot.memory.engine import Engine
 from bot.memory.options import Stored
-from bot.memory.postgres import migrations as pg_migrations
-from bot.memory.sqlite import migrations as sqlite_migrations
-from tests.helpers import undo_columns_added_later
+from tests.helpers import rewind_schema
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -40,20 +38,13 @@ async def test_set_read_and_reset_a_servers_and_a_channels_settings(engine):
 async def test_channels_opted_in_or_out_of_always_answer_keep_their_choice_after_the_migration(make_settings, backend):
     settings = make_settings("")
     async with Engine(settings) as engine:
-        migrations = pg_migrations.MIGRATIONS if backend else sqlite_migrations.MIGRATIONS
-        number = next(n for n, sql in enumerate(migrations, 1) if "channel_options" in sql)
-
         def before(conn):  # as a database made before the migration: one always-answer column
             conn.execute("DROP TABLE channel_options")
-            undo_columns_added_later(conn)
             conn.execute("CREATE TABLE channel_settings (channel_id BIGINT PRIMARY KEY, guild_id BIGINT, "
                          "always_answer INTEGER NOT NULL DEFAULT 0, updated_at REAL NOT NULL)")
             conn.execute("INSERT INTO channel_settings VALUES (?, ?, 1, 5.0), (?, ?, 0, 6.0)",
                          (GENERAL, GUILD, RANDOM, GUILD))
-            if backend:
-                conn.execute("UPDATE schema_version SET version = ?", (number - 1,))
-            else:
-                conn.execute(f"PRAGMA user_version = {number - 1}")
+            rewind_schema(conn, backend, "channel_options")
         await engine.write(before)
 
     async with Engine(settings) as engine:
@@ -62,13 +53,7 @@ async def test_channels_opted_in_or_out_of_always_answer_keep_their_choice_after
         await engine.options.set_channel(GENERAL, GUILD, "persona", "Be brief.")  # the new shape takes more keys
         await engine.options.set_channel(RANDOM, GUILD, "answer", "never")
 
-        def again(conn):  # run once more (a restore, a second process): nothing changes
-            undo_columns_added_later(conn)
-            if backend:
-                conn.execute("UPDATE schema_version SET version = ?", (number - 1,))
-            else:
-                conn.execute(f"PRAGMA user_version = {number - 1}")
-        await engine.write(again)
+        await engine.write(rewind_schema, backend, "channel_options")  # run once more (a restore, a second process)
 
     async with Engine(settings) as engine:
         stored = await engine.options.stored(GUILD, [GENERAL, RANDOM])
