@@ -3,7 +3,8 @@
     python -m bench.console [--size 100000] [--repeat 10] [--no-browser] [--database-url URL]
 
 Builds (once, kept in bench/results/, git-ignored) a community of the realistic shape
-(bench/world.py SkewShape: one busy channel with 30 % of all memories, Zipf users), starts the
+(bench/world.py SkewShape: one busy channel with 30 % of all memories, Zipf users), gives it a
+history (learned over 400 days up to today, one in 20 older than a month archived by decay), starts the
 console over it as `muninn web` does, logs in, and asks each page the hard way: the busiest
 channel, the person with the most memories, a memory with links, a search as the busiest viewer,
 the stats over a year (every memory of the world). It prints per page the server time (p50/p95 over --repeat requests,
@@ -27,9 +28,14 @@ from bench import browser
 from bench.world import RESULTS, SkewShape, bench_settings, build
 from bot.memory.console import Filter
 from bot.memory.engine import Engine
+from bot.memory.sql import queries
 from bot.web.app import create_app
 
 TOKEN = "bench-console-token-0123456789"
+AGE_DAYS = 400           # the community's history: memories learned over this many days up to today
+ARCHIVED_EVERY = 20      # one in this many memories older than a month archived by decay
+AGED = "console_bench_aged"  # meta mark: the world has its history
+DAY = 86400.0
 GOAL_MS = 200.0
 
 
@@ -97,18 +103,45 @@ async def in_browser(base: str, paths: dict[str, str], repeat: int) -> dict[str,
     return out
 
 
+async def age(path: Path, days: int = AGE_DAYS, archived_every: int = ARCHIVED_EVERY) -> None:
+    """Give the world a history, as a community a year old has: memories learned over `days` days
+    up to today (the newest last), and one in `archived_every` of those older than a month archived
+    by decay since, on days spread over the year. Done once (a meta mark)."""
+    async with Engine(bench_settings(path), warm=False) as engine:
+        if await engine.read(lambda conn: queries.get_meta(conn, AGED)):
+            return
+        now = time.time()
+        top = await engine.read(lambda conn: queries.query_value(conn, "SELECT max(id) FROM memories", (), 1))
+
+        def spread(conn) -> list[int]:
+            conn.execute("UPDATE memories SET created_at = ? - (? - id) * ?, updated_at = ? - (? - id) * ?, "
+                         "last_accessed = NULL", (now, top, days * DAY / top, now, top, days * DAY / top))
+            return [int(r[0]) for r in conn.execute(
+                "SELECT id FROM memories WHERE archived_at IS NULL AND created_at < ? AND id % ? = 0",
+                (now - 30 * DAY, archived_every))]
+        fading = await engine.write(spread)
+        for memory_id in fading:  # the product's own archive: the keyword index and the vectors follow
+            await engine.archive(memory_id, "decayed")
+        await engine.write(lambda conn: conn.execute(
+            "UPDATE memories SET archived_at = created_at + 30 * ? + (id % 97) * ? WHERE archive_reason = 'decayed'",
+            (DAY, DAY)))
+        await engine.write(lambda conn: queries.set_meta(conn, AGED, "1"))
+    print(f"  aged it over {days} days; {len(fading):,} memories archived by decay", flush=True)
+
+
 async def run(args: argparse.Namespace) -> dict:
     path = Path(args.workdir) / f"console-{args.size}.db"
     if not path.exists():
         print(f"building a {args.size:,}-memory community in {path} (once) ...", flush=True)
         await build(path, SkewShape(args.size))
+    await age(path)
     settings = bench_settings(path)
     if args.database_url:  # the same world, copied by `muninn migrate`'s own copy into PostgreSQL
         from bench.pg_speed import copied, create_database, database_url, settings_for
         from bot.memory.postgres.copy import copy_database
-        url = database_url(args.database_url, f"console_bench_{args.size}")
+        url = database_url(args.database_url, f"console_bench_{args.size}_aged")
         if not copied(url):
-            create_database(args.database_url, f"console_bench_{args.size}")
+            create_database(args.database_url, f"console_bench_{args.size}_aged")
             await asyncio.to_thread(copy_database, path, url, batch=5000)
         settings = settings_for(path, url)
     async with Engine(settings, warm=False) as engine:

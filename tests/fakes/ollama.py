@@ -167,8 +167,9 @@ class FakeOllama:
         return "{}" if req.get("format") else "ok"
 
     # ---------------------------------------------------------- middleware
-    @web.middleware
-    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _record(self, request: web.Request) -> tuple[Any, web.Response | None]:
+        """Record the request and return its JSON body (or what it sent instead); in "down" mode
+        also a response, after dropping the connection (it never reaches the client)."""
         body: Any = {}
         if request.method == "POST":
             raw = await request.read()
@@ -180,7 +181,14 @@ class FakeOllama:
         if self.mode == "down":
             if request.transport is not None:
                 request.transport.abort()
-            return web.Response(status=503)  # never reaches the client
+            return body, web.Response(status=503)
+        return body, None
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        body, down = await self._record(request)
+        if down is not None:
+            return down
         if self.mode == "error":
             return _err(500, "fake ollama: simulated server error")
         if self.mode == "slow":

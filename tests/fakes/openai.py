@@ -83,18 +83,9 @@ class FakeOpenAI(FakeOllama):
     # ---------------------------------------------------------- middleware
     @web.middleware
     async def _openai_middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        body: Any = {}
-        if request.method == "POST":
-            raw = await request.read()
-            try:
-                body = json.loads(raw or b"null")
-            except ValueError:
-                body = {"_invalid": raw.decode(errors="replace")}
-        self.requests.append((request.path, body))
-        if self.mode == "down":
-            if request.transport is not None:
-                request.transport.abort()
-            return web.Response(status=503)  # never reaches the client
+        body, down = await self._record(request)
+        if down is not None:
+            return down
         if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
             given = request.headers.get("Authorization", "").removeprefix("Bearer ")
             return _error(401, f"Incorrect API key provided: {given}. You can find your API key at your provider.",
