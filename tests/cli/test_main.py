@@ -7,36 +7,8 @@ import json
 import pytest
 
 from bot.cli.main import main
-from tests.fakes.ollama import FakeOllamaThread
 
 pytestmark = pytest.mark.usefixtures("backend")
-
-
-@pytest.fixture(scope="module")
-def ollama():
-    with FakeOllamaThread() as fake:
-        yield fake
-
-
-@pytest.fixture
-def cli(tmp_path, monkeypatch, ollama, capsys, database_env):
-    """Run `muninn ARGS...` in a clean environment; returns (exit code, stdout, stderr)."""
-    ollama.reset()
-    monkeypatch.chdir(tmp_path)
-    for key in list(__import__("os").environ):
-        if key.startswith(("MUNINN_", "OLLAMA_")):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("MUNINN_DATABASE_URL", database_env)
-    monkeypatch.setenv("MUNINN_DB_PATH", str(tmp_path / "cli.db"))
-    monkeypatch.setenv("OLLAMA_URL", ollama.url)
-    monkeypatch.setenv("OLLAMA_COOLDOWN", "0")
-    monkeypatch.setenv("OLLAMA_EMBED_TIMEOUT", "1")
-
-    def run(*args):
-        code = main([str(a) for a in args])
-        out = capsys.readouterr()
-        return code, out.out, out.err
-    return run
 
 
 def jsonl(text: str) -> list[dict]:

@@ -10,35 +10,9 @@ import os
 import pytest
 
 from bot.cli import output
-from bot.cli.main import build_parser, main
-from tests.fakes.ollama import FakeOllamaThread
+from bot.cli.main import build_parser
 
 pytestmark = pytest.mark.usefixtures("backend")
-
-
-@pytest.fixture(scope="module")
-def ollama():
-    with FakeOllamaThread() as fake:
-        yield fake
-
-
-@pytest.fixture
-def cli(tmp_path, monkeypatch, ollama, capsys, database_env):
-    ollama.reset()
-    monkeypatch.chdir(tmp_path)
-    for key in list(os.environ):
-        if key.startswith(("MUNINN_", "OLLAMA_", "DISCORD_")):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("MUNINN_DATABASE_URL", database_env)
-    monkeypatch.setenv("MUNINN_DB_PATH", str(tmp_path / "cli.db"))
-    monkeypatch.setenv("OLLAMA_URL", ollama.url)
-    monkeypatch.setenv("OLLAMA_COOLDOWN", "0")
-
-    def run(*args, load_discord=None):
-        code = main([str(a) for a in args], load_discord=load_discord)
-        out = capsys.readouterr()
-        return code, out.out, out.err
-    return run
 
 
 class FakeDiscord:
