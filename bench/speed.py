@@ -550,6 +550,18 @@ async def measure_maintenance(path: Path, shape: SkewShape, added: int = 1000) -
     return out
 
 
+def memory_rows(path: Path, processes: str) -> dict:
+    """Resident memory with one process, then with each count of `processes` (e.g. "1,4") above one."""
+    rows: dict = {"memory": memory_probe(path)}
+    print(f"  memory: {rows['memory']}", flush=True)
+    for count in [int(n) for n in processes.split(",") if n.strip() and int(n) > 1]:
+        rows[f"memory_x{count}"] = probe = memory_probe(path, count)
+        print(f"  memory, {count} processes: each "
+              f"{[(one['all_keys_loaded'], one.get('cache_mb')) for one in probe['each']]}; total "
+              f"{probe['total_all_keys_loaded']}, caches {probe['total_cache_mb']} MB", flush=True)
+    return rows
+
+
 def memory_probe(path: Path, processes: int = 1) -> dict:
     """Resident memory of a process that serves recalls from `path` the way the bot does: after
     recalls of every class, and after every key's vectors were loaded (a long-running bot).
@@ -670,23 +682,11 @@ async def run_skew(args) -> list[dict]:
             continue
         if args.memory_only:
             args.concurrency_only = False
-            row["memory"] = memory_probe(path)
-            print(f"  memory: {row['memory']}", flush=True)
-            for count in [int(n) for n in args.processes.split(",") if n.strip() and int(n) > 1]:
-                row[f"memory_x{count}"] = probe = memory_probe(path, count)
-                print(f"  memory, {count} processes: each "
-                      f"{[(one['all_keys_loaded'], one.get('cache_mb')) for one in probe['each']]}; total "
-                      f"{probe['total_all_keys_loaded']}, caches {probe['total_cache_mb']} MB", flush=True)
+            row.update(memory_rows(path, args.processes))
             rows.append(row)
             continue
         if args.memory and not args.concurrency_only:
-            row["memory"] = memory_probe(path)
-            print(f"  memory: {row['memory']}", flush=True)
-            for count in [int(n) for n in args.processes.split(",") if n.strip() and int(n) > 1]:
-                row[f"memory_x{count}"] = probe = memory_probe(path, count)
-                print(f"  memory, {count} processes: each "
-                      f"{[(one['all_keys_loaded'], one.get('cache_mb')) for one in probe['each']]}; total "
-                      f"{probe['total_all_keys_loaded']}, caches {probe['total_cache_mb']} MB", flush=True)
+            row.update(memory_rows(path, args.processes))
         scratch = Path(args.workdir) / f"scratch-{size}.db"
         for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
             p.unlink(missing_ok=True)
