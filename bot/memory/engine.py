@@ -441,6 +441,10 @@ class Engine(NamedAccess, Embedding):
             raise
         fts_done = time.perf_counter()
         vector, status = await embedding
+        if embedding.cancelling():
+            # our cancellation went to the embedding, and a client library turned it into a
+            # timeout it handled: the caller still asked to stop (a Ctrl-C, a shutdown)
+            raise asyncio.CancelledError
         embed_done = time.perf_counter()
         info = found.info
         if vector is not None:

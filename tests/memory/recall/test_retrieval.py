@@ -2,11 +2,13 @@
 on both storage backends."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
 import pytest
 
+from bot.llm.ollama import OllamaUnavailable
 from bot.memory.engine import Engine
 from bot.memory.recall import retrieval
 from bot.memory.recall.retrieval import NEIGHBOUR_FALLOFF, Candidate, fuse, lend_to_neighbours, spread_to_neighbours
@@ -73,6 +75,33 @@ async def test_ollama_failures_fall_back_to_fts(engine, fake_ollama, failure):
     assert time.monotonic() - started < 3.0  # the embed timeout (1 s in tests) bounds the wait
     assert result.mode == "fts-only" and result.vector_status == expected_status
     assert result.ids[0] == ids["gpu"]
+
+
+async def test_a_cancelled_recall_stays_cancelled_when_the_embedding_swallows_it(engine, fake_ollama,
+                                                                                  monkeypatch):
+    """A client library can turn a cancellation into a timeout it then handles (aiohttp's timer racing
+    the cancel): the embedding returns "unreachable" instead of raising. The recall that was
+    cancelled must still end cancelled, not go on with keywords (a Ctrl-C would be lost)."""
+    await seed_gpu_memories(engine)
+    fake_ollama.mode, fake_ollama.delay = "slow", 5.0
+    embed = engine.ollama.embed
+    asked = asyncio.Event()
+
+    async def swallowing(texts):
+        asked.set()
+        try:
+            return await embed(texts)
+        except asyncio.CancelledError:
+            raise OllamaUnavailable("timed out") from None
+
+    monkeypatch.setattr(engine.ollama, "embed", swallowing)
+    recall = asyncio.create_task(engine.recall("GPU server", ALICE))
+    await asyncio.wait_for(asked.wait(), 2)
+    await asyncio.sleep(0.3)  # the keyword read (milliseconds) is done: the recall waits on the embedding
+    recall.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(recall, 2)
+    assert recall.cancelled()
 
 
 async def test_no_keyword_match_returns_vector_only(engine, fake_ollama):
