@@ -2,7 +2,10 @@
 console's browser tests and its benchmark. None when chromium or chromedriver is missing."""
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
+import weakref
 from typing import Any
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -25,7 +28,10 @@ def launch(page_load_timeout: float = 30.0) -> Any:
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,900",
                  "--disable-extensions", "--no-first-run"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    # chromium leaves its singleton socket folders in TMPDIR: give it one of its own, removed with the driver
+    scratch = tempfile.mkdtemp(prefix="muninn-chromium-")
+    driver = webdriver.Chrome(service=Service(DRIVER, env={**os.environ, "TMPDIR": scratch}), options=options)
+    weakref.finalize(driver, shutil.rmtree, scratch, True)
     driver.set_page_load_timeout(page_load_timeout)
     return driver
 
