@@ -242,7 +242,7 @@ def instrument(monkeypatch, paths: Paths, postgres: bool) -> None:
 
         def execute(self, query, *args, **kwargs):
             text = query.decode() if isinstance(query, bytes) else str(query)
-            if "CROSS JOIN LATERAL (SELECT m.id, m.text_search" in text:
+            if "CROSS JOIN LATERAL ((SELECT m.id, m.text_search" in text:
                 paths.hit("pg:common-walk-per-key")
                 if "v(key)) - %s" in text:
                     paths.hit("pg:window")

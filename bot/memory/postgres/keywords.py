@@ -283,7 +283,9 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
     if max(counts.values()) > common_limit:
         # A common word: the newest COMMON_HITS visible matches, walked newest first per visibility
         # key in the (vis_key, id) index that carries text_search (migration 11; `id > 0` selects
-        # it), so only the viewer's own rows are matched and no heap page is read. Walking all ids
+        # it), so only the viewer's own rows are matched and no heap page is read. The longest
+        # memories' words do not fit that index: they have one of their own (migration 23), walked
+        # beside it, the split spelled as the indexes' predicates so the planner uses both. Walking all ids
         # matched the tsvectors of every other viewer's memories in the window, per recall (slow in
         # a busy channel under load). The window ends at the viewer's newest memory, as on SQLite
         # (shared.newest_visible_id), read in the same statement (one seek per key).
@@ -292,11 +294,14 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
             window = (" AND m.id > (SELECT coalesce(max((SELECT max(n.id) FROM memories n WHERE n.vis_key = v.key "
                       "AND n.archived_at IS NULL)), 0) FROM unnest(%s::text[]) v(key)) - %s")
             after = [keys, shared.COMMON_WINDOW]
-        hits = ("SELECT w.id, w.text_search FROM unnest(%s::text[]) k(key) CROSS JOIN LATERAL (SELECT m.id, "
-                "m.text_search FROM memories m WHERE m.vis_key = k.key AND m.archived_at IS NULL AND m.id > 0"
-                f"{window}{since} AND m.text_search @@ ({match}) ORDER BY m.id DESC LIMIT %s) w "
-                "ORDER BY w.id DESC LIMIT %s")
-        hit_params = [keys, *after, *words, shared.COMMON_HITS, shared.COMMON_HITS]
+        def newest(size: str) -> str:
+            return ("(SELECT m.id, m.text_search FROM memories m WHERE m.vis_key = k.key AND m.archived_at IS NULL "
+                    f"AND m.id > 0 AND octet_length(m.text_search::text) {size}{window}{since} "
+                    f"AND m.text_search @@ ({match}) ORDER BY m.id DESC LIMIT %s)")
+        hits = (f"SELECT w.id, w.text_search FROM unnest(%s::text[]) k(key) CROSS JOIN LATERAL ({newest('<= 1500')} "
+                f"UNION ALL {newest('> 1500')}) w ORDER BY w.id DESC LIMIT %s")
+        one_walk = [*after, *words, shared.COMMON_HITS]
+        hit_params = [keys, *one_walk, *one_walk, shared.COMMON_HITS]
     else:
         # The match is written out here, not read from a CTE: from a CTE the planner cannot see
         # the words and guesses 500 matches for any of them, so it led with the GIN index for a

@@ -427,6 +427,17 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS memories_happens ON memories (vis_key, happens_on)
         WHERE happens_on IS NOT NULL AND archived_at IS NULL;
     """,
+    # 23: a btree row holds at most 2,704 bytes, and the tsvector of a memory of the longest text
+    # takes up to ~10 KB: migration 11's index refused it, and so the memory. It now carries the
+    # words of memories whose tsvector surely fits (its text form <= 1,500 bytes: the stored form
+    # is at most ~1.7 times that); the others, few, are walked in an index of their own.
+    """
+    DROP INDEX IF EXISTS memories_active_vis_words;
+    CREATE INDEX memories_active_vis_words ON memories (vis_key, id) INCLUDE (text_search)
+        WHERE archived_at IS NULL AND id > 0 AND octet_length(text_search::text) <= 1500;
+    CREATE INDEX IF NOT EXISTS memories_active_vis_long ON memories (vis_key, id)
+        WHERE archived_at IS NULL AND id > 0 AND octet_length(text_search::text) > 1500;
+    """,
 ]
 
 

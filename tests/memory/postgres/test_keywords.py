@@ -9,7 +9,7 @@ import pytest
 from bot.memory.engine import Engine
 from bot.memory.postgres import keywords
 from bot.memory.recall import keywords as shared_keywords
-from bot.memory.records import NewMemory
+from bot.memory.records import MAX_TEXT_CHARS, NewMemory
 from bot.memory.scope import Viewer
 from tests.postgres_fixtures import TEMPLATE
 
@@ -255,3 +255,28 @@ async def test_estimates_read_while_memories_left_are_not_kept(make_settings, po
     finally:
         keywords.forget_counts()
         postgres_server.drop_database("muninn_estimate_race")
+
+
+def longest_text(seed: str) -> str:
+    """A memory as long as one may be, of distinct words: its tsvector is larger than a btree
+    index row may be (2,704 bytes)."""
+    letters = "bcdfghjklmnpqrstvwz"
+    words, i = [seed], 0
+    while len(" ".join(words)) < MAX_TEXT_CHARS:
+        words.append("".join(letters[(i // len(letters) ** n) % len(letters)] for n in range(3)) + "o")
+        i += 1
+    return " ".join(words)[:MAX_TEXT_CHARS]
+
+
+async def test_a_memory_of_the_longest_text_is_stored_and_found_by_a_common_word(pg_fts_engine):
+    await crowd(pg_fts_engine, "Bob ate pizza", 600)  # "pizza" is a common word: the newest matches, walked per key
+    text = longest_text("pizza")
+    assert len(text) == MAX_TEXT_CHARS
+    long_id = await pg_fts_engine.remember(NewMemory(text, "personal", owner_id=ALICE))
+    short_id = await pg_fts_engine.remember(NewMemory("Alice had pizza on Friday", "personal", owner_id=ALICE))
+    # common (left out beside a rarer word): alone, it is searched by the walk of the newest matches
+    assert await pg_fts_engine.read(keywords.searched_words, ["pizza", "friday"]) == ["friday"]
+    found = await pg_fts_engine.read(keywords.fts_candidates, "pizza", [f"p:{ALICE}:dm"], 10, None)
+    assert {hit.memory_id for hit in found} == {long_id, short_id}
+    recalled = await pg_fts_engine.recall("pizza", Viewer(ALICE, dm=True), touch=False)
+    assert set(recalled.ids) == {long_id, short_id}

@@ -220,3 +220,24 @@ def test_a_server_without_btree_gin_gets_one_line_saying_what_to_install(postgre
             assert schema_version(conn) == 13
     finally:
         postgres_server.drop_database("muninn_no_btree_gin")
+
+
+def test_migration_23_walks_long_memories_words_in_an_index_of_their_own(postgres_url):
+    """Each half of the common-word walk (keywords.py) has an index whose predicate it states: the
+    short memories' index-only, carrying their words; the long memories' beside it."""
+    halves = {"<= 1500": "memories_active_vis_words", "> 1500": "memories_active_vis_long"}
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute("SET LOCAL enable_seqscan = off")
+        conn.execute("SET LOCAL enable_bitmapscan = off")
+        conn.execute("DROP INDEX memories_text_search")  # rolled back below: leave the walk to the btrees
+        for size, index in halves.items():
+            plan = "\n".join(row[0] for row in conn.execute(
+                "EXPLAIN SELECT m.id, m.text_search FROM memories m WHERE m.vis_key = 'g' AND m.archived_at IS NULL "
+                f"AND m.id > 0 AND octet_length(m.text_search::text) {size} "
+                "AND m.text_search @@ plainto_tsquery('muninn', 'otter') ORDER BY m.id DESC LIMIT 5".encode()))
+            assert index in plan, plan
+        assert "Index Only Scan Backward using memories_active_vis_words" in "\n".join(row[0] for row in conn.execute(
+            "EXPLAIN SELECT m.id, m.text_search FROM memories m WHERE m.vis_key = 'g' AND m.archived_at IS NULL "
+            "AND m.id > 0 AND octet_length(m.text_search::text) <= 1500 "
+            "AND m.text_search @@ plainto_tsquery('muninn', 'otter') ORDER BY m.id DESC LIMIT 5"))
+        conn.rollback()
