@@ -152,6 +152,33 @@ def abstention(rows: list[dict]) -> dict:
             "mean_injected": round(sum(r["injected"] for r in rows) / len(rows), 3), "n": len(rows)}
 
 
+ABSTAIN_SHARE = 0.5  # the goal: questions without evidence that get nothing
+
+
+def abstention_frontier(asked: list[dict], absent: list[dict], share: float = ABSTAIN_SHARE) -> dict:
+    """What a floor on each question's recalled cosines would cost, per kind of question without
+    evidence: the floor at which `share` of that kind get nothing (on the best cosine, and on the
+    mean of the best three), and on the questions with evidence the share it empties and the
+    R@10 it loses. A floor that honest recall could use must empty few evidence questions."""
+    def signals(cosines: list) -> dict[str, float]:
+        known = sorted((c for c in cosines if c is not None), reverse=True) or [0.0]
+        return {"best": known[0], "top3": float(np.mean(known[:3]))}
+    evidence = [(signals(r["cosines"]), r["r10"]) for r in asked if r["category"] != 5]
+    out: dict = {}
+    for kind in dict.fromkeys(r["category"] for r in absent):
+        mine = [signals(r["cosines"]) for r in absent if r["category"] == kind]
+        if not mine or not evidence:
+            continue
+        out[kind] = {}
+        for name in ("best", "top3"):
+            values = sorted(s[name] for s in mine)
+            floor = values[max(0, int(np.ceil(share * len(values))) - 1)]  # at or under it: nothing injected
+            emptied = [r10 for s, r10 in evidence if s[name] <= floor]
+            out[kind][name] = {"floor": round(floor, 4), "evidence_emptied": round(len(emptied) / len(evidence), 4),
+                               "r10_lost": round(sum(emptied) / len(evidence), 4)}
+    return out
+
+
 def mode_settings(base: dict, mode: str, url: str):
     env = dict(base)
     env["OLLAMA_URL"] = "" if mode == "fts" else url
@@ -414,6 +441,8 @@ def summarise(rows: list[dict], corpus: Corpus, created: dict[str, float]) -> di
     kinds = dict.fromkeys(r["category"] for r in absent)
     if kinds:
         out["abstention"] = {kind: abstention([r for r in absent if r["category"] == kind]) for kind in kinds}
+        if any(c is not None for r in absent for c in r.get("cosines", [])):  # modes with a vector: a floor's cost
+            out["abstention_floor"] = abstention_frontier(asked, absent)
     return out
 
 
@@ -524,7 +553,8 @@ def print_table(results: dict, title: str = "LoCoMo dev") -> None:
             print(f"{group:<24} {mode:<7} {cells[0]['n']:>4} {line}")
     for p in protocols:
         for mode in (m for m in modes if m in results[p]):
-            extra = {k: results[p][mode][k] for k in ("update_order", "abstention") if k in results[p][mode]}
+            extra = {k: results[p][mode][k] for k in ("update_order", "abstention", "abstention_floor")
+                     if k in results[p][mode]}
             if extra:
                 print(f"{p:<6} {mode:<7} {json.dumps(extra)}")
     print("\nR@10 by evidence age (categories 1-4) and share of the top 10 from the last 14 days")
