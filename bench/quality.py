@@ -262,6 +262,15 @@ async def import_groups(groups: dict[str, list[dict]], path: Path, url: str, env
             raise RuntimeError(f"{missing} memories have no vector: is the embed server answering?")
 
 
+def postgres_place(server_url: str | None, name: str, template: str | None = None) -> dict[str, str]:
+    """The setting that puts an engine on a new PostgreSQL database `name` (a copy of `template`)
+    on the server of `server_url`; nothing (SQLite) without a server."""
+    if not server_url:
+        return {}
+    from .pg_speed import create_database
+    return {"MUNINN_DATABASE_URL": create_database(server_url, name, template)}
+
+
 def copy_database(template: Path, target: Path) -> None:
     for suffix in ("", "-wal", "-shm"):
         source = Path(str(template) + suffix)
@@ -448,15 +457,19 @@ def summarise(rows: list[dict], corpus: Corpus, created: dict[str, float]) -> di
 
 async def evaluate_corpus(corpus: Corpus, url: str, env: dict, modes: tuple[str, ...], limit: int,
                           protocols: dict[str, float | None] | None = None, touch: bool = True,
-                          keep_rows: bool = False, worlds: dict[str, WorldSpec] | None = None) -> dict:
+                          keep_rows: bool = False, worlds: dict[str, WorldSpec] | None = None,
+                          database_url: str | None = None) -> dict:
     """results[protocol][mode] = per-group scores, R@10 by evidence age, recalled cosines,
     abstention on the questions without evidence, knowledge-update order (where the data says
-    which turn updated which); `worlds` adds the shared-world protocols."""
+    which turn updated which); `worlds` adds the shared-world protocols. With `database_url`
+    (a PostgreSQL server) the engine's modes run on PostgreSQL: the import goes to a database
+    of its own there, and each protocol and mode asks a copy of it (CREATE DATABASE ... TEMPLATE)."""
     protocols = PROTOCOLS if protocols is None else protocols
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         template = Path(tmp) / "template.db"
-        await import_all(corpus, template, url, env)
+        on_server = postgres_place(database_url, f"quality_{corpus.name}")
+        await import_all(corpus, template, url, env | on_server)
         bm25_rows = ask_bm25(corpus, limit) if "bm25" in modes else []
         cosine_rows: list[dict] = []
         if any(m not in ("fts", "bm25") for m in modes):
@@ -474,7 +487,8 @@ async def evaluate_corpus(corpus: Corpus, url: str, env: dict, modes: tuple[str,
                 else:
                     path = Path(tmp) / f"{name}-{mode}.db"
                     copy_database(template, path)
-                    rows = await ask_engine(corpus, path, env, mode, url, days_after, touch, limit)
+                    copy = postgres_place(database_url, f"quality_{corpus.name}_asked", f"quality_{corpus.name}")
+                    rows = await ask_engine(corpus, path, env | copy, mode, url, days_after, touch, limit)
                 out = summarise(rows, corpus, corpus.created)
                 if keep_rows:
                     out["rows"] = rows
@@ -604,6 +618,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="ENV=VALUE",
                         help="a setting for this run, e.g. --set MUNINN_RRF_K=20 (repeatable)")
     parser.add_argument("--url", default=None, help="an Ollama-compatible server to use instead of starting one")
+    parser.add_argument("--database-url", default=None,
+                        help="a PostgreSQL server (postgresql://...): the engine's modes run there (no shared worlds)")
     parser.add_argument("--label", default="quality")
     parser.add_argument("--out", default=None, help="JSON file (default bench/results/<label>.json)")
     args = parser.parse_args(argv)
@@ -621,6 +637,8 @@ def main(argv: list[str] | None = None) -> None:
     protocols = {p: PROTOCOLS[p] for p in args.protocols.split(",") if p}
     worlds = {w: WORLDS[w] for w in args.worlds.split(",") if w}
     datasets = [d for d in args.datasets.split(",") if d]
+    if args.database_url and worlds:
+        parser.error("--database-url runs the isolated protocols only: pass --worlds ''")
     if not set(datasets) <= {"locomo", "beam"}:
         parser.error("--datasets takes locomo, beam or both")
     corpora = {"locomo": Corpus(data)}
@@ -637,7 +655,8 @@ def main(argv: list[str] | None = None) -> None:
 
     async def run(url: str) -> dict:
         return {name: await evaluate_corpus(corpora[name], url, env, modes, 10, protocols, not args.no_touch,
-                                            worlds=worlds if name == "locomo" else None) for name in datasets}
+                                            worlds=worlds if name == "locomo" else None,
+                                            database_url=args.database_url) for name in datasets}
 
     if args.url:
         results = asyncio.run(run(args.url))
