@@ -111,10 +111,11 @@ def keyword_winner_first(ranked: list[Candidate], margin: float = KEYWORD_LEAD) 
     best, runner_up = hits[0].fts_score, hits[1].fts_score
     if best is None or runner_up is None or runner_up >= 0 or best / runner_up < margin:  # bm25 < 0: lower is better
         return ranked
-    near = max((cos for c in ranked if (cos := c.cosine) is not None), default=None)
-    said = hits[0].cosine
-    if LEAD_AGREEMENT > 0 and near is not None and near > 0 and said is not None and said < LEAD_AGREEMENT * near:
-        return ranked  # far in meaning from what the vector path found best: no lead
+    if LEAD_AGREEMENT > 0:
+        near = max((cos for c in ranked if (cos := c.cosine) is not None), default=None)
+        said = hits[0].cosine
+        if near is not None and near > 0 and said is not None and said < LEAD_AGREEMENT * near:
+            return ranked  # far in meaning from what the vector path found best: no lead
     return [hits[0]] + [c for c in ranked if c is not hits[0]]
 
 
