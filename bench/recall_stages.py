@@ -59,10 +59,11 @@ class Watch:
             return
         self.ranks[step] = self.first(ranked)
         if step == "fuse":
-            paths = {("keyword" if c.fts_rank is not None else "") + ("vector" if c.vector_rank is not None else "")
-                     for c in ranked if c.memory_id in self.evidence}
-            self.found = ("both" if "keywordvector" in paths or {"keyword", "vector"} <= paths
-                          else next(iter(paths), "neither") if paths else "neither")
+            evidence = [c for c in ranked if c.memory_id in self.evidence]
+            keyword = any(c.fts_rank is not None for c in evidence)
+            vector = any(c.vector_rank is not None for c in evidence)
+            self.found = {(True, True): "both", (True, False): "keyword", (False, True): "vector",
+                          (False, False): "neither"}[(keyword, vector)]
 
 
 def watch_steps(watch: Watch) -> None:
