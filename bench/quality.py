@@ -152,6 +152,33 @@ def abstention(rows: list[dict]) -> dict:
             "mean_injected": round(sum(r["injected"] for r in rows) / len(rows), 3), "n": len(rows)}
 
 
+ABSTAIN_SHARE = 0.5  # the goal: questions without evidence that get nothing
+
+
+def abstention_frontier(asked: list[dict], absent: list[dict], share: float = ABSTAIN_SHARE) -> dict:
+    """What a floor on each question's recalled cosines would cost, per kind of question without
+    evidence: the floor at which `share` of that kind get nothing (on the best cosine, and on the
+    mean of the best three), and on the questions with evidence the share it empties and the
+    R@10 it loses. A floor that honest recall could use must empty few evidence questions."""
+    def signals(cosines: list) -> dict[str, float]:
+        known = sorted((c for c in cosines if c is not None), reverse=True) or [0.0]
+        return {"best": known[0], "top3": float(np.mean(known[:3]))}
+    evidence = [(signals(r["cosines"]), r["r10"]) for r in asked if r["category"] != 5]
+    out: dict = {}
+    for kind in dict.fromkeys(r["category"] for r in absent):
+        mine = [signals(r["cosines"]) for r in absent if r["category"] == kind]
+        if not mine or not evidence:
+            continue
+        out[kind] = {}
+        for name in ("best", "top3"):
+            values = sorted(s[name] for s in mine)
+            floor = values[max(0, int(np.ceil(share * len(values))) - 1)]  # at or under it: nothing injected
+            emptied = [r10 for s, r10 in evidence if s[name] <= floor]
+            out[kind][name] = {"floor": round(floor, 4), "evidence_emptied": round(len(emptied) / len(evidence), 4),
+                               "r10_lost": round(sum(emptied) / len(evidence), 4)}
+    return out
+
+
 def mode_settings(base: dict, mode: str, url: str):
     env = dict(base)
     env["OLLAMA_URL"] = "" if mode == "fts" else url
@@ -233,6 +260,15 @@ async def import_groups(groups: dict[str, list[dict]], path: Path, url: str, env
         missing = (await engine.stats())["missing_vectors"]
         if missing:
             raise RuntimeError(f"{missing} memories have no vector: is the embed server answering?")
+
+
+def postgres_place(server_url: str | None, name: str, template: str | None = None) -> dict[str, str]:
+    """The setting that puts an engine on a new PostgreSQL database `name` (a copy of `template`)
+    on the server of `server_url`; nothing (SQLite) without a server."""
+    if not server_url:
+        return {}
+    from .pg_speed import create_database
+    return {"MUNINN_DATABASE_URL": create_database(server_url, name, template)}
 
 
 def copy_database(template: Path, target: Path) -> None:
@@ -414,20 +450,26 @@ def summarise(rows: list[dict], corpus: Corpus, created: dict[str, float]) -> di
     kinds = dict.fromkeys(r["category"] for r in absent)
     if kinds:
         out["abstention"] = {kind: abstention([r for r in absent if r["category"] == kind]) for kind in kinds}
+        if any(c is not None for r in absent for c in r.get("cosines", [])):  # modes with a vector: a floor's cost
+            out["abstention_floor"] = abstention_frontier(asked, absent)
     return out
 
 
 async def evaluate_corpus(corpus: Corpus, url: str, env: dict, modes: tuple[str, ...], limit: int,
                           protocols: dict[str, float | None] | None = None, touch: bool = True,
-                          keep_rows: bool = False, worlds: dict[str, WorldSpec] | None = None) -> dict:
+                          keep_rows: bool = False, worlds: dict[str, WorldSpec] | None = None,
+                          database_url: str | None = None) -> dict:
     """results[protocol][mode] = per-group scores, R@10 by evidence age, recalled cosines,
     abstention on the questions without evidence, knowledge-update order (where the data says
-    which turn updated which); `worlds` adds the shared-world protocols."""
+    which turn updated which); `worlds` adds the shared-world protocols. With `database_url`
+    (a PostgreSQL server) the engine's modes run on PostgreSQL: the import goes to a database
+    of its own there, and each protocol and mode asks a copy of it (CREATE DATABASE ... TEMPLATE)."""
     protocols = PROTOCOLS if protocols is None else protocols
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         template = Path(tmp) / "template.db"
-        await import_all(corpus, template, url, env)
+        on_server = postgres_place(database_url, f"quality_{corpus.name}")
+        await import_all(corpus, template, url, env | on_server)
         bm25_rows = ask_bm25(corpus, limit) if "bm25" in modes else []
         cosine_rows: list[dict] = []
         if any(m not in ("fts", "bm25") for m in modes):
@@ -445,7 +487,8 @@ async def evaluate_corpus(corpus: Corpus, url: str, env: dict, modes: tuple[str,
                 else:
                     path = Path(tmp) / f"{name}-{mode}.db"
                     copy_database(template, path)
-                    rows = await ask_engine(corpus, path, env, mode, url, days_after, touch, limit)
+                    copy = postgres_place(database_url, f"quality_{corpus.name}_asked", f"quality_{corpus.name}")
+                    rows = await ask_engine(corpus, path, env | copy, mode, url, days_after, touch, limit)
                 out = summarise(rows, corpus, corpus.created)
                 if keep_rows:
                     out["rows"] = rows
@@ -524,7 +567,8 @@ def print_table(results: dict, title: str = "LoCoMo dev") -> None:
             print(f"{group:<24} {mode:<7} {cells[0]['n']:>4} {line}")
     for p in protocols:
         for mode in (m for m in modes if m in results[p]):
-            extra = {k: results[p][mode][k] for k in ("update_order", "abstention") if k in results[p][mode]}
+            extra = {k: results[p][mode][k] for k in ("update_order", "abstention", "abstention_floor")
+                     if k in results[p][mode]}
             if extra:
                 print(f"{p:<6} {mode:<7} {json.dumps(extra)}")
     print("\nR@10 by evidence age (categories 1-4) and share of the top 10 from the last 14 days")
@@ -574,6 +618,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="ENV=VALUE",
                         help="a setting for this run, e.g. --set MUNINN_RRF_K=20 (repeatable)")
     parser.add_argument("--url", default=None, help="an Ollama-compatible server to use instead of starting one")
+    parser.add_argument("--database-url", default=None,
+                        help="a PostgreSQL server (postgresql://...): the engine's modes run there (no shared worlds)")
     parser.add_argument("--label", default="quality")
     parser.add_argument("--out", default=None, help="JSON file (default bench/results/<label>.json)")
     args = parser.parse_args(argv)
@@ -591,6 +637,8 @@ def main(argv: list[str] | None = None) -> None:
     protocols = {p: PROTOCOLS[p] for p in args.protocols.split(",") if p}
     worlds = {w: WORLDS[w] for w in args.worlds.split(",") if w}
     datasets = [d for d in args.datasets.split(",") if d]
+    if args.database_url and worlds:
+        parser.error("--database-url runs the isolated protocols only: pass --worlds ''")
     if not set(datasets) <= {"locomo", "beam"}:
         parser.error("--datasets takes locomo, beam or both")
     corpora = {"locomo": Corpus(data)}
@@ -607,7 +655,8 @@ def main(argv: list[str] | None = None) -> None:
 
     async def run(url: str) -> dict:
         return {name: await evaluate_corpus(corpora[name], url, env, modes, 10, protocols, not args.no_touch,
-                                            worlds=worlds if name == "locomo" else None) for name in datasets}
+                                            worlds=worlds if name == "locomo" else None,
+                                            database_url=args.database_url) for name in datasets}
 
     if args.url:
         results = asyncio.run(run(args.url))

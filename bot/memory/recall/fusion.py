@@ -20,7 +20,10 @@ the question in meaning (the question's words are common in the conversation, or
 answer paraphrases), the keyword path counts for less in this question; when they are among
 the nearest, fully. A share of the old rank fusion (retrieval.fuse, MUNINN_RRF_*) stays in:
 where the scores are close, the top ranks of each path still order them (it kept LoCoMo,
-where keywords are strong, at its level while BEAM gained). `share`
+where keywords are strong, at its level while BEAM gained). That share is not muted by
+`trust` (RANK_TRUST 0): muting it too lifted BEAM's instruction-following questions (their
+evidence is the best cosine and no keyword hit) but cost LoCoMo more than BEAM gained, and
+cross-validation kept it off in every fold. `share`
 (MUNINN_FUSION_VECTOR_SHARE), AGREEMENT and RANK_SHARE were chosen by cross-validation over
 the LoCoMo and BEAM development conversations (bench/fusion_cv.py, bench/README.md): with
 each conversation left out in turn, the setting best on the others was the same in nearly
@@ -39,6 +42,7 @@ RANKS = "ranks"
 AGREEMENT = 4.0    # how sharply disagreement mutes the keyword path (0 = never)
 AGREEMENT_TOP = 3  # the best keyword hits and the best cosines compared
 RANK_SHARE = 0.3   # the share of the (relative) RRF score in the fused one (0 = scores alone)
+RANK_TRUST = 0.0   # how far `trust` mutes the keyword ranks in that share too (0 = not at all, 1 = as the scores)
 
 
 def agreement(pool: Sequence[Candidate], top: int = AGREEMENT_TOP) -> float:
@@ -98,7 +102,8 @@ def fuse(fts_hits: list[Candidate], vector_hits: list[Candidate], settings: Sett
     scored = fuse_scores(fts_hits, vector_hits, share=settings.fusion_vector_share, limit=limit)
     if RANK_SHARE <= 0:
         return scored
-    return blend(scored, RANK_SHARE, k=settings.rrf_k, weight_fts=settings.rrf_weight_fts,
+    muted = (agreement(scored) ** AGREEMENT) ** RANK_TRUST if AGREEMENT and RANK_TRUST else 1.0
+    return blend(scored, RANK_SHARE, k=settings.rrf_k, weight_fts=settings.rrf_weight_fts * muted,
                  weight_vector=settings.rrf_weight_vec)
 
 

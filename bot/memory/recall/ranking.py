@@ -50,6 +50,9 @@ from bot.memory.recall.retrieval import TEACHER_COLUMN, VITALS_COLUMNS, Candidat
 TIME_WEIGHT = 0.02
 DATE_BOOST = 1.0
 KEYWORD_LEAD = 1.1
+# The keyword winner leads only when its cosine is at least this share of the best recalled one
+# (0 = always: cross-validated, requiring agreement cost LoCoMo far more than it gained BEAM).
+LEAD_AGREEMENT = 0.0
 
 # Cosine floors per embedding model family (the name before the tag), measured on the
 # LoCoMo dev split. Unknown models use the relative rule.
@@ -108,6 +111,11 @@ def keyword_winner_first(ranked: list[Candidate], margin: float = KEYWORD_LEAD) 
     best, runner_up = hits[0].fts_score, hits[1].fts_score
     if best is None or runner_up is None or runner_up >= 0 or best / runner_up < margin:  # bm25 < 0: lower is better
         return ranked
+    if LEAD_AGREEMENT > 0:
+        near = max((cos for c in ranked if (cos := c.cosine) is not None), default=None)
+        said = hits[0].cosine
+        if near is not None and near > 0 and said is not None and said < LEAD_AGREEMENT * near:
+            return ranked  # far in meaning from what the vector path found best: no lead
     return [hits[0]] + [c for c in ranked if c is not hits[0]]
 
 

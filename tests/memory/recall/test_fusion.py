@@ -163,3 +163,33 @@ async def test_the_measured_floor_applies_to_its_model(make_settings):
             await remember_all(engine)
             result = await engine.recall("what is the capital of Peru", ALICE, touch=False)
     assert result.floor == ranking.TOUCH_FLOORS["all-minilm"] and result.memories and result.relevant() == []
+
+
+def test_rank_trust_mutes_the_keyword_ranks_of_a_question_where_keywords_disagree(monkeypatch):
+    from bot.settings import load_settings
+    settings = load_settings({})
+    def pools():
+        # the best keyword hit is far in meaning; the nearest memory is no keyword hit at all
+        fts = [hit(1, fts_rank=1, bm25=-5.0, cosine=0.55), hit(3, fts_rank=2, bm25=-4.0, cosine=0.3)]
+        vec = [hit(2, vector_rank=1, cosine=0.65), hit(4, vector_rank=2, cosine=0.6), hit(1, vector_rank=3, cosine=0.55)]
+        return fts, vec
+    assert fusion.RANK_TRUST == 0  # the default: the rank share is not muted (cross-validated)
+    plain = fusion.fuse(*pools(), settings)
+    monkeypatch.setattr(fusion, "RANK_TRUST", 1.0)
+    muted = fusion.fuse(*pools(), settings)
+    by_plain, by_muted = ({c.memory_id: c.fused for c in ranked} for ranked in (plain, muted))
+    # the keyword ranks count less, so the nearest memory (found by meaning only) gains on the keyword hit
+    assert by_muted[2] > by_plain[2] and by_muted[1] <= by_plain[1]
+    assert [c.memory_id for c in plain][0] == 1 and [c.memory_id for c in muted][0] == 2
+
+
+def test_keyword_lead_can_require_the_winner_to_agree_in_meaning(monkeypatch):
+    near = Candidate(1, vector_rank=1, similarity=0.8, fused=0.5)
+    far_winner = Candidate(2, fts_rank=1, fts_score=-6.0, similarity=0.3, fused=0.4)
+    runner_up = Candidate(3, fts_rank=2, fts_score=-5.0, similarity=0.5, fused=0.3)
+    ranked = [near, far_winner, runner_up]
+    assert ranking.keyword_winner_first(ranked, 1.1)[0] is far_winner  # the default: the lead is unconditional
+    monkeypatch.setattr(ranking, "LEAD_AGREEMENT", 0.8)
+    assert ranking.keyword_winner_first(ranked, 1.1) == ranked  # 0.3 < 0.8 x 0.8: no lead
+    far_winner.similarity = 0.7
+    assert ranking.keyword_winner_first(ranked, 1.1)[0] is far_winner  # near enough in meaning
