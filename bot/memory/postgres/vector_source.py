@@ -54,6 +54,9 @@ def _poll_since(columns: Sequence[str]) -> str:
 _POLL_SINCE = _poll_since([]).encode()
 
 
+LOAD_ROWS = 4096  # rows a key's load fetches at a time
+
+
 def _vectors(rows: list[tuple[Any, ...]], dim: int) -> np.ndarray:
     """pgvector's binary form (vector_send: int16 dim, int16 unused, dim float4 big-endian) of
     each row's last column, as one float32 matrix."""
@@ -110,14 +113,30 @@ class PostgresVectorSource:
         return int(row[0]) if row else 0
 
     def load_key(self, conn: PgConnection, info: IndexInfo, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One statement, vectors in binary (text would cost far more to parse). `memory_vectors`
-        holds exactly the active memories' vectors (archiving and deleting remove the row)."""
-        with conn.pg.cursor(binary=True) as cursor:
-            rows = cursor.execute("SELECT memory_id, created_at, vector_send(embedding) FROM memory_vectors "
-                                  "WHERE vis_key = %s AND vector_dims(embedding) = %s", (key, info.dim)).fetchall()
-        ids = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
-        created = np.fromiter((row[1] for row in rows), dtype=np.float64, count=len(rows))
-        return ids, created, _vectors(rows, info.dim)
+        """A key's rows, fetched LOAD_ROWS at a time into arrays sized by their count (one
+        snapshot for both), vectors in binary (text would cost far more to parse).
+        `memory_vectors` holds exactly the active memories' vectors (archiving and deleting
+        remove the row). Fetched all at once, the key's vectors were held several times over (the
+        driver's result, Python's rows, their joined bytes, each conversion): gigabytes for the
+        busiest key of a big bot."""
+        where = "FROM memory_vectors WHERE vis_key = %s AND vector_dims(embedding) = %s"
+        with conn.pg.transaction():
+            conn.pg.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            counted = conn.pg.execute(f"SELECT count(*) {where}".encode(), (key, info.dim)).fetchone()
+            count = int(counted[0]) if counted else 0
+            ids = np.empty(count, dtype=np.int64)
+            created = np.empty(count, dtype=np.float64)
+            matrix = np.empty((count, info.dim), dtype=np.float32)
+            filled = 0
+            with conn.pg.cursor(name="muninn_load_key", binary=True) as cursor:
+                cursor.execute(f"SELECT memory_id, created_at, vector_send(embedding) {where}".encode(), (key, info.dim))
+                while rows := cursor.fetchmany(LOAD_ROWS):
+                    end = filled + len(rows)
+                    ids[filled:end] = [row[0] for row in rows]
+                    created[filled:end] = [row[1] for row in rows]
+                    matrix[filled:end] = _vectors(rows, info.dim)
+                    filled = end
+        return ids[:filled], created[:filled], matrix[:filled]
 
     def read_vectors(self, conn: PgConnection, info: IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
         """The stored vectors of those of `ids` that have one of the index's dimension."""

@@ -3,6 +3,7 @@ search and stays in step with every write: other connections and engines, an ope
 transaction's own rows, rollbacks, transactions that commit out of `seq` order, a pruned log."""
 from __future__ import annotations
 
+import json
 import threading
 from typing import Iterator
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from bot.memory.engine import Engine
+from bot.memory.postgres import vector_source
 from bot.memory.postgres.backend import PostgresStorage
 from bot.memory.postgres.connection import PgConnection
 from bot.memory.records import NewMemory
@@ -86,6 +88,21 @@ def test_the_cache_answers_like_the_servers_exact_search(pg_pair):
         server = [(mid, cosine_from_distance(d)) for mid, d in
                   plain._server_similar(other, info, memory_id, [key], 4)]
         assert [m for m, _ in batched[memory_id]] == [m for m, _ in server]
+
+
+def test_a_key_loads_a_batch_at_a_time_exactly_as_stored(pg_pair, monkeypatch):
+    monkeypatch.setattr(vector_source, "LOAD_ROWS", 7)
+    cached, conn, plain, other = pg_pair
+    info = fill(plain, other, np.random.default_rng(4), 60)
+    assert cached.vector_cache is not None
+    ids, created, matrix = cached.vector_cache.source.load_key(conn, info, "r:1")
+    stored = {int(m): (float(c), json.loads(e)) for m, c, e in other.pg.execute(
+        "SELECT memory_id, created_at, embedding::text FROM memory_vectors WHERE vis_key = 'r:1'")}
+    assert len(ids) == len(stored) > 2 * 7 and set(ids.tolist()) == set(stored)
+    for row, memory_id in enumerate(ids.tolist()):
+        assert created[row] == stored[memory_id][0]
+        assert np.allclose(matrix[row], stored[memory_id][1])
+    assert conn.get_autocommit()  # the load's transaction is over
 
 
 def test_other_connections_writes_and_out_of_order_commits_are_seen(pg_pair, postgres_url):
