@@ -114,13 +114,13 @@ def real_embeddings(server_url: str, npz: str, queries: int, candidates: list[in
         key = job.plan.create[0][0]
         exact = [{mid for mid, _ in recall_sql.server_knn(conn, info, q.tolist(), [key], 10)} for q in held]
         for cand in candidates:
-            ann.CANDIDATES = cand
+            ann.EF_SEARCH = cand
             hits = [len({mid for mid, _ in storage.ann.search(conn, info, q.tolist(), [key], 10, None,
                                                               recall_sql.server_knn)} & want) / 10
                     for q, want in zip(held, exact, strict=True)]
             out[f"recall_at_10_ef{cand}"] = round(float(np.mean(hits)), 3)
             print(f"  real embeddings ({len(stored):,} MiniLM vectors in one key, {queries} held-out queries): "
-                  f"recall@10 {np.mean(hits):.3f} with {cand} candidates", flush=True)
+                  f"recall@10 {np.mean(hits):.3f} with hnsw.ef_search {cand}", flush=True)
     finally:
         storage.close(conn)
     return out
@@ -140,7 +140,7 @@ def main() -> None:
                              "new database muninn_ann_real of --database-url's server")
     args = parser.parse_args()
     if args.real:
-        print(json.dumps(real_embeddings(args.database_url, args.real, 200, [40, 100, 200])))
+        print(json.dumps(real_embeddings(args.database_url, args.real, 200, [100, 200, 400])))
         return
     storage = PostgresStorage(args.database_url)
     report: dict = {"min": args.min}

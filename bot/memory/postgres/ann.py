@@ -43,9 +43,13 @@ from bot.memory.vectors.index import IndexInfo
 log = logging.getLogger(__name__)
 
 PREFIX = "memory_vectors_ann_"
-# The candidates an indexed key's search returns (and hnsw.ef_search, the graph walk's breadth):
-# more than the k asked, for recall; the best k of them by their exact distance are kept.
-CANDIDATES = 200
+# hnsw.ef_search: the breadth of the graph walk, which sets the recall (and the walk's time).
+EF_SEARCH = 400
+# Of the walk's best (by half-precision distance) this many more than the k asked are rescored
+# with their stored vectors: each is a read of its table row, the costliest part of the search,
+# and ranks from half precision are nearly exact, so more kept no more of the true top k.
+RESCORE_EXTRA = 20
+RESCORE_MIN = 40
 MAX_DIM = 4000  # pgvector's HNSW indexes halfvec of at most this many dimensions
 M, EF_CONSTRUCTION = 16, 64  # pgvector's defaults: its recall at its build cost
 REFRESH_S = 30.0  # how long a process trusts its list of valid indexes (another process builds them)
@@ -110,8 +114,8 @@ class AnnIndexes:
 
     def search(self, conn: PgConnection, info: IndexInfo, vector: Sequence[float], keys: list[str], k: int,
                as_of: float | None, exact: Callable[..., list[tuple[int, float]]]) -> list[tuple[int, float]]:
-        """The k nearest under `keys`: each key with a valid index searched through it (its CANDIDATES
-        best, exact distances), the others by `exact` (the server's scan) in one statement; merged,
+        """The k nearest under `keys`: each key with a valid index searched through it (the best of
+        its graph walk, rescored: exact distances), the others by `exact` (the server's scan) in one statement; merged,
         nearest first. As of a past moment: exact (a time filter would leave few of a graph walk's rows)."""
         if not keys or k <= 0:
             return []
@@ -121,10 +125,11 @@ class AnnIndexes:
             return exact(conn, info, vector, keys, k, as_of)
         rest = [key for key in keys if key not in indexed]
         found = exact(conn, info, vector, rest, k, as_of) if rest else []
-        self._give_ef(conn, max(CANDIDATES, k))
+        rescored = max(RESCORE_MIN, k + RESCORE_EXTRA)
+        self._give_ef(conn, max(EF_SEARCH, rescored))
         literal = vector_literal(vector)
         for key in indexed:
-            found += self._one_key(conn, info, key, literal, max(CANDIDATES, k), k)
+            found += self._one_key(conn, info, key, literal, rescored, k)
         found.sort(key=lambda pair: (pair[1], pair[0]))
         return found[:k]
 
