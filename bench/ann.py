@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
@@ -126,6 +127,48 @@ def real_embeddings(server_url: str, npz: str, queries: int, candidates: list[in
     return out
 
 
+def world_on_postgres(args: Any) -> None:
+    """`--world`: bench.speed's world file copied into a new database of --database-url's server
+    (skipped when done before), the ANN indexes made as maintenance would, then the class recalls on
+    PostgreSQL alone (pg_speed.measure_recall; MUNINN_VECTOR_CACHE_MB from the environment)."""
+    import asyncio
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    from bench.pg_speed import copied, create_database, database_url, measure_recall, settings_for
+    from bench.world import VIEWER_CLASSES
+    from bot.memory.postgres.copy import copy_database
+    path = Path(args.world)
+    name = f"{urlparse(args.database_url).path.lstrip('/') or 'muninn'}_ann_{args.size}"
+    url = database_url(args.database_url, name)
+    if not copied(url):
+        create_database(args.database_url, name)
+        started = time.perf_counter()
+        copy_database(path, url, batch=5000)
+        print(f"copied {path} into {name} in {time.perf_counter() - started:.0f} s", flush=True)
+    storage = PostgresStorage(url)
+    conn = storage.open_reader()
+    try:
+        job = planned(conn, args.min)
+    finally:
+        storage.close(conn)
+    assert job is not None
+    started = time.perf_counter()
+    made, dropped = carried_out(job, args.build_mb)
+    print(f"made {made} ANN indexes, dropped {dropped} (keys of >= {args.min:,} vectors) in "
+          f"{time.perf_counter() - started:.0f} s", flush=True)
+    report: dict = {"size": args.size, "min": args.min, "recall_of_indexed_keys": recall_at_10(storage, args.queries)}
+    recall = asyncio.run(measure_recall(settings_for(path, url), SkewShape(args.size), args.viewers))
+    report["classes"] = recall
+    print(f"  postgresql, MUNINN_VECTOR_CACHE_MB={os.environ.get('MUNINN_VECTOR_CACHE_MB', 'default')}: "
+          + ", ".join(f"{kind} {recall[kind]['total']['median']:.1f} / {recall[kind]['total']['p95']:.1f} ms "
+                      f"(vector {recall[kind]['vector']['median']:.1f} / {recall[kind]['vector']['p95']:.1f})"
+                      for kind in VIEWER_CLASSES) + " (median / p95)", flush=True)
+    with open(args.out, "w") as out:
+        json.dump(report, out, indent=1)
+    print(f"saved {args.out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", required=True)
@@ -138,7 +181,15 @@ def main() -> None:
     parser.add_argument("--real", default="", metavar="NPZ",
                         help="instead: recall@10 on real embeddings (bench/results/embeddings-minilm.npz), on a "
                              "new database muninn_ann_real of --database-url's server")
+    parser.add_argument("--world", default="", metavar="DB",
+                        help="instead: bench.speed's world (skew-SIZE-LABEL.db) on PostgreSQL with its ANN indexes, "
+                             "recall@10 of its indexed keys and the class recalls")
+    parser.add_argument("--size", type=int, default=100000, help="with --world: its size")
+    parser.add_argument("--viewers", type=int, default=60, help="with --world: recalls per class")
     args = parser.parse_args()
+    if args.world:
+        world_on_postgres(args)
+        return
     if args.real:
         print(json.dumps(real_embeddings(args.database_url, args.real, 200, [100, 200, 400])))
         return
