@@ -221,6 +221,9 @@ def carry_out(conn: PgConnection, info: IndexInfo, todo: Plan, build_mb: int = 0
                 name=sql.Identifier(name), cast=_cast(info.dim), m=sql.Literal(M), ef=sql.Literal(EF_CONSTRUCTION),
                 predicate=_predicate(key, info.dim)))
         except Exception as exc:  # left INVALID: drop it, the next run tries again
+            if stop is not None and stop.is_set():  # left invalid (a drop could wait as long): the next run drops it
+                log.info("stopped building vector index %s (the next maintenance run makes it)", name)
+                break
             log.warning("could not make vector index %s (%s); its key is searched exactly until the next "
                         "maintenance run", name, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
             _drop_quietly(conn, name)

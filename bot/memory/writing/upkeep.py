@@ -256,7 +256,11 @@ class Upkeep:
         job = await self._jobs.read(vector_indexes.planned, min_vectors)
         if job is None or job.empty:
             return (0, 0)
-        return await asyncio.to_thread(vector_indexes.carried_out, job, build_mb)
+        try:
+            return await asyncio.to_thread(vector_indexes.carried_out, job, build_mb)
+        except asyncio.CancelledError:  # the bot stops: a build of minutes must not hold it
+            job.cancel()
+            raise
 
     async def prune_history(self, keep: int) -> int:
         """Every channel's history down to its newest `keep` messages."""

@@ -3,6 +3,8 @@ the threshold, remade when a build left one INVALID, used by the server's search
 exact top results of a small world and never another key's rows."""
 from __future__ import annotations
 
+import threading
+import time
 from typing import Iterator
 
 import numpy as np
@@ -143,3 +145,27 @@ def test_a_search_as_of_a_past_moment_or_in_a_transaction_is_right(world):
         assert storage.knn(conn, info, q, ["r:1"], 1)[0][0] == fresh[0]  # its own uncommitted row, through the index
         conn.pg.execute("SELECT 1")
     assert storage.knn(conn, info, q, ["r:1"], 1)[0][0] == fresh[0]
+
+
+def test_a_build_is_cancelled_at_once_when_the_bot_stops(world):
+    storage, conn, info, _ = world
+    job = planned(conn, 100)
+    assert job is not None
+    writer = storage.open_writer()
+    got: list[tuple[int, int]] = []
+    try:
+        with writer.transaction():  # a write in flight: the build waits for it
+            storage.insert(writer, [memory_for("r:2", 1)], base_stability_days=7, model="m",
+                           vecs=[unit(np.random.default_rng(1))], now=1000.0)
+            builder = threading.Thread(target=lambda: got.append(carried_out(job, 0)))
+            builder.start()
+            deadline = time.monotonic() + 10
+            while not ann.listed(conn) and time.monotonic() < deadline:  # the build has begun
+                time.sleep(0.05)
+            job.cancel()
+            builder.join(10)
+            assert not builder.is_alive() and got == [(0, 0)]
+    finally:
+        writer.close()
+    assert [row.valid for row in ann.listed(conn)] == [False]  # left for the next run
+    assert made(storage, conn, 100) == (1, 1)
