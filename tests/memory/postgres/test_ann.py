@@ -169,3 +169,13 @@ def test_a_build_is_cancelled_at_once_when_the_bot_stops(world):
         writer.close()
     assert [row.valid for row in ann.listed(conn)] == [False]  # left for the next run
     assert made(storage, conn, 100) == (1, 1)
+
+
+def test_a_key_is_quoted_as_a_literal_and_named_by_its_hash(world):
+    _, conn, _, _ = world
+    odd = "r:1'; DROP TABLE memories; --"
+    assert ann._predicate(odd, DIM).as_string(conn.pg) == \
+        "vis_key = 'r:1''; DROP TABLE memories; --' AND vector_dims(embedding) = 8"
+    name = ann.index_name(odd, DIM)
+    assert name.startswith(ann.PREFIX) and len(name) < 64 and name.replace("_", "").isalnum()
+    assert ann.index_name("r:1", DIM) != ann.index_name("r:2", DIM) != ann.index_name("r:2", DIM + 1)
