@@ -178,7 +178,8 @@ def plan(conn: PgConnection, info: IndexInfo | None, min_vectors: int) -> Plan:
     if info is not None and 0 < min_vectors and info.dim <= MAX_DIM:
         sizes = conn.pg.execute("SELECT vis_key, count(*) FROM memory_vectors GROUP BY vis_key HAVING count(*) >= %s",
                                 (max(1, min_vectors // 2),)).fetchall()
-        for key, count in sizes:
+        # biggest first: the slowest to search without one (and a stopped run has made those)
+        for key, count in sorted(sizes, key=lambda row: (-int(row[1]), str(row[0]))):
             name = index_name(str(key), info.dim)
             keep[name] = str(key)
             if int(count) >= min_vectors:
@@ -191,7 +192,6 @@ def plan(conn: PgConnection, info: IndexInfo | None, min_vectors: int) -> Plan:
         elif row.name not in keep:
             out.drop.append(row.name)
     out.create = [(key, name) for key, name in out.create if name not in present or not present[name].valid]
-    out.create.sort(key=lambda item: item[1])
     return out
 
 

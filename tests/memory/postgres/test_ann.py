@@ -56,6 +56,8 @@ def made(storage: PostgresStorage, conn: PgConnection, minimum: int) -> tuple[in
 
 def test_keys_past_the_threshold_get_an_index_and_lose_it_under_half(world):
     storage, conn, info, ids = world
+    job = planned(conn, 50)
+    assert job is not None and [key for key, _ in job.plan.create] == ["r:1", "g"]  # biggest first
     assert made(storage, conn, 100) == (1, 0)
     assert [row.name for row in ann.listed(conn) if row.valid] == [ann.index_name("r:1", info.dim)]
     assert made(storage, conn, 100) == (0, 0)  # nothing to do: the index is there
