@@ -133,7 +133,7 @@ def test_the_indexed_search_finds_the_exact_top_results_and_only_the_keys_asked(
             overlap.append(len({m for m, _ in got} & {m for m, _ in exact}) / len(exact))
             if "r:1" not in keys:
                 assert got == exact  # keys without an index: the exact scan itself
-    assert np.mean(overlap) >= 0.95  # a walk as broad as the graph of 240 vectors: all but exact
+    assert np.mean(overlap) >= 0.95  # a walk of 200 over a graph of 240 vectors: all but exact
 
 
 def test_a_search_as_of_a_past_moment_or_in_a_transaction_is_right(world):
