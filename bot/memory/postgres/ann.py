@@ -169,18 +169,24 @@ class Plan:
     invalid: list[str] = field(default_factory=list)              # of `drop`: left by a failed build
 
 
-def plan(conn: PgConnection, info: IndexInfo | None, min_vectors: int) -> Plan:
-    """Keys of at least `min_vectors` vectors without a valid index get one; an index whose key
-    fell below half of that (or that holds another dimension, or any when `min_vectors` is 0 or
-    there is no vector index) is dropped, as is an invalid one (to be made again)."""
+def plan(conn: PgConnection, info: IndexInfo | None, min_vectors: int,
+         held: Callable[[list[tuple[str, int]]], set[str]] | None = None) -> Plan:
+    """Keys of at least `min_vectors` vectors without a valid index get one, unless `held` (given
+    the keys' sizes) says the vector caches hold them: then the index would only cost writes. An
+    index whose key fell below half of that or is held (or that holds another dimension, or any
+    when `min_vectors` is 0 or there is no vector index) is dropped, as is an invalid one (to be
+    made again)."""
     out = Plan()
     rows = listed(conn)
     keep: dict[str, str] = {}
     if info is not None and 0 < min_vectors and info.dim <= MAX_DIM:
         sizes = conn.pg.execute("SELECT vis_key, count(*) FROM memory_vectors GROUP BY vis_key HAVING count(*) >= %s",
                                 (max(1, min_vectors // 2),)).fetchall()
+        in_caches = held([(str(key), int(count)) for key, count in sizes]) if held is not None else set()
         # biggest first: the slowest to search without one (and a stopped run has made those)
         for key, count in sorted(sizes, key=lambda row: (-int(row[1]), str(row[0]))):
+            if str(key) in in_caches:
+                continue
             name = index_name(str(key), info.dim)
             keep[name] = str(key)
             if int(count) >= min_vectors:

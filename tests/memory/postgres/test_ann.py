@@ -181,3 +181,19 @@ def test_a_key_is_quoted_as_a_literal_and_named_by_its_hash(world):
     name = ann.index_name(odd, DIM)
     assert name.startswith(ann.PREFIX) and len(name) < 64 and name.replace("_", "").isalnum()
     assert ann.index_name("r:1", DIM) != ann.index_name("r:2", DIM) != ann.index_name("r:2", DIM + 1)
+
+
+def test_keys_the_vector_cache_holds_get_no_index(world, postgres_url):
+    from bot.memory.vectors.cache import VectorCache
+    _, conn, info, _ = world
+    row = 8 + 4 + 16  # an int8 row of 8 dimensions with its scale, id and time
+    # held: the biggest keys that fit three quarters of the budget, r:1 (240) skipped when it does not
+    for budget, indexed in ((10 << 20, []), (row * 200, ["r:1"]), (row * 40, ["r:1", "g"])):
+        cached = PostgresStorage(postgres_url, VectorCache(budget, form="int8"))
+        reader = cached.open_reader()
+        try:
+            job = planned(reader, 50)
+        finally:
+            reader.close()
+        # a big budget holds every key: no index would be searched, each would cost writes
+        assert job is not None and [key for key, _ in job.plan.create] == indexed, budget
