@@ -15,10 +15,10 @@ exact top results of a small key (the graph's neighbours are mostly other keys' 
 partial index holds only its key's rows: every row it finds is visible to the viewer, a write
 into a small key pays nothing, and a key's search is as good as HNSW gets on that key alone.
 
-The index holds half-precision vectors (`embedding::halfvec(DIM)`): half the size of a float32
-graph, built and searched about twice as fast, for the same recall, since the candidates it
-returns are rescored with their stored float32 vectors (the distances returned are exact). The
-column is dimension-free (`vector`), so the predicate also says `vector_dims(embedding) = DIM`: a
+The index holds half-precision vectors (`embedding::halfvec(DIM)`): a smaller graph than float32's,
+faster to build and to search, for the same recall, since the candidates it returns are
+rescored with their stored float32 vectors (the distances returned are exact). The column is
+dimension-free (`vector`), so the predicate also says `vector_dims(embedding) = DIM`: a
 vector of another size under that key (a new model, before the reindex) is simply not in it, and
 the cast never fails a write. The index names carry the form, the dimension and a hash of the key
 (keys are free text, names are not); an index of an older form is dropped like an obsolete one,
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "memory_vectors_ann_"
 # hnsw.ef_search: the breadth of the graph walk, which sets the recall (and the walk's time);
-# twice as broad found a little more of the exact top results on real embeddings, in twice the time.
+# a broader walk found little more of the exact top results on real embeddings, for its time.
 EF_SEARCH = 200
 # Of the walk's best (by half-precision distance) this many more than the k asked are rescored
 # with their stored vectors: each is a read of its table row, the costliest part of the search,
