@@ -281,6 +281,24 @@ def anchors(path: Path, recalls: list[tuple[str, list[str], np.ndarray]], k: int
     return out
 
 
+def _key_sizes(conn: Any) -> list[tuple[str, int]]:
+    return [(str(key), int(n)) for key, n in conn.execute(
+        "SELECT vis_key, count(*) AS n FROM memories WHERE embedded = 1 AND archived_at IS NULL "
+        "GROUP BY vis_key ORDER BY n DESC")]
+
+
+async def held_keys(engine: Engine) -> str:
+    """Which keys the vector cache holds against its budget (MUNINN_VECTOR_CACHE_MB): the budget and
+    the bytes used, and of the 5 largest keys which are held and which are searched in the database."""
+    cache = engine.vector_cache
+    sizes = await engine.read(_key_sizes)
+    held = set(cache.cached_keys())
+    top = ", ".join(f"{key} {n:,} {'held' if key in held else 'NOT held'}" for key, n in sizes[:5])
+    return (f"budget {cache.budget_bytes / 2**20:.0f} MiB ({cache.budget_bytes:,} bytes), used {cache.nbytes / 2**20:.1f} MiB; "
+            f"held {len(held)} of {len(sizes)} keys ({sum(n for key, n in sizes if key in held):,} of "
+            f"{sum(n for _, n in sizes):,} vectors); largest: {top}")
+
+
 async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: int = 10, talk: bool = True) -> dict:
     """Per viewer class: the product's recall (query vector given, so no embedding call), its
     steps (wall, and thread CPU of the keyword and vector searches), and the numpy anchor over
@@ -299,6 +317,7 @@ async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: in
         warm_keys = await engine.warmed()  # a running bot is warm: measure recalls after the start-up load
         print(f"  vector cache warm: {warm_keys} keys, {engine.vector_cache.nbytes / 1e6:.0f} MB, "
               f"waited {time.perf_counter() - started:.2f} s, rss {rss_mb()}", flush=True)
+        print(f"  {await held_keys(engine)}", flush=True)
         clock = StepClock(engine.storage)
         k = engine.settings.recall_limit * 3
         for kind in VIEWER_CLASSES:
@@ -321,6 +340,7 @@ async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: in
                   f"{summary([r['total'] for r in timed[kind]])['p95']:.2f} ms", flush=True)
         rss = rss_mb()
         cache_mb = engine.vector_cache.nbytes / 2**20
+        print(f"  after the recalls: {await held_keys(engine)}", flush=True)
     print(f"  rss after the recalls {rss}, vector cache {cache_mb:.1f} MB ({engine.vector_cache.form})", flush=True)
     out: dict = {}
     measured = anchors(path, recalls, k)

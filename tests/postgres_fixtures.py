@@ -33,6 +33,10 @@ def empty_database(url: str) -> None:
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"TRUNCATE {', '.join(DATA_TABLES)} RESTART IDENTITY CASCADE".encode())
+        # the big keys' HNSW indexes (postgres/ann.py) that a test's maintenance made: not in the template
+        for (name,) in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'memory_vectors' "
+                                    "AND starts_with(indexname, 'memory_vectors_ann_')").fetchall():
+            conn.execute(f'DROP INDEX "{name}"'.encode())
     from bot.memory.postgres import keywords
     keywords.forget_counts()  # TRUNCATE bypasses the backend: its cached word counts are stale
 

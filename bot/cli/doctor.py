@@ -55,6 +55,21 @@ def maintenance_check(holder: str) -> Check:
     return Check("maintenance", True, f"periodic maintenance is run by {holder}")
 
 
+def ann_check(valid: int, invalid: int, size: int, minimum: int) -> Check:
+    """The HNSW indexes maintenance made for the big visibility keys (PostgreSQL): how many, their
+    size, and any a cancelled or failed build left invalid (the next maintenance run remakes them)."""
+    if invalid:
+        return Check("key indexes", False, f"{invalid} vector index(es) of big visibility keys left invalid by a "
+                                           "cancelled or failed build (searched exactly meanwhile)",
+                     "muninn maintain (drops and makes them again; if it fails again, its log line says why)")
+    if not valid:
+        return Check("key indexes", True, "no visibility key has its own vector index" + (
+            " (MUNINN_VECTOR_INDEX_MIN=0)" if minimum == 0 else f" (none of {minimum:,} vectors or more yet, "
+                                                                  "or maintenance has not run since)"))
+    return Check("key indexes", True, f"{valid} visibility key(s) of {minimum:,} vectors or more have their own "
+                                      f"vector index ({size / 2**20:,.0f} MiB)")
+
+
 MIGRATE_FIX = "muninn stats (any Muninn command that opens the database applies the missing migrations)"
 
 
@@ -87,6 +102,7 @@ def postgres_checks(settings: Settings, fix: bool = False, embed_dim: int | None
             return checks + [Check("database", False, f"{described}: {state}", MIGRATE_FIX)]
         checks += [Check("database", True, described), stored_values_check(conn, fix)]
         checks.append(vector_check(settings, storage.index_info(conn), health.unembedded_count(conn), embed_dim))
+        checks.append(ann_check(*postgres_health.ann_indexes(conn), settings.vector_index_min))
         rows, later = postgres_health.readers(conn), postgres_health.default_readers(conn)
         checks.append(grants_check(rows, later, postgres_health.revokes(rows, later)))
         holder = storage.lease_holder(conn, "maintenance")

@@ -269,6 +269,7 @@ async def run_maintenance(engine: Engine, *, now: float | None = None, use_llm: 
     _say(on_step, report.lines()[3])
     report.links = await build_links(engine, now=now, neighbours=neighbours)
     await engine.upkeep.prune_vector_changes()
+    await engine.upkeep.vector_indexes(engine.settings.vector_index_min, engine.settings.vector_index_build_mb)
     await engine.finish_scrub()  # forgotten memories' vectors, on PostgreSQL (postgres/scrub.py)
     _say(on_step, report.lines()[4])
     report.history_pruned = await engine.upkeep.prune_history(engine.settings.history_keep)

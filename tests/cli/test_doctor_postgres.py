@@ -152,3 +152,32 @@ def test_doctor_names_a_dead_maintenance_run_that_still_holds_the_lease(doctor, 
     healthy, found = doctor()
     assert healthy, found
     assert f"held by {dead}, a process of this machine that is gone" in found["maintenance"]["detail"]
+
+
+def test_doctor_counts_the_big_keys_vector_indexes_and_names_an_invalid_one(doctor, backend):
+    import numpy as np
+
+    from bot.memory.postgres.backend import PostgresStorage
+    from bot.memory.records import NewMemory
+    from bot.memory.vector_indexes import carried_out, planned
+    assert cli.main(["stats"]) == 0
+    healthy, found = doctor()
+    assert healthy and "no visibility key has its own vector index" in found["key indexes"]["detail"]
+    storage = PostgresStorage(backend)
+    conn = storage.open_writer()
+    try:
+        rng = np.random.default_rng(1)
+        vecs = rng.standard_normal((40, 8))
+        storage.insert(conn, [NewMemory(f"memory {i}", "global") for i in range(40)], base_stability_days=7,
+                       model="m", vecs=(vecs / np.linalg.norm(vecs, axis=1)[:, None]).tolist(), now=1000.0)
+        job = planned(conn, 20)
+        assert job is not None and carried_out(job, 0) == (1, 0)
+    finally:
+        conn.close()
+    healthy, found = doctor()
+    assert "1 visibility key(s)" in found["key indexes"]["detail"] and found["key indexes"]["ok"]
+    sql(backend, "UPDATE pg_index SET indisvalid = false WHERE indexrelid IN (SELECT oid FROM pg_class "
+                 "WHERE starts_with(relname, 'memory_vectors_ann_'))")
+    healthy, found = doctor()
+    assert not found["key indexes"]["ok"] and "left invalid" in found["key indexes"]["detail"]
+    assert "muninn maintain" in found["key indexes"]["fix"]

@@ -327,3 +327,28 @@ async def test_maintenance_searches_on_a_thread_of_its_own(engine, monkeypatch):
     found = await engine.nearest_neighbours([(ids[0], key)], 3)
     assert found is not None and len(found[ids[0]]) == 3
     assert seen["thread"].startswith("muninn-background")  # no read connection a recall waits for
+
+
+async def test_maintenance_gives_a_big_key_its_own_vector_index_on_postgresql(fake_ollama, make_settings, backend):
+    """A key of at least MUNINN_VECTOR_INDEX_MIN vectors gets an HNSW index of its own on PostgreSQL
+    (postgres/ann.py), and loses it when the setting says none; SQLite needs none (vec0 partitions
+    by key). Recall finds the same through it."""
+    def indexes() -> int:
+        if not backend:
+            return 0
+        import psycopg
+        with psycopg.connect(backend) as conn:
+            row = conn.execute("SELECT count(*) FROM pg_indexes WHERE starts_with(indexname, 'memory_vectors_ann_')")
+            return int(row.fetchone()[0])
+    # no vector cache: every search is the database's own (on PostgreSQL, through the index once made)
+    async with Engine(make_settings(fake_ollama.url, MUNINN_VECTOR_INDEX_MIN="0", MUNINN_VECTOR_CACHE_MB="0")) as engine:
+        for i in range(8):
+            await engine.remember(alice(f"Alice fact number {i} about hiking.", source=i))
+        await engine.remember(alice("Bob likes tea.", owner=BOB))
+        await maintenance.run_maintenance(engine, use_llm=False)
+        before = (await engine.recall("hiking", Viewer(ALICE, CHANNEL, GUILD), touch=False)).ids
+        assert await engine.upkeep.vector_indexes(6, 0) == ((1, 0) if backend else (0, 0))
+        assert indexes() == (1 if backend else 0)
+        assert (await engine.recall("hiking", Viewer(ALICE, CHANNEL, GUILD), touch=False)).ids == before
+        await maintenance.run_maintenance(engine, use_llm=False)  # MUNINN_VECTOR_INDEX_MIN=0: none kept
+        assert indexes() == 0

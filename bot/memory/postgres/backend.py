@@ -32,6 +32,7 @@ from bot.memory import records
 from bot.memory.errors import DatabaseError
 from bot.memory.postgres import fact_writes, keywords, leases, recall_sql, writes
 from bot.memory.postgres import scrub as postgres_scrub
+from bot.memory.postgres.ann import AnnIndexes
 from bot.memory.postgres.connection import PgConnection, connect, where
 from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
 from bot.memory.postgres.leases import set_meta_value
@@ -60,6 +61,7 @@ class PostgresStorage:
     def __init__(self, url: str, vector_cache: VectorCache | None = None) -> None:
         self.url = url
         self.vector_cache = vector_cache
+        self.ann = AnnIndexes()  # the big keys' own HNSW indexes (postgres/ann.py)
         if vector_cache is not None:
             vector_cache.source = PostgresVectorSource(self._server_knn, self._server_similar)
 
@@ -388,7 +390,7 @@ class PostgresStorage:
 
     def _server_knn(self, conn: PgConnection, info: IndexInfo, vector: Sequence[float], keys: list[str], k: int,
                     as_of: float | None = None) -> list[tuple[int, float]]:
-        return recall_sql.server_knn(conn, info, vector, keys, k, as_of)
+        return self.ann.search(conn, info, vector, keys, k, as_of, recall_sql.server_knn)
 
     def spread_to_neighbours(self, conn: PgConnection, ranked: list[Candidate], keys: list[str], share: float,
                              as_of: float | None) -> list[Candidate]:

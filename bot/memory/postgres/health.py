@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from bot.memory.postgres import migrations
+from bot.memory.postgres import ann, migrations
 from bot.memory.postgres.backend import PostgresStorage
 from bot.memory.postgres.connection import PgConnection
 
@@ -132,3 +132,8 @@ def revokes(rows: Sequence[Reader], later: Sequence[DefaultReader] = ()) -> list
         fixes.append(f"ALTER DEFAULT PRIVILEGES FOR ROLE {_quoted(owner)}{where} REVOKE SELECT ON TABLES "
                      f"FROM {quoted(roles)} (as that role or a superuser)")
     return fixes
+
+
+def ann_indexes(conn: PgConnection) -> tuple[int, int, int]:
+    """The big keys' own HNSW indexes (postgres/ann.py): (valid, left invalid by a failed build, bytes)."""
+    return ann.summary(conn)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -31,6 +32,10 @@ LOAD_SPARE_SHARE = 1 / 8
 # that on every first recall in a new channel with a lower floor (measurably more CPU per
 # recall). Bigger keys (a heavy user's own) join.
 CODES_KEY_MIN = 5000
+# A key found too big for the whole budget is searched in the database, and not loaded again for
+# this long: new vectors only make it bigger, and each load of a busy channel's key read all of
+# it again (its every new message cleared the mark); removals, which may make it fit, are retried then.
+TOO_BIG_RETRY_S = 600.0
 
 
 def spare_rows(n: int) -> int:
@@ -76,7 +81,7 @@ class CachedKeys:
         self._lock = threading.Lock()
         self._keys: OrderedDict[str, KeyVectors] = OrderedDict()  # least recently used first
         self._key_of: dict[int, str] = {}
-        self._too_big: set[str] = set()
+        self._too_big: dict[str, float] = {}  # key -> when it was found too big (_still_too_big)
         self._loading: set[str] = set()  # keys a thread is loading now (outside the lock)
         self._packing: set[str] = set()  # keys whose codes a thread is packing now (outside the lock)
         # Keys that held vectors when a warm listed them, and keys given a vector since (applied
@@ -235,7 +240,6 @@ class CachedKeys:
         for key, count in per_key.items():
             if key in self._keys and count > max(RELOAD_AFTER_CHANGES, self._keys[key].live // 100):
                 self._drop(key)
-            self._too_big.discard(key)
         wanted = [memory_id for memory_id in ids
                   if (state := now.get(memory_id)) is not None and state[2] and state[0] in self._keys]
         found: dict[int, np.ndarray] = {}
@@ -253,6 +257,16 @@ class CachedKeys:
                 entry.add(memory_id, state[1], vector)
                 self._bytes += entry.nbytes - before
                 self._key_of[memory_id] = state[0]
+
+    def _still_too_big(self, key: str) -> bool:
+        """Under the lock: whether `key` was found too big for the budget less than TOO_BIG_RETRY_S ago."""
+        found = self._too_big.get(key)
+        if found is None:
+            return False
+        if time.monotonic() - found < TOO_BIG_RETRY_S:
+            return True
+        del self._too_big[key]
+        return False
 
     def _evict_beside(self, key: str) -> None:
         """Under the lock, after `key` grew or arrived: drop the least recently used other keys
@@ -281,7 +295,7 @@ class CachedKeys:
                 return entry
             if self._listed is not None and key not in self._listed and key not in self._given:
                 return _empty_key(info.dim)
-            if key in self._too_big or key in self._loading or not conn.get_autocommit():
+            if self._still_too_big(key) or key in self._loading or not conn.get_autocommit():
                 return None
         background = self.background
         if (background is not None and may_defer
@@ -320,7 +334,7 @@ class CachedKeys:
                 if self._generation != generation:
                     return None  # the cache started over meanwhile (new index, pruned log): this load is void
                 if entry is None:
-                    self._too_big.add(key)
+                    self._too_big[key] = time.monotonic()
                     return None
                 self._keys[key] = entry
                 self._bytes += entry.nbytes
@@ -361,7 +375,7 @@ class CachedKeys:
             if stop is not None and stop.is_set():
                 break
             with self._lock:
-                if key in self._keys or key in self._too_big or key in self._loading:
+                if key in self._keys or self._still_too_big(key) or key in self._loading:
                     continue
                 # with its codes if a search by code may pack them (_code_keys), not only when its
                 # load does: else those searches pushed the cache over its budget, evicting keys

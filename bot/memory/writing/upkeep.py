@@ -4,12 +4,13 @@ and their consolidation in one transaction each. `engine.upkeep` runs them; the 
 are bot/lifecycle/maintenance.py's."""
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from bot.memory import decay, records
+from bot.memory import decay, records, vector_indexes
 from bot.memory.connection import Connection
 from bot.memory.jobs import Jobs
 from bot.memory.scope import ACTIVE
@@ -248,6 +249,18 @@ class Upkeep:
     async def prune_vector_changes(self) -> int:
         """Drop all but the newest entries of the vector change log."""
         return await self._jobs.write(vec0.prune_changes, what="prune the vector change log")
+
+    async def vector_indexes(self, min_vectors: int, build_mb: int) -> tuple[int, int]:
+        """The big keys' own ANN indexes made and the obsolete or invalid ones dropped (PostgreSQL;
+        vector_indexes.py): (made, dropped). The builds run on a thread and a connection of their own."""
+        job = await self._jobs.read(vector_indexes.planned, min_vectors)
+        if job is None or job.empty:
+            return (0, 0)
+        try:
+            return await asyncio.to_thread(vector_indexes.carried_out, job, build_mb)
+        except asyncio.CancelledError:  # the bot stops: a build of minutes must not hold it
+            job.cancel()
+            raise
 
     async def prune_history(self, keep: int) -> int:
         """Every channel's history down to its newest `keep` messages."""

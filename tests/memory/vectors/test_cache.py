@@ -112,6 +112,30 @@ def test_a_key_beyond_the_memory_budget_is_searched_in_vec0(tmp_path):
     assert vectors.cache_of(conn).nbytes <= DIM * 4 * 10 + 2000
 
 
+def test_a_key_too_big_for_the_budget_is_not_read_again_at_each_new_vector(tmp_path, monkeypatch):
+    """A busy channel's key beyond the budget: its every new message cleared the mark, so the
+    next search read the whole key again only to find it still too big."""
+    from bot.memory.vectors import keys as cache_keys
+    conn = db.connect(tmp_path / "v.db")
+    cache = VectorCache(DIM * 4 * 10)
+    vectors.attach_cache(conn, cache)
+    rng = np.random.default_rng(4)
+    info = fill(conn, rng, 90)
+    plain = db.connect(tmp_path / "v.db")
+    loads: list[str] = []
+    real_load = cache.source.load_key
+    monkeypatch.setattr(cache.source, "load_key", lambda c, i, key: loads.append(key) or real_load(c, i, key))
+    for _ in range(3):
+        fill(plain, rng, 3)  # r:1 (the busy one) gets a new vector each time
+        q = random_unit(rng)
+        assert same(vectors.knn(conn, info, q, KEYS, 7), vectors.knn_vec0(plain, info, q, KEYS, 7))
+    assert loads.count("r:1") <= 1 and "r:1" not in cache.cached_keys()
+    before = loads.count("r:1")
+    monkeypatch.setattr(cache_keys, "TOO_BIG_RETRY_S", 0.0)  # after a while (removals may make it fit): tried again
+    vectors.knn(conn, info, random_unit(rng), KEYS, 7)
+    assert loads.count("r:1") == before + 1
+
+
 def test_neighbours_in_one_product_match_one_search_each(pair):
     cached, plain = pair
     rng = np.random.default_rng(5)
