@@ -60,3 +60,10 @@ def test_write_profile_splits_a_fact_and_its_transaction_is_four_round_trips(pos
     out = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("JSON"))[5:])
     assert out["facts"] == 3 and out["facts_per_s"] > 0 and out["write_trips"] == 4.0
     assert out["lock_held"] > 0 and out["plan_trips"] >= 1 and out["server_cpu_ms"] is not None
+
+
+def test_the_keyword_score_bench_times_both_scores(postgres_server):
+    from bench import pg_keyword_score
+    out = pg_keyword_score.measure(postgres_server.create_database("keyword_score_test"), 300, 2)
+    assert set(out) == {"ts_rank_cd", "bm25"}
+    assert all(0 < t["p50"] <= t["p95"] for t in out.values())

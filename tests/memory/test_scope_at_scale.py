@@ -246,7 +246,7 @@ def instrument(monkeypatch, paths: Paths, postgres: bool) -> None:
                 paths.hit("pg:common-walk-per-key")
                 if "v(key)) - %s" in text:
                     paths.hit("pg:window")
-            elif "m.vis_key = ANY(%s) AND m.text_search @@" in text and "ts_rank_cd" in text:
+            elif "m.vis_key = ANY(%s) AND m.text_search @@" in text and "h.text_search @@" in text:
                 paths.hit("pg:rare-any-keys")
             elif "= ANY(%(common)s)" in text and args and isinstance(args[0], dict) and args[0].get("common"):
                 paths.hit("pg:estimates-used")  # words the statistics call common are not counted

@@ -3,7 +3,7 @@
 Keyword path: the generated `text_search` tsvector (english stems, no accents) with a GIN index over active
 memories; the query is built from our own tokens (recall.words.tokens: \\w+ runs, no stop words, at
 most 24), each through plainto_tsquery and OR'd, so no user text ever reaches to_tsquery's
-syntax; ranked by ts_rank_cd, scoped in the same statement; common words are handled as on
+syntax; ranked by BM25 (bm25.py), scoped in the same statement; common words are handled as on
 SQLite (left out, or only the newest matches ranked: keywords.py).
 Vector path: the engine's vector cache (vector_cache.py, as on SQLite: numpy over each
 visibility key's vectors, fed by postgres/vector_source.py and kept in step through the

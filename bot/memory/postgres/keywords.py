@@ -6,8 +6,8 @@ cached per database for a while; a word the planner's statistics put in ESTIMATE
 or more is not counted, its estimate stands in (where the choice can differ from SQLite's).
 How much is ranked: when a searched word is common (over
 shared.common_limit), only the newest shared.COMMON_HITS visible matches among the newest
-shared.COMMON_WINDOW memories are ranked, as on SQLite; `ts_rank_cd` over every visible match
-of a very common word dominated the keyword step's cost in a busy channel.
+shared.COMMON_WINDOW memories are ranked, as on SQLite; scoring every visible match of a very
+common word dominated the keyword step's cost in a busy channel. The score: bm25.py.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from bot.memory.postgres import bm25
 from bot.memory.postgres.connection import PgConnection
 from bot.memory.postgres.index_state import INDEX_STATE_SQL, index_state_of
 from bot.memory.recall import keywords as shared
@@ -254,19 +255,6 @@ def _tsquery(words: list[str]) -> str:
     return " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
 
 
-def _score(words: list[str], counts: dict[str, int]) -> tuple[str, list[Any]]:
-    """ts_rank_cd of `h.text_search` for `words`. Its cost grows with the query's words, and a
-    word counted in no memory adds nothing to the rank of a memory that lacks it (cover density
-    only counts the words a text holds), so such words are ranked only for the memories holding
-    them (stored since the count): a third of the cost for a query of one word found and four not."""
-    absent = [w for w in words if counts.get(w, 1) == 0]
-    present = [w for w in words if counts.get(w, 1) != 0]
-    if not absent or not present:
-        return f"ts_rank_cd(h.text_search, {_tsquery(words)})", list(words)
-    return (f"CASE WHEN h.text_search @@ ({_tsquery(absent)}) THEN ts_rank_cd(h.text_search, {_tsquery(words)}) "
-            f"ELSE ts_rank_cd(h.text_search, {_tsquery(present)}) END", [*absent, *words, *present])
-
-
 def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
                  as_of: float | None) -> tuple[KeywordHits, tuple[IndexInfo | None, bool] | None]:
     """The keyword hits, and the vector index's state (INDEX_STATE_SQL) read in the same statement:
@@ -309,7 +297,7 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
         hits = (f"SELECT m.id, m.text_search FROM memories m WHERE m.archived_at IS NULL AND m.vis_key = ANY(%s) "
                 f"AND m.text_search @@ ({match}){since}")
         hit_params = [keys, *words, *after]
-    score, score_params = _score(words, counts)
+    score, score_params = bm25.score_sql(words, counts, newest_id(conn), bm25.average_length(conn, _database(conn)))
     # Never a prepared statement: psycopg prepares a statement after its 5th run, and PostgreSQL
     # then may settle on one generic plan for every viewer and word, while whether the GIN match,
     # the newest ids or the (vis_key, id) index should lead depends on these very values.

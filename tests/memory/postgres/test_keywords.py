@@ -7,7 +7,7 @@ import time
 import pytest
 
 from bot.memory.engine import Engine
-from bot.memory.postgres import keywords
+from bot.memory.postgres import bm25, keywords
 from bot.memory.recall import keywords as shared_keywords
 from bot.memory.records import MAX_TEXT_CHARS, NewMemory
 from bot.memory.scope import Viewer
@@ -58,26 +58,33 @@ async def test_the_keyword_search_is_planned_for_each_viewer_and_word_never_prep
     assert prepared == 0
 
 
-def _full_ranks(conn, ids: list[int], words: list[str]) -> dict[int, float]:
-    query = " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
-    return {int(i): -float(s) for i, s in conn.pg.execute(
-        f"SELECT id, ts_rank_cd(text_search, {query}) FROM memories WHERE id = ANY(%s)".encode(),
-        [*words, ids]).fetchall()}
+def _bm25_by_hand(conn, ids: list[int], words: list[str]) -> dict[int, float]:
+    """bm25.py's score computed here from each memory's words and length: negated, as the hits carry it."""
+    memories = keywords.newest_id(conn)
+    average = bm25.average_length(conn, keywords._database(conn))
+    counts = {w: keywords.doc_count(conn, w, 10_000) for w in words}
+    out = {}
+    for memory_id, held, length in conn.pg.execute(
+            "SELECT id, array(SELECT lexeme FROM unnest(text_search)), length(text_search) FROM memories "
+            "WHERE id = ANY(%s)", [ids]).fetchall():
+        weight = sum(bm25.idf(counts[w], memories) for w in words if w in held)  # english stems: these words stem to themselves
+        out[int(memory_id)] = -weight * (bm25.K1 + 1) / (1 + bm25.K1 * (1 - bm25.B + bm25.B * length / average))
+    return out
 
 
 async def test_a_word_counted_in_no_memory_still_ranks_a_memory_stored_with_it_since(pg_fts_engine):
-    # words counted in no memory are ranked only for the memories holding them (keywords._score):
-    # every score must equal ts_rank_cd of the whole query, also for a memory stored after the count
+    # words counted in no memory (zebra, quokka) weigh the most; a memory stored after the count
+    # that holds them ranks first, and every score is BM25's as bm25.py defines it
     lamps = await pg_fts_engine.remember_many([NewMemory(f"the lamps of hall {i} and lamps again", "global", owner_id=1)
                                                for i in range(5)])
-    words = ["lamps", "zebra", "quokka"]
+    words = ["lamp", "zebra", "quokka"]
     assert await pg_fts_engine.read(keywords.searched_words, words) == words  # zebra, quokka: counted 0
     zebra = await pg_fts_engine.remember(NewMemory("a zebra and a quokka under the lamps", "global", owner_id=1))
-    hits = await pg_fts_engine.read(keywords.fts_candidates, "lamps zebra quokka", ["g"], 10, None)
+    hits = await pg_fts_engine.read(keywords.fts_candidates, "lamp zebra quokka", ["g"], 10, None)
     assert hits[0].memory_id == zebra
     assert {h.memory_id for h in hits} == {zebra, *lamps}
-    full = await pg_fts_engine.read(_full_ranks, [h.memory_id for h in hits], words)
-    assert {h.memory_id: h.fts_score for h in hits} == pytest.approx(full)
+    by_hand = await pg_fts_engine.read(_bm25_by_hand, [h.memory_id for h in hits], words)
+    assert {h.memory_id: h.fts_score for h in hits} == pytest.approx(by_hand)
 
 
 def _analyse_and_choose(conn, words: list[str]) -> tuple[list[str], int, int]:
@@ -280,3 +287,18 @@ async def test_a_memory_of_the_longest_text_is_stored_and_found_by_a_common_word
     assert {hit.memory_id for hit in found} == {long_id, short_id}
     recalled = await pg_fts_engine.recall("pizza", Viewer(ALICE, dm=True), touch=False)
     assert set(recalled.ids) == {long_id, short_id}
+
+
+async def test_the_rarest_word_outranks_a_long_memory_repeating_a_commoner_one(pg_fts_engine):
+    """BM25 (bm25.py): a word's rarity counts and a long memory is scaled down. Cover density
+    ranked the long memory first (it holds "dashboard" many times, and no rarity is known)."""
+    await crowd(pg_fts_engine, "the dashboard shows sales", 40)
+    long_one = await pg_fts_engine.remember(NewMemory(
+        "Alice rebuilt the dashboard: " + ", ".join(f"the dashboard panel {i} shows dashboard totals"
+                                                     for i in range(12)), "personal", owner_id=ALICE))
+    short_one = await pg_fts_engine.remember(NewMemory("Alice picked Grafana", "personal", owner_id=ALICE))
+    found = await pg_fts_engine.read(keywords.fts_candidates, "which dashboard is Grafana", [f"p:{ALICE}:dm"], 10,
+                                     None)
+    assert [hit.memory_id for hit in found][:2] == [short_one, long_one]
+    assert found[0].fts_score is not None and found[1].fts_score is not None
+    assert found[0].fts_score < found[1].fts_score < 0  # negated: lower is better, as SQLite's bm25
