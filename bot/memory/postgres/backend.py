@@ -254,6 +254,8 @@ class PostgresStorage:
         """Rewrite the tables that held what was forgotten, those small
         enough now, the rest at the next maintenance (postgres/scrub.py)."""
         postgres_scrub.scrub(conn, forgotten)  # a rewrite: VACUUM leaves the bytes in the files
+        if self.vector_cache is not None and "memories" in forgotten:  # the vector snapshot files' copies too
+            self.vector_cache.scrub_snapshots(conn)
 
     def finish_scrub(self, conn: PgConnection) -> bool:
         """The rewrites that earlier forgets left for maintenance (postgres/scrub.finish); True if there were any."""

@@ -338,6 +338,11 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS memories_happens ON memories (vis_key, happens_on)
         WHERE happens_on IS NOT NULL AND archived_at IS NULL;
     """,
+    # the database's instance token: a random name of its own, so a vector snapshot file
+    # (bot/memory/vectors/snapshot.py) made from another database is told apart and never served
+    """
+    INSERT OR IGNORE INTO meta(key, value) VALUES ('instance', lower(hex(randomblob(16))));
+    """,
 ]
 
 

@@ -111,6 +111,19 @@ class KeyVectors:
         self.dead = 0
         self.row_of = {int(mid): i for i, mid in enumerate(ids)}
 
+    @classmethod
+    def mapped(cls, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, scales: np.ndarray | None,
+               codes: np.ndarray | None, n: int) -> "KeyVectors":
+        """A key over arrays given whole, at their capacity (a snapshot's private map, snapshot.py):
+        rows [0, n) hold its vectors (id -1: removed), the rows past `n` are free. Nothing is
+        copied: an append or a removal writes the process's own copy of that page alone."""
+        entry = cls.__new__(cls)
+        entry.ids, entry.created, entry.matrix, entry.scales, entry.codes, entry.n = ids, created, matrix, scales, codes, n
+        alive = np.flatnonzero(ids[:n] >= 0)
+        entry.dead = n - len(alive)
+        entry.row_of = dict(zip(ids[alive].tolist(), alive.tolist(), strict=True))
+        return entry
+
     @property
     def nbytes(self) -> int:
         """The bytes its arrays take (ids, times, matrix, codes when packed), counted against the cache's budget."""

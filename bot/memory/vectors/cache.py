@@ -26,7 +26,8 @@ cache and its scoring are one code path for both.
 
 The parts: arrays.py (one key's arrays, the numpy scoring), source.py (the VectorSource
 protocol, what a read of the change log gives), keys.py (the keys held: sync with the log,
-loads, evictions, warming); this module, the searches over them.
+loads, evictions, warming), shared.py and snapshot.py (the keys mapped from one snapshot file
+that every process on the machine shares); this module, the searches over them.
 """
 from __future__ import annotations
 
@@ -39,11 +40,11 @@ from bot.memory.scope import ACTIVE
 from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
 from bot.memory.vectors.arrays import KeyVectors, distance_of, rescore_count, top_scores_of, top_scores_over, unit
-from bot.memory.vectors.keys import CachedKeys
+from bot.memory.vectors.shared import SharedKeys
 from bot.memory.vectors.source import Overlay, read_with
 
 
-class VectorCache(CachedKeys):
+class VectorCache(SharedKeys):
     """Shared by all connections of one engine (attach with `vectors.attach_cache`)."""
 
     # -- search ---------------------------------------------------------------
