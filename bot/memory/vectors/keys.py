@@ -308,6 +308,8 @@ class CachedKeys:
         try:
             with self._lock:
                 generation, seq = self._generation, self._seq
+                if key in self._keys:  # loaded meanwhile (a snapshot mapped, the warm that wrote it)
+                    return self._keys[key]
             if not conn.get_autocommit():
                 return None
             ids, created, matrix = self.source.load_key(conn, info, key)
@@ -319,6 +321,8 @@ class CachedKeys:
             with self._lock:
                 if self._generation != generation:
                     return None  # the cache started over meanwhile (new index, pruned log): this load is void
+                if key in self._keys:
+                    return self._keys[key]  # another thread loaded or mapped it meanwhile
                 if entry is None:
                     self._too_big.add(key)
                     return None

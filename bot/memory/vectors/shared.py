@@ -17,6 +17,7 @@ the rows of vectors no longer stored.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -103,6 +104,11 @@ class SharedKeys(CachedKeys):
                 if mapped is not None and self._adopt(conn, info, mapped):
                     return len(self._from_snapshot) + super().warm(conn, info, stop)
                 loaded = super().warm(conn, info, stop)
+                with self._lock:
+                    queued = list(self._loading)
+                for key in queued:  # big keys a recall handed to the loader, queued behind this warm: in the file too
+                    if stop is None or not stop.is_set():
+                        loaded += self._load(conn, info, key) is not None
                 if stop is None or not stop.is_set():
                     self._publish(conn, info, folder)
                 return loaded
@@ -151,6 +157,8 @@ class SharedKeys(CachedKeys):
             self._applied += 1  # a log read made before this one is read again (CachedKeys._read_log)
             self._apply(conn, info, ids, _only(states, ids))
             self._delta = len(ids)
+        del entries
+        _give_back_heap()  # the private copies just replaced: small keys' arrays live on the heap
         return True
 
     def _reset(self) -> None:
@@ -254,6 +262,7 @@ class SharedKeys(CachedKeys):
         newest = snapshot.generations(folder)
         generation = (newest[-1][0] if newest else 0) + 1
         snapshot.write(folder, generation, about, (_compacted(*part) for part in parts))
+        del parts  # this process's own copies go once the file's keys replace them
         snapshot.prune(folder, generation)
         mapped = self._newest(conn, info, folder)
         if mapped is not None:
@@ -276,6 +285,23 @@ class SharedKeys(CachedKeys):
             if newest:
                 snapshot.prune(folder, newest[-1][0])
         return zeroed
+
+
+def _give_back_heap() -> None:
+    """Return the C heap's free pages to the system (glibc's malloc_trim; nothing elsewhere): the
+    private copies a mapped generation replaced were freed, but small arrays are carved from the
+    heap, which keeps its pages otherwise, and the process would stay as big as before."""
+    global _trim
+    if _trim is None:
+        try:
+            _trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim: Any = None
 
 
 def _only(states: Changed | None, ids: set[int]) -> Changed | None:
