@@ -126,7 +126,7 @@ class SharedKeys(CachedKeys):
             if self._identity is None:
                 return False
             # read under the lock: no other thread applies changes to the keys being replaced meanwhile
-            epoch, changed, _, complete, states = self.source.poll(conn, mapped.mark)
+            epoch, changed, now, complete, states = self.source.poll(conn, mapped.mark)
             if epoch != mapped.header.get("epoch") or not complete or len(changed) > MAX_APPLY:
                 snapshot.discard(mapped, "stale (the change log no longer reaches back to it)"
                                  if epoch == mapped.header.get("epoch") else "of another vector epoch")
@@ -156,6 +156,13 @@ class SharedKeys(CachedKeys):
             self._snapshot_rows = mapped.rows
             self._applied += 1  # a log read made before this one is read again (CachedKeys._read_log)
             self._apply(conn, info, ids, _only(states, ids))
+            # The mapped keys are now as of `now`; the others catch up to it too, so that the cache
+            # has one mark again (else the next search applied the mapped keys' changes twice,
+            # each a row of their own copy). An id in a mapped key is there as of `now` already.
+            if self._seq != now and len(installed) < len(self._keys):
+                behind = self.source.changed_between(conn, self._seq, now)
+                self._apply(conn, info, {i for i in behind if self._key_of.get(i) not in installed})
+            self._seq = now
             self._delta = len(ids)
         del entries
         _give_back_heap()  # the private copies just replaced: small keys' arrays live on the heap
