@@ -259,7 +259,10 @@ class PostgresStorage:
 
     def finish_scrub(self, conn: PgConnection) -> bool:
         """The rewrites that earlier forgets left for maintenance (postgres/scrub.finish); True if there were any."""
-        return postgres_scrub.finish(conn)
+        done = postgres_scrub.finish(conn)
+        if done and self.vector_cache is not None:  # the vector snapshot files' copies too
+            self.vector_cache.scrub_snapshots(conn)
+        return done
 
     def archive(self, conn: PgConnection, memory_id: int, reason: str, now: float | None = None) -> None:
         """Take a memory out of retrieval and delete its vector, in one transaction (writes.archive)."""

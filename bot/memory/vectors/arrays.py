@@ -17,6 +17,7 @@ import numpy as np
 
 from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
+from bot.memory.vectors.lookup import FileRows
 
 SLACK_ROWS = 4             # room for a few new vectors before a key's arrays are copied
 GROWTH = 1.25              # then 25 % more, so appends cost O(1) on average
@@ -109,7 +110,7 @@ class KeyVectors:
             self.codes[:, :n] = vector_codes.pack(self.matrix[:n])
         self.n = n
         self.dead = 0
-        self.row_of = {int(mid): i for i, mid in enumerate(ids)}
+        self.row_of: dict[int, int] | FileRows = {int(mid): i for i, mid in enumerate(ids)}
 
     @classmethod
     def mapped(cls, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, scales: np.ndarray | None,
@@ -119,9 +120,8 @@ class KeyVectors:
         copied: an append or a removal writes the process's own copy of that page alone."""
         entry = cls.__new__(cls)
         entry.ids, entry.created, entry.matrix, entry.scales, entry.codes, entry.n = ids, created, matrix, scales, codes, n
-        alive = np.flatnonzero(ids[:n] >= 0)
-        entry.dead = n - len(alive)
-        entry.row_of = dict(zip(ids[alive].tolist(), alive.tolist(), strict=True))
+        entry.dead = int((ids[:n] < 0).sum())
+        entry.row_of = FileRows(ids, n)  # not a dict: that took more memory per row than the row
         return entry
 
     @property

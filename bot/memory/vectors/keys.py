@@ -13,6 +13,7 @@ from bot.memory.scope import ACTIVE
 from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
 from bot.memory.vectors.arrays import FORMS, SLACK_ROWS, KeyVectors
+from bot.memory.vectors.lookup import KeyIndex, listed
 from bot.memory.vectors.source import Changed, Overlay, VectorSource, read_with
 
 RELOAD_AFTER_CHANGES = 256  # more changes than this (and 1 % of the key) to one cached key: reload it on demand
@@ -75,7 +76,7 @@ class CachedKeys:
         self.codes_min = codes_min
         self._lock = threading.Lock()
         self._keys: OrderedDict[str, KeyVectors] = OrderedDict()  # least recently used first
-        self._key_of: dict[int, str] = {}
+        self._key_of = KeyIndex(self._keys)  # memory id -> the cached key holding its vector
         self._too_big: set[str] = set()
         self._loading: set[str] = set()  # keys a thread is loading now (outside the lock)
         self._packing: set[str] = set()  # keys whose codes a thread is packing now (outside the lock)
@@ -263,7 +264,7 @@ class CachedKeys:
     def _drop(self, key: str) -> None:
         entry = self._keys.pop(key)
         self._bytes -= entry.nbytes
-        for memory_id in entry.row_of:
+        for memory_id in listed(entry.row_of):
             self._key_of.pop(memory_id, None)
 
     def _entry(self, conn: Connection, info: vectors.IndexInfo, key: str, *,

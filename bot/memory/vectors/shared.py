@@ -145,17 +145,21 @@ class SharedKeys(CachedKeys):
                     self._drop(key)
                 self._keys[key] = entry
                 self._bytes += entry.nbytes
-                for memory_id in entry.row_of:
-                    self._key_of[memory_id] = key
                 self._too_big.discard(key)
                 installed[key] = entry
+            # An id both in a mapped key and in a key of this process's own: one of them is
+            # behind (it moved between the two marks). Out of the own key, and settled below.
+            displaced = self._key_of.map(installed)
+            for memory_id, key in displaced.items():
+                if key not in installed and key in self._keys:
+                    self._keys[key].discard(memory_id)
             # the changes since the mark, for the mapped keys: the others are at this cache's mark already
-            ids = {i for i in changed if i not in self._key_of or self._key_of[i] in installed}
+            ids = {i for i in changed if i not in self._key_of or self._key_of[i] in installed} | set(displaced)
             self._from_snapshot = installed
             self._mapped_generation = mapped.generation
             self._snapshot_rows = mapped.rows
             self._applied += 1  # a log read made before this one is read again (CachedKeys._read_log)
-            self._apply(conn, info, ids, _only(states, ids))
+            self._apply(conn, info, ids, _only(states, ids) if not displaced else None)
             # The mapped keys are now as of `now`; the others catch up to it too, so that the cache
             # has one mark again (else the next search applied the mapped keys' changes twice,
             # each a row of their own copy). An id in a mapped key is there as of `now` already.
