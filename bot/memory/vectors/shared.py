@@ -91,9 +91,23 @@ class SharedKeys(CachedKeys):
         """Map the machine's snapshot, then load the keys it lacks (CachedKeys.warm). With no
         snapshot fit to serve, the first process loads every key from the database and writes
         one; the others wait for it, then map it."""
-        folder = self.snapshot_folder(conn) if conn.get_autocommit() else None
+        try:
+            folder = self.snapshot_folder(conn) if conn.get_autocommit() else None
+        except OSError as problem:
+            log.warning("no vector snapshot folder (%s): this process keeps its own copy of the vectors", problem)
+            self.snapshot_place = None
+            folder = None
         if folder is None or self._sync(conn, info) is None:
             return super().warm(conn, info, stop)
+        try:
+            return self._warm_shared(conn, info, folder, stop)
+        except (OSError, ValueError, KeyError) as problem:  # a full disk, a read-only folder: the cache serves from its own copy
+            log.warning("the vector snapshot in %s failed (%s): this process keeps its own copy of the vectors",
+                        folder, problem)
+            return super().warm(conn, info, stop)
+
+    def _warm_shared(self, conn: Connection, info: vectors.IndexInfo, folder: Path,
+                     stop: threading.Event | None) -> int:
         with self._share_lock:
             with snapshot.folder_lock(folder, exclusive=False):
                 mapped = self._newest(conn, info, folder)
@@ -290,12 +304,18 @@ class SharedKeys(CachedKeys):
             return 0
         live = np.fromiter((int(row[0]) for row in conn.execute(
             f"SELECT id FROM memories WHERE embedded = 1 AND {ACTIVE}")), dtype=np.int64)
-        with snapshot.folder_lock(folder, exclusive=True):
-            zeroed = snapshot.scrub(folder, live)
-            newest = snapshot.generations(folder)
-            if newest:
-                snapshot.prune(folder, newest[-1][0])
-        return zeroed
+        try:
+            with snapshot.folder_lock(folder, exclusive=True):
+                zeroed = snapshot.scrub(folder, live)
+                newest = snapshot.generations(folder)
+                if newest:
+                    snapshot.prune(folder, newest[-1][0])
+            return zeroed
+        except OSError as problem:  # not rewritable: then not kept at all (rebuilt at the next start)
+            log.warning("could not scrub the vector snapshot in %s (%s): deleted instead", folder, problem)
+            for _, path in snapshot.generations(folder):
+                path.unlink(missing_ok=True)
+            return 0
 
 
 def _give_back_heap() -> None:

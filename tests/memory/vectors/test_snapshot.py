@@ -328,3 +328,19 @@ async def test_a_memory_moved_after_the_snapshot_never_shows_under_its_old_key(s
             await later.close()
     finally:
         await first.close()
+
+
+async def test_with_the_setting_off_no_snapshot_is_written_or_read(make_settings, tmp_path):
+    off = make_settings("", OLLAMA_EMBED_MODEL="m", MUNINN_VECTOR_SNAPSHOT="off")
+    rng = np.random.default_rng(9)
+    ids = await fill(off, rng, 40)
+    engine = await started(off)
+    try:
+        assert engine.vector_cache.snapshot_place is None and engine.vector_cache._mapped_generation == 0
+        assert set(engine.vector_cache.cached_keys()) == set(KEYS)
+        assert not any(is_mapped(e) for e in engine.vector_cache._keys.values())
+        await engine.forget([ids[0]], scrub=True)
+        assert ids[0] not in [m for m, _ in await search(engine, unit(rng), list(KEYS), 100)]
+    finally:
+        await engine.close()
+    assert not [p for p in tmp_path.rglob("*") if "vectors" in p.name]
