@@ -41,6 +41,9 @@ log = logging.getLogger("bot.memory.vectors")
 # snapshot's rows (at least DELTA_MIN) since the one it maps: each change costs it a private page or two.
 DELTA_SHARE = 1 / 16
 DELTA_MIN = 2000
+# At start, keys of a mapped file that differ from the database are read again one by one up to
+# this many (writes that landed meanwhile); more differ only in a file of another state.
+RECHECK_MAX = 64
 
 
 class SharedKeys(CachedKeys):
@@ -111,11 +114,11 @@ class SharedKeys(CachedKeys):
         with self._share_lock:
             with snapshot.folder_lock(folder, exclusive=False):
                 mapped = self._newest(conn, info, folder)
-            if mapped is not None and self._adopt(conn, info, mapped):
+            if mapped is not None and self._adopt(conn, info, mapped) and self._matches(conn, info, mapped):
                 return len(self._from_snapshot) + super().warm(conn, info, stop)
             with snapshot.folder_lock(folder, exclusive=True):
                 mapped = self._newest(conn, info, folder)  # written while we waited?
-                if mapped is not None and self._adopt(conn, info, mapped):
+                if mapped is not None and self._adopt(conn, info, mapped) and self._matches(conn, info, mapped):
                     return len(self._from_snapshot) + super().warm(conn, info, stop)
                 loaded = super().warm(conn, info, stop)
                 with self._lock:
@@ -126,6 +129,41 @@ class SharedKeys(CachedKeys):
                 if stop is None or not stop.is_set():
                     self._publish(conn, info, folder)
                 return loaded
+
+    def _matches(self, conn: Connection, info: vectors.IndexInfo, mapped: snapshot.Mapped) -> bool:
+        """At start, after mapping: each mapped key holds the vectors the database holds under it
+        (how many, and the sum of their ids). A database put back from a backup taken before the
+        file was written has a change log that never reached the file's mark: nothing in the log
+        tells it apart. A key that differs is read again after a sync (a write may have landed
+        between the mapping and the read); one that still differs makes the file stale: it is
+        deleted and written anew, none of its keys served."""
+        held = {str(key): (int(count), int(total or 0)) for key, count, total in conn.execute(
+            f"SELECT vis_key, count(*), sum(id) FROM memories WHERE embedded = 1 AND {ACTIVE} GROUP BY vis_key")}
+        wrong = self._differing(held)
+        if wrong and len(wrong) <= RECHECK_MAX and self._sync(conn, info) is not None:
+            held = {key: _held(conn, key) for key in wrong}
+            wrong = self._differing(held, wrong)
+        if not wrong:
+            return True
+        with self._lock:
+            self._reset()  # not one of its keys stays
+            self._identity = None  # the next read starts over, from the log's current mark
+        snapshot.discard(mapped, "stale (it does not match the database: put back from a backup?)")
+        self._sync(conn, info)
+        return False
+
+    def _differing(self, held: dict[str, tuple[int, int]], keys: list[str] | None = None) -> list[str]:
+        """The mapped keys (of `keys`) whose vectors differ from `held`'s (count, sum of ids)."""
+        with self._lock:
+            wrong = []
+            for key, entry in self._from_snapshot.items():
+                if self._keys.get(key) is not entry or (keys is not None and key not in keys):
+                    continue
+                ids = entry.ids[:entry.n]
+                ids = ids[ids >= 0]
+                if (len(ids), int(ids.sum())) != held.get(key, (0, 0)):
+                    wrong.append(key)
+            return wrong
 
     # -- mapping a generation -----------------------------------------------------
 
@@ -316,6 +354,13 @@ class SharedKeys(CachedKeys):
             for _, path in snapshot.generations(folder):
                 path.unlink(missing_ok=True)
             return 0
+
+
+def _held(conn: Connection, key: str) -> tuple[int, int]:
+    """How many vectors the database holds under `key`, and the sum of their ids."""
+    row = next(iter(conn.execute(f"SELECT count(*), sum(id) FROM memories WHERE embedded = 1 AND {ACTIVE} "
+                                 "AND vis_key = ?", (key,))))
+    return int(row[0]), int(row[1] or 0)
 
 
 def _give_back_heap() -> None:

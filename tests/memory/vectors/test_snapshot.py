@@ -344,3 +344,41 @@ async def test_with_the_setting_off_no_snapshot_is_written_or_read(make_settings
     finally:
         await engine.close()
     assert not [p for p in tmp_path.rglob("*") if "vectors" in p.name]
+
+
+def read(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def put_back(path: Path, older: bytes) -> None:
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.write_bytes(older)
+
+
+@pytest.mark.sqlite_only("a SQLite file put back from a copy (PostgreSQL is restored by its own tools)")
+async def test_a_database_restored_from_an_older_copy_does_not_serve_the_newer_snapshot(settings, make_settings,
+                                                                                      caplog):
+    rng = np.random.default_rng(10)
+    await fill(settings, rng, 60)
+    path = Path(settings.db_path)
+    older = read(path)  # the backup (no -wal: the filling engine closed and checkpointed)
+    async with Engine(settings, warm=False) as writer:
+        later = await insert(writer, [memory("g", 700 + i) for i in range(5)], [unit(rng) for _ in range(5)])
+    first = await started(settings)  # writes the snapshot with the five newer memories
+    assert first.vector_cache._mapped_generation == 1
+    await first.close()
+    put_back(path, older)
+    private = await started(make_settings("", OLLAMA_EMBED_MODEL="m", MUNINN_VECTOR_SNAPSHOT="off"))
+    with caplog.at_level(logging.WARNING, logger="bot.memory.vectors"):
+        again = await started(settings)
+    try:
+        assert [r for r in caplog.records if "stale" in r.getMessage()]
+        for _ in range(10):
+            q = unit(rng)
+            got = await search(again, q, list(KEYS), 100)
+            assert got == await search(private, q, list(KEYS), 100) and not set(later) & {m for m, _ in got}
+        assert all(is_mapped(e) for e in again.vector_cache._keys.values())  # a new file, of this state
+    finally:
+        await again.close()
+        await private.close()
