@@ -106,8 +106,10 @@ class KeyIndex:
         displaced: dict[int, str] = {}
         if self._own:
             present = np.isin(np.fromiter(self._own, dtype=np.int64, count=len(self._own)), self._sorted)
-            for memory_id in [mid for mid, hit in zip(list(self._own), present.tolist(), strict=True) if hit]:
-                displaced[memory_id] = self._own.pop(memory_id)
+            kept: dict[int, str] = {}
+            for (memory_id, key), hit in zip(self._own.items(), present.tolist(), strict=True):
+                (displaced if hit else kept)[memory_id] = key
+            self._own = kept  # a new dict: one emptied keeps the table it had at its largest
         return displaced
 
     def _mapped(self, memory_id: int) -> str | None:
