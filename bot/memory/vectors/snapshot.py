@@ -1,11 +1,12 @@
 """The vector snapshot file: the cached keys' arrays, written once and mapped by every process.
 
 Layout: a fixed prefix (magic, format version, header length, data length, the data's CRC-32,
-the header's CRC-32), the header (JSON: the database instance, vector epoch, model, dimension
-and form it is of, the change-log mark it reflects, where each key's arrays lie), then the data:
-per key its ids, times, rows, scales (int8) and sign codes (when packed), each array at the key's
-capacity. Rows past a key's count are free (id -1, zeros): a process appends a new vector there
-in its own copy of that page (the map is private, copy-on-write), never in the file.
+the header's CRC-32) in the first page, the data: per key its ids, times, rows, scales (int8)
+and sign codes (when packed), each array at the key's capacity; then the header (JSON: the
+database instance, vector epoch, model, dimension and form it is of, the change-log mark it
+reflects, where each key's arrays lie), last so that keys are written as they are read. Rows
+past a key's count are free (id -1, zeros): a process appends a new vector there in its own
+copy of that page (the map is private, copy-on-write), never in the file.
 
 A folder holds a database's snapshots: `vectors-<generation>.snap` (0600, in a 0700 folder),
 written to a temporary name and renamed, and `lock`: taken exclusively by a writer (a new
@@ -101,25 +102,6 @@ def _aligned(offset: int, to: int = ALIGN) -> int:
     return (offset + to - 1) // to * to
 
 
-def _layout(parts: list[Part], dim: int, form: str) -> tuple[list[list[Any]], int]:
-    """Each key's [key, count, capacity, ids, created, rows, scales, codes] offsets in the data
-    (-1: absent), and the data's length."""
-    table, at = [], 0
-    row_bytes = dim * (1 if form == "int8" else 4)
-    for key, ids, _, _, scales, codes, cap in parts:
-        entry: list[Any] = [key, len(ids), cap]
-        for size, present in ((8, True), (8, True), (row_bytes, True), (4, scales is not None),
-                              (vector_codes.words_for(dim) * 8, codes is not None)):
-            if present:
-                at = _aligned(at)
-                entry.append(at)
-                at += size * cap
-            else:
-                entry.append(-1)
-        table.append(entry)
-    return table, at
-
-
 def _padded(array: np.ndarray, count: int, fill: int = 0) -> np.ndarray:
     """`array`'s first axis extended to `count` with `fill` (the free rows)."""
     out = np.full((count,) + array.shape[1:], fill, dtype=array.dtype)
@@ -129,42 +111,41 @@ def _padded(array: np.ndarray, count: int, fill: int = 0) -> np.ndarray:
 
 def write(folder: Path, generation: int, about: dict[str, Any], parts: Iterable[Part]) -> Path:
     """Write generation `generation` of the snapshot (`about`: instance, epoch, model, dim, form,
-    mark) to a temporary file, then rename it into place; returns its path. The caller holds the
-    folder's lock exclusively."""
-    parts = list(parts)
-    dim, form = int(about["dim"]), str(about["form"])
-    table, data_len = _layout(parts, dim, form)
-    header = json.dumps({**about, "generation": generation, "keys": table}).encode()
-    start = _aligned(PREFIX.size + len(header), DATA_ALIGN)
+    mark) to a temporary file, then rename it into place; returns its path. `parts` are written
+    one at a time as they come (a key's arrays need not be held beside the others'); the header,
+    which says where each lies, goes after them. The caller holds the folder's lock exclusively."""
     path = folder / f"vectors-{generation}{SUFFIX}"
     temporary = folder / f".vectors-{generation}.{os.getpid()}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(b"\0" * start)
-            crc, at = 0, 0
-            for (_, ids, created, matrix, scales, codes, cap), entry in zip(parts, table, strict=True):
-                arrays: list[np.ndarray] = [_padded(ids.astype(np.int64), cap, -1), _padded(created.astype(np.float64), cap),
-                                            _padded(matrix, cap)]
-                if scales is not None:
-                    arrays.append(_padded(scales.astype(np.float32), cap))
+            out.write(b"\0" * DATA_ALIGN)
+            crc, at, table = 0, 0, []
+            for key, ids, created, matrix, scales, codes, cap in parts:
+                arrays: list[np.ndarray | None] = [
+                    _padded(ids.astype(np.int64), cap, -1), _padded(created.astype(np.float64), cap), _padded(matrix, cap),
+                    None if scales is None else _padded(scales.astype(np.float32), cap), None]
                 if codes is not None:
                     wide = np.zeros((codes.shape[0], cap), dtype=np.uint64)
                     wide[:, :codes.shape[1]] = codes
-                    arrays.append(wide)
-                for offset, array in zip([o for o in entry[3:] if o >= 0], arrays, strict=True):
-                    gap = b"\0" * (offset - at)
+                    arrays[4] = wide
+                entry: list[Any] = [key, len(ids), cap]
+                for array in arrays:
+                    if array is None:
+                        entry.append(-1)
+                        continue
+                    gap = b"\0" * (_aligned(at) - at)
                     body = np.ascontiguousarray(array).tobytes()
                     out.write(gap)
                     out.write(body)
                     crc = zlib.crc32(body, zlib.crc32(gap, crc))
-                    at = offset + len(body)
-            tail = b"\0" * (data_len - at)
-            out.write(tail)
-            crc = zlib.crc32(tail, crc)
-            out.seek(0)
-            out.write(PREFIX.pack(MAGIC, VERSION, len(header), data_len, crc, zlib.crc32(header)))
+                    entry.append(at + len(gap))
+                    at += len(gap) + len(body)
+                table.append(entry)
+            header = json.dumps({**about, "generation": generation, "keys": table}).encode()
             out.write(header)
+            out.seek(0)
+            out.write(PREFIX.pack(MAGIC, VERSION, len(header), at, crc, zlib.crc32(header)))
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -207,19 +188,18 @@ class Mapped:
 
 
 def _read_prefix(buffer: Any, size: int) -> tuple[dict[str, Any], int, int, int]:
-    """(header, data start, data length, data CRC) of a file's first bytes; SnapshotProblem if they are not a snapshot's."""
-    if size < PREFIX.size:
+    """(header, data start, data length, data CRC) of a file; SnapshotProblem if it is not a whole snapshot."""
+    if size < DATA_ALIGN:
         raise SnapshotProblem("truncated")
     magic, version, header_len, data_len, data_crc, header_crc = PREFIX.unpack_from(buffer, 0)
     if magic != MAGIC or version != VERSION:
         raise SnapshotProblem("not a snapshot of this format")
-    header_bytes = bytes(buffer[PREFIX.size:PREFIX.size + header_len])
-    if len(header_bytes) != header_len or zlib.crc32(header_bytes) != header_crc:
-        raise SnapshotProblem("corrupt header" if len(header_bytes) == header_len else "truncated")
-    start = _aligned(PREFIX.size + header_len, DATA_ALIGN)
-    if size != start + data_len:
-        raise SnapshotProblem("truncated" if size < start + data_len else "of the wrong size")
-    return json.loads(header_bytes), start, data_len, data_crc
+    if size != DATA_ALIGN + data_len + header_len:
+        raise SnapshotProblem("truncated" if size < DATA_ALIGN + data_len + header_len else "of the wrong size")
+    header_bytes = bytes(buffer[DATA_ALIGN + data_len:DATA_ALIGN + data_len + header_len])
+    if zlib.crc32(header_bytes) != header_crc:
+        raise SnapshotProblem("corrupt (header)")
+    return json.loads(header_bytes), DATA_ALIGN, data_len, data_crc
 
 
 def _crc(buffer: Any, start: int, length: int) -> int:
