@@ -22,16 +22,17 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE
 from bot.memory.sql.queries import get_meta
+from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
 from bot.memory.vectors import snapshot
-from bot.memory.vectors.arrays import SLACK_ROWS, KeyVectors
+from bot.memory.vectors.arrays import SLACK_ROWS, KeyVectors, in_form
 from bot.memory.vectors.keys import MAX_APPLY, CachedKeys, spare_rows
 from bot.memory.vectors.source import Changed
 
@@ -120,15 +121,48 @@ class SharedKeys(CachedKeys):
                 mapped = self._newest(conn, info, folder)  # written while we waited?
                 if mapped is not None and self._adopt(conn, info, mapped) and self._matches(conn, info, mapped):
                     return len(self._from_snapshot) + super().warm(conn, info, stop)
-                loaded = super().warm(conn, info, stop)
-                with self._lock:
-                    queued = list(self._loading)
-                for key in queued:  # big keys a recall handed to the loader, queued behind this warm: in the file too
-                    if stop is None or not stop.is_set():
-                        loaded += self._load(conn, info, key) is not None
-                if stop is None or not stop.is_set():
-                    self._publish(conn, info, folder)
-                return loaded
+                if self._build(conn, info, folder, stop):
+                    return len(self._from_snapshot) + super().warm(conn, info, stop)
+                return super().warm(conn, info, stop)
+
+    def _build(self, conn: Connection, info: vectors.IndexInfo, folder: Path, stop: threading.Event | None) -> bool:
+        """Write a generation read from the database key by key straight into the file (the keys
+        that fit the budget, biggest first, as a warm loads them), then map it; False when
+        stopped. Nothing is kept in this process on the way: loading every key into the cache
+        first left its dicts' and arrays' pages with the allocator, after the file replaced them.
+        The file's mark is the cache's before the first read: each key is read as of then or
+        later, and the changes since the mark are applied again at the mapping (harmless for
+        those a key already holds). The caller holds the folder's lock exclusively."""
+        about = self._about(conn, info)
+        with self._lock:
+            if about is None:
+                return False
+            about = {**about, "mark": self._seq}
+        chosen, total = [], 0
+        for key, count in conn.execute(f"SELECT vis_key, count(*) AS n FROM memories WHERE embedded = 1 AND {ACTIVE} "
+                                       "GROUP BY vis_key ORDER BY n DESC, vis_key"):
+            codes = vector_codes.words_for(info.dim) * 8 if self._may_code(int(count)) else 0
+            need = (int(count) + SLACK_ROWS + spare_rows(int(count))) * (KeyVectors.row_bytes(info.dim, self.form) + codes)
+            if total + need <= self.budget_bytes:
+                chosen.append(str(key))
+                total += need
+
+        def parts() -> Iterator[snapshot.Part]:
+            for key in chosen:
+                if stop is not None and stop.is_set():
+                    raise _Stopped
+                ids, created, matrix = self.source.load_key(conn, info, key)
+                if len(ids):
+                    rows, scales = in_form(matrix, self.form)
+                    codes = vector_codes.pack(rows) if self._coded(len(ids)) else None
+                    yield key, ids, created, rows, scales, codes, len(ids) + SLACK_ROWS + spare_rows(len(ids))
+        newest = snapshot.generations(folder)
+        try:
+            snapshot.write(folder, (newest[-1][0] if newest else 0) + 1, about, parts())
+        except _Stopped:
+            return False
+        mapped = self._newest(conn, info, folder)
+        return mapped is not None and self._adopt(conn, info, mapped)
 
     def _matches(self, conn: Connection, info: vectors.IndexInfo, mapped: snapshot.Mapped) -> bool:
         """At start, after mapping: each mapped key holds the vectors the database holds under it
@@ -246,21 +280,25 @@ class SharedKeys(CachedKeys):
         folder, background = self._folder, self.background
         if folder is None or background is None or self._sharing:
             return
+        if self._past_bound():
+            with self._lock:
+                self._maybe_renew(info)
         try:
             seen: int | None = os.stat(folder).st_mtime_ns
         except OSError:
             seen = None
         if seen == self._folder_seen:
             return
-        self._folder_seen = seen
         with self._lock:
-            self._in_background(lambda conn: self._follow(conn, info))
+            if self._in_background(lambda conn: self._follow(conn, info)):
+                self._folder_seen = seen  # else looked at again by the next search
 
-    def _in_background(self, job: Callable[[Connection], None]) -> None:
-        """Queue `job` on the loader unless a snapshot job is queued already. Under the cache's lock."""
+    def _in_background(self, job: Callable[[Connection], None]) -> bool:
+        """Queue `job` on the loader unless a snapshot job is queued already; whether it was.
+        Under the cache's lock."""
         background = self.background
         if self._sharing or background is None:
-            return
+            return False
         self._sharing = True
 
         def run(conn: Connection) -> None:
@@ -275,6 +313,8 @@ class SharedKeys(CachedKeys):
             background(run)
         except Exception:  # the loader is shut down
             self._sharing = False
+            return False
+        return True
 
     def _follow(self, conn: Connection, info: vectors.IndexInfo) -> None:
         """On the loader: map the newest generation if it is newer than the one mapped."""
@@ -295,11 +335,18 @@ class SharedKeys(CachedKeys):
     def _apply(self, conn: Connection, info: vectors.IndexInfo, ids: set[int], states: Changed | None = None) -> None:
         super()._apply(conn, info, ids, states)
         self._delta += len(ids)
-        if self._from_snapshot and self._delta > max(DELTA_MIN, int(self._snapshot_rows * DELTA_SHARE)):
+        self._maybe_renew(info)
+
+    def _past_bound(self) -> bool:
+        return bool(self._from_snapshot) and self._delta > max(DELTA_MIN, int(self._snapshot_rows * DELTA_SHARE))
+
+    def _maybe_renew(self, info: vectors.IndexInfo) -> None:
+        """Under the cache's lock: past the bound of changes, queue the writing of a new
+        generation (when the loader is busy with another snapshot job, the next search does)."""
+        folder = self._folder
+        if folder is not None and self._past_bound() \
+                and self._in_background(lambda loader: self._renew(loader, info, folder)):
             self._delta = 0  # this process tries once per bound; another may write it first
-            folder = self._folder
-            if folder is not None:
-                self._in_background(lambda loader: self._renew(loader, info, folder))
 
     def _renew(self, conn: Connection, info: vectors.IndexInfo, folder: Path) -> None:
         """On the loader: write a new generation unless another process is writing one (then map theirs)."""
@@ -354,6 +401,10 @@ class SharedKeys(CachedKeys):
             for _, path in snapshot.generations(folder):
                 path.unlink(missing_ok=True)
             return 0
+
+
+class _Stopped(Exception):
+    """The engine closes: the snapshot being written is dropped."""
 
 
 def _held(conn: Connection, key: str) -> tuple[int, int]:

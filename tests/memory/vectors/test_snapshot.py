@@ -266,7 +266,8 @@ async def test_past_the_bound_one_engine_writes_a_new_generation_and_the_others_
         new_ids = await insert(first, [memory("r:2", 900 + i) for i in range(8)], [q] * 8)
         await search(first, q, ["r:2"])  # applies the changes: past the bound, the loader writes generation 2
 
-        async def written() -> bool:
+        async def written() -> bool:  # (a search tries again while the loader was busy)
+            await search(first, q, ["r:2"])
             return any(generation >= 2 for generation, _ in snapshot.generations(folder))
         await until(written)
         monkeypatch.setattr(shared, "DELTA_MIN", 10 ** 9)  # no further generation: let both settle on the newest
