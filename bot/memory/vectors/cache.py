@@ -149,12 +149,8 @@ class VectorCache(SharedKeys):
             return {}
         found: list[tuple[int, np.ndarray]] = []
         with self._lock:  # rows are never rewritten in place (KeyVectors): the row views stay valid
-            for memory_id in ids:
-                key = self._key_of.get(memory_id)
-                entry = self._keys.get(key) if key is not None and memory_id not in overlay else None
-                row = entry.row_of.get(memory_id) if entry is not None else None
-                if entry is not None and row is not None:
-                    found.append((memory_id, entry.matrix[row]))
+            located = self._key_of.locate([memory_id for memory_id in ids if memory_id not in overlay])
+            found = [(memory_id, self._keys[key].matrix[row]) for memory_id, (key, row) in located.items()]
         if not found:
             return {}
         if self.form != "float32":  # int8 rows are close, not exact: the stored vectors, read in one go

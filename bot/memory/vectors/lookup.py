@@ -89,6 +89,7 @@ class KeyIndex:
         self._own: dict[int, str] = {}
         self._sorted = _NO_IDS
         self._key_at = _NO_IDS
+        self._row_at = _NO_IDS  # each id's row when mapped (its key's arrays may be regrown since)
         self._names: list[str] = []
         self._entries: list[Any] = []
 
@@ -101,8 +102,9 @@ class KeyIndex:
         ids = np.concatenate([part for part, _ in parts]) if parts else _NO_IDS
         where = (np.concatenate([np.full(len(part), index, dtype=np.int32) for part, index in parts])
                  if parts else _NO_IDS)
+        rows = np.concatenate([np.arange(len(part), dtype=np.int32) for part, _ in parts]) if parts else _NO_IDS
         order = np.argsort(ids, kind="stable")
-        self._sorted, self._key_at = np.ascontiguousarray(ids[order]), where[order]
+        self._sorted, self._key_at, self._row_at = np.ascontiguousarray(ids[order]), where[order], rows[order]
         displaced: dict[int, str] = {}
         if self._own:
             present = np.isin(np.fromiter(self._own, dtype=np.int64, count=len(self._own)), self._sorted)
@@ -116,11 +118,44 @@ class KeyIndex:
         at = int(np.searchsorted(self._sorted, memory_id))
         if at >= len(self._sorted) or self._sorted[at] != memory_id:
             return None
+        found = self._at(memory_id, at)
+        return found[0] if found is not None else None
+
+    def _at(self, memory_id: int, at: int) -> tuple[str, int] | None:
+        """(key, row) of `memory_id`, found at `at` in the sorted ids, if its key still holds it."""
         index = int(self._key_at[at])
-        name, entry = self._names[index], self._entries[index]
-        if entry.row_of.get(memory_id) is None:
-            return None  # removed from that key since
-        return name if self._cached.get(name) is entry else None
+        name = self._names[index]
+        entry: Any = self._entries[index]
+        if id(self._cached.get(name)) != id(entry):  # evicted, or mapped anew since
+            return None
+        mapped_row = int(self._row_at[at])
+        if mapped_row < len(entry.ids) and entry.ids[mapped_row] == memory_id:
+            return name, mapped_row
+        row = entry.row_of.get(memory_id)  # removed, or its arrays regrown since
+        return None if row is None else (name, int(row))
+
+    def locate(self, ids: list[int]) -> dict[int, tuple[str, int]]:
+        """(key, row) of each of `ids` that a cached key holds: those of mapped keys in one
+        binary search (a search's cosines ask for dozens at a time)."""
+        out: dict[int, tuple[str, int]] = {}
+        rest = []
+        for memory_id in ids:
+            key = self._own.get(memory_id)
+            if key is None:
+                rest.append(memory_id)
+                continue
+            entry = self._cached.get(key)
+            row = entry.row_of.get(memory_id) if entry is not None else None
+            if row is not None:
+                out[memory_id] = (key, row)
+        if rest and len(self._sorted):
+            wanted = np.asarray(rest, dtype=np.int64)
+            at = np.minimum(np.searchsorted(self._sorted, wanted), len(self._sorted) - 1)
+            for memory_id, place, hit in zip(rest, at.tolist(), (self._sorted[at] == wanted).tolist(), strict=True):
+                found = self._at(memory_id, place) if hit else None
+                if found is not None:
+                    out[memory_id] = found
+        return {memory_id: out[memory_id] for memory_id in ids if memory_id in out}  # in the order asked
 
     def get(self, memory_id: int, default: str | None = None) -> str | None:
         """The key holding `memory_id`, else `default`."""
@@ -151,5 +186,5 @@ class KeyIndex:
     def clear(self) -> None:
         """Forget every key (the cache starts over)."""
         self._own.clear()
-        self._sorted = self._key_at = _NO_IDS
+        self._sorted = self._key_at = self._row_at = _NO_IDS
         self._names, self._entries = [], []

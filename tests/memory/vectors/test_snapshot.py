@@ -59,6 +59,12 @@ async def search(engine: Engine, q: list[float], keys: list[str], k: int = 10) -
     return await engine.read(job)
 
 
+async def cosines(engine: Engine, q: list[float], ids: list[int]) -> dict[int, float]:
+    def job(conn):
+        return engine.vector_cache.cosines(conn, engine.storage.index_info(conn), q, ids)
+    return await engine.read(job)
+
+
 def is_mapped(entry: KeyVectors) -> bool:
     base = entry.matrix
     while isinstance(base, np.ndarray):
@@ -119,6 +125,11 @@ async def test_engines_share_one_snapshot_and_answer_like_a_private_cache(settin
         new_id = (await insert(private, [memory("g", 1000)], [q]))[0]
         for engine in (first, second, private):
             assert (await search(engine, q, ["g"], 3))[0][0] == new_id
+        some = [*ids[:40], new_id, 10 ** 9]  # the file's rows, a row appended since, an id never stored
+        expected_cosines = await cosines(private, q, some)
+        assert len(expected_cosines) == 41
+        for engine in (first, second):
+            assert await cosines(engine, q, some) == expected_cosines
         await second.forget([new_id])
         for engine in (first, second, private):
             assert new_id not in [m for m, _ in await search(engine, q, ["g"], 3)]
