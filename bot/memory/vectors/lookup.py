@@ -1,8 +1,8 @@
 """Which row, and which cached key, holds a memory's vector, for keys mapped from a snapshot.
 
-A dict of a memory id to its row (per key) and one to its key (per cache) took about 150 bytes a
-vector in every process: more than the int8 row itself, and never shared. For a key mapped from
-a snapshot both are sorted copies of its ids instead (a binary search: 12 bytes a vector each),
+A dict of a memory id to its row (per key) and one to its key (per cache) took more memory per
+vector than the int8 row itself, in every process, never shared. For a key mapped from a
+snapshot both are sorted copies of its ids instead (a binary search over a few bytes a vector),
 with a small dict for the rows a process appended since. The answers are the dicts' own: a row
 removed since (its id -1 in this process's copy) is found in neither.
 """
