@@ -45,17 +45,22 @@ def quantise(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes.astype(np.int8), scales
 
 
-def in_form(matrix: np.ndarray, form: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """A key's float32 rows in `form`: (int8 rows, their scales) or (float32 rows, None). A block
-    at a time: quantising a big key whole took several float32 copies of it at once."""
-    if form != "int8":
-        return np.ascontiguousarray(matrix, dtype=np.float32), None
+def quantise_into(matrix: np.ndarray, rows: np.ndarray, scales: np.ndarray) -> None:
+    """Quantise float32 `matrix` into the first rows of `rows` and `scales`, a block at a time:
+    quantising a big key whole took several float32 copies of it at once."""
     n, dim = matrix.shape
-    rows, scales = np.empty((n, dim), dtype=np.int8), np.empty(n, dtype=np.float32)
     step = max(1, QUANTISE_BYTES // (4 * max(1, dim)))
     for start in range(0, n, step):
         end = min(n, start + step)
         rows[start:end], scales[start:end] = quantise(matrix[start:end])
+
+
+def in_form(matrix: np.ndarray, form: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """A key's float32 rows in `form`: (int8 rows, their scales) or (float32 rows, None)."""
+    if form != "int8":
+        return np.ascontiguousarray(matrix, dtype=np.float32), None
+    rows, scales = np.empty(matrix.shape, dtype=np.int8), np.empty(len(matrix), dtype=np.float32)
+    quantise_into(matrix, rows, scales)
     return rows, scales
 
 
@@ -109,7 +114,7 @@ class KeyVectors:
         if form == "int8":
             self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.int8)
             self.scales = np.zeros(cap, dtype=np.float32)
-            self.matrix[:n], self.scales[:n] = in_form(matrix, form)
+            quantise_into(matrix, self.matrix, self.scales)  # in place: no second copy of the key
         else:
             self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.float32)
             self.matrix[:n] = matrix
