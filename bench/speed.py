@@ -578,39 +578,71 @@ def memory_rows(path: Path, processes: str) -> dict:
         rows[f"memory_x{count}"] = probe = memory_probe(path, count)
         print(f"  memory, {count} processes: each "
               f"{[(one['all_keys_loaded'], one.get('cache_mb')) for one in probe['each']]}; total "
-              f"{probe['total_all_keys_loaded']}, caches {probe['total_cache_mb']} MB", flush=True)
+              f"{probe['total_all_keys_loaded']}, caches {probe['total_cache_mb']} MB; "
+              f"measured together, each {[one['together'] for one in probe['each']]}, total {probe['total_together']}",
+              flush=True)
     return rows
+
+
+def pss_mb() -> dict:
+    """Resident (RSS) and proportional (PSS) memory in MB from /proc/self/smaps_rollup: RSS counts
+    every page a process maps in full, also those shared with other processes (a mapped file:
+    the database, the vector snapshot); PSS counts a shared page divided by the number of
+    processes that map it, so the PSS of processes adds up to the machine's memory they take."""
+    out = {}
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("Rss", "Pss", "Pss_Anon", "Pss_File"):
+            out[name.lower()] = round(int(value.split()[0]) / 1024, 1)
+    return out
 
 
 def memory_probe(path: Path, processes: int = 1) -> dict:
     """Resident memory of a process that serves recalls from `path` the way the bot does: after
     recalls of every class, and after every key's vectors were loaded (a long-running bot).
     With `processes` > 1, that many such processes on the one file at once (shards of one bot
-    on one machine): each one's figures, and their sum."""
+    on one machine): each one's figures, and their sum. Once all are loaded, all measure RSS
+    and PSS at the same moment (`together`: a process that ended would change the others' PSS)."""
     import subprocess
     import sys
     code = (
         "import asyncio, json, sys\n"
         "from pathlib import Path\n"
         "from bench import speed\n"
-        "print(json.dumps(asyncio.run(speed._probe(Path(sys.argv[1])))))\n")
-    started = [subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True,
-                                cwd=Path(__file__).resolve().parent.parent) for _ in range(processes)]
+        "asyncio.run(speed._probe(Path(sys.argv[1])))\n")
+    started = [subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, cwd=Path(__file__).resolve().parent.parent) for _ in range(processes)]
     each = []
     for process in started:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line:
+            process.wait()
+            raise RuntimeError(f"memory probe process failed ({process.returncode})")
+        each.append(json.loads(line))
+    for process in started:  # all loaded: every one measures now
+        assert process.stdin is not None
+        process.stdin.write("measure\n")
+        process.stdin.flush()
+    for one, process in zip(each, started, strict=True):
         out, _ = process.communicate()
         if process.returncode:
             raise RuntimeError(f"memory probe process failed ({process.returncode})")
-        each.append(json.loads(out.strip().splitlines()[-1]))
+        one["together"] = json.loads(out.strip().splitlines()[-1])
     if processes == 1:
         return each[0]
     loaded = [one["all_keys_loaded"] for one in each]
+    together = [one["together"] for one in each]
     return {"processes": processes, "each": each,
             "total_all_keys_loaded": {name: round(sum(one[name] for one in loaded), 1) for name in loaded[0]},
+            "total_together": {name: round(sum(one[name] for one in together), 1) for name in together[0]},
             "total_cache_mb": round(sum(one.get("cache_mb", 0.0) for one in each), 1)}
 
 
-async def _probe(path: Path) -> dict:
+async def _probe(path: Path) -> None:
+    """One probe process: prints its figures once every key is loaded, then waits for a line on
+    stdin and prints RSS and PSS measured then (all processes at once), and exits."""
+    import sys
     out: dict = {"start": rss_mb()}
     shape = SkewShape(0)
     world = SkewWorld(shape, seed=5)
@@ -632,13 +664,17 @@ async def _probe(path: Path) -> dict:
                 await engine.read(lambda conn, ks=keys[start:start + 200]: vectors.knn(
                     conn, vectors.index_info(conn), qvec.tolist(), ks, 1))
             for _ in range(1200):  # big keys a recall handed to the background loader: their loads end
-                if not cache._loading:
+                if not cache._loading and not cache._sharing:
                     break
                 await asyncio.sleep(0.1)
             out["all_keys_loaded"] = rss_mb()
             out["cache_mb"] = round(cache.nbytes / 2**20, 1)
             out["form"] = cache.form
-    return out
+            out["snapshot_generation"] = cache._mapped_generation
+            out["mapped_keys"] = len(cache._from_snapshot)
+        print(json.dumps(out), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        print(json.dumps(rss_mb() | pss_mb()), flush=True)
 
 
 def print_table(rows: list[dict]) -> None:
@@ -735,19 +771,20 @@ async def measure_forms(path: Path, shape: SkewShape, args) -> dict:
     swapped every round (a shared machine's load drifts: compare within a run); per form and
     class, the p95 of every round and of all recalls, and the cache's bytes."""
     forms = [form.strip() for form in args.forms.split(",") if form.strip()]
+    variable = getattr(args, "ab_variable", "MUNINN_VECTOR_FORM")  # --snapshots: MUNINN_VECTOR_SNAPSHOT
     got: dict = {form: {"rounds": []} for form in forms}
-    before = os.environ.get("MUNINN_VECTOR_FORM")
+    before = os.environ.get(variable)
     try:
         for round_ in range(args.rounds):
             for form in forms if round_ % 2 == 0 else forms[::-1]:
-                os.environ["MUNINN_VECTOR_FORM"] = form
-                print(f"  form {form}, round {round_ + 1} (load {os.getloadavg()[0]:.1f})", flush=True)
+                os.environ[variable] = form
+                print(f"  {variable} {form}, round {round_ + 1} (load {os.getloadavg()[0]:.1f})", flush=True)
                 got[form]["rounds"].append(await measure_classes(path, shape, args.viewers, talk=args.talk))
     finally:
         if before is None:
-            os.environ.pop("MUNINN_VECTOR_FORM", None)
+            os.environ.pop(variable, None)
         else:
-            os.environ["MUNINN_VECTOR_FORM"] = before
+            os.environ[variable] = before
     for form in forms:
         rounds = got[form]["rounds"]
         got[form]["p95"] = {kind: [r[kind]["total"]["p95"] for r in rounds] for kind in VIEWER_CLASSES}
@@ -858,6 +895,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="skew: the memory probe with these numbers of processes on one file at once")
     parser.add_argument("--forms", default="", metavar="float32,int8",
                         help="skew: only the per-class recalls, once per MUNINN_VECTOR_FORM in turn (see --rounds)")
+    parser.add_argument("--snapshots", default="", metavar="off,auto",
+                        help="skew: as --forms, with each MUNINN_VECTOR_SNAPSHOT in turn (private cache vs mapped snapshot)")
     parser.add_argument("--rounds", type=int, default=2, help="with --forms: rounds, the order swapped each round")
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--no-writes", dest="writes", action="store_false",
@@ -871,6 +910,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --database-url: the hash embed server answers this late (default "
                              "pg_speed.EMBED_LATENCY_MS, a real model's time; 0: at once, CPU-bound)")
     args = parser.parse_args(argv)
+    if args.snapshots:
+        args.forms, args.ab_variable = args.snapshots, "MUNINN_VECTOR_SNAPSHOT"
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     if args.database_url:
         from .pg_speed import print_pg, run_pg

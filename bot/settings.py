@@ -127,6 +127,7 @@ SETTINGS: dict[str, Spec] = {
     "llm_api_key": Spec("MUNINN_LLM_API_KEY", "", "API key sent (as a Bearer token) to openai-kind servers: OpenRouter, a vLLM or llama-server started with --api-key; never to Ollama-kind servers; empty = none.", _str, "secret", section=OLLAMA),
     "embed_api_key": Spec("MUNINN_EMBED_API_KEY", "", "API key for an openai-kind embedding server that needs a different one; empty = MUNINN_LLM_API_KEY.", _str, "secret", section=OLLAMA),
     "vector_form": Spec("MUNINN_VECTOR_FORM", "int8", "How the vectors in RAM are held: int8 (a quarter of the memory; the best matches are rescored exactly from the database, recall unchanged on real embeddings) or float32 (as stored, exact without the rescoring reads).", _choice("int8", "float32"), section=DATABASE),
+    "vector_snapshot": Spec("MUNINN_VECTOR_SNAPSHOT", "auto", "One copy of the vectors per machine: every process serving the database (shards, commands) maps one read-only snapshot file of the cached vectors instead of holding its own (docs/operations.md, Shared vector snapshot). auto = beside the SQLite file (muninn.db.vectors/), or for PostgreSQL in MUNINN_DB_PATH's folder; a folder path = there; off = each process keeps its own copy.", _str, section=DATABASE),
     "fusion": Spec("MUNINN_FUSION", "scores", "Recall: how the keyword and vector paths become one list: scores (each memory's BM25 relative to the best keyword hit and its cosine, weighed by how well the two paths agree, with a share of rank fusion) or ranks (Reciprocal Rank Fusion alone, MUNINN_RRF_*) (bot/memory/recall/fusion.py).", _choice("scores", "ranks"), section=RECALL),
     "fusion_vector_share": Spec("MUNINN_FUSION_VECTOR_SHARE", "0.6", "Recall, score fusion: the vector path's share of the fused score (0 = keywords only, 1 = meaning only); chosen by cross-validation over LoCoMo and BEAM conversations (bench/README.md).", _float(0, 1), section=RECALL),
     "inject_min_cosine": Spec("MUNINN_INJECT_MIN_COSINE", "", "Relevance floor: the cosine to the message a recalled memory needs to be put into the prompt, so a question about something never discussed gets no memories; empty = the floor measured for the embedding model (none for a model not measured); -1 = off.", _optional_float(-1.0, 1.0), section=RECALL),
@@ -210,6 +211,7 @@ class Settings:
     llm_api_key: str
     embed_api_key: str
     vector_form: str
+    vector_snapshot: str
     fusion: str
     fusion_vector_share: float
     inject_min_cosine: float | None

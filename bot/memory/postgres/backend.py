@@ -256,10 +256,15 @@ class PostgresStorage:
         """Rewrite the tables that held what was forgotten, those small
         enough now, the rest at the next maintenance (postgres/scrub.py)."""
         postgres_scrub.scrub(conn, forgotten)  # a rewrite: VACUUM leaves the bytes in the files
+        if self.vector_cache is not None and "memories" in forgotten:  # the vector snapshot files' copies too
+            self.vector_cache.scrub_snapshots(conn)
 
     def finish_scrub(self, conn: PgConnection) -> bool:
         """The rewrites that earlier forgets left for maintenance (postgres/scrub.finish); True if there were any."""
-        return postgres_scrub.finish(conn)
+        done = postgres_scrub.finish(conn)
+        if done and self.vector_cache is not None:  # the vector snapshot files' copies too
+            self.vector_cache.scrub_snapshots(conn)
+        return done
 
     def archive(self, conn: PgConnection, memory_id: int, reason: str, now: float | None = None) -> None:
         """Take a memory out of retrieval and delete its vector, in one transaction (writes.archive)."""

@@ -438,6 +438,12 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS memories_active_vis_long ON memories (vis_key, id)
         WHERE archived_at IS NULL AND id > 0 AND octet_length(text_search::text) > 1500;
     """,
+    # 24: the database's instance token: a random name of its own, so a vector snapshot file
+    # (bot/memory/vectors/snapshot.py) made from another database is told apart and never served
+    """
+    INSERT INTO meta (key, value) VALUES ('instance', md5(random()::text || clock_timestamp()::text))
+        ON CONFLICT (key) DO NOTHING;
+    """,
 ]
 
 

@@ -250,6 +250,8 @@ class SQLiteStorage:
         paused; the whole scrub is cheap here, so `forgotten` does not narrow it."""
         with self._own_checkpoint():
             store.scrub(conn)  # secure_delete zeroed the pages already; FTS5 segments and the WAL remain: all of it, cheap
+        if self.vector_cache is not None:  # and the vector snapshot files' copies of removed vectors
+            self.vector_cache.scrub_snapshots(conn)
 
     def finish_scrub(self, conn: apsw.Connection) -> bool:
         """What earlier forgets left for maintenance: the whole scrub for
@@ -261,6 +263,8 @@ class SQLiteStorage:
         with self._own_checkpoint():
             if SCRUB_PENDING in marks:
                 store.scrub(conn)
+                if self.vector_cache is not None:
+                    self.vector_cache.scrub_snapshots(conn)
             elif not store.truncate_wal(conn):  # the history's words only: `messages` has no FTS index (optimize:
                 return True  # slow on a big database, under the write lock); secure_delete zeroed the pages. Kept: retried
         clear_marks(conn, marks)  # only once it worked: a failed scrub is retried next time

@@ -22,8 +22,9 @@ from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.migrations import MIGRATIONS
 from bot.memory.vectors.index import IndexInfo
 
-# SQLite-only meta (the vec0 layout) or set by the target's own index (embed_*), or per process.
-SKIPPED_META = ("embed_model", "embed_dim", "vec_buckets", "vec_layout", "vec_epoch")
+# SQLite-only meta (the vec0 layout) or set by the target's own index (embed_*), or per process,
+# or the database's own (its instance token: its vector snapshots are its own).
+SKIPPED_META = ("embed_model", "embed_dim", "vec_buckets", "vec_layout", "vec_epoch", "instance")
 SKIPPED_META_PREFIXES = ("lease.", "migrate.")
 # How many chunk ids one statement asks for (well under SQLite's limit on parameters).
 CHUNKS_PER_STATEMENT = 500

@@ -343,6 +343,11 @@ MIGRATIONS: list[str] = [
     """
     SELECT 1;
     """,
+    # 24: the database's instance token: a random name of its own, so a vector snapshot file
+    # (bot/memory/vectors/snapshot.py) made from another database is told apart and never served
+    """
+    INSERT OR IGNORE INTO meta(key, value) VALUES ('instance', lower(hex(randomblob(16))));
+    """,
 ]
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
+from bot.memory.vectors.lookup import FileRows
 
 SLACK_ROWS = 4             # room for a few new vectors before a key's arrays are copied
 GROWTH = 1.25              # then 25 % more, so appends cost O(1) on average
@@ -42,6 +43,25 @@ def quantise(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     codes = np.rint(rows / safe[:, None])
     np.clip(codes, -INT8_MAX, INT8_MAX, out=codes)
     return codes.astype(np.int8), scales
+
+
+def quantise_into(matrix: np.ndarray, rows: np.ndarray, scales: np.ndarray) -> None:
+    """Quantise float32 `matrix` into the first rows of `rows` and `scales`, a block at a time:
+    quantising a big key whole took several float32 copies of it at once."""
+    n, dim = matrix.shape
+    step = max(1, QUANTISE_BYTES // (4 * max(1, dim)))
+    for start in range(0, n, step):
+        end = min(n, start + step)
+        rows[start:end], scales[start:end] = quantise(matrix[start:end])
+
+
+def in_form(matrix: np.ndarray, form: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """A key's float32 rows in `form`: (int8 rows, their scales) or (float32 rows, None)."""
+    if form != "int8":
+        return np.ascontiguousarray(matrix, dtype=np.float32), None
+    rows, scales = np.empty(matrix.shape, dtype=np.int8), np.empty(len(matrix), dtype=np.float32)
+    quantise_into(matrix, rows, scales)
+    return rows, scales
 
 
 _buffers = threading.local()
@@ -94,11 +114,7 @@ class KeyVectors:
         if form == "int8":
             self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.int8)
             self.scales = np.zeros(cap, dtype=np.float32)
-            # a block at a time: quantising a big key whole took several float32 copies of it at once
-            step = max(1, QUANTISE_BYTES // (4 * max(1, matrix.shape[1])))
-            for start in range(0, n, step):
-                end = min(n, start + step)
-                self.matrix[start:end], self.scales[start:end] = quantise(matrix[start:end])
+            quantise_into(matrix, self.matrix, self.scales)  # in place: no second copy of the key
         else:
             self.matrix = np.zeros((cap, matrix.shape[1]), dtype=np.float32)
             self.matrix[:n] = matrix
@@ -109,7 +125,19 @@ class KeyVectors:
             self.codes[:, :n] = vector_codes.pack(self.matrix[:n])
         self.n = n
         self.dead = 0
-        self.row_of = {int(mid): i for i, mid in enumerate(ids)}
+        self.row_of: dict[int, int] | FileRows = {int(mid): i for i, mid in enumerate(ids)}
+
+    @classmethod
+    def mapped(cls, ids: np.ndarray, created: np.ndarray, matrix: np.ndarray, scales: np.ndarray | None,
+               codes: np.ndarray | None, n: int) -> "KeyVectors":
+        """A key over arrays given whole, at their capacity (a snapshot's private map, snapshot.py):
+        rows [0, n) hold its vectors (id -1: removed), the rows past `n` are free. Nothing is
+        copied: an append or a removal writes the process's own copy of that page alone."""
+        entry = cls.__new__(cls)
+        entry.ids, entry.created, entry.matrix, entry.scales, entry.codes, entry.n = ids, created, matrix, scales, codes, n
+        entry.dead = int((ids[:n] < 0).sum())
+        entry.row_of = FileRows(ids, n)  # not a dict: that took more memory per row than the row
+        return entry
 
     @property
     def nbytes(self) -> int:

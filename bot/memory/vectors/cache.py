@@ -26,7 +26,8 @@ cache and its scoring are one code path for both.
 
 The parts: arrays.py (one key's arrays, the numpy scoring), source.py (the VectorSource
 protocol, what a read of the change log gives), keys.py (the keys held: sync with the log,
-loads, evictions, warming); this module, the searches over them.
+loads, evictions, warming), shared.py and snapshot.py (the keys mapped from one snapshot file
+that every process on the machine shares); this module, the searches over them.
 """
 from __future__ import annotations
 
@@ -39,11 +40,11 @@ from bot.memory.scope import ACTIVE
 from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
 from bot.memory.vectors.arrays import KeyVectors, distance_of, rescore_count, top_scores_of, top_scores_over, unit
-from bot.memory.vectors.keys import CachedKeys
+from bot.memory.vectors.shared import SharedKeys
 from bot.memory.vectors.source import Overlay, read_with
 
 
-class VectorCache(CachedKeys):
+class VectorCache(SharedKeys):
     """Shared by all connections of one engine (attach with `vectors.attach_cache`)."""
 
     # -- search ---------------------------------------------------------------
@@ -148,12 +149,8 @@ class VectorCache(CachedKeys):
             return {}
         found: list[tuple[int, np.ndarray]] = []
         with self._lock:  # rows are never rewritten in place (KeyVectors): the row views stay valid
-            for memory_id in ids:
-                key = self._key_of.get(memory_id)
-                entry = self._keys.get(key) if key is not None and memory_id not in overlay else None
-                row = entry.row_of.get(memory_id) if entry is not None else None
-                if entry is not None and row is not None:
-                    found.append((memory_id, entry.matrix[row]))
+            located = self._key_of.locate([memory_id for memory_id in ids if memory_id not in overlay])
+            found = [(memory_id, self._keys[key].matrix[row]) for memory_id, (key, row) in located.items()]
         if not found:
             return {}
         if self.form != "float32":  # int8 rows are close, not exact: the stored vectors, read in one go

@@ -14,6 +14,7 @@ from bot.memory.scope import ACTIVE
 from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
 from bot.memory.vectors.arrays import FORMS, SLACK_ROWS, KeyVectors
+from bot.memory.vectors.lookup import KeyIndex, listed
 from bot.memory.vectors.source import Changed, Overlay, VectorSource, read_with
 
 RELOAD_AFTER_CHANGES = 256  # more changes than this (and 1 % of the key) to one cached key: reload it on demand
@@ -80,7 +81,7 @@ class CachedKeys:
         self.codes_min = codes_min
         self._lock = threading.Lock()
         self._keys: OrderedDict[str, KeyVectors] = OrderedDict()  # least recently used first
-        self._key_of: dict[int, str] = {}
+        self._key_of = KeyIndex(self._keys)  # memory id -> the cached key holding its vector
         self._too_big: dict[str, float] = {}  # key -> when it was found too big (_still_too_big)
         self._loading: set[str] = set()  # keys a thread is loading now (outside the lock)
         self._packing: set[str] = set()  # keys whose codes a thread is packing now (outside the lock)
@@ -277,7 +278,7 @@ class CachedKeys:
     def _drop(self, key: str) -> None:
         entry = self._keys.pop(key)
         self._bytes -= entry.nbytes
-        for memory_id in entry.row_of:
+        for memory_id in listed(entry.row_of):
             self._key_of.pop(memory_id, None)
 
     def _entry(self, conn: Connection, info: vectors.IndexInfo, key: str, *,
@@ -322,6 +323,8 @@ class CachedKeys:
         try:
             with self._lock:
                 generation, seq = self._generation, self._seq
+                if key in self._keys:  # loaded meanwhile (a snapshot mapped, the warm that wrote it)
+                    return self._keys[key]
             if not conn.get_autocommit():
                 return None
             ids, created, matrix = self.source.load_key(conn, info, key)
@@ -333,6 +336,8 @@ class CachedKeys:
             with self._lock:
                 if self._generation != generation:
                     return None  # the cache started over meanwhile (new index, pruned log): this load is void
+                if key in self._keys:
+                    return self._keys[key]  # another thread loaded or mapped it meanwhile
                 if entry is None:
                     self._too_big[key] = time.monotonic()
                     return None
