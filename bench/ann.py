@@ -147,16 +147,9 @@ def world_on_postgres(args: Any) -> None:
         copy_database(path, url, batch=5000)
         print(f"copied {path} into {name} in {time.perf_counter() - started:.0f} s", flush=True)
     storage = PostgresStorage(url)
-    conn = storage.open_reader()
-    try:
-        job = planned(conn, args.min)
-    finally:
-        storage.close(conn)
-    assert job is not None
-    started = time.perf_counter()
-    made, dropped = carried_out(job, args.build_mb)
-    print(f"made {made} ANN indexes, dropped {dropped} (keys of >= {args.min:,} vectors) in "
-          f"{time.perf_counter() - started:.0f} s", flush=True)
+    made, dropped, seconds = build_indexes(storage, args.min, args.build_mb)
+    print(f"made {made} ANN indexes, dropped {dropped} (keys of >= {args.min:,} vectors) in {seconds:.0f} s",
+          flush=True)
     report: dict = {"size": args.size, "min": args.min, "recall_of_indexed_keys": recall_at_10(storage, args.queries)}
     recall = asyncio.run(measure_recall(settings_for(path, url), SkewShape(args.size), args.viewers))
     report["classes"] = recall
@@ -167,6 +160,19 @@ def world_on_postgres(args: Any) -> None:
     with open(args.out, "w") as out:
         json.dump(report, out, indent=1)
     print(f"saved {args.out}")
+
+
+def build_indexes(storage: PostgresStorage, minimum: int, build_mb: int) -> tuple[int, int, float]:
+    """Maintenance's index job for keys of at least `minimum` vectors, run now: (made, dropped, seconds)."""
+    conn = storage.open_reader()
+    try:
+        job = planned(conn, minimum)
+    finally:
+        storage.close(conn)
+    assert job is not None
+    started = time.perf_counter()
+    made, dropped = carried_out(job, build_mb)
+    return made, dropped, time.perf_counter() - started
 
 
 def main() -> None:
@@ -202,15 +208,8 @@ def main() -> None:
     finally:
         storage.close(conn)
     report["writes_without"] = timed_writes(storage, info, args.writes, seed=1)
-    conn = storage.open_reader()
-    try:
-        job = planned(conn, args.min)
-    finally:
-        storage.close(conn)
-    assert job is not None
-    started = time.perf_counter()
-    made, _ = carried_out(job, args.build_mb)
-    report["build_s"] = round(time.perf_counter() - started, 1)
+    made, _, seconds = build_indexes(storage, args.min, args.build_mb)
+    report["build_s"] = round(seconds, 1)
     report["made"] = made
     print(f"made {made} ANN indexes (keys of >= {args.min} vectors) in {report['build_s']} s", flush=True)
     report["writes_with"] = timed_writes(storage, info, args.writes, seed=2)
