@@ -2,8 +2,8 @@
 
 ts_rank_cd (cover density), the score before, knows neither how rare a word is nor how long
 a memory is: a long memory holding a question's commoner words many times outranked the short
-one holding its rarest word, and on long conversations the keyword path found little (BEAM's
-development chats: R@10 0.13 on PostgreSQL against 0.45 with SQLite's BM25). Here each searched
+one holding its rarest word, and on long conversations the keyword path found little
+(docs/performance.md has the measurements). Here each searched
 word a memory holds adds its inverse document frequency (from the word counts the keyword step
 takes anyway; the database's size is its newest id, as for the common-word rule), and the sum
 is scaled by the memory's length in distinct words against the average of the newest
