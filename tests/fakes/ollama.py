@@ -301,11 +301,7 @@ class FakeOllama:
             return web.json_response(chunk(reply, True))
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
-        if self.stream_pieces:
-            size = -(-len(reply) // self.stream_pieces)
-            pieces = [reply[i:i + size] for i in range(0, len(reply), size)]
-        else:
-            pieces = re.findall(r"\s*\S+", reply) + re.findall(r"\s+$", reply)
+        pieces = self._pieces(reply)
         for number, piece in enumerate(pieces):
             if number == self.stream_fail_after:  # what Ollama sends when the runner dies mid-answer
                 await resp.write(b'{"error":"fake ollama: model runner has unexpectedly stopped"}\n')
@@ -317,6 +313,13 @@ class FakeOllama:
         await resp.write((json.dumps(chunk("", True)) + "\n").encode())
         await resp.write_eof()
         return resp
+
+    def _pieces(self, reply: str) -> list[str]:
+        """The streamed pieces of `reply`: `stream_pieces` equal parts, else a word (with the space before it) each."""
+        if self.stream_pieces:
+            size = -(-len(reply) // self.stream_pieces)
+            return [reply[i:i + size] for i in range(0, len(reply), size)]
+        return re.findall(r"\s*\S+", reply) + re.findall(r"\s+$", reply)
 
 
 class FakeOllamaThread:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from typing import Any
 
@@ -178,11 +177,7 @@ class FakeOpenAI(FakeOllama):
         await resp.prepare(request)
         await resp.write(b": OPENAI-COMPATIBLE FAKE PROCESSING\n\n")
         await resp.write(event({"role": "assistant", "content": ""}))
-        if self.stream_pieces:
-            size = -(-len(reply) // self.stream_pieces)
-            pieces = [reply[i:i + size] for i in range(0, len(reply), size)]
-        else:
-            pieces = re.findall(r"\s*\S+", reply) + re.findall(r"\s+$", reply)
+        pieces = self._pieces(reply)
         for number, piece in enumerate(pieces):
             if number == self.stream_fail_after:  # what vLLM sends when generation fails mid-answer
                 error = {"error": {"object": "error", "message": "fake openai: the engine died mid-answer",
