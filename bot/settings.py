@@ -133,6 +133,7 @@ SETTINGS: dict[str, Spec] = {
     "inject_min_cosine": Spec("MUNINN_INJECT_MIN_COSINE", "", "Relevance floor: the cosine to the message a recalled memory needs to be put into the prompt, so a question about something never discussed gets no memories; empty = the floor measured for the embedding model (none for a model not measured); -1 = off.", _optional_float(-1.0, 1.0), section=RECALL),
     # The indexes made for the big visibility keys that the vector caches may not hold (postgres/ann.py).
     "vector_index_min": Spec("MUNINN_VECTOR_INDEX_MIN", "5000", "PostgreSQL: maintenance gives each visibility key of at least this many vectors that the vector cache would not hold (beyond MUNINN_VECTOR_CACHE_MB) an approximate (HNSW) index of its own, so its search takes milliseconds instead of a scan of every vector (each write into the key costs more); dropped once the key falls under half of it or fits the cache; 0 = no such indexes (docs/operations.md, Recall past the memory limit). SQLite ignores it.", _int(0, 100_000_000), section=DATABASE),
+    "vector_partial_min": Spec("MUNINN_VECTOR_PARTIAL_MIN", "5000", "SQLite: a visibility key of at least this many vectors that MUNINN_VECTOR_CACHE_MB cannot hold whole is held partially (an id and a 1-bit-per-dimension code a vector, about an eighth of its int8 rows): its search ranks the codes, then reads the best few hundred vectors back from the database and scores them exactly, milliseconds instead of a scan of every vector, nearly the exact top results on real embeddings (docs/performance.md, Keys held partially); 0 = such keys are scanned whole in the database. PostgreSQL ignores it (MUNINN_VECTOR_INDEX_MIN).", _int(0), section=DATABASE),
     "vector_index_build_mb": Spec("MUNINN_VECTOR_INDEX_BUILD_MB", "0", "PostgreSQL: maintenance_work_mem for building those indexes (an index builds far faster when its graph fits: about 4 kB per 768-dimensional vector); 0 = the server's own setting.", _int(0, 1_000_000), section=DATABASE),
     "log_level": Spec("MUNINN_LOG_LEVEL", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.", _str, section=LOGGING),
 }
@@ -192,6 +193,7 @@ class Settings:
     db_readers: int
     vector_cache_mb: int
     vector_codes_min: int
+    vector_partial_min: int
     metrics_port: int | None
     metrics_host: str
     web_host: str

@@ -84,7 +84,7 @@ class Engine(NamedAccess, Embedding):
         self._conn: Connection | None = None
         self._throttle = Throttle()
         self.vector_cache = VectorCache(settings.vector_cache_mb << 20, codes_min=settings.vector_codes_min,
-                                        form=settings.vector_form)
+                                        form=settings.vector_form, partial_min=settings.vector_partial_min)
         self.storage = storage_for(settings, self.vector_cache)  # SQLite, or PostgreSQL (storage.py)
         self.messages = Messages(self)  # the channel history
         self.options = Options(self)    # settings of servers, channels and threads set from Discord

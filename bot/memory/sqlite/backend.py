@@ -22,6 +22,7 @@ from bot.memory.sql.transactions import write_transaction
 from bot.memory.sqlite import db, fts, recall_sql, vector_keys
 from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.checkpoints import Checkpoints
+from bot.memory.sqlite.partial_source import SQLitePartialSource
 from bot.memory.storage import SCRUBBED, PlanState
 from bot.memory.vectors.cache import VectorCache
 from bot.memory.vectors.index import IndexInfo, cosine_from_distance
@@ -37,6 +38,8 @@ class SQLiteStorage:
     def __init__(self, path: Path | str, vector_cache: VectorCache | None) -> None:
         self.path = path
         self.vector_cache = vector_cache
+        if vector_cache is not None and not vector_cache.has_source():
+            vector_cache.source = SQLitePartialSource()  # vec0's reads, and those of keys held partially
         self.checkpoints: Checkpoints | None = None  # the writer's WAL checkpoints (checkpoints.py)
         self._writer: apsw.Connection | None = None
 

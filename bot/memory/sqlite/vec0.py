@@ -370,7 +370,7 @@ def load_key(conn: Connection, info: IndexInfo, key: str) -> tuple[np.ndarray, n
     created = np.empty(len(created_of), dtype=np.float64)
     matrix = np.empty((len(created_of), info.dim), dtype=np.float32)
     filled = 0
-    for chunk_ids, valid, vectors in _key_chunks(conn, info, key):
+    for chunk_ids, valid, vectors in key_chunks(conn, info, key):
         keep = valid & np.fromiter((mid in created_of for mid in chunk_ids.tolist()), dtype=bool,
                                    count=len(chunk_ids))
         end = filled + int(keep.sum())
@@ -381,7 +381,7 @@ def load_key(conn: Connection, info: IndexInfo, key: str) -> tuple[np.ndarray, n
     return ids[:filled], created[:filled], matrix[:filled]
 
 
-def _key_chunks(conn: Connection, info: IndexInfo,
+def key_chunks(conn: Connection, info: IndexInfo,
                 key: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(ids, which are live, vectors) of each of a key's vec0 chunks, views of the read blobs."""
     if has_chunk_tables(conn):
@@ -419,6 +419,11 @@ def read_vectors(conn: Connection, info: IndexInfo, ids: Sequence[int]) -> dict[
         batch = wanted[start:start + READ_BATCH]
         places += conn.execute("SELECT chunk_id, chunk_offset, rowid FROM vec_memories_rowids "
                                f"WHERE rowid IN ({','.join('?' * len(batch))})", batch).fetchall()
+    return read_at(conn, info, places)
+
+
+def read_at(conn: Connection, info: IndexInfo, places: list[tuple[int, int, int]]) -> dict[int, np.ndarray]:
+    """The vectors at (chunk id, offset in it, memory id) `places`, each read alone from its chunk's blob."""
     size = info.dim * 4
     buffer = bytearray(len(places) * size)  # every vector read into one buffer: one allocation
     rows = np.frombuffer(buffer, dtype=np.float32).reshape(len(places), info.dim)

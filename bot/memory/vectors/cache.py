@@ -104,6 +104,9 @@ class VectorCache(SharedKeys):
         with self._lock:  # each key's arrays and codes from one moment (a regrow swaps them)
             views = [(entry.view(), entry.codes, entry.dead > 0) for _, entry in entries]
         skip = np.fromiter(overlay, dtype=np.int64) if overlay else None
+        partly: list[tuple[float, int]] = []
+        if in_vec0 and as_of is None:  # keys held partially: exact scores of their best candidates
+            partly, in_vec0 = self._partial_search(conn, info, in_vec0, q, k, skip)
         exact, parts = [], []
         for view, codes, removed in views:
             if coded and codes is not None and self._key_coded(view[3]):
@@ -117,6 +120,7 @@ class VectorCache(SharedKeys):
         scored += top_scores_over(exact, q, short, as_of, skip)
         if self.form != "float32":
             scored = self._rescored(conn, info, scored, q, short)
+        scored += partly
         if in_vec0:
             scored += [(1.0 - d * d / 2.0, mid) for mid, d in self.source.search(conn, info, q.tolist(), in_vec0, k, as_of)
                        if mid not in overlay]

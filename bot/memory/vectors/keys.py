@@ -325,7 +325,7 @@ class CachedKeys:
                 generation, seq = self._generation, self._seq
                 if key in self._keys:  # loaded meanwhile (a snapshot mapped, the warm that wrote it)
                     return self._keys[key]
-            if not conn.get_autocommit():
+            if not conn.get_autocommit() or self._held_partially(conn, info, key):
                 return None
             ids, created, matrix = self.source.load_key(conn, info, key)
             # Built off the lock: the copy, the id map and the codes take long for a big key,
@@ -385,11 +385,29 @@ class CachedKeys:
                 # with its codes if a search by code may pack them (_code_keys), not only when its
                 # load does: else those searches pushed the cache over its budget, evicting keys
                 row_bytes = per_vector + (vector_codes.words_for(info.dim) * 8 if self._may_code(count) else 0)
-                if self._bytes + (count + SLACK_ROWS + spare_rows(count)) * row_bytes > self.budget_bytes:
-                    continue  # would evict a key already warm
-            if self._entry(conn, info, key, may_defer=False) is not None:
+                fits = self._bytes + (count + SLACK_ROWS + spare_rows(count)) * row_bytes <= self.budget_bytes
+                partly = not fits and self._partial_need(count, info.dim, self._bytes) > 0
+            if not fits:  # would evict a key already warm: held partially if it qualifies, else left to the store
+                if partly and self._hold_partially(conn, info, key):
+                    loaded += 1
+            elif self._entry(conn, info, key, may_defer=False) is not None:
                 loaded += 1
         return loaded
+
+    # -- keys held partially (partial_keys.py) ------------------------------------
+
+    def _held_partially(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
+        """Before a load: whether `key`, too big for the whole budget, is held partially instead."""
+        return False
+
+    def _hold_partially(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
+        """Hold `key` partially (the warm: it does not fit the room left whole); whether it is."""
+        return False
+
+    def _partial_need(self, count: int, dim: int, used: int) -> int:
+        """The bytes a key of `count` vectors would take held partially, with `used` bytes taken
+        already; 0 when it would not be (too small, no room, or no partial holding here)."""
+        return 0
 
     # -- which keys are searched by code ----------------------------------------
 

@@ -33,7 +33,8 @@ from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
 from bot.memory.vectors import snapshot
 from bot.memory.vectors.arrays import SLACK_ROWS, KeyVectors, in_form
-from bot.memory.vectors.keys import MAX_APPLY, CachedKeys, spare_rows
+from bot.memory.vectors.keys import MAX_APPLY, spare_rows
+from bot.memory.vectors.partial_keys import PartialKeys
 from bot.memory.vectors.source import Changed
 
 log = logging.getLogger("bot.memory.vectors")
@@ -47,8 +48,8 @@ DELTA_MIN = 2000
 RECHECK_MAX = 64
 
 
-class SharedKeys(CachedKeys):
-    """CachedKeys whose keys are mapped from the machine's snapshot when `snapshot_place` is set."""
+class SharedKeys(PartialKeys):
+    """PartialKeys whose keys are mapped from the machine's snapshot when `snapshot_place` is set."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -146,6 +147,8 @@ class SharedKeys(CachedKeys):
             if total + need <= self.budget_bytes:
                 chosen.append(str(key))
                 total += need
+            else:  # room for what the warm will hold partially (partial_keys.py), not written to the file
+                total += self._partial_need(int(count), info.dim, total)
 
         def parts() -> Iterator[snapshot.Part]:
             for key in chosen:

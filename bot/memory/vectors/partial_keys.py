@@ -1,0 +1,180 @@
+"""The keys a vector cache holds partially (partial.py): chosen, built, kept in step, evicted.
+
+A key is held partially when the budget cannot hold it whole (too big for all of it, or for the
+room the warm has left) and it has at least `partial_min` vectors: below that the store's exact
+scan of it is cheap enough (sqlite-vec reads a few microseconds a vector), above it the scan
+costs more than a partial search (a Hamming pass over its codes and a few hundred vectors read
+back). The warm plans whole keys biggest first and holds partially those that do not fit, so
+the keys most viewers see are whole; a partial key counts its bytes in the budget and is evicted
+like a whole one. Only a store that can read a key's codes and re-read vectors under their key
+(SQLite: sqlite/partial_source.py) gets partial keys; searches as of a past moment stay exact.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from bot.memory.connection import Connection
+from bot.memory.scope import ACTIVE
+from bot.memory.vectors import codes as vector_codes
+from bot.memory.vectors import index as vectors
+from bot.memory.vectors.arrays import SLACK_ROWS, KeyVectors
+from bot.memory.vectors.keys import LOAD_SPARE_SHARE, CachedKeys, spare_rows
+from bot.memory.vectors.partial import PartialKey, candidates
+from bot.memory.vectors.source import Changed, read_with
+
+
+class PartialKeys(CachedKeys):
+    """CachedKeys that hold the keys too big for the budget partially (`partial_min` > 0)."""
+
+    def __init__(self, *args: Any, partial_min: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # a key of at least this many vectors that the budget cannot hold whole is held partially; 0: never
+        self.partial_min = partial_min
+        self._partial: OrderedDict[str, PartialKey] = OrderedDict()  # least recently used first
+
+    def partial_keys(self) -> list[str]:
+        """The keys held partially now, least recently used first."""
+        with self._lock:
+            return list(self._partial)
+
+    def _partial_ok(self, count: int) -> bool:
+        return 0 < self.partial_min <= count and hasattr(self.source, "read_key_vectors")
+
+    def _whole_need(self, count: int, dim: int) -> int:
+        """The bytes a key of `count` vectors takes held whole, as the warm weighs it (its free
+        rows, its codes if a search by code may pack them)."""
+        codes = vector_codes.words_for(dim) * 8 if self._may_code(count) else 0
+        return (count + SLACK_ROWS + spare_rows(count)) * (KeyVectors.row_bytes(dim, self.form) + codes)
+
+    def _partial_need(self, count: int, dim: int, used: int) -> int:
+        need = (count + spare_rows(count)) * PartialKey.row_bytes(dim)
+        return need if self._partial_ok(count) and used + need <= self.budget_bytes else 0
+
+    # -- choosing and building -------------------------------------------------------
+
+    def _held_partially(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
+        """Before a load (under `_loading`): a key too big for the whole budget is held partially
+        (already, or now) instead of being read whole only to be found too big; a partial key that
+        now fits is let go and loaded whole."""
+        if not self._partial_ok(self.partial_min):
+            return False
+        cap = int(self.budget_bytes / (KeyVectors.row_bytes(info.dim, self.form) * (1 + LOAD_SPARE_SHARE)))  # too big past this
+        count = self.source.key_size_at_least(conn, key, cap)
+        if count <= cap and self._whole_need(count, info.dim) <= self.budget_bytes:
+            with self._lock:
+                if key in self._partial:
+                    self._drop_partial(key)
+            return False
+        with self._lock:
+            self._too_big[key] = time.monotonic()
+            if key in self._partial:
+                return True
+        if self._partial_ok(count):
+            self._hold_partially(conn, info, key)
+        return True  # too big: not read whole only to be found so (the store searches what is not held)
+
+    def _hold_partially(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
+        """Read `key`'s codes from the store and hold it partially; the changes applied meanwhile
+        are caught up as a load does. Whether it is held."""
+        if not conn.get_autocommit():
+            return False
+        with self._lock:
+            generation, seq = self._generation, self._seq
+            if key in self._partial:
+                return True
+        ids, codes = self.source.key_codes(conn, info, key)  # type: ignore[attr-defined]
+        entry = PartialKey(ids, codes, spare_rows(len(ids)))
+        with self._lock:
+            if self._generation != generation or key in self._keys:
+                return False  # the cache started over, or the key was loaded whole meanwhile
+            self._partial[key] = entry
+            self._bytes += entry.nbytes
+            self._too_big[key] = time.monotonic()  # searches use the partial key; a whole load is tried later
+            if self._seq != seq:
+                changed = self.source.changed_between(conn, seq, self._seq)
+                self._apply_partial(conn, info, changed, None, only=key)
+            self._evict_beside(key)
+            return key in self._partial
+
+    # -- searching ----------------------------------------------------------------------
+
+    def _partial_search(self, conn: Connection, info: vectors.IndexInfo, keys: list[str], q: np.ndarray, k: int,
+                        skip: np.ndarray | None) -> tuple[list[tuple[float, int]], list[str]]:
+        """(exact (score, id) of the partial keys' best candidates, the keys not held partially)."""
+        with self._lock:
+            views = {}
+            for key in keys:
+                entry = self._partial.get(key)
+                if entry is not None:
+                    self._partial.move_to_end(key)
+                    views[key] = entry.view()
+        scored: list[tuple[float, int]] = []
+        for key, view in views.items():
+            wanted = candidates(view, q, k, skip)
+            found = self.source.read_key_vectors(conn, info, key, wanted)  # type: ignore[attr-defined]
+            scored += [(float(vector @ q), memory_id) for memory_id, vector in found.items()]
+        return scored, [key for key in keys if key not in views]
+
+    # -- keeping in step ------------------------------------------------------------------
+
+    def _apply(self, conn: Connection, info: vectors.IndexInfo, ids: set[int], states: Changed | None = None) -> None:
+        super()._apply(conn, info, ids, states)
+        if self._partial:
+            self._apply_partial(conn, info, ids, states)
+
+    def _apply_partial(self, conn: Connection, info: vectors.IndexInfo, ids: set[int], states: Changed | None,
+                       only: str | None = None) -> None:
+        """Under the lock: each of `ids` out of the partial keys, and back into the one its memory
+        is under now, if active with a vector (`only`: that key alone)."""
+        held = {only: self._partial[only]} if only is not None else self._partial
+        for entry in held.values():
+            for memory_id in ids:
+                entry.discard(memory_id)
+        if not ids:
+            return
+        if states is not None:
+            now = {mid: state[0] for mid, state in states.items() if state is not None and mid in ids}
+        else:
+            marks = ",".join("?" * len(ids))
+            now = {int(mid): str(key) for mid, key in conn.execute(
+                f"SELECT id, vis_key FROM memories WHERE id IN ({marks}) AND embedded = 1 AND {ACTIVE}", tuple(ids))}
+        wanted = {mid: key for mid, key in now.items() if key in held}
+        if not wanted:
+            return
+        found = {mid: vector for mid in wanted
+                 if states is not None and (vector := read_with(states, mid, info.dim)) is not None}
+        missing = [mid for mid in wanted if mid not in found]
+        if missing:
+            found.update(self.source.read_vectors(conn, info, missing))
+        for memory_id, key in wanted.items():
+            vector = found.get(memory_id)
+            if vector is not None:
+                entry = held[key]
+                before = entry.nbytes
+                entry.add(memory_id, vector)
+                self._bytes += entry.nbytes - before
+
+    # -- letting go -------------------------------------------------------------------------
+
+    def _drop_partial(self, key: str) -> None:
+        entry = self._partial.pop(key)
+        self._bytes -= entry.nbytes
+
+    def _evict_beside(self, key: str) -> None:
+        """Whole keys go first, least recently used first (CachedKeys), then partial ones."""
+        super()._evict_beside(key)
+        while self._bytes > self.budget_bytes:
+            other = next((name for name in self._partial if name != key), None)
+            if other is None:
+                break
+            self._drop_partial(other)
+            self._too_big.pop(other, None)  # searched by the store until its next load decides again
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._partial.clear()
+
