@@ -292,11 +292,13 @@ async def held_keys(engine: Engine) -> str:
     the bytes used, and of the 5 largest keys which are held and which are searched in the database."""
     cache = engine.vector_cache
     sizes = await engine.read(_key_sizes)
-    held = set(cache.cached_keys())
-    top = ", ".join(f"{key} {n:,} {'held' if key in held else 'NOT held'}" for key, n in sizes[:5])
+    held, partly = set(cache.cached_keys()), set(cache.partial_keys())
+    top = ", ".join(f"{key} {n:,} {'held' if key in held else 'partly' if key in partly else 'NOT held'}"
+                    for key, n in sizes[:5])
     return (f"budget {cache.budget_bytes / 2**20:.0f} MiB ({cache.budget_bytes:,} bytes), used {cache.nbytes / 2**20:.1f} MiB; "
             f"held {len(held)} of {len(sizes)} keys ({sum(n for key, n in sizes if key in held):,} of "
-            f"{sum(n for _, n in sizes):,} vectors); largest: {top}")
+            f"{sum(n for _, n in sizes):,} vectors), {len(partly)} partly ({sum(n for key, n in sizes if key in partly):,} "
+            f"vectors); largest: {top}")
 
 
 async def measure_classes(path: Path, shape: SkewShape, per_class: int, warm: int = 10, talk: bool = True) -> dict:
@@ -897,6 +899,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="skew: only the per-class recalls, once per MUNINN_VECTOR_FORM in turn (see --rounds)")
     parser.add_argument("--snapshots", default="", metavar="off,auto",
                         help="skew: as --forms, with each MUNINN_VECTOR_SNAPSHOT in turn (private cache vs mapped snapshot)")
+    parser.add_argument("--partial", default="", metavar="0,5000",
+                        help="skew: as --forms, with each MUNINN_VECTOR_PARTIAL_MIN in turn (keys too big for the cache "
+                             "scanned in the database vs held partially)")
     parser.add_argument("--rounds", type=int, default=2, help="with --forms: rounds, the order swapped each round")
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--no-writes", dest="writes", action="store_false",
@@ -912,6 +917,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.snapshots:
         args.forms, args.ab_variable = args.snapshots, "MUNINN_VECTOR_SNAPSHOT"
+    if args.partial:
+        args.forms, args.ab_variable = args.partial, "MUNINN_VECTOR_PARTIAL_MIN"
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     if args.database_url:
         from .pg_speed import print_pg, run_pg

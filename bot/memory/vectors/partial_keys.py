@@ -165,14 +165,35 @@ class PartialKeys(CachedKeys):
         self._bytes -= entry.nbytes
 
     def _evict_beside(self, key: str) -> None:
-        """Whole keys go first, least recently used first (CachedKeys), then partial ones."""
-        super()._evict_beside(key)
+        """Under the lock, after `key` grew or arrived: least recently used first, whole keys go
+        until the cache fits its budget again, then partial ones. A whole key big enough to be held
+        partially is kept so (its codes from its own rows, no read): a big key evicted outright left
+        its viewers the store's exact scan of it, the slowest search of all, to make room for
+        small keys the store scans in a moment."""
         while self._bytes > self.budget_bytes:
+            other = next((name for name in self._keys if name != key), None)
+            if other is not None:
+                entry = self._keys[other]
+                self._drop(other)
+                if self._partial_ok(entry.live) and other not in self._partial:
+                    self._demote(other, entry)
+                continue
             other = next((name for name in self._partial if name != key), None)
             if other is None:
                 break
             self._drop_partial(other)
             self._too_big.pop(other, None)  # searched by the store until its next load decides again
+
+    def _demote(self, key: str, entry: KeyVectors) -> None:
+        """Under the lock: hold an evicted whole key partially, from its own rows."""
+        ids, _, matrix, n, _ = entry.view()
+        alive = ids[:n] >= 0
+        codes = entry.codes[:, :n] if entry.codes is not None else vector_codes.pack(matrix[:n])
+        partial = PartialKey(ids[:n][alive], codes[:, alive])
+        self._partial[key] = partial
+        self._partial.move_to_end(key, last=False)  # least recently used: it was
+        self._bytes += partial.nbytes
+        self._too_big[key] = time.monotonic()  # not loaded whole again at once (it would evict another)
 
     def _reset(self) -> None:
         super()._reset()
