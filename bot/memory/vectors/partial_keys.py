@@ -59,16 +59,13 @@ class PartialKeys(CachedKeys):
     def _held_partially(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
         """Before a load (under `_loading`): a key too big for the whole budget is held partially
         (already, or now) instead of being read whole only to be found too big; a partial key that
-        now fits is let go and loaded whole."""
+        now fits is loaded whole."""
         if not self._partial_ok(self.partial_min):
             return False
         cap = int(self.budget_bytes / (KeyVectors.row_bytes(info.dim, self.form) * (1 + LOAD_SPARE_SHARE)))  # too big past this
         count = self.source.key_size_at_least(conn, key, cap)
         if count <= cap and self._whole_need(count, info.dim) <= self.budget_bytes:
-            with self._lock:
-                if key in self._partial:
-                    self._drop_partial(key)
-            return False
+            return False  # a partial copy serves until the whole one is in (_evict_beside lets it go)
         with self._lock:
             self._too_big[key] = time.monotonic()
             if key in self._partial:
@@ -170,6 +167,8 @@ class PartialKeys(CachedKeys):
         partially is kept so (its codes from its own rows, no read): a big key evicted outright left
         its viewers the store's exact scan of it, the slowest search of all, to make room for
         small keys the store scans in a moment."""
+        if key in self._keys and key in self._partial:  # held whole now: its partial copy goes
+            self._drop_partial(key)
         while self._bytes > self.budget_bytes:
             other = next((name for name in self._keys if name != key), None)
             if other is not None:
