@@ -299,8 +299,7 @@ class CachedKeys:
             if self._still_too_big(key) or key in self._loading or not conn.get_autocommit():
                 return None
         background = self.background
-        if (background is not None and may_defer
-                and self.source.key_size_at_least(conn, key, INLINE_LOAD_MAX) > INLINE_LOAD_MAX):
+        if background is not None and may_defer and self._defer(conn, info, key):
             with self._lock:
                 if key in self._keys or key in self._loading:
                     return self._keys.get(key)
@@ -316,6 +315,14 @@ class CachedKeys:
                 return self._keys.get(key)
             self._loading.add(key)
         return self._load(conn, info, key)
+
+    def _defer(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
+        """Whether a cold key is loaded on the loader rather than by the search that wants it: a
+        big one, or one that would push other keys out of a full cache (the load, and the keys it
+        evicts, cost that search far more than the store's search of a small key)."""
+        count = self.source.key_size_at_least(conn, key, INLINE_LOAD_MAX)
+        row_bytes = KeyVectors.row_bytes(info.dim, self.form)
+        return count > INLINE_LOAD_MAX or self._bytes + (count + SLACK_ROWS) * row_bytes > self.budget_bytes
 
     def _load(self, conn: Connection, info: vectors.IndexInfo, key: str) -> KeyVectors | None:
         """Load a key marked as loading (by the caller, under the lock) and publish it; changes
