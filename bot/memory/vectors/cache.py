@@ -14,7 +14,8 @@ has not seen (from any connection or process), so it answers like vec0 would. A 
 inside a write transaction may see changes that could still roll back: those are not applied
 to the shared cache but scored exactly for that one search (the overlay). A key is loaded
 whole from vec0's chunk tables (one blob per chunk) under the cache's lock; keys that do not
-fit the memory budget are searched inside vec0 instead (`vectors.knn_vec0`). A viewer who sees
+fit the memory budget are held partially when they are big (their ids and sign codes, the best
+candidates read back from the store: partial.py) and searched inside vec0 otherwise (`vectors.knn_vec0`). A viewer who sees
 at least `codes_min` vectors over all their keys has them shortlisted by sign-bit codes first
 and only the shortlist is scored in float32 (vector_codes.py); a key's codes are packed the
 first time a search needs them.
@@ -26,8 +27,9 @@ cache and its scoring are one code path for both.
 
 The parts: arrays.py (one key's arrays, the numpy scoring), source.py (the VectorSource
 protocol, what a read of the change log gives), keys.py (the keys held: sync with the log,
-loads, evictions, warming), shared.py and snapshot.py (the keys mapped from one snapshot file
-that every process on the machine shares); this module, the searches over them.
+loads, evictions, warming), partial.py and partial_keys.py (the keys held partially),
+shared.py and snapshot.py (the keys mapped from one snapshot file that every process on the
+machine shares); this module, the searches over them.
 """
 from __future__ import annotations
 
