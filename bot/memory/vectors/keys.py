@@ -317,12 +317,8 @@ class CachedKeys:
         return self._load(conn, info, key)
 
     def _defer(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
-        """Whether a cold key is loaded on the loader rather than by the search that wants it: a
-        big one, or one that would push other keys out of a full cache (the load, and the keys it
-        evicts, cost that search far more than the store's search of a small key)."""
-        count = self.source.key_size_at_least(conn, key, INLINE_LOAD_MAX)
-        row_bytes = KeyVectors.row_bytes(info.dim, self.form)
-        return count > INLINE_LOAD_MAX or self._bytes + (count + SLACK_ROWS) * row_bytes > self.budget_bytes
+        """Whether a cold key is loaded on the loader rather than by the search that wants it (a big one)."""
+        return self.source.key_size_at_least(conn, key, INLINE_LOAD_MAX) > INLINE_LOAD_MAX
 
     def _load(self, conn: Connection, info: vectors.IndexInfo, key: str) -> KeyVectors | None:
         """Load a key marked as loading (by the caller, under the lock) and publish it; changes

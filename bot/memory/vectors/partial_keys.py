@@ -21,6 +21,7 @@ from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE
 from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
+from bot.memory.vectors import keys as cache_keys
 from bot.memory.vectors.arrays import SLACK_ROWS, KeyVectors
 from bot.memory.vectors.keys import LOAD_SPARE_SHARE, CachedKeys, spare_rows
 from bot.memory.vectors.partial import PartialKey, candidates
@@ -53,6 +54,18 @@ class PartialKeys(CachedKeys):
     def _partial_need(self, count: int, dim: int, used: int) -> int:
         need = (count + spare_rows(count)) * PartialKey.row_bytes(dim)
         return need if self._partial_ok(count) and used + need <= self.budget_bytes else 0
+
+    def _defer(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
+        """With keys held partially, also a cold key that would push others out of a full cache
+        goes to the loader (its load and the keys it evicts cost the search that meets it far
+        more than the store's search of a small key). Only then: no key is read whole there only to
+        be found too big, which held up the loader's queue for seconds while the store answered
+        every key behind it (a heavy DM user's dozens of small keys, one partition each)."""
+        if not self._partial_ok(self.partial_min):
+            return super()._defer(conn, info, key)
+        count = self.source.key_size_at_least(conn, key, cache_keys.INLINE_LOAD_MAX)
+        row_bytes = KeyVectors.row_bytes(info.dim, self.form)
+        return count > cache_keys.INLINE_LOAD_MAX or self._bytes + (count + SLACK_ROWS) * row_bytes > self.budget_bytes
 
     # -- choosing and building -------------------------------------------------------
 

@@ -327,21 +327,3 @@ async def test_the_engine_loads_a_big_cold_key_on_its_loader_thread(tmp_path, ma
         assert again.ids == first.ids and first.ids
         assert loaded_on["r:1"].startswith("muninn-vecload") and loaded_on["g"].startswith("muninn-read")
 
-
-def test_a_small_cold_key_that_would_evict_goes_to_the_loader(pair):
-    """With the cache full, a small cold key is searched in vec0 and loaded on the loader (the
-    search that meets it no longer reads it and evicts others first); with room, inline."""
-    cached, plain = pair
-    rng = np.random.default_rng(14)
-    info = fill(plain, rng, 120)
-    cache = vectors.cache_of(cached)
-    jobs: list = []
-    cache.background = jobs.append
-    q = random_unit(rng)
-    vectors.knn(cached, info, q, ["r:1"], 5)  # room: loaded inline
-    assert cache.cached_keys() == ["r:1"] and not jobs
-    cache.budget_bytes = cache.nbytes + 100  # full: the next cold key would push r:1 out
-    assert same(vectors.knn(cached, info, q, ["g"], 5), vectors.knn_vec0(plain, info, q, ["g"], 5))
-    assert cache.cached_keys() == ["r:1"] and len(jobs) == 1
-    jobs[0](plain)
-    assert "g" in cache.cached_keys()

@@ -212,3 +212,25 @@ def test_candidates_leave_out_removed_and_skipped_rows():
     assert 11 not in candidates(key.view(), rows[1] / np.linalg.norm(rows[1]), 5, np.array([11]))
     got = candidates(key.view(), q, 5, None)
     assert len(got) == 160 and len(set(got)) == 160
+
+
+def test_a_small_cold_key_that_would_evict_goes_to_the_loader(world):
+    """With keys held partially and the cache full, a small cold key is searched in vec0 and
+    loaded on the loader (the search that meets it no longer reads it and evicts others first);
+    with room, inline."""
+    path, plain, rng = world
+    conn, cache = partial_cache(path, 64 << 20)
+    info = vectors.index_info(conn)
+    jobs: list = []
+    cache.background = jobs.append
+    q = unit(rng)
+    vectors.knn(conn, info, q, ["r:2"], 5)  # room: loaded inline
+    assert cache.cached_keys() == ["r:2"] and not jobs
+    cache.budget_bytes = cache.nbytes + 100  # full: the next cold key would push r:2 out
+    assert same(vectors.knn(conn, info, q, ["g"], 5), vectors.knn_vec0(plain, info, q, ["g"], 5))
+    assert cache.cached_keys() == ["r:2"] and len(jobs) == 1
+    jobs[0](plain)
+    assert "g" in cache.cached_keys()
+    cache.partial_min = 0  # holding nothing partially: as before, inline
+    vectors.knn(conn, info, q, ["p:7:dm"], 5)
+    assert "p:7:dm" in cache.cached_keys() and len(jobs) == 1
