@@ -101,6 +101,8 @@ class PartialKeys(CachedKeys):
         with self._lock:
             if self._generation != generation or key in self._keys:
                 return False  # the cache started over, or the key was loaded whole meanwhile
+            if key in self._partial:
+                return True  # another thread (the warm, a load) built it meanwhile
             self._partial[key] = entry
             self._bytes += entry.nbytes
             self._too_big[key] = time.monotonic()  # searches use the partial key; a whole load is tried later
