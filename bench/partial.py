@@ -30,7 +30,7 @@ def unit_rows(rows: np.ndarray) -> np.ndarray:
 def recall_at_10(base: np.ndarray, queries: np.ndarray, rescore: int | None = None) -> float:
     """Recall@10 of the partial path over `base` (one key) for each query, against the exact top 10."""
     key = partial.PartialKey(np.arange(len(base), dtype=np.int64), vector_codes.pack(base))
-    saved = partial.RESCORE_MIN
+    saved = partial.RESCORE_MIN, partial.RESCORE_PER_K
     if rescore is not None:
         partial.RESCORE_MIN, partial.RESCORE_PER_K = rescore, 0
     try:
@@ -41,7 +41,7 @@ def recall_at_10(base: np.ndarray, queries: np.ndarray, rescore: int | None = No
             got = wanted[np.argsort(-(base[wanted] @ q))[:10]]
             hits += len(exact & set(got.tolist()))
     finally:
-        partial.RESCORE_MIN, partial.RESCORE_PER_K = saved, 10
+        partial.RESCORE_MIN, partial.RESCORE_PER_K = saved
     return round(hits / (10 * len(queries)), 4)
 
 
