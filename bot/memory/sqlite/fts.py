@@ -136,15 +136,18 @@ def once_bm25(api: apsw.FTS5ExtensionApi, *documents: int) -> float:
     lower bound: that word weighs a little more than its share, and it is the only word searched
     (keywords.selective keeps one common word alone)."""
     stats = api.aux_data
-    if stats is None:
+    if stats is None:  # once per query: everything but the row's phrases and length
         rows = max(api.row_count, 1)
-        stats = api.aux_data = ([bm25.idf(n, rows) for n in documents], api.column_total_size(-1) / rows or 1.0)
-    idfs, average_length = stats
-    if len(idfs) == 1:
-        held = idfs[0]  # the row matched the only phrase
+        average_length = api.column_total_size(-1) / rows or 1.0
+        weights = tuple(enumerate(-bm25.idf(n, rows) * (bm25.K1 + 1) for n in documents))
+        stats = api.aux_data = (weights, 1 + bm25.K1 * (1 - bm25.B), bm25.K1 * bm25.B / average_length)
+    weights, fixed, per_token = stats
+    if len(weights) == 1:
+        held = weights[0][1]  # the row matched the only phrase
     else:
-        held = sum(idf for phrase, idf in enumerate(idfs) if api.phrase_columns(phrase))
-    return -held * (bm25.K1 + 1) / (1 + bm25.K1 * (1 - bm25.B + bm25.B * api.column_size(-1) / average_length))
+        columns = api.phrase_columns  # called for every match: one attribute lookup, not one per phrase
+        held = sum([weight for phrase, weight in weights if columns(phrase)])
+    return held / (fixed + per_token * api.column_size(-1))
 
 
 def register_scorer(conn) -> None:
