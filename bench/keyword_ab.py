@@ -61,6 +61,9 @@ class Side:
         self.writer.set_busy_timeout(5000)
         self.mod = {name: memory_module(package, name)
                     for name in ("retrieval", "subqueries", "scope")}
+        # the keyword path moved from retrieval.py to SQLite's own recall_sql.py
+        self.fts_candidates = getattr(self.mod["retrieval"], "fts_candidates", None) or memory_module(
+            package, "sqlite.recall_sql").fts_candidates
 
     def said_in_busy_channel(self, text: str) -> None:
         now = time.time()
@@ -74,7 +77,7 @@ class Side:
         scope = self.mod["scope"]
         keys = scope.visible_keys(self.reader, scope.Viewer(viewer.user_id, channel_id=viewer.channel_id,
                                                             guild_id=viewer.guild_id, dm=viewer.dm))
-        hits = self.mod["retrieval"].fts_candidates(self.reader, text, keys, limit, None)
+        hits = self.fts_candidates(self.reader, text, keys, limit, None)
         named = self.mod["subqueries"].name_hits(self.reader, text, hits)
         return [h.memory_id for h in self.mod["subqueries"].fuse_keyword_lists(hits, named, limit)]
 

@@ -2,7 +2,7 @@
 
 tests/memory/test_scope.py property-tests the scope rule on tiny worlds. The engine takes other paths
 once keys and words get big: common words (recall.keywords.COMMON_MIN_DOCS, MATCH_BUDGET, COMMON_WINDOW,
-COMMON_HITS, COMMON_EXACT, the counted_bm25 scorer), match-first or visible-first keyword plans
+COMMON_HITS, COMMON_EXACT, the scorer given the counts), match-first or visible-first keyword plans
 (recall.keywords.DENSE_VISIBLE), the shared word-count cache and the removals counter, the vector cache's
 sign-code shortlists (MUNINN_VECTOR_CODES_MIN, vector_codes.RERANK_*), keys loaded in the
 background (vector_cache.INLINE_LOAD_MAX), keys too big for the cache budget (searched in vec0 /
@@ -70,7 +70,7 @@ PATHS_COMMON = {
     "vec:store-search", "vec:reset", "vec:warm-listed",
     "viewer:sees-nothing", "viewer:dm", "viewer:private-channel",
 }
-PATHS_SQLITE = {"fts:common", "fts:rare", "fts:window", "counted_bm25", "fts:common:match-first",
+PATHS_SQLITE = {"fts:common", "fts:rare", "fts:window", "fts:scorer", "fts:common:match-first",
                  "fts:common:visible-first", "fts:rare:match-first",
                 "fts:rare:visible-first"}
 PATHS_POSTGRES = {"pg:common-walk-per-key", "pg:window", "pg:rare-any-keys", "pg:estimates", "pg:estimates-used"}
@@ -182,7 +182,7 @@ def instrument(monkeypatch, paths: Paths, postgres: bool) -> None:
         planned = real_plan(conn, text, keys, as_of)
         if planned.hits is not None:
             cte = planned.hits[0]
-            kind = "common" if fts.COUNTED_BM25 in cte else "rare"
+            kind = "common" if f"LIMIT {shared_keywords.COMMON_HITS}" in cte else "rare"
             first = "visible" if "visible(id)" in cte else "match"
             paths.hit(f"fts:{kind}")
             paths.hit(f"fts:{kind}:{first}-first")
@@ -191,12 +191,12 @@ def instrument(monkeypatch, paths: Paths, postgres: bool) -> None:
         return planned
     monkeypatch.setattr(fts, "plan", plan)
 
-    real_bm25 = fts.counted_bm25
+    real_bm25 = fts.once_bm25
 
-    def counted_bm25(api, *documents):
-        paths.hit("counted_bm25")
+    def once_bm25(api, *documents):
+        paths.hit("fts:scorer")
         return real_bm25(api, *documents)
-    monkeypatch.setattr(fts, "counted_bm25", counted_bm25)  # registered on connections opened from now on
+    monkeypatch.setattr(fts, "once_bm25", once_bm25)  # registered on connections opened from now on
 
     real_observe = removals.observe
 

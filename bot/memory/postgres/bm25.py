@@ -12,24 +12,17 @@ and reading positions out of the tsvector in SQL cost more than it told.
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
 from bot.memory.postgres.connection import PgConnection
+from bot.memory.recall.bm25 import K1, B, idf
 
-K1 = 1.2    # BM25's usual constants (FTS5's bm25() uses the same)
-B = 0.75
+__all__ = ["B", "K1", "idf", "average_length", "score_sql"]
 AVERAGE_SAMPLE = 2000   # the newest active memories whose lengths give the average
 AVERAGE_TTL_S = 600.0
 # Per database URL: (average length in distinct words, when measured).
 _averages: dict[str, tuple[float, float]] = {}
-
-
-def idf(count: int, memories: int) -> float:
-    """BM25's inverse document frequency of a word found in `count` of `memories` memories."""
-    memories = max(memories, count)
-    return math.log(1.0 + (memories - count + 0.5) / (count + 0.5))
 
 
 def average_length(conn: PgConnection, database: str) -> float:

@@ -7,7 +7,6 @@ of hostile queries. Returns None when nothing searchable is left.
 """
 from __future__ import annotations
 
-import math
 import time
 import weakref
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from typing import Any
 
 import apsw
 
-from bot.memory.recall import keywords
+from bot.memory.recall import bm25, keywords
 from bot.memory.recall.words import tokens
 from bot.memory.sql import removals
 
@@ -85,16 +84,12 @@ def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
     # found from the FTS side for a viewer who sees much of the window (a busy channel: few
     # matches walked per hit), from the visible set otherwise (cheaper for a heavy DM user).
     common = max(counts) > limit
-    relevance, scored = "bm25(memories_fts)", []
-    if common:
-        # bm25() would walk the common word's whole doclist to count it, every query (a cost
-        # growing with the database): score with the counts selective() has cached.
-        # Each word's count, in the expression's order (its phrases' order): the common one's as
-        # selective() counted it (exactly up to keywords.COMMON_EXACT), the others' (none found, when
-        # counted) as plan counted them.
-        exact = [doc_count(conn, w, keywords.COMMON_EXACT) if n > limit else n for w, n in zip(words, counts, strict=True)]
-        relevance, scored = f"{COUNTED_BM25}(memories_fts{', ?' * len(words)})", exact
-        register_scorer(conn)
+    # The score (SCORER) takes each word's count from here rather than walking the word's whole
+    # doclist every query as bm25() does: the counts selective() cached, a common word's counted
+    # exactly up to keywords.COMMON_EXACT.
+    exact = [doc_count(conn, w, keywords.COMMON_EXACT) if n > limit else n for w, n in zip(words, counts, strict=True)]
+    relevance, scored = f"{SCORER}(memories_fts{', ?' * len(words)})", exact
+    register_scorer(conn)
     window: list = []      # (start,): memories after it
     fts_window: list = []  # (start, end): FTS5 seeks to `end` and walks down to `start`
     if common:
@@ -127,44 +122,39 @@ def plan(conn, text: str, keys: list[str], as_of: float | None) -> KeywordPlan:
     return KeywordPlan(words, (cte, [*keys, *extra, *window, *scored, expression, *fts_window]))
 
 
-# FTS5's bm25() (fts5_aux.c), with each phrase's document count given by the caller instead of
-# counted by a walk over the phrase's whole doclist, every query.
-COUNTED_BM25 = "muninn_counted_bm25"
-BM25_K1 = 1.2
-BM25_B = 0.75
+# BM25 with each searched word counted once per memory, as PostgreSQL's keyword score
+# (bot/memory/postgres/bm25.py). FTS5's own bm25() counts a word's every occurrence, so a long
+# memory repeating a question's commoner words outranked the short one holding its rarest word.
+SCORER = "muninn_bm25"
 _scorer_registered: weakref.WeakSet = weakref.WeakSet()
 
 
-def counted_bm25(api: apsw.FTS5ExtensionApi, *documents: int) -> float:
-    """bm25() of the current row, phrase i being in `documents[i]` memories. An exact count gives
-    bm25()'s score; a count above keywords.COMMON_EXACT is a lower bound, which scales that phrase's
-    terms alike (when it is the only phrase found, as in a query of only common words: the same
-    order and the same ratio between two scores)."""
+def once_bm25(api: apsw.FTS5ExtensionApi, *documents: int) -> float:
+    """The current row's BM25 score, negated (lower is better, as bm25()'s), phrase i being in
+    `documents[i]` memories: the inverse document frequencies of the phrases it holds, each once,
+    scaled by its length in tokens against the average. A count above keywords.COMMON_EXACT is a
+    lower bound: that word weighs a little more than its share, and it is the only word searched
+    (keywords.selective keeps one common word alone)."""
     stats = api.aux_data
-    if stats is None:
+    if stats is None:  # once per query: everything but the row's phrases and length
         rows = max(api.row_count, 1)
-        idfs = [math.log((rows - n + 0.5) / (n + 0.5)) for n in documents]
-        main = max(range(len(documents)), key=lambda i: documents[i])  # the common word
-        stats = api.aux_data = ([idf if idf > 0 else 1e-6 for idf in idfs], main,
-                                api.column_total_size(-1) / rows or 1.0)
-    idfs, main, average_length = stats
-    norm = BM25_K1 * (1 - BM25_B + BM25_B * api.column_size(-1) / average_length)
-    found = api.inst_count
-    main_found = found if len(idfs) == 1 else len(api.phrase_locations(main)[0])
-    score = idfs[main] * main_found * (BM25_K1 + 1) / (main_found + norm) if main_found else 0.0
-    if found > main_found:  # another phrase occurs here too (a word counted in none, stored since)
-        for phrase, idf in enumerate(idfs):
-            hits = len(api.phrase_locations(phrase)[0]) if phrase != main else 0
-            if hits:
-                score += idf * hits * (BM25_K1 + 1) / (hits + norm)
-    return -score
+        average_length = api.column_total_size(-1) / rows or 1.0
+        weights = tuple(enumerate(-bm25.idf(n, rows) * (bm25.K1 + 1) for n in documents))
+        stats = api.aux_data = (weights, 1 + bm25.K1 * (1 - bm25.B), bm25.K1 * bm25.B / average_length)
+    weights, fixed, per_token = stats
+    if len(weights) == 1:
+        held = weights[0][1]  # the row matched the only phrase
+    else:
+        columns = api.phrase_columns  # called for every match: one attribute lookup, not one per phrase
+        held = sum([weight for phrase, weight in weights if columns(phrase)])
+    return held / (fixed + per_token * api.column_size(-1))
 
 
 def register_scorer(conn) -> None:
-    """Make COUNTED_BM25 callable on `conn` (db.connect does it for every connection it opens;
+    """Make SCORER callable on `conn` (db.connect does it for every connection it opens;
     plan() for any other)."""
     if conn not in _scorer_registered:
-        conn.register_fts5_function(COUNTED_BM25, counted_bm25)
+        conn.register_fts5_function(SCORER, once_bm25)
         _scorer_registered.add(conn)
 
 

@@ -416,3 +416,17 @@ def test_an_equal_loan_goes_to_the_nearer_hit_whatever_the_row_order():
         return out[5].neighbour_of, out[5].fused
     rows = [(4, 5, 1), (3, 5, 2)]
     assert lent(rows) == lent(rows[::-1]) == (4, 0.1)
+
+
+async def test_the_rarest_word_outranks_a_long_memory_repeating_a_commoner_one(fts_engine):
+    # BM25 counting every repeat put the lamp list first: eight "lamps" outweighed one "quokka",
+    # the rarer word and the one the question is about. Each word counts once per memory.
+    await fts_engine.remember_many([NewMemory(f"the team met in the small office on day {i} to plan the week",
+                                              "room", owner_id=1, **ROOM) for i in range(36)])
+    await fts_engine.remember(NewMemory("Bob sells lamps at the market", "room", owner_id=2, **ROOM))
+    lamps = await fts_engine.remember(NewMemory(
+        "lamps by the door, lamps on the stairs, lamps in the hall, lamps by the sofa, "
+        "lamps on the porch, lamps in the attic, lamps for the desk and lamps outside", "room", owner_id=1, **ROOM))
+    quokka = await fts_engine.remember(NewMemory("Oz has a pet quokka", "room", owner_id=1, **ROOM))
+    result = await fts_engine.recall("did the quokka break the lamps?", ALICE, touch=False)
+    assert result.ids[0] == quokka and lamps in result.ids

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from bot.memory.recall import keywords
+from bot.memory.recall import bm25, keywords
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer, visible_keys
 from bot.memory.sql import store
@@ -154,29 +154,43 @@ async def test_a_query_of_only_common_words_keeps_the_rarest_of_them(fts_engine)
     assert await fts_engine.write(fts.selective, ["pasta", "pizza", "nowhere"]) == ["pizza", "nowhere"]
 
 
-async def test_counted_bm25_scores_as_fts5s_bm25(fts_engine):
-    """The common-word scorer is FTS5's bm25() given each phrase's count; with a lower bound for
-    the only phrase found the scores scale alike: the same order and the same ratio between two."""
-    await fts_engine.write(lambda conn: store.insert_many(conn, [
-        NewMemory(" ".join(["lamps"] * (1 + i % 3) + ["filler"] * (i % 7) + ["zebra"] * (i % 13 == 0)), "personal",
-                  owner_id=BOB) for i in range(40)] + [NewMemory("no such word here", "personal", owner_id=BOB)],
-        base_stability_days=7.0))
+def by_hand(texts: dict[int, str], counts: list[int], words: list[str]) -> dict[int, float]:
+    """The scorer's BM25 computed here: each searched word a memory holds adds its idf once, the
+    sum scaled by the memory's length in tokens against the average; negated, as the hits carry it."""
+    lengths = {i: len(re.findall(r"\w+", text)) for i, text in texts.items()}
+    average = sum(lengths.values()) / len(lengths)
+    out = {}
+    for i, text in texts.items():
+        held = set(re.findall(r"\w+", text.lower()))
+        weight = sum(bm25.idf(n, len(texts)) for w, n in zip(words, counts, strict=True) if w in held)
+        out[i] = -weight * (bm25.K1 + 1) / (1 + bm25.K1 * (1 - bm25.B + bm25.B * lengths[i] / average))
+    return out
 
-    def scores(conn, expression: str, *counts: int) -> list[tuple[int, float, float]]:
+
+async def test_the_scorer_counts_each_word_once_per_memory(fts_engine):
+    """Repeats add nothing, length and rarity do: the scores are BM25's with binary word counts
+    (the same form as PostgreSQL's bm25.py), the counts given by the caller."""
+    texts = [" ".join(["lamps"] * (1 + i % 3) + ["filler"] * (i % 7) + ["zebra"] * (i % 13 == 0)) for i in range(40)]
+    ids = await fts_engine.write(lambda conn: store.insert_many(conn, [
+        NewMemory(text, "personal", owner_id=BOB) for text in texts] + [NewMemory("no such word here", "personal",
+                                                                                owner_id=BOB)],
+        base_stability_days=7.0))
+    texts.append("no such word here")
+
+    def scores(conn, expression: str, *counts: int) -> dict[int, float]:
         fts.register_scorer(conn)
         marks = ", ?" * len(counts)
-        return conn.execute(f"SELECT rowid, bm25(memories_fts), {fts.COUNTED_BM25}(memories_fts{marks}) "
-                            "FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rowid", (*counts, expression)).fetchall()
-    # "zebra" in 4 of them (a word counted in none that arrived since is scored as bm25 scores it), "nowhere" in none
-    exact = await fts_engine.read(scores, '"lamps" OR "zebra" OR "nowhere"', 40, 4, 0)
-    assert len(exact) == 40 and all(abs(ours - theirs) < 1e-9 for _, theirs, ours in exact)
-    bounded = await fts_engine.read(scores, '"lamps"', 12)
-    assert sorted(bounded, key=lambda r: (r[1], r[0])) == sorted(bounded, key=lambda r: (r[2], r[0]))
-    first, second = bounded[0], bounded[1]
-    assert abs(first[1] / second[1] - first[2] / second[2]) < 1e-9  # keyword_winner_first compares ratios
+        return dict(conn.execute(f"SELECT rowid, {fts.SCORER}(memories_fts{marks}) FROM memories_fts "
+                                 "WHERE memories_fts MATCH ?", (*counts, expression)).fetchall())
+    # "zebra" in 4 of them, "nowhere" in none (a word stored since it was counted still scores)
+    ours = await fts_engine.read(scores, '"lamps" OR "zebra" OR "nowhere"', 40, 4, 0)
+    expected = by_hand(dict(zip(ids, texts, strict=True)), [40, 4, 0], ["lamps", "zebra", "nowhere"])
+    assert len(ours) == 40 and ours == pytest.approx({i: expected[i] for i in ours})
+    once, thrice = ids[21], ids[14]  # "lamps" against "lamps lamps lamps": saying it again adds nothing
+    assert ours[once] < ours[thrice]
 
 
-async def test_a_common_word_is_ranked_as_bm25_would_without_counting_it_again(fts_engine, monkeypatch):
+async def test_a_common_word_is_scored_by_its_counted_documents_not_walked_again(fts_engine, monkeypatch):
     await fts_engine.write(lambda conn: store.insert_many(conn, [
         NewMemory(" ".join(["lamps"] * (1 + i % 3) + ["words"] * (i % 11)), "room", channel_id=5, guild_id=9)
         for i in range(700)], base_stability_days=7.0))
@@ -185,17 +199,17 @@ async def test_a_common_word_is_ranked_as_bm25_would_without_counting_it_again(f
         monkeypatch.setattr(keywords, "DENSE_VISIBLE", dense)
         keys = await fts_engine.read(visible_keys, Viewer(ALICE, channel_id=5, guild_id=9))
         hits, params = await fts_engine.read(hits_of, "lamps", keys, None)
-        assert fts.COUNTED_BM25 in hits and "bm25(memories_fts)" not in hits
+        assert f"{fts.SCORER}(memories_fts, ?)" in hits and "bm25(memories_fts)" not in hits
+        assert 700 in params  # the word's count, from the count cache
 
-        def ranked(conn, cte: str, params: list) -> list[tuple[int, float]]:
-            return conn.execute(f"WITH {cte} SELECT id, relevance FROM hits ORDER BY relevance, id DESC",
-                                params).fetchall()
+        def ranked(conn, cte: str, params: list) -> list[tuple[int, float, int]]:
+            return conn.execute(f"WITH {cte} SELECT h.id, h.relevance, m.text FROM hits h JOIN memories m "
+                                "ON m.id = h.id ORDER BY relevance, h.id DESC", params).fetchall()
         ours = await fts_engine.read(ranked, hits, params)
-        theirs = await fts_engine.read(ranked, hits.replace(f"{fts.COUNTED_BM25}(memories_fts, ?)",
-                                                            "bm25(memories_fts)"), params[1:] if dense == 100 else
-                                       [p for i, p in enumerate(params) if i != len(keys) + 1])
-        assert len(ours) == 200 and len({score for _, score in ours}) > 10
-        assert [i for i, _ in ours] == [i for i, _ in theirs]
+        assert len(ours) == 200 and len({score for _, score, _ in ours}) > 5
+        # one word, held once by each: the shorter memory first, however often it says "lamps"
+        lengths = [len(text.split()) for _, _, text in ours]
+        assert lengths == sorted(lengths)
 
 
 async def test_each_match_is_checked_in_the_small_key_index(fts_engine):
