@@ -83,6 +83,7 @@ class Engine(NamedAccess, Embedding, Recalling):
         self._reader_local = threading.local()
         self._reader_conns: list[Connection] = []
         self._reader_lock = threading.Lock()
+        self.read_jobs = 0  # jobs run on the read connections (for tests and benchmarks: a recall's hand-offs)
         self._paused: set[int] | None = None  # cache of memory_pauses (this process writes it)
         self._touches = touches.TouchBatcher(self._touch_batch, self._load_untouched)  # concurrent recalls share one writer job
         self._recalls_in_flight = 0
@@ -230,6 +231,7 @@ class Engine(NamedAccess, Embedding, Recalling):
     async def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run the read-only `fn(conn, *args, **kwargs)` on one of the read connections (it sees
         everything committed when it starts; the writer's open transaction stays invisible)."""
+        self.read_jobs += 1
         return await self._read_on(self._readers, fn, *args, **kwargs)
 
     async def _read_on(self, threads: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

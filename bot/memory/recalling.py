@@ -106,9 +106,8 @@ class Recalling:
             if embedding is not None:
                 embedding.cancel()
             raise
-        fts_done = reading.keyword_done
-        searched = reading.searched
-        if searched is None:  # the embedding was still under way when the keyword step ended
+        fts_done = embed_done = reading.keyword_done
+        if reading.searched is None:  # the embedding was still under way when the keyword step ended
             assert embedding is not None  # a given vector is in the slot from the start
             question = await embedding
             if embedding.cancelling():
@@ -116,14 +115,12 @@ class Recalling:
                 # timeout it handled: the caller still asked to stop (a Ctrl-C, a shutdown)
                 raise asyncio.CancelledError
             embed_done = time.perf_counter()
-            vector, status, warning = steps.checked_vector(*question, reading.found, self.settings.embed_model)
-            searched = await self._read(steps.search_step, self.storage, self.settings, reading.found, vector, limit,
-                                        now, as_of, hints)
-        else:
-            embed_done = fts_done
-            vector, status, warning = reading.vector, reading.status, reading.warning
-        if warning is not None:
-            self._warn_once(*warning)
+            reading = await self._read(steps.search_into, self.storage, self.settings, reading, question, limit, now,
+                                       as_of, hints, not touch)
+        searched, vector, status = reading.searched, reading.vector, reading.status
+        assert searched is not None
+        if reading.warning is not None:
+            self._warn_once(*reading.warning)
         candidates, mode, finish = searched.chosen, searched.mode, searched.timings_ms
         t0 = time.perf_counter()
         ids = [c.memory_id for c in candidates]

@@ -157,15 +157,23 @@ class Reading:
 def read_steps(conn: Any, storage: Storage[Any], settings: Settings, query: str, viewer: Viewer, limit: int,
                now: float, as_of: float | None, date_hints: Sequence[DateHint], slot: VectorSlot,
                load: bool) -> Reading:
-    """The keyword step, then, if `slot` holds the vector by then, the search step on the same
-    connection (and with `load`, the chosen memories as they are): one job instead of two or three."""
+    """The keyword step, then, if `slot` holds the vector by then, `search_into` on the same
+    connection: one job instead of two (three with `load`)."""
     found = keyword_step(conn, storage, query, viewer, limit * 3, as_of)
     reading = Reading(found, time.perf_counter())
     ready = slot.value
     if ready is None:
         return reading
-    reading.vector, reading.status, reading.warning = checked_vector(*ready, found, settings.embed_model)
-    reading.searched = search_step(conn, storage, settings, found, reading.vector, limit, now, as_of, date_hints)
+    return search_into(conn, storage, settings, reading, ready, limit, now, as_of, date_hints, load)
+
+
+def search_into(conn: Any, storage: Storage[Any], settings: Settings, reading: Reading, question: Question,
+                limit: int, now: float, as_of: float | None, date_hints: Sequence[DateHint], load: bool) -> Reading:
+    """The search step with the question's vector (checked_vector), into `reading`; with `load`,
+    the chosen memories as they are too (a recall that does not touch)."""
+    reading.vector, reading.status, reading.warning = checked_vector(*question, reading.found, settings.embed_model)
+    reading.searched = search_step(conn, storage, settings, reading.found, reading.vector, limit, now, as_of,
+                                   date_hints)
     if load:
         reading.loaded = storage.get_many(conn, [c.memory_id for c in reading.searched.chosen])
     return reading
