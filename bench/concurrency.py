@@ -5,7 +5,8 @@
     .venv/bin/python -m bench.concurrency --configs "MUNINN_DB_READERS=1;MUNINN_DB_READERS=3"   # an A/B
 
 `bench.speed`'s concurrency measurement (mixed viewers, the query vector given, the busy channel
-storing a new memory before each recall, untimed; queries and messages made before the clock
+storing a new memory before each recall, untimed in the recall's time and reported as the
+write's p50 / p95 beside it: a check that recalls in flight do not starve writes; queries and messages made before the clock
 starts) in four variants, each in a child process of
 its own (a fresh engine, warmed as the bot's is, 20 warm-up recalls, word counts forgotten),
 interleaved round by round on one scratch copy of the world:
@@ -72,24 +73,37 @@ def _recalls(scratch: str, shape: SkewShape, index: int, in_flight: int, count: 
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before any thread: they inherit it
     from bot.memory.engine import Engine
 
-    from .speed import before_a_burst, recall_in_turn
-    from .world import SkewShape, SkewWorld, bench_settings, make_world
-    shape = SkewShape(shape.size)  # of the class make_world knows (imported again with `tree`)
+    from .speed import before_a_burst
+    from .world import SkewShape, SkewWorld, bench_settings, make_world, said_in_busy_channel
+    shape = SkewShape(**vars(shape))  # of the class make_world knows (imported again with `tree`)
 
-    async def run() -> tuple[list[float], float, float, int, int]:
+    async def in_turn(engine: Any, gate: asyncio.Semaphore, info: Any, chatter: Any, totals: list[float],
+                      writes: list[float], said: Any, text: str, qvec: list[float], viewer: Any) -> None:
+        # bench.speed's recall_in_turn, the busy channel's write timed too (untimed in the recall's)
+        async with gate:
+            t = time.perf_counter()
+            await engine.write(said_in_busy_channel, info, chatter, said)
+            writes.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            await engine.recall(text, viewer, query_vector=qvec)
+            totals.append((time.perf_counter() - t) * 1000)
+
+    async def run() -> tuple[list[float], float, float, int, int, list[float], str, int]:
         chatter = SkewWorld(shape, seed=7_777 + index)
         world = make_world(shape, seed=321 + index)
         async with Engine(bench_settings(Path(scratch))) as engine:
             info, planned = await before_a_burst(engine, world, chatter, count)
             gate = asyncio.Semaphore(in_flight)
             totals: list[float] = []
+            writes: list[float] = []
             ready.put(index)
             await asyncio.to_thread(go.wait)
             switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
             t, cpu = time.perf_counter(), time.process_time()
-            await asyncio.gather(*(recall_in_turn(engine, gate, info, chatter, totals, *plan) for plan in planned))
+            await asyncio.gather(*(in_turn(engine, gate, info, chatter, totals, writes, *plan) for plan in planned))
             wall, used = time.perf_counter() - t, time.process_time() - cpu
-            return totals, wall, used, resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches, os.getpid()
+            return (totals, wall, used, resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches, os.getpid(),
+                    writes, str(Path(sys.modules[Engine.__module__].__file__ or "").parents[2]), engine.settings.db_readers)
     out.put(asyncio.run(run()))
 
 
@@ -126,10 +140,13 @@ def measure(scratch: Path, shape: SkewShape, name: str, recalls: int, env: dict[
     wall = max(r[1] for r in results)
     used = sum(r[2] for r in results)
     switches = sum(r[3] for r in results)
+    writes = [ms for r in results for ms in r[5]]
     return {"p50": round(percentile(totals, 50), 2), "p95": round(percentile(totals, 95), 2), "n": len(totals),
             "recalls_per_s": round(len(totals) / wall, 1), "cpu_ms_per_recall": round(used * 1000 / len(totals), 2),
             "cores_used": round(used / wall, 2), "switches_per_recall": round(switches / len(totals), 1),
-            "processes": len({r[4] for r in results})}
+            "processes": len({r[4] for r in results}), "write_p50": round(percentile(writes, 50), 2),
+            "write_p95": round(percentile(writes, 95), 2), "bot": sorted({r[6] for r in results}),
+            "readers": sorted({r[7] for r in results})}
 
 
 def report(measured: dict[str, Any], config: str, names: list[str], cores: int) -> None:
@@ -137,13 +154,14 @@ def report(measured: dict[str, Any], config: str, names: list[str], cores: int) 
     single, per = measured["x1"]["p95"], measured["x1"]["cpu_ms_per_recall"]
     measured["floor"] = round(20 * per / cores / single, 2)
     print(f" [{config or 'as set'}] x1 p95 {single} ms, CPU {per} ms, switches "
-          f"{measured['x1']['switches_per_recall']} a recall; floor {measured['floor']}x on {cores} cores", flush=True)
+          f"{measured['x1']['switches_per_recall']} a recall, write p95 {measured['x1']['write_p95']} ms; "
+          f"floor {measured['floor']}x on {cores} cores", flush=True)
     for name in names[1:]:
         m = measured[name]
         print(f"  {name:>18}: p50 / p95 {m['p50']} / {m['p95']} ms = {m['p95'] / single:.1f}x single "
               f"({m['p95'] / single / measured['floor']:.2f}x the floor); {m['recalls_per_s']} recalls/s, "
-              f"CPU {m['cpu_ms_per_recall']} ms, cores {m['cores_used']}, switches {m['switches_per_recall']} a recall",
-              flush=True)
+              f"CPU {m['cpu_ms_per_recall']} ms, cores {m['cores_used']}, switches {m['switches_per_recall']} a recall; "
+              f"the busy channel's write p50 / p95 {m['write_p50']} / {m['write_p95']} ms", flush=True)
 
 
 def compare(measured: dict[str, Any], configs: list[str], names: list[str]) -> None:
