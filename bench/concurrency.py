@@ -6,10 +6,10 @@
 
 `bench.speed`'s concurrency measurement (mixed viewers, the query vector given, the busy channel
 storing a new memory before each recall, untimed in the recall's time and reported as the
-write's p50 / p95 beside it: a check that recalls in flight do not starve writes; queries and messages made before the clock
-starts) in four variants, each in a child process of
-its own (a fresh engine, warmed as the bot's is, 20 warm-up recalls, word counts forgotten),
-interleaved round by round on one scratch copy of the world:
+write's p50 / p95 beside it, a check that recalls in flight do not starve writes; queries and
+messages made before the clock starts) in four variants, each in a child process of its own (a
+fresh engine, warmed as the bot's is, 20 warm-up recalls, word counts forgotten), interleaved
+round by round on one scratch copy of the world:
 
 - `x1`: one recall at a time (the reference of the p95 ratio);
 - `x20`: 20 in flight in one process, on every core of the machine (the product as it runs);
@@ -59,7 +59,8 @@ VARIANTS = {  # name: (processes, recalls in flight in each, pinned to one core)
 def _recalls(scratch: str, shape: SkewShape, index: int, in_flight: int, count: int, one_core: bool,
              ready: Any, go: Any, out: Any, env: dict[str, str] | None = None) -> None:
     """A child process: warm, say `ready`, wait for `go` (every child is warm), then `count`
-    recalls, `in_flight` at a time; puts (latencies ms, wall s, CPU s, voluntary switches, pid).
+    recalls, `in_flight` at a time; puts what it measured (a dict: latencies, wall, CPU, voluntary
+    switches, read jobs, the writes' latencies, which bot package and how many readers).
     `env`: settings of its configuration (bench_settings reads them), and `tree`: the checkout
     whose `bot` package it runs instead of this one's."""
     env = dict(env or {})
@@ -88,7 +89,7 @@ def _recalls(scratch: str, shape: SkewShape, index: int, in_flight: int, count: 
             await engine.recall(text, viewer, query_vector=qvec)
             totals.append((time.perf_counter() - t) * 1000)
 
-    async def run() -> tuple[list[float], float, float, int, int, list[float], str, int]:
+    async def run() -> dict[str, Any]:
         chatter = SkewWorld(shape, seed=7_777 + index)
         world = make_world(shape, seed=321 + index)
         async with Engine(bench_settings(Path(scratch))) as engine:
@@ -99,11 +100,15 @@ def _recalls(scratch: str, shape: SkewShape, index: int, in_flight: int, count: 
             ready.put(index)
             await asyncio.to_thread(go.wait)
             switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+            jobs = getattr(engine, "read_jobs", None)  # None: a tree from before the count
             t, cpu = time.perf_counter(), time.process_time()
             await asyncio.gather(*(in_turn(engine, gate, info, chatter, totals, writes, *plan) for plan in planned))
             wall, used = time.perf_counter() - t, time.process_time() - cpu
-            return (totals, wall, used, resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches, os.getpid(),
-                    writes, str(Path(sys.modules[Engine.__module__].__file__ or "").parents[2]), engine.settings.db_readers)
+            return {"totals": totals, "wall": wall, "cpu": used, "pid": os.getpid(), "writes": writes,
+                    "switches": resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches,
+                    "read_jobs": None if jobs is None else engine.read_jobs - jobs,
+                    "bot": str(Path(sys.modules[Engine.__module__].__file__ or "").parents[2]),
+                    "readers": engine.settings.db_readers}
     out.put(asyncio.run(run()))
 
 
@@ -136,17 +141,19 @@ def measure(scratch: Path, shape: SkewShape, name: str, recalls: int, env: dict[
     results = [out.get(timeout=600) for _ in children]
     for child in children:
         child.join()
-    totals = [ms for r in results for ms in r[0]]
-    wall = max(r[1] for r in results)
-    used = sum(r[2] for r in results)
-    switches = sum(r[3] for r in results)
-    writes = [ms for r in results for ms in r[5]]
+    totals = [ms for r in results for ms in r["totals"]]
+    wall = max(r["wall"] for r in results)
+    used = sum(r["cpu"] for r in results)
+    switches = sum(r["switches"] for r in results)
+    writes = [ms for r in results for ms in r["writes"]]
+    jobs = None if any(r["read_jobs"] is None for r in results) else sum(r["read_jobs"] for r in results)
     return {"p50": round(percentile(totals, 50), 2), "p95": round(percentile(totals, 95), 2), "n": len(totals),
             "recalls_per_s": round(len(totals) / wall, 1), "cpu_ms_per_recall": round(used * 1000 / len(totals), 2),
             "cores_used": round(used / wall, 2), "switches_per_recall": round(switches / len(totals), 1),
-            "processes": len({r[4] for r in results}), "write_p50": round(percentile(writes, 50), 2),
-            "write_p95": round(percentile(writes, 95), 2), "bot": sorted({r[6] for r in results}),
-            "readers": sorted({r[7] for r in results})}
+            "processes": len({r["pid"] for r in results}), "write_p50": round(percentile(writes, 50), 2),
+            "write_p95": round(percentile(writes, 95), 2), "bot": sorted({r["bot"] for r in results}),
+            "readers": sorted({r["readers"] for r in results}),
+            "read_jobs_per_recall": None if jobs is None else round(jobs / len(totals), 2)}
 
 
 def report(measured: dict[str, Any], config: str, names: list[str], cores: int) -> None:
@@ -160,7 +167,8 @@ def report(measured: dict[str, Any], config: str, names: list[str], cores: int) 
         m = measured[name]
         print(f"  {name:>18}: p50 / p95 {m['p50']} / {m['p95']} ms = {m['p95'] / single:.1f}x single "
               f"({m['p95'] / single / measured['floor']:.2f}x the floor); {m['recalls_per_s']} recalls/s, "
-              f"CPU {m['cpu_ms_per_recall']} ms, cores {m['cores_used']}, switches {m['switches_per_recall']} a recall; "
+              f"CPU {m['cpu_ms_per_recall']} ms, cores {m['cores_used']}, switches {m['switches_per_recall']} and read jobs "
+              f"{m['read_jobs_per_recall']} a recall; "
               f"the busy channel's write p50 / p95 {m['write_p50']} / {m['write_p95']} ms", flush=True)
 
 
