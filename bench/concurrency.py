@@ -186,6 +186,13 @@ def compare(measured: dict[str, Any], configs: list[str], names: list[str]) -> N
                                                        for config, ratio in two.items()), flush=True)
 
 
+def _remove(scratch: Path) -> None:
+    """The scratch copy, its WAL and the vector snapshot the children wrote beside it."""
+    for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
+        p.unlink(missing_ok=True)
+    shutil.rmtree(f"{scratch}.vectors", ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=100_000)
@@ -205,8 +212,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     rounds: list[dict] = []
     try:
-        for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
-            p.unlink(missing_ok=True)
+        _remove(scratch)
         shutil.copy(world, scratch)
         names = ["x1", *(name for name in args.variants.split(",") if name in VARIANTS and name != "x1")]
         runs = [(config, name) for name in names for config in configs]  # a variant's configurations side by side
@@ -223,8 +229,7 @@ def main() -> None:
                 report(measured[config], config, names, cores)
             compare(measured, list(configs), names)
     finally:
-        for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
-            p.unlink(missing_ok=True)
+        _remove(scratch)
     out = args.out or RESULTS / f"concurrency-{args.size}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "cores": cores,
