@@ -108,7 +108,7 @@ def _recalls(scratch: str, shape: SkewShape, index: int, in_flight: int, count: 
                     "switches": resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches,
                     "read_jobs": None if jobs is None else engine.read_jobs - jobs,
                     "bot": str(Path(sys.modules[Engine.__module__].__file__ or "").parents[2]),
-                    "readers": engine.settings.db_readers}
+                    "readers": getattr(engine._readers, "_max_workers", None)}
     out.put(asyncio.run(run()))
 
 

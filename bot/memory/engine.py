@@ -54,6 +54,16 @@ EMBED_BATCH = 32
 WRITE_RETRY_DELAYS_S = (1.0, 4.0, 15.0)   # between attempts that each wait one busy timeout (5 s) for the lock
 
 
+def read_threads(settings: Settings) -> int:
+    """How many read connections (and threads) serve reads: MUNINN_DB_READERS, else by backend.
+    One process's Python holds one GIL: on SQLite, where a read is CPU in this process, a third
+    read thread mostly adds hand-offs of the GIL; PostgreSQL's reads wait on the server, and
+    more connections overlap those waits."""
+    if settings.db_readers is not None:
+        return settings.db_readers
+    return 3 if settings.database_url else 2
+
+
 class Engine(NamedAccess, Embedding, Recalling):
     """The memory engine: opens the database, runs every job off the event loop, recalls."""
 
@@ -78,7 +88,7 @@ class Engine(NamedAccess, Embedding, Recalling):
         self.console = Console(self)    # the operator's console (bot/web/)
         # Readers need a database that other connections can open; ":memory:" is one per connection.
         self._shared_file = self.storage.shares_readers()
-        self._readers = (ThreadPoolExecutor(max_workers=settings.db_readers, thread_name_prefix="muninn-read")
+        self._readers = (ThreadPoolExecutor(max_workers=read_threads(settings), thread_name_prefix="muninn-read")
                          if self._shared_file else None)
         self._reader_local = threading.local()
         self._reader_conns: list[Connection] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bot.memory.engine import Engine, read_threads
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 
@@ -54,3 +55,12 @@ async def test_a_vector_the_index_cannot_take_is_dropped_in_the_same_job(engine,
     await _remember_some(engine)
     jobs, found, status = await _jobs_of(engine, query_vector=[0.5] * 12, touch=False)
     assert (jobs, status) == (1, "wrong-size") and found
+
+
+async def test_read_threads_follow_the_backend_unless_set(make_settings):
+    default = make_settings("")
+    assert read_threads(default) == (3 if default.database_url else 2)  # PostgreSQL's reads wait on the server
+    one = make_settings("", MUNINN_DB_READERS="1")
+    assert read_threads(one) == 1
+    async with Engine(one) as engine:
+        assert engine._readers is None or engine._readers._max_workers == 1
