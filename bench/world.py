@@ -237,9 +237,16 @@ def make_world(shape, seed: int = 7) -> World:
     return SkewWorld(shape, seed) if isinstance(shape, SkewShape) else World(shape, seed)
 
 
+# Settings a benchmark takes from the environment (beside every MUNINN_VECTOR_*), to compare budgets,
+# paths and thread counts: `MUNINN_DB_READERS=1 .venv/bin/python -m bench.concurrency ...`
+PASSED_THROUGH = ("MUNINN_DB_READERS",)
+
+
 def bench_settings(path: Path, ollama_url: str = "", **env: str):
-    # MUNINN_VECTOR_CACHE_MB / MUNINN_VECTOR_CODES_MIN from the environment, to compare budgets and paths
-    chosen = {key: value for key, value in os.environ.items() if key.startswith("MUNINN_VECTOR_")}
+    """The product's settings for a benchmark's engine on `path` (no Ollama unless given); the
+    environment's MUNINN_VECTOR_* and PASSED_THROUGH apply, `env` over them."""
+    chosen = {key: value for key, value in os.environ.items()
+              if key.startswith("MUNINN_VECTOR_") or key in PASSED_THROUGH}
     return load_settings({"MUNINN_DB_PATH": str(path), "OLLAMA_URL": ollama_url, "OLLAMA_EMBED_MODEL": EMBED_MODEL,
                           "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "30", **chosen, **env})
 

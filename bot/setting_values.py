@@ -37,6 +37,15 @@ def _optional_float(lo: float, hi: float):
     return parse
 
 
+def _optional_int(lo: int, hi: int):
+    """A whole number in [lo, hi], or empty for "decide automatically" (None)."""
+    number = _int(lo, hi)
+
+    def parse(name: str, raw: str) -> int | None:
+        return None if raw.strip() == "" else number(name, raw.strip())
+    return parse
+
+
 def _int(lo: int = 0, hi: int | None = None):
     def parse(name: str, raw: str) -> int:
         try:

@@ -23,6 +23,7 @@ from bot.setting_values import (  # noqa: F401  (SettingsError: every caller imp
     _id_list,
     _int,
     _optional_float,
+    _optional_int,
     _optional_port,
     _path,
     _shard_list,
@@ -105,7 +106,7 @@ SETTINGS: dict[str, Spec] = {
     "archive_importance": Spec("MUNINN_ARCHIVE_IMPORTANCE", "0.4", "Decay: only memories with importance below this are ever archived by decay.", _float(0.0, 1.0), section=LIFECYCLE),
     "maintenance_hours": Spec("MUNINN_MAINTENANCE_HOURS", "6", "Hours between automatic maintenance runs in the bot (decay, embeddings, links, consolidation); 0 = never.", _float(0), section=LIFECYCLE),
     "guild_retention_days": Spec("MUNINN_GUILD_RETENTION_DAYS", "30", "Days Muninn keeps what it learned in a server after being removed from it (its room and personal memories, history, channel options); maintenance purges it then, unless Muninn was added back. 0 = at the next maintenance run.", _float(0, 36500), section=LIFECYCLE),
-    "db_readers": Spec("MUNINN_DB_READERS", "3", "Database connections that serve recalls beside the one writer (WAL lets readers run while it writes).", _int(1, 32), section=DATABASE),
+    "db_readers": Spec("MUNINN_DB_READERS", "", "Database connections (each a thread) that serve recalls beside the one writer (WAL lets readers run while it writes); empty = 2 on SQLite, 3 on PostgreSQL (where reads wait on the server). With several shard processes on one machine, as many as its cores or more, 1 serves more recalls for less CPU and lets writes through sooner (docs/performance.md, Concurrency).", _optional_int(1, 32), section=DATABASE),
     "vector_cache_mb": Spec("MUNINN_VECTOR_CACHE_MB", "4096", "Most memory for the vectors kept in RAM for fast search (per visibility key, in MUNINN_VECTOR_FORM; it takes only what the vectors need: int8 about a quarter of float32, docs/performance.md, Memory); keys beyond it are searched inside the database, much slower. Lower it on a small host.", _int(0), section=DATABASE),
     "vector_codes_min": Spec("MUNINN_VECTOR_CODES_MIN", "20000", "A viewer who sees at least this many vectors (over all their visibility keys) has them ranked first by sign-bit codes (1 bit per dimension), and only the best of them (at least 256) are scored in full (the best of those rescored exactly: MUNINN_VECTOR_FORM): nearly the exact top results at a fraction of the cost (docs/performance.md); viewers who see fewer, and searches as of a past moment, stay exact; 0 = always exact.", _int(0), section=DATABASE),
     "metrics_port": Spec("MUNINN_METRICS_PORT", "", "Health and metrics: the port of /healthz and Prometheus /metrics, served by the bot (docs/deployment.md); empty = off. With several processes, one port each.", _optional_port, section=OPERATIONS),
@@ -190,7 +191,7 @@ class Settings:
     archive_importance: float
     maintenance_hours: float
     guild_retention_days: float
-    db_readers: int
+    db_readers: int | None
     vector_cache_mb: int
     vector_codes_min: int
     vector_partial_min: int

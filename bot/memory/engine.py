@@ -11,7 +11,6 @@ function of the project.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -22,7 +21,6 @@ import apsw
 
 from bot.llm.ollama import (
     OllamaUnavailable,
-    usable_vector,
 )
 from bot.llm.servers import LLMClient, make_client
 from bot.logs import Throttle
@@ -35,10 +33,9 @@ from bot.memory.errors import DatabaseBusy, DatabaseError, explain
 from bot.memory.guilds import Guilds
 from bot.memory.messages import Messages
 from bot.memory.options import Options
-from bot.memory.recall import dates, ranking, retrieval, steps, touches
-from bot.memory.recall.retrieval import VectorStatus
+from bot.memory.recall import touches
+from bot.memory.recalling import Recalling, waiting_once
 from bot.memory.rooms import Rooms
-from bot.memory.scope import Viewer
 from bot.memory.sql import store, transactions
 from bot.memory.sql.marks import mark_pending
 from bot.memory.sql.rooms import settle
@@ -49,29 +46,25 @@ from bot.memory.vectors.cache import VectorCache
 from bot.memory.writing.facts import FactWrites
 from bot.memory.writing.upkeep import Upkeep
 from bot.settings import Settings
-from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 EMBED_BATCH = 32
-# Background work (maintenance) waits for the recalls in flight to end before each of its steps,
-# at most this long, so a bot that never stops talking still gets its maintenance done.
-YIELD_MAX_S = 2.0
 WRITE_RETRY_DELAYS_S = (1.0, 4.0, 15.0)   # between attempts that each wait one busy timeout (5 s) for the lock
 
 
-def _waiting_once(conn: Connection, job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`job` on the writer, its lock waits limited to one busy timeout (Engine.write retries)."""
-    with transactions.single_lock_wait():
-        return job(conn, *args, **kwargs)
+def read_threads(settings: Settings) -> int:
+    """How many read connections (and threads) serve reads: MUNINN_DB_READERS, else by backend.
+    One process's Python holds one GIL: on SQLite, where a read is CPU in this process, a third
+    read thread mostly adds hand-offs of the GIL; PostgreSQL's reads wait on the server, and
+    more connections overlap those waits."""
+    if settings.db_readers is not None:
+        return settings.db_readers
+    return 3 if settings.database_url else 2
 
 
-async def _given(vector: list[float]) -> tuple[list[float] | None, VectorStatus]:
-    return (vector, VectorStatus.OK) if usable_vector(vector) else (None, VectorStatus.BAD_RESPONSE)
-
-
-class Engine(NamedAccess, Embedding):
+class Engine(NamedAccess, Embedding, Recalling):
     """The memory engine: opens the database, runs every job off the event loop, recalls."""
 
     def __init__(self, settings: Settings, ollama: LLMClient | None = None, *, warm: bool = True):
@@ -95,11 +88,12 @@ class Engine(NamedAccess, Embedding):
         self.console = Console(self)    # the operator's console (bot/web/)
         # Readers need a database that other connections can open; ":memory:" is one per connection.
         self._shared_file = self.storage.shares_readers()
-        self._readers = (ThreadPoolExecutor(max_workers=settings.db_readers, thread_name_prefix="muninn-read")
+        self._readers = (ThreadPoolExecutor(max_workers=read_threads(settings), thread_name_prefix="muninn-read")
                          if self._shared_file else None)
         self._reader_local = threading.local()
         self._reader_conns: list[Connection] = []
         self._reader_lock = threading.Lock()
+        self.read_jobs = 0  # jobs run on the read connections (for tests and benchmarks: a recall's hand-offs)
         self._paused: set[int] | None = None  # cache of memory_pauses (this process writes it)
         self._touches = touches.TouchBatcher(self._touch_batch, self._load_untouched)  # concurrent recalls share one writer job
         self._recalls_in_flight = 0
@@ -247,6 +241,7 @@ class Engine(NamedAccess, Embedding):
     async def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run the read-only `fn(conn, *args, **kwargs)` on one of the read connections (it sees
         everything committed when it starts; the writer's open transaction stays invisible)."""
+        self.read_jobs += 1
         return await self._read_on(self._readers, fn, *args, **kwargs)
 
     async def _read_on(self, threads: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -285,7 +280,7 @@ class Engine(NamedAccess, Embedding):
         `what` was not written and why, and raise. Nothing a person asked for is dropped silently."""
         for attempt, delay in enumerate((*WRITE_RETRY_DELAYS_S, None), start=1):
             try:
-                return await self._run(_waiting_once, job, *args, **kwargs)
+                return await self._run(waiting_once, job, *args, **kwargs)
             except DatabaseBusy as exc:
                 if delay is None:
                     log.error("could not %s after %d attempts: %s", what, attempt, exc)
@@ -398,100 +393,3 @@ class Engine(NamedAccess, Embedding):
             raise OllamaUnavailable(f"re-indexed {count} of {total} memories; Ollama stopped answering. "
                                     "Run `muninn reindex` again (or let maintenance backfill the rest).")
         return count
-
-    # -- reads ---------------------------------------------------------------
-
-    async def recall(self, query: str, viewer: Viewer, *, limit: int | None = None, as_of: float | None = None,
-                     touch: bool = True, query_vector: Sequence[float] | None = None) -> retrieval.RecallResult:
-        """Hybrid retrieval for `viewer`: FTS5 + vector KNN fused (recall/fusion.py), then the graph, then touch.
-        `query_vector` (an embedding of `query` made earlier) skips the embedding call."""
-        self._recalls_in_flight += 1
-        if self._no_recall is not None:
-            self._no_recall.clear()
-        try:
-            return await self._recall(query, viewer, limit=limit, as_of=as_of, touch=touch, query_vector=query_vector)
-        finally:
-            self._recalls_in_flight -= 1
-            if self._recalls_in_flight == 0 and self._no_recall is not None:
-                self._no_recall.set()
-
-    async def yield_to_recalls(self, longest: float = YIELD_MAX_S) -> None:
-        """For background work (maintenance), between its steps: wait until no recall of this
-        process is in flight, `longest` seconds at most (other processes' recalls are not seen).
-        A step that overlaps a recall takes cores, the GIL and the writer from it."""
-        if self._recalls_in_flight == 0:
-            return
-        if self._no_recall is None:
-            self._no_recall = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._no_recall.wait(), longest)
-
-    async def _recall(self, query: str, viewer: Viewer, *, limit: int | None, as_of: float | None,
-                      touch: bool, query_vector: Sequence[float] | None) -> retrieval.RecallResult:
-        # Callers validate their limit (bot/validate.py); the cap here keeps vec0's k (3 x limit) legal.
-        limit = min(limit or self.settings.recall_limit, MAX_RECALL_LIMIT)
-        now = as_of if as_of is not None else time.time()
-        started = time.perf_counter()
-        embedding = asyncio.create_task(self._query_vector(query) if query_vector is None
-                                        else _given(list(query_vector)))
-        try:
-            found = await self._read(steps.keyword_step, self.storage, query, viewer, limit * 3, as_of)
-        except BaseException:
-            embedding.cancel()
-            raise
-        fts_done = time.perf_counter()
-        vector, status = await embedding
-        if embedding.cancelling():
-            # our cancellation went to the embedding, and a client library turned it into a
-            # timeout it handled: the caller still asked to stop (a Ctrl-C, a shutdown)
-            raise asyncio.CancelledError
-        embed_done = time.perf_counter()
-        info = found.info
-        if vector is not None:
-            if info is None:
-                vector, status = None, VectorStatus.NO_EMBEDDINGS
-            elif info.model != self.settings.embed_model:
-                vector, status = None, VectorStatus.MODEL_MISMATCH
-                self._warn_once("mismatch", f"vectors were made with {info.model!r}, OLLAMA_EMBED_MODEL is "
-                                            f"{self.settings.embed_model!r}: run `muninn reindex`")
-            elif len(vector) != info.dim:
-                self._warn_once("wrong-size", f"{self.settings.embed_model} returned a {len(vector)}-dimensional "
-                                              f"vector, the index holds {info.dim}: run `muninn reindex`")
-                vector, status = None, VectorStatus.WRONG_SIZE
-            elif found.partial:
-                status = VectorStatus.PARTIAL  # a re-index is under way or was interrupted: some vectors are missing
-        searched = await self._read(steps.search_step, self.storage, self.settings, found, vector, limit, now, as_of,
-                                    dates.hints(query, now, self.settings.timezone))
-        candidates, mode, finish = searched.chosen, searched.mode, searched.timings_ms
-        t0 = time.perf_counter()
-        ids = [c.memory_id for c in candidates]
-        if touch and ids:  # only what was relevant counts as recalled (ranking.py: the touch floor)
-            floor = ranking.touch_floor(self.settings.embed_model, self.settings.touch_min_cosine)
-            relevant = ranking.worth_touching(candidates, vector_ran=vector is not None, floor=floor)
-            for cand in candidates:
-                cand.touched = cand.memory_id in relevant
-            # never stamp a future recall time: it would pin the memories so they never fade
-            memories = await self._touches.touch_and_load(relevant, ids, min(now, time.time() + FUTURE_SLACK_S))
-        else:
-            memories = await self._read(self.storage.get_many, ids)
-        finish["fuse_graph_touch"] += (time.perf_counter() - t0) * 1000
-        # a memory archived (or forgotten) since the search is not returned: archived ones never are
-        result = retrieval.RecallResult(query=query, mode=mode, vector_status=status,
-                                        memories=[retrieval.Recalled(memories[c.memory_id], c) for c in candidates
-                                                  if c.memory_id in memories and memories[c.memory_id].archived_at is None],
-                                        floor=None if vector is None else ranking.inject_floor(
-                                            self.settings.embed_model, self.settings.inject_min_cosine))
-        result.timings_ms = {"fts": (fts_done - started) * 1000, "embed_wait": (embed_done - fts_done) * 1000,
-                             **finish, "total": (time.perf_counter() - started) * 1000}
-        return result
-
-    async def _touch_batch(self, requests: list[tuple[list[int], list[int], float]]) -> list[dict[int, records.Memory]]:
-        """The touches of the recalls waiting for one (touches.TouchBatcher), in one writer job."""
-        # One wait for the lock, not write_transaction's four: a reply does not wait 20 s for bookkeeping
-        # (a touch that fails is retried alone or skipped: touches.TouchBatcher).
-        return await self._run(_waiting_once, touches.touch_and_load_all, self.storage, requests,
-                               self.settings.stability_growth)
-
-    async def _load_untouched(self, ids: list[int]) -> dict[int, records.Memory]:
-        """A recall's memories when its touch failed: read as they are."""
-        return await self._read(self.storage.get_many, ids)

@@ -6,16 +6,23 @@ The search step takes the embedding: vector candidates, fusion, the neighbour lo
 order (fusion.py; with events on a date the question names: happens.py; newer before older where
 two disagree: newer.py), the fair share of each member (fair_share.py), the graph walk, and each chosen memory's
 cosine to the question.
+
+`read_steps` runs both as one job when the question's vector is ready by the time the keyword
+step ends (given by the caller, or embedded while the job waited for a reader, as it does when
+many recalls are in flight): each job is a hand-off from the event loop to a reader thread and
+back, and on two cores each hand-off costs the process GIL switches between its threads.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from bot.memory import records
 from bot.memory.recall import fair_share, fusion, happens, newer, ranking, retrieval, subqueries
 from bot.memory.recall.dates import DateHint
-from bot.memory.recall.retrieval import Candidate
+from bot.memory.recall.retrieval import Candidate, VectorStatus
 from bot.memory.scope import Viewer
 from bot.memory.storage import Storage
 from bot.memory.vectors.index import IndexInfo
@@ -94,3 +101,79 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
     t2 = time.perf_counter()
     return SearchStep(chosen, retrieval.mode_of(vector is not None, found.hits),
                       {"vector": (t1 - t0) * 1000, "fuse_graph_touch": (t2 - t1) * 1000})
+
+
+Question = tuple[list[float] | None, VectorStatus]  # the question's vector (None: none) and why
+
+
+class VectorSlot:
+    """The question's vector once the embedding is done: set on the event loop (`take`, a done
+    callback of the embedding task, or `value` for a vector the caller gave), read once by the
+    reader that ends the keyword step (one attribute: no lock needed)."""
+
+    def __init__(self, value: Question | None = None) -> None:
+        """`value`: ready from the start (a vector the caller gave)."""
+        self.value = value
+
+    def take(self, task: asyncio.Future) -> None:
+        """The embedding task's answer, when it has one (a failure is for the recall to await)."""
+        if not task.cancelled() and task.exception() is None:
+            self.value = task.result()
+
+
+def checked_vector(vector: list[float] | None, status: VectorStatus, found: KeywordStep,
+                   embed_model: str) -> tuple[list[float] | None, VectorStatus, tuple[str, str] | None]:
+    """The question's vector if the index can take it, its status, and a warning to log once
+    (key, text) when the index and the model disagree."""
+    info = found.info
+    if vector is None:
+        return None, status, None
+    if info is None:
+        return None, VectorStatus.NO_EMBEDDINGS, None
+    if info.model != embed_model:
+        return None, VectorStatus.MODEL_MISMATCH, ("mismatch", f"vectors were made with {info.model!r}, "
+                                                   f"OLLAMA_EMBED_MODEL is {embed_model!r}: run `muninn reindex`")
+    if len(vector) != info.dim:
+        return None, VectorStatus.WRONG_SIZE, ("wrong-size", f"{embed_model} returned a {len(vector)}-dimensional "
+                                               f"vector, the index holds {info.dim}: run `muninn reindex`")
+    if found.partial:  # a re-index is under way or was interrupted: some vectors are missing
+        return vector, VectorStatus.PARTIAL, None
+    return vector, status, None
+
+
+@dataclass
+class Reading:
+    """What `read_steps` did in one job: the keyword step always; the search step (with the
+    vector it took) when the vector was ready; the memories when it also loaded them."""
+    found: KeywordStep
+    keyword_done: float                              # time.perf_counter() at the keyword step's end
+    searched: SearchStep | None = None               # None: the vector was not ready, search in a job of its own
+    vector: list[float] | None = None
+    status: VectorStatus = VectorStatus.OK
+    warning: tuple[str, str] | None = None           # checked_vector's
+    loaded: dict[int, records.Memory] | None = None  # the chosen memories, when asked to load (no touch)
+
+
+def read_steps(conn: Any, storage: Storage[Any], settings: Settings, query: str, viewer: Viewer, limit: int,
+               now: float, as_of: float | None, date_hints: Sequence[DateHint], slot: VectorSlot,
+               load: bool) -> Reading:
+    """The keyword step, then, if `slot` holds the vector by then, `search_into` on the same
+    connection: one job instead of two (three with `load`)."""
+    found = keyword_step(conn, storage, query, viewer, limit * 3, as_of)
+    reading = Reading(found, time.perf_counter())
+    ready = slot.value
+    if ready is None:
+        return reading
+    return search_into(conn, storage, settings, reading, ready, limit, now, as_of, date_hints, load)
+
+
+def search_into(conn: Any, storage: Storage[Any], settings: Settings, reading: Reading, question: Question,
+                limit: int, now: float, as_of: float | None, date_hints: Sequence[DateHint], load: bool) -> Reading:
+    """The search step with the question's vector (checked_vector), into `reading`; with `load`,
+    the chosen memories as they are too (a recall that does not touch)."""
+    reading.vector, reading.status, reading.warning = checked_vector(*question, reading.found, settings.embed_model)
+    reading.searched = search_step(conn, storage, settings, reading.found, reading.vector, limit, now, as_of,
+                                   date_hints)
+    if load:
+        reading.loaded = storage.get_many(conn, [c.memory_id for c in reading.searched.chosen])
+    return reading

@@ -22,7 +22,11 @@ async def test_concurrent_recalls_count_every_touch_in_fewer_writer_jobs(fts_eng
            for i in range(3)]
     before = {i: await fts_engine.get(i) for i in ids}
     jobs = fts_engine._touches.jobs
+    # the writer busy while the recalls read: their touches queue behind it, as they do when
+    # recalls end faster than the writer applies one touch
+    busy = asyncio.create_task(fts_engine.write(lambda conn: time.sleep(0.5)))
     results = await asyncio.gather(*(fts_engine.recall("kayak lake", ME) for _ in range(12)))
+    await busy
     assert all(set(r.ids) == set(ids) for r in results)
     growth = fts_engine.settings.stability_growth
     for memory_id in ids:
