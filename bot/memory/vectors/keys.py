@@ -306,7 +306,7 @@ class CachedKeys:
                     return self._keys.get(key)
                 self._loading.add(key)
             try:
-                background(lambda loader: self._load(loader, info, key))
+                background(lambda loader: self._load(loader, info, key, count_first=True))
             except Exception:  # the loader is shut down: the key stays cold, vec0 answers
                 with self._lock:
                     self._loading.discard(key)
@@ -317,9 +317,30 @@ class CachedKeys:
             self._loading.add(key)
         return self._load(conn, info, key)
 
-    def _load(self, conn: Connection, info: vectors.IndexInfo, key: str) -> KeyVectors | None:
+    def key_bytes(self, count: int, dim: int) -> int:
+        """The bytes a key of `count` vectors takes in this cache once loaded, as the budget counts
+        them (KeyVectors.nbytes): its rows with their free rows, each with its id, time and scale,
+        and its codes when a search by code may pack them."""
+        codes = vector_codes.words_for(dim) * 8 if self._may_code(count) else 0
+        return (count + SLACK_ROWS + spare_rows(count)) * (KeyVectors.row_bytes(dim, self.form) + codes)
+
+    def fitting_rows(self, dim: int) -> int:
+        """The most vectors one key may hold and still fit the whole budget (`key_bytes`)."""
+        low, high = 0, self.budget_bytes // max(1, dim) + 1  # no row takes less than `dim` bytes
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.key_bytes(mid, dim) <= self.budget_bytes:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def _load(self, conn: Connection, info: vectors.IndexInfo, key: str, *,
+              count_first: bool = False) -> KeyVectors | None:
         """Load a key marked as loading (by the caller, under the lock) and publish it; changes
-        applied by other threads meanwhile are caught up first."""
+        applied by other threads meanwhile are caught up first. `count_first`: count its vectors
+        (up to what fits) before reading them, so that a key too big for the budget is not read
+        whole only to be found too big (a big key's load: seconds of the database's and our CPU)."""
         try:
             with self._lock:
                 generation, seq = self._generation, self._seq
@@ -327,12 +348,21 @@ class CachedKeys:
                     return self._keys[key]
             if not conn.get_autocommit():
                 return None
+            if count_first:
+                fit = self.fitting_rows(info.dim)
+                if self.source.key_size_at_least(conn, key, fit) > fit:
+                    with self._lock:
+                        if self._generation == generation:
+                            self._too_big[key] = time.monotonic()
+                    return None
             ids, created, matrix = self.source.load_key(conn, info, key)
             # Built off the lock: the copy, the id map and the codes take long for a big key,
-            # and every search waits for the lock.
+            # and every search waits for the lock. A key is too big when its arrays as the budget
+            # counts them exceed it: its free rows, ids and scales count too (testing its vectors
+            # alone let a key over the budget in, which then evicted every other key, and was
+            # evicted in turn by the next key loaded: every key was read again and again).
             entry = (KeyVectors(ids, created, matrix, spare_rows(len(ids)), coded=self._coded(len(ids)), form=self.form)
-                     if (matrix.nbytes if self.form == "float32" else matrix.size) <= self.budget_bytes
-                     else None)
+                     if self.key_bytes(len(ids), info.dim) <= self.budget_bytes else None)
             with self._lock:
                 if self._generation != generation:
                     return None  # the cache started over meanwhile (new index, pruned log): this load is void
@@ -363,7 +393,6 @@ class CachedKeys:
         writes. Stops early when `stop` is set. Returns how many keys it loaded."""
         if not conn.get_autocommit() or self._sync(conn, info) is None:
             return 0
-        per_vector = KeyVectors.row_bytes(info.dim, self.form)  # (+ a code in a key searched by code)
         loaded = 0
         with self._lock:
             generation = self._generation
@@ -384,8 +413,7 @@ class CachedKeys:
                     continue
                 # with its codes if a search by code may pack them (_code_keys), not only when its
                 # load does: else those searches pushed the cache over its budget, evicting keys
-                row_bytes = per_vector + (vector_codes.words_for(info.dim) * 8 if self._may_code(count) else 0)
-                if self._bytes + (count + SLACK_ROWS + spare_rows(count)) * row_bytes > self.budget_bytes:
+                if self._bytes + self.key_bytes(count, info.dim) > self.budget_bytes:
                     continue  # would evict a key already warm
             if self._entry(conn, info, key, may_defer=False) is not None:
                 loaded += 1
