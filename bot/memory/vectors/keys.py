@@ -286,8 +286,9 @@ class CachedKeys:
         """The key's vectors, loading them if needed (only outside a write transaction, whose
         rows could still roll back); None = search this key inside vec0. That is also the answer
         while another thread loads the key, and (`may_defer`) for a key of more than INLINE_LOAD_MAX
-        vectors when a background loader is set: it is loaded there (a busy channel's key takes far longer
-        to load than vec0 takes to answer it, and a recall after a restart waited for the load).
+        vectors (or the source's lower `inline_load_max`) when a background loader is set: it is
+        loaded there (a busy channel's key takes far longer to load than vec0 takes to answer it,
+        and a recall after a restart waited for the load).
         Loads run outside the lock, so searches of other keys go on beside them."""
         with self._lock:
             entry = self._keys.get(key)
@@ -299,8 +300,10 @@ class CachedKeys:
             if self._still_too_big(key) or key in self._loading or not conn.get_autocommit():
                 return None
         background = self.background
+        # a source may load more slowly than it searches: its own, lower bound (`inline_load_max`)
+        most = min(INLINE_LOAD_MAX, getattr(self.source, "inline_load_max", INLINE_LOAD_MAX))
         if (background is not None and may_defer
-                and self.source.key_size_at_least(conn, key, INLINE_LOAD_MAX) > INLINE_LOAD_MAX):
+                and self.source.key_size_at_least(conn, key, most) > most):
             with self._lock:
                 if key in self._keys or key in self._loading:
                     return self._keys.get(key)

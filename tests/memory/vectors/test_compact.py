@@ -333,3 +333,26 @@ def test_a_big_key_is_counted_before_it_is_read_for_the_background_load(make_sid
             jobs.pop()(side.connection)
     assert loads.count("r:1") == 0 and "g" in loads
     assert side.cache.cached_keys() == ["g"]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_postgresql_loads_a_cold_key_of_a_few_hundred_vectors_in_the_background(make_side, backend):
+    """On PostgreSQL a load brings each vector over the connection, many times the server's scan
+    of them: a cold key of more than the source's `inline_load_max` is searched in the server and
+    loaded on the loader thread, not inside the search that met it."""
+    from bot.memory.postgres.vector_source import PostgresVectorSource
+    from bot.memory.vectors import keys as cache_keys
+    most = PostgresVectorSource.inline_load_max
+    assert most < cache_keys.INLINE_LOAD_MAX
+    rng = np.random.default_rng(13)
+    side = make_side("int8", 64 << 20)
+    fill_keys(side, rng, {"r:1": most + 20, "g": 10})
+    jobs: list[Callable[[Any], object]] = []
+    side.cache.background = jobs.append
+    q = embeddings(rng, 20)[0]
+    expected = [(m, pytest.approx(d, abs=1e-5)) for m, d in exact_knn(side, q, ["g", "r:1"], 10)]
+    assert side.search(q.tolist(), ["g", "r:1"], 10) == expected
+    assert side.cache.cached_keys() == ["g"] and len(jobs) == 1  # r:1 answered by the server meanwhile
+    jobs.pop()(side.connection)
+    assert sorted(side.cache.cached_keys()) == ["g", "r:1"]
+    assert side.search(q.tolist(), ["g", "r:1"], 10) == expected and not jobs
