@@ -71,9 +71,9 @@ class PostgresVectorSource:
 
     # A cold key of more vectors than this is loaded in the background, and searched in the
     # server meanwhile (keys.INLINE_LOAD_MAX, the cache's own bound, is far higher). A load
-    # brings every vector over the connection and converts it, many times the server's own
-    # scan of them: a heavy user's key of a few thousand took a recall 60-120 ms to load where
-    # the scan took 7.
+    # brings every vector over the connection and converts it, many times the cost of the
+    # server's own scan of them: a recall that loaded a heavy user's key waited far longer
+    # than the scan would have taken (docs/performance.md).
     inline_load_max = 256
 
     def __init__(self, server_knn: Any, server_similar: Any) -> None:

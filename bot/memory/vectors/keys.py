@@ -361,7 +361,7 @@ class CachedKeys:
             ids, created, matrix = self.source.load_key(conn, info, key)
             # Built off the lock: the copy, the id map and the codes take long for a big key,
             # and every search waits for the lock. A key is too big when its arrays as the budget
-            # counts them exceed it: its free rows, ids and scales count too (testing its vectors
+            # counts them exceed it: its free rows, ids, scales and codes count too (testing its vectors
             # alone let a key over the budget in, which then evicted every other key, and was
             # evicted in turn by the next key loaded: every key was read again and again).
             entry = (KeyVectors(ids, created, matrix, spare_rows(len(ids)), coded=self._coded(len(ids)), form=self.form)
