@@ -420,6 +420,12 @@ class CachedKeys:
                     continue  # would evict a key already warm
             if self._entry(conn, info, key, may_defer=False) is not None:
                 loaded += 1
+        with self._lock:
+            # Loaded biggest first, the biggest keys were the least recently used: the first to go
+            # for the first key a recall loaded, however small. A big key reloads slowly (in the
+            # background, searched in the database meanwhile), a small one at once: the smallest go first.
+            for key in sorted(self._keys, key=lambda held: self._keys[held].n):
+                self._keys.move_to_end(key)
         return loaded
 
     # -- which keys are searched by code ----------------------------------------

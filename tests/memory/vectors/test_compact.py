@@ -56,6 +56,7 @@ class Side:
     set_vector: Callable[[int, list[float]], None]
     stored: Callable[[], dict[int, tuple[str, np.ndarray]]]   # id -> (key, float32 vector), from the store
     connection: Any = None                                    # the searching side's own (a background load's)
+    index: Callable[[], Any] = lambda: None                   # the vector index's info
 
 
 def _sqlite_side(tmp_path, form: str, budget: int) -> Iterator[Side]:
@@ -82,7 +83,8 @@ def _sqlite_side(tmp_path, form: str, budget: int) -> Iterator[Side]:
     yield Side(cache, lambda q, keys, k, as_of=None: vectors.knn(cached, info, q, keys, k, as_of),
                lambda q, ids: vectors.cosines(cached, info, q, ids),
                lambda items, k: vectors.neighbours_many(cached, info, items, k),
-               insert, lambda memory_id: store.archive(plain, memory_id, "test"), set_vector, stored, cached)
+               insert, lambda memory_id: store.archive(plain, memory_id, "test"), set_vector, stored, cached,
+               lambda: info)
     cached.close()
     plain.close()
 
@@ -109,7 +111,8 @@ def _postgres_side(url: str, form: str, budget: int) -> Iterator[Side]:
                lambda q, ids: cache.cosines(conn, index(), q, ids),
                lambda items, k: cached.neighbours_many(conn, index(), items, k),
                insert, lambda memory_id: plain.archive(other, memory_id, "test"),
-               lambda memory_id, vector: plain.store_vectors(other, "m", [memory_id], [vector]), stored, conn)
+               lambda memory_id, vector: plain.store_vectors(other, "m", [memory_id], [vector]), stored, conn,
+               index)
     conn.close()
     other.close()
 
@@ -356,3 +359,17 @@ def test_postgresql_loads_a_cold_key_of_a_few_hundred_vectors_in_the_background(
     jobs.pop()(side.connection)
     assert sorted(side.cache.cached_keys()) == ["g", "r:1"]
     assert side.search(q.tolist(), ["g", "r:1"], 10) == expected and not jobs
+
+
+def test_after_the_warm_a_load_evicts_the_smallest_keys_first(make_side, backend):
+    """The warm loads the biggest keys first; left in that order, the biggest was the first evicted
+    for a small key a recall loaded (and reloaded slowly on its next search)."""
+    rng = np.random.default_rng(14)
+    side = make_side("int8", 64 << 20)
+    fill_keys(side, rng, {"r:1": 120, "g": 60, "r:2": 30, "p:7:1": 20})
+    side.cache.budget_bytes = sum(side.cache.key_bytes(n, DIM) for n in (120, 60, 30)) + 100
+    assert side.cache.warm(side.connection, side.index()) == 3  # the three biggest fit
+    q = embeddings(rng, 20)[0]
+    assert side.search(q.tolist(), ["p:7:1"], 5) == [(m, pytest.approx(d, abs=1e-5))
+                                                     for m, d in exact_knn(side, q, ["p:7:1"], 5)]
+    assert sorted(side.cache.cached_keys()) == ["g", "p:7:1", "r:1"]  # r:2, the smallest, made room
