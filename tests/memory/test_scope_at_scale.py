@@ -259,10 +259,10 @@ def instrument_cache(cache: vector_cache.VectorCache, paths: Paths) -> None:
     real_search, real_reset, real_drop = cache.source.search, cache._reset, cache._drop
     evicting = threading.local()
 
-    def load(conn, info, key):
+    def load(conn, info, key, **options):
         where = "background" if threading.current_thread().name.startswith("muninn-vecload") else "inline"
         paths.hit(f"vec:{where}-load")
-        entry = real_load(conn, info, key)
+        entry = real_load(conn, info, key, **options)
         if entry is None and key in cache._too_big:
             paths.hit("vec:too-big")
         return entry

@@ -69,6 +69,13 @@ def _vectors(rows: list[tuple[Any, ...]], dim: int) -> np.ndarray:
 class PostgresVectorSource:
     """The vector cache's storage reads on PostgreSQL (vector_cache.VectorSource)."""
 
+    # A cold key of more vectors than this is loaded in the background, and searched in the
+    # server meanwhile (keys.INLINE_LOAD_MAX, the cache's own bound, is far higher). A load
+    # brings every vector over the connection and converts it, many times the cost of the
+    # server's own scan of them: a recall that loaded a heavy user's key waited far longer
+    # than the scan would have taken (docs/performance.md).
+    inline_load_max = 256
+
     def __init__(self, server_knn: Any, server_similar: Any) -> None:
         self._server_knn = server_knn          # the backend's exact/HNSW search in the server
         self._server_similar = server_similar

@@ -286,8 +286,9 @@ class CachedKeys:
         """The key's vectors, loading them if needed (only outside a write transaction, whose
         rows could still roll back); None = search this key inside vec0. That is also the answer
         while another thread loads the key, and (`may_defer`) for a key of more than INLINE_LOAD_MAX
-        vectors when a background loader is set: it is loaded there (a busy channel's key takes far longer
-        to load than vec0 takes to answer it, and a recall after a restart waited for the load).
+        vectors (or the source's lower `inline_load_max`) when a background loader is set: it is
+        loaded there (a busy channel's key takes far longer to load than vec0 takes to answer it,
+        and a recall after a restart waited for the load).
         Loads run outside the lock, so searches of other keys go on beside them."""
         with self._lock:
             entry = self._keys.get(key)
@@ -305,7 +306,7 @@ class CachedKeys:
                     return self._keys.get(key)
                 self._loading.add(key)
             try:
-                background(lambda loader: self._load(loader, info, key))
+                background(lambda loader: self._load(loader, info, key, count_first=True))
             except Exception:  # the loader is shut down: the key stays cold, vec0 answers
                 with self._lock:
                     self._loading.discard(key)
@@ -317,12 +318,35 @@ class CachedKeys:
         return self._load(conn, info, key)
 
     def _defer(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
-        """Whether a cold key is loaded on the loader rather than by the search that wants it (a big one)."""
-        return self.source.key_size_at_least(conn, key, INLINE_LOAD_MAX) > INLINE_LOAD_MAX
+        """Whether a cold key is loaded on the loader rather than by the search that wants it (a big
+        one; a source may load more slowly than it searches: its own, lower bound `inline_load_max`)."""
+        most = min(INLINE_LOAD_MAX, getattr(self.source, "inline_load_max", INLINE_LOAD_MAX))
+        return self.source.key_size_at_least(conn, key, most) > most
 
-    def _load(self, conn: Connection, info: vectors.IndexInfo, key: str) -> KeyVectors | None:
+    def key_bytes(self, count: int, dim: int) -> int:
+        """The bytes a key of `count` vectors takes in this cache once loaded, as the budget counts
+        them (KeyVectors.nbytes): its rows with their free rows, each with its id, time and scale,
+        and its codes when a search by code may pack them."""
+        codes = vector_codes.words_for(dim) * 8 if self._may_code(count) else 0
+        return (count + SLACK_ROWS + spare_rows(count)) * (KeyVectors.row_bytes(dim, self.form) + codes)
+
+    def fitting_rows(self, dim: int) -> int:
+        """The most vectors one key may hold and still fit the whole budget (`key_bytes`)."""
+        low, high = 0, self.budget_bytes // max(1, dim) + 1  # no row takes less than `dim` bytes
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.key_bytes(mid, dim) <= self.budget_bytes:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def _load(self, conn: Connection, info: vectors.IndexInfo, key: str, *,
+              count_first: bool = False) -> KeyVectors | None:
         """Load a key marked as loading (by the caller, under the lock) and publish it; changes
-        applied by other threads meanwhile are caught up first."""
+        applied by other threads meanwhile are caught up first. `count_first`: count its vectors
+        (up to what fits) before reading them, so that a key too big for the budget is not read
+        whole only to be found too big (a big key's load: seconds of the database's and our CPU)."""
         try:
             with self._lock:
                 generation, seq = self._generation, self._seq
@@ -330,12 +354,21 @@ class CachedKeys:
                     return self._keys[key]
             if not conn.get_autocommit() or self._held_partially(conn, info, key):
                 return None
+            if count_first:
+                fit = self.fitting_rows(info.dim)
+                if self.source.key_size_at_least(conn, key, fit) > fit:
+                    with self._lock:
+                        if self._generation == generation:
+                            self._too_big[key] = time.monotonic()
+                    return None
             ids, created, matrix = self.source.load_key(conn, info, key)
             # Built off the lock: the copy, the id map and the codes take long for a big key,
-            # and every search waits for the lock.
+            # and every search waits for the lock. A key is too big when its arrays as the budget
+            # counts them exceed it: its free rows, ids, scales and codes count too (testing its vectors
+            # alone let a key over the budget in, which then evicted every other key, and was
+            # evicted in turn by the next key loaded: every key was read again and again).
             entry = (KeyVectors(ids, created, matrix, spare_rows(len(ids)), coded=self._coded(len(ids)), form=self.form)
-                     if (matrix.nbytes if self.form == "float32" else matrix.size) <= self.budget_bytes
-                     else None)
+                     if self.key_bytes(len(ids), info.dim) <= self.budget_bytes else None)
             with self._lock:
                 if self._generation != generation:
                     return None  # the cache started over meanwhile (new index, pruned log): this load is void
@@ -366,7 +399,6 @@ class CachedKeys:
         writes. Stops early when `stop` is set. Returns how many keys it loaded."""
         if not conn.get_autocommit() or self._sync(conn, info) is None:
             return 0
-        per_vector = KeyVectors.row_bytes(info.dim, self.form)  # (+ a code in a key searched by code)
         loaded = 0
         with self._lock:
             generation = self._generation
@@ -387,14 +419,19 @@ class CachedKeys:
                     continue
                 # with its codes if a search by code may pack them (_code_keys), not only when its
                 # load does: else those searches pushed the cache over its budget, evicting keys
-                row_bytes = per_vector + (vector_codes.words_for(info.dim) * 8 if self._may_code(count) else 0)
-                fits = self._bytes + (count + SLACK_ROWS + spare_rows(count)) * row_bytes <= self.budget_bytes
+                fits = self._bytes + self.key_bytes(count, info.dim) <= self.budget_bytes
                 partly = not fits and self._partial_need(count, info.dim, self._bytes) > 0
             if not fits:  # would evict a key already warm: held partially if it qualifies, else left to the store
                 if partly and self._hold_partially(conn, info, key):
                     loaded += 1
             elif self._entry(conn, info, key, may_defer=False) is not None:
                 loaded += 1
+        with self._lock:
+            # Loaded biggest first, the biggest keys were the least recently used: the first to go
+            # for the first key a recall loaded, however small. A big key reloads slowly (in the
+            # background, searched in the database meanwhile), a small one at once: the smallest go first.
+            for key in sorted(self._keys, key=lambda held: self._keys[held].n):
+                self._keys.move_to_end(key)
         return loaded
 
     # -- keys held partially (partial_keys.py) ------------------------------------

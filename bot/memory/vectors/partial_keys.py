@@ -23,7 +23,7 @@ from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
 from bot.memory.vectors import keys as cache_keys
 from bot.memory.vectors.arrays import SLACK_ROWS, KeyVectors
-from bot.memory.vectors.keys import LOAD_SPARE_SHARE, CachedKeys, spare_rows
+from bot.memory.vectors.keys import CachedKeys, spare_rows
 from bot.memory.vectors.partial import PartialKey, candidates
 from bot.memory.vectors.source import Changed, read_with
 
@@ -44,12 +44,6 @@ class PartialKeys(CachedKeys):
 
     def _partial_ok(self, count: int) -> bool:
         return 0 < self.partial_min <= count and hasattr(self.source, "read_key_vectors")
-
-    def _whole_need(self, count: int, dim: int) -> int:
-        """The bytes a key of `count` vectors takes held whole, as the warm weighs it (its free
-        rows, its codes if a search by code may pack them)."""
-        codes = vector_codes.words_for(dim) * 8 if self._may_code(count) else 0
-        return (count + SLACK_ROWS + spare_rows(count)) * (KeyVectors.row_bytes(dim, self.form) + codes)
 
     def _partial_need(self, count: int, dim: int, used: int) -> int:
         need = (count + spare_rows(count)) * PartialKey.row_bytes(dim)
@@ -75,9 +69,9 @@ class PartialKeys(CachedKeys):
         now fits is loaded whole."""
         if not self._partial_ok(self.partial_min):
             return False
-        cap = int(self.budget_bytes / (KeyVectors.row_bytes(info.dim, self.form) * (1 + LOAD_SPARE_SHARE)))  # too big past this
+        cap = self.fitting_rows(info.dim)  # too big past this
         count = self.source.key_size_at_least(conn, key, cap)
-        if count <= cap and self._whole_need(count, info.dim) <= self.budget_bytes:
+        if count <= cap:
             return False  # a partial copy serves until the whole one is in (_evict_beside lets it go)
         with self._lock:
             self._too_big[key] = time.monotonic()

@@ -142,8 +142,7 @@ class SharedKeys(PartialKeys):
         chosen, total = [], 0
         for key, count in conn.execute(f"SELECT vis_key, count(*) AS n FROM memories WHERE embedded = 1 AND {ACTIVE} "
                                        "GROUP BY vis_key ORDER BY n DESC, vis_key"):
-            codes = vector_codes.words_for(info.dim) * 8 if self._may_code(int(count)) else 0
-            need = (int(count) + SLACK_ROWS + spare_rows(int(count))) * (KeyVectors.row_bytes(info.dim, self.form) + codes)
+            need = self.key_bytes(int(count), info.dim)
             if total + need <= self.budget_bytes:
                 chosen.append(str(key))
                 total += need

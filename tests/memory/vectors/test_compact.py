@@ -55,6 +55,8 @@ class Side:
     archive: Callable[[int], None]
     set_vector: Callable[[int, list[float]], None]
     stored: Callable[[], dict[int, tuple[str, np.ndarray]]]   # id -> (key, float32 vector), from the store
+    connection: Any = None                                    # the searching side's own (a background load's)
+    index: Callable[[], Any] = lambda: None                   # the vector index's info
 
 
 def _sqlite_side(tmp_path, form: str, budget: int) -> Iterator[Side]:
@@ -81,7 +83,8 @@ def _sqlite_side(tmp_path, form: str, budget: int) -> Iterator[Side]:
     yield Side(cache, lambda q, keys, k, as_of=None: vectors.knn(cached, info, q, keys, k, as_of),
                lambda q, ids: vectors.cosines(cached, info, q, ids),
                lambda items, k: vectors.neighbours_many(cached, info, items, k),
-               insert, lambda memory_id: store.archive(plain, memory_id, "test"), set_vector, stored)
+               insert, lambda memory_id: store.archive(plain, memory_id, "test"), set_vector, stored, cached,
+               lambda: info)
     cached.close()
     plain.close()
 
@@ -108,7 +111,8 @@ def _postgres_side(url: str, form: str, budget: int) -> Iterator[Side]:
                lambda q, ids: cache.cosines(conn, index(), q, ids),
                lambda items, k: cached.neighbours_many(conn, index(), items, k),
                insert, lambda memory_id: plain.archive(other, memory_id, "test"),
-               lambda memory_id, vector: plain.store_vectors(other, "m", [memory_id], [vector]), stored)
+               lambda memory_id, vector: plain.store_vectors(other, "m", [memory_id], [vector]), stored, conn,
+               index)
     conn.close()
     other.close()
 
@@ -282,3 +286,90 @@ def test_sqlite_reads_many_stored_vectors_at_once_as_one_by_one(tmp_path):
     assert all(np.array_equal(got[mid], alone[mid]) for mid in got)
     conn.close()
 
+
+
+def fill_keys(side: Side, rng: np.random.Generator, counts: dict[str, int]) -> None:
+    """`counts[key]` vectors under each key, interleaved as a community writes them."""
+    order = [key for key, count in counts.items() for _ in range(count)]
+    rng.shuffle(order)
+    for i, (key, row) in enumerate(zip(order, embeddings(rng, len(order)), strict=True)):
+        side.insert(key, row.tolist(), i)
+
+
+def test_a_key_whose_arrays_exceed_the_budget_is_searched_in_the_store_and_evicts_nothing(make_side, backend):
+    """The busy channel's key: its int8 vectors alone fit the budget, its arrays (ids, times,
+    scales, free rows: what the budget counts) do not. Loaded, it evicted every other key and
+    was evicted by the next one loaded, so every key was read again and again; it is too big."""
+    rng = np.random.default_rng(11)
+    side = make_side("int8", 64 << 20)
+    fill_keys(side, rng, {"r:1": 200, "g": 20, "r:2": 20})
+    side.cache.budget_bytes = 200 * DIM + 100  # the busy key's int8 vectors, not its arrays
+    assert side.cache.key_bytes(200, DIM) > side.cache.budget_bytes
+    q = embeddings(rng, 20)[0]
+    for keys in (["g"], ["r:2"], ["g", "r:2", "r:1"], ["g", "r:2", "r:1"]):
+        assert side.search(q.tolist(), keys, 10) == [(m, pytest.approx(d, abs=1e-5))
+                                                     for m, d in exact_knn(side, q, keys, 10)]
+    assert sorted(side.cache.cached_keys()) == ["g", "r:2"]
+    assert side.cache.nbytes <= side.cache.budget_bytes
+
+
+def test_a_big_key_is_counted_before_it_is_read_for_the_background_load(make_side, backend, monkeypatch):
+    """A key too big for the budget, loaded in the background: counted up to what fits, never
+    read whole (a busy channel's key is seconds of reading), and not tried again at the next search."""
+    from bot.memory.vectors import keys as cache_keys
+    monkeypatch.setattr(cache_keys, "INLINE_LOAD_MAX", 10)
+    rng = np.random.default_rng(12)
+    side = make_side("int8", 64 << 20)
+    fill_keys(side, rng, {"r:1": 120, "g": 20})
+    side.cache.budget_bytes = side.cache.key_bytes(40, DIM)
+    assert side.cache.fitting_rows(DIM) == 40
+    loads: list[str] = []
+    real_load = side.cache.source.load_key
+    monkeypatch.setattr(side.cache.source, "load_key", lambda c, i, key: loads.append(key) or real_load(c, i, key))
+    jobs: list[Callable[[Any], object]] = []
+    side.cache.background = jobs.append
+    q = embeddings(rng, 20)[0]
+    for _ in range(2):
+        assert side.search(q.tolist(), ["g", "r:1"], 10) == [(m, pytest.approx(d, abs=1e-5))
+                                                             for m, d in exact_knn(side, q, ["g", "r:1"], 10)]
+        while jobs:
+            jobs.pop()(side.connection)
+    assert loads.count("r:1") == 0 and "g" in loads
+    assert side.cache.cached_keys() == ["g"]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_postgresql_loads_a_cold_key_of_a_few_hundred_vectors_in_the_background(make_side, backend):
+    """On PostgreSQL a load brings each vector over the connection, many times the server's scan
+    of them: a cold key of more than the source's `inline_load_max` is searched in the server and
+    loaded on the loader thread, not inside the search that met it."""
+    from bot.memory.postgres.vector_source import PostgresVectorSource
+    from bot.memory.vectors import keys as cache_keys
+    most = PostgresVectorSource.inline_load_max
+    assert most < cache_keys.INLINE_LOAD_MAX
+    rng = np.random.default_rng(13)
+    side = make_side("int8", 64 << 20)
+    fill_keys(side, rng, {"r:1": most + 20, "g": 10})
+    jobs: list[Callable[[Any], object]] = []
+    side.cache.background = jobs.append
+    q = embeddings(rng, 20)[0]
+    expected = [(m, pytest.approx(d, abs=1e-5)) for m, d in exact_knn(side, q, ["g", "r:1"], 10)]
+    assert side.search(q.tolist(), ["g", "r:1"], 10) == expected
+    assert side.cache.cached_keys() == ["g"] and len(jobs) == 1  # r:1 answered by the server meanwhile
+    jobs.pop()(side.connection)
+    assert sorted(side.cache.cached_keys()) == ["g", "r:1"]
+    assert side.search(q.tolist(), ["g", "r:1"], 10) == expected and not jobs
+
+
+def test_after_the_warm_a_load_evicts_the_smallest_keys_first(make_side, backend):
+    """The warm loads the biggest keys first; left in that order, the biggest was the first evicted
+    for a small key a recall loaded (and reloaded slowly on its next search)."""
+    rng = np.random.default_rng(14)
+    side = make_side("int8", 64 << 20)
+    fill_keys(side, rng, {"r:1": 120, "g": 60, "r:2": 30, "p:7:1": 20})
+    side.cache.budget_bytes = sum(side.cache.key_bytes(n, DIM) for n in (120, 60, 30)) + 100
+    assert side.cache.warm(side.connection, side.index()) == 3  # the three biggest fit
+    q = embeddings(rng, 20)[0]
+    assert side.search(q.tolist(), ["p:7:1"], 5) == [(m, pytest.approx(d, abs=1e-5))
+                                                     for m, d in exact_knn(side, q, ["p:7:1"], 5)]
+    assert sorted(side.cache.cached_keys()) == ["g", "p:7:1", "r:1"]  # r:2, the smallest, made room
