@@ -27,6 +27,12 @@ from bot.memory.vectors.keys import CachedKeys, spare_rows
 from bot.memory.vectors.partial import PartialKey, candidates
 from bot.memory.vectors.source import Changed, read_with
 
+# With keys held partially, a cold key of more vectors than this loads on the loader thread
+# while the store answers for it: a recall that met a viewer's cold keys of a few thousand
+# vectors spent longer loading them (reading, quantising, evicting) than the store takes to
+# search them, and that was the slowest recalls of a busy channel with the cache full.
+INLINE_LOAD_MAX = 256
+
 
 class PartialKeys(CachedKeys):
     """CachedKeys that hold the keys too big for the budget partially (`partial_min` > 0)."""
@@ -57,9 +63,10 @@ class PartialKeys(CachedKeys):
         every key behind it (a heavy DM user's dozens of small keys, one partition each)."""
         if not self._partial_ok(self.partial_min):
             return super()._defer(conn, info, key)
-        count = self.source.key_size_at_least(conn, key, cache_keys.INLINE_LOAD_MAX)
+        most = min(INLINE_LOAD_MAX, cache_keys.INLINE_LOAD_MAX)
+        count = self.source.key_size_at_least(conn, key, most)
         row_bytes = KeyVectors.row_bytes(info.dim, self.form)
-        return count > cache_keys.INLINE_LOAD_MAX or self._bytes + (count + SLACK_ROWS) * row_bytes > self.budget_bytes
+        return count > most or self._bytes + (count + SLACK_ROWS) * row_bytes > self.budget_bytes
 
     # -- choosing and building -------------------------------------------------------
 

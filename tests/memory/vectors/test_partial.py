@@ -15,6 +15,7 @@ from bot.memory.sqlite import vec0 as vectors
 from bot.memory.sqlite.partial_source import SQLitePartialSource, read_key_vectors
 from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import keys as cache_keys
+from bot.memory.vectors import partial_keys
 from bot.memory.vectors.arrays import KeyVectors
 from bot.memory.vectors.cache import VectorCache
 from bot.memory.vectors.partial import PartialKey, candidates
@@ -234,3 +235,21 @@ def test_a_small_cold_key_that_would_evict_goes_to_the_loader(world):
     cache.partial_min = 0  # holding nothing partially: as before, inline
     vectors.knn(conn, info, q, ["p:7:dm"], 5)
     assert "p:7:dm" in cache.cached_keys() and len(jobs) == 1
+
+
+def test_a_cold_key_of_hundreds_goes_to_the_loader_even_with_room(world):
+    """With keys held partially, a cold key of more than partial_keys.INLINE_LOAD_MAX vectors is
+    searched in vec0 and loaded on the loader, room or not: read, quantised and coded inside the
+    recall that met it, it cost that recall more than vec0's search of it."""
+    path, plain, rng = world
+    conn, cache = partial_cache(path, 64 << 20)
+    info = vectors.index_info(conn)
+    jobs: list = []
+    cache.background = jobs.append
+    q = unit(rng)
+    assert 20 <= partial_keys.INLINE_LOAD_MAX < 300
+    assert same(vectors.knn(conn, info, q, [BUSY], 5), vectors.knn_vec0(plain, info, q, [BUSY], 5))
+    assert cache.cached_keys() == [] and len(jobs) == 1
+    jobs[0](plain)
+    assert cache.cached_keys() == [BUSY]
+    assert same(vectors.knn(conn, info, q, [BUSY], 5), vectors.knn_vec0(plain, info, q, [BUSY], 5))
