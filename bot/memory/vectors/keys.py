@@ -352,14 +352,13 @@ class CachedKeys:
                 generation, seq = self._generation, self._seq
                 if key in self._keys:  # loaded meanwhile (a snapshot mapped, the warm that wrote it)
                     return self._keys[key]
-            if not conn.get_autocommit() or self._held_partially(conn, info, key):
+            if not conn.get_autocommit():
                 return None
-            if count_first:
+            if count_first or self._counts_before_load():
                 fit = self.fitting_rows(info.dim)
-                if self.source.key_size_at_least(conn, key, fit) > fit:
-                    with self._lock:
-                        if self._generation == generation:
-                            self._too_big[key] = time.monotonic()
+                count = self.source.key_size_at_least(conn, key, fit)
+                if count > fit:
+                    self._found_too_big(conn, info, key, count, generation)
                     return None
             ids, created, matrix = self.source.load_key(conn, info, key)
             # Built off the lock: the copy, the id map and the codes take long for a big key,
@@ -436,9 +435,17 @@ class CachedKeys:
 
     # -- keys held partially (partial_keys.py) ------------------------------------
 
-    def _held_partially(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
-        """Before a load: whether `key`, too big for the whole budget, is held partially instead."""
+    def _counts_before_load(self) -> bool:
+        """Whether every load counts its key before reading it, not only a background one."""
         return False
+
+    def _found_too_big(self, conn: Connection, info: vectors.IndexInfo, key: str, count: int,
+                       generation: int) -> None:
+        """A key counted before its load (`count` vectors, at least) does not fit the whole budget:
+        the store searches it, and it is not loaded again for a while (TOO_BIG_RETRY_S)."""
+        with self._lock:
+            if self._generation == generation:
+                self._too_big[key] = time.monotonic()
 
     def _hold_partially(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
         """Hold `key` partially (the warm: it does not fit the room left whole); whether it is."""

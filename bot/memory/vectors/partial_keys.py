@@ -70,23 +70,20 @@ class PartialKeys(CachedKeys):
 
     # -- choosing and building -------------------------------------------------------
 
-    def _held_partially(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
-        """Before a load (under `_loading`): a key too big for the whole budget is held partially
-        (already, or now) instead of being read whole only to be found too big; a partial key that
-        now fits is loaded whole."""
-        if not self._partial_ok(self.partial_min):
-            return False
-        cap = self.fitting_rows(info.dim)  # too big past this
-        count = self.source.key_size_at_least(conn, key, cap)
-        if count <= cap:
-            return False  # a partial copy serves until the whole one is in (_evict_beside lets it go)
+    def _counts_before_load(self) -> bool:
+        """With partial holding, every load counts its key first: one too big for the whole budget
+        is held partially instead of being read whole only to be found so."""
+        return self._partial_ok(self.partial_min)
+
+    def _found_too_big(self, conn: Connection, info: vectors.IndexInfo, key: str, count: int,
+                       generation: int) -> None:
+        """Marked too big as the cache does, and held partially (already, or now) if it qualifies; a
+        partial key that now fits is loaded whole, its partial copy serving until then."""
+        super()._found_too_big(conn, info, key, count, generation)
         with self._lock:
-            self._too_big[key] = time.monotonic()
-            if key in self._partial:
-                return True
-        if self._partial_ok(count):
+            held = key in self._partial
+        if not held and self._partial_ok(count):
             self._hold_partially(conn, info, key)
-        return True  # too big: not read whole only to be found so (the store searches what is not held)
 
     def _hold_partially(self, conn: Connection, info: vectors.IndexInfo, key: str) -> bool:
         """Read `key`'s codes from the store and hold it partially; the changes applied meanwhile
