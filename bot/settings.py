@@ -132,6 +132,7 @@ SETTINGS: dict[str, Spec] = {
     "fusion": Spec("MUNINN_FUSION", "scores", "Recall: how the keyword and vector paths become one list: scores (each memory's BM25 relative to the best keyword hit and its cosine, weighed by how well the two paths agree, with a share of rank fusion) or ranks (Reciprocal Rank Fusion alone, MUNINN_RRF_*) (bot/memory/recall/fusion.py).", _choice("scores", "ranks"), section=RECALL),
     "fusion_vector_share": Spec("MUNINN_FUSION_VECTOR_SHARE", "0.6", "Recall, score fusion: the vector path's share of the fused score (0 = keywords only, 1 = meaning only); chosen by cross-validation over LoCoMo and BEAM conversations (bench/README.md).", _float(0, 1), section=RECALL),
     "inject_min_cosine": Spec("MUNINN_INJECT_MIN_COSINE", "", "Relevance floor: the cosine to the message a recalled memory needs to be put into the prompt, so a question about something never discussed gets no memories; empty = the floor measured for the embedding model (none for a model not measured); -1 = off.", _optional_float(-1.0, 1.0), section=RECALL),
+    "changed_value_first": Spec("MUNINN_CHANGED_VALUE_FIRST", "true", "Recall: when a message asks for a value as it stands (\"how many sources are in my library?\", \"when is my call?\"), a recalled memory saying that value changed (\"I've added 52 sources\", \"the call moved to April 22\") goes before the older one holding it, which the prompt shows as an earlier note; English wording only (bot/memory/recall/changes.py); false = only memories saying nearly the same thing with a value changed are put in time order.", _bool, section=RECALL),
     # The indexes made for the big visibility keys that the vector caches may not hold (postgres/ann.py).
     "vector_index_min": Spec("MUNINN_VECTOR_INDEX_MIN", "5000", "PostgreSQL: maintenance gives each visibility key of at least this many vectors that the vector cache would not hold (beyond MUNINN_VECTOR_CACHE_MB) an approximate (HNSW) index of its own, so its search takes milliseconds instead of a scan of every vector (each write into the key costs more); dropped once the key falls under half of it or fits the cache; 0 = no such indexes (docs/operations.md, Recall past the memory limit). SQLite ignores it.", _int(0, 100_000_000), section=DATABASE),
     "vector_partial_min": Spec("MUNINN_VECTOR_PARTIAL_MIN", "5000", "SQLite: a visibility key of at least this many vectors that MUNINN_VECTOR_CACHE_MB cannot hold whole is held partially (an id and a 1-bit-per-dimension code a vector, about an eighth of its int8 rows): its search ranks the codes, then reads the best few hundred vectors back from the database and scores them exactly, milliseconds instead of a scan of every vector, nearly the exact top results on real embeddings (docs/performance.md, Keys held partially); 0 = such keys are scanned whole in the database. PostgreSQL ignores it (MUNINN_VECTOR_INDEX_MIN).", _int(0), section=DATABASE),
@@ -218,6 +219,7 @@ class Settings:
     fusion: str
     fusion_vector_share: float
     inject_min_cosine: float | None
+    changed_value_first: bool
     vector_index_min: int
     vector_index_build_mb: int
     log_level: str

@@ -14,7 +14,11 @@ holding a number or name the other lacks (Oslo / Bergen), or at most CHANGED wor
 each ("blue" / "green"). Two facts that only add to each other ("Alice works at Acme" / "Alice
 works at Acme as a nurse") do not disagree, nor do two things done ("went hiking with Tom" /
 "went hiking with Ann": both in the past tense, clocks.lean_of), which are two events, not a
-value that changed. A question that names a date ("in March", "yesterday") asks about that
+value that changed. When the question asks for a value as it stands ("How many sources are in
+my library?"), a newer memory that says that value changed ("I've added 52 sources to my
+library") goes before an older one holding it (changes.py), whatever their other words, when
+both made the cut (`limit`): this weaker sign reorders, it never brings a memory in. A
+question that names a date ("in March", "yesterday") asks about that
 time: the step leaves its order alone (the date lift decides, ranking.py and happens.py).
 """
 from __future__ import annotations
@@ -24,6 +28,7 @@ from functools import cached_property
 
 from bot.memory import clocks
 from bot.memory.connection import Connection
+from bot.memory.recall import changes
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.records import lenient_text
 from bot.memory.writing.rules import content_words, jaccard, values_conflict
@@ -98,7 +103,8 @@ def read(conn: Connection, ids: list[int]) -> tuple[dict[int, Said], set[tuple[i
     return said, links
 
 
-def newer_first(conn: Connection, ranked: list[Candidate], limit: int, dated: bool = False) -> list[Candidate]:
+def newer_first(conn: Connection, ranked: list[Candidate], limit: int, dated: bool = False,
+                question: str = "") -> list[Candidate]:
     """`ranked` with each disagreeing pair among its first WINDOW x `limit` in time order, the
     older marked `outdated_by` the newer (see the module doc); as it is when the question is
     `dated` (names a date)."""
@@ -106,12 +112,17 @@ def newer_first(conn: Connection, ranked: list[Candidate], limit: int, dated: bo
     if len(head) < 2 or dated:
         return ranked
     said, links = read(conn, [c.memory_id for c in head])
+    asked = changes.asked_words(question)
+    # a change said in other words only reorders what made the cut: it brings in nothing from below
+    shown = {c.memory_id for c in head[:limit]} if asked is not None else set()
     pairs: list[tuple[int, int]] = []  # (older, newer)
     rows = [said[c.memory_id] for c in head if c.memory_id in said]
     for i, a in enumerate(rows):
         for b in rows[i + 1:]:
             earlier, later = (b, a) if a.newer_than(b) else (a, b)
-            if (earlier.memory_id, later.memory_id) in links or disagree(earlier, later):
+            if ((earlier.memory_id, later.memory_id) in links or disagree(earlier, later)
+                    or (asked is not None and earlier.memory_id in shown and later.memory_id in shown
+                        and earlier.subject == later.subject and changes.changed(earlier.text, later.text, asked))):
                 pairs.append((earlier.memory_id, later.memory_id))
     if not pairs:
         return ranked

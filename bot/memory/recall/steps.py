@@ -83,7 +83,8 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
     fused = happens.lift(conn, fused, date_hints, settings.date_boost, settings.timezone)
     if fusion.keywords_count(settings):
         fused = ranking.keyword_winner_first(fused, settings.keyword_lead)
-    fused = newer.newer_first(conn, fused, limit, dated=bool(date_hints))
+    fused = newer.newer_first(conn, fused, limit, dated=bool(date_hints),
+                              question=found.query if settings.changed_value_first else "")
     fair = fair_share.FairShare(found.viewer_id, fair_share.share_of(limit))
     relevant = fair_share.relevance(fused, ranking.touch_floor(settings.embed_model, settings.touch_min_cosine))
     cut = fair_share.fair_cut(conn, fused, limit, fair, relevant)

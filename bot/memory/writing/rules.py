@@ -74,6 +74,11 @@ def content_words(text: str) -> set[str]:
     return {_stem(word) for word in tokens(text)}
 
 
+def all_words(text: str) -> set[str]:
+    """The stemmed words of a text but stop words, all of them (content_words keeps the first few)."""
+    return {_stem(word) for word in _WORD.findall(text.lower()) if word not in STOP_WORDS}
+
+
 def jaccard(a: set[str], b: set[str]) -> float:
     """Jaccard similarity of two word sets (1.0 for two empty ones)."""
     return len(a & b) / len(a | b) if a or b else 1.0

@@ -10,7 +10,7 @@ import pytest
 
 from bot.memory.clocks import Span
 from bot.memory.engine import Engine
-from bot.memory.recall import newer
+from bot.memory.recall import changes, newer
 from bot.memory.recall.dates import DateHint, SpanHint, hints
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
@@ -153,3 +153,47 @@ async def test_an_event_on_the_named_date_is_found_without_a_shared_word(fts_eng
     result = await fts_engine.recall("what do I have on Friday?", ME, as_of=NOW, touch=False)
     assert set(result.ids) == {dentist, lunch, trip} and result.ids[0] == dentist
     assert (await fts_engine.recall("what do I have?", ME, as_of=NOW, touch=False)).ids == []  # no word, no date
+
+
+async def test_a_value_said_to_have_changed_goes_first_when_asked_as_it_stands(fts_engine: Engine):
+    # the two share too few words to be one sentence with a value changed (newer.disagree)
+    then = await fts_engine.remember(mine("Zotero library: 45 sources", at=NOW - 40 * DAY))
+    since = await fts_engine.remember(mine("I've added more papers and now my Zotero library holds 52 sources in total, "
+                                           "tagged by theme", at=NOW - 5 * DAY))
+    result = await fts_engine.recall("How many sources are in my Zotero library?", ME, as_of=NOW, touch=False)
+    assert result.ids[:2] == [since, then]
+    assert result.memories[1].candidate.outdated_by == since
+    # asked about what was said, the older keeps its place (by keywords alone it leads)
+    result = await fts_engine.recall("How many sources did my Zotero library have?", ME, as_of=NOW, touch=False)
+    assert result.ids[:2] == [then, since]
+    assert all(r.candidate.outdated_by is None for r in result.memories)
+
+
+async def test_a_changed_value_keeps_its_place_with_the_setting_off(make_settings):
+    async with Engine(make_settings("", MUNINN_CHANGED_VALUE_FIRST="false")) as engine:
+        then = await engine.remember(mine("Zotero library: 45 sources", at=NOW - 40 * DAY))
+        since = await engine.remember(mine("I've added more papers and now my Zotero library holds 52 sources in "
+                                           "total, tagged by theme", at=NOW - 5 * DAY))
+        result = await engine.recall("How many sources are in my Zotero library?", ME, as_of=NOW, touch=False)
+        assert result.ids[:2] == [then, since]
+        assert all(r.candidate.outdated_by is None for r in result.memories)
+
+
+@pytest.mark.parametrize("question, older, newer_text, expected", [
+    ("How many sources are in my Zotero library?", "My Zotero library has 45 sources",
+     "I've added 52 sources to my Zotero library", True),
+    ("When is my Zoom call with the creative director scheduled?",
+     "I have a Zoom call with the creative director on April 21 at 3 PM",
+     "My Zoom call with the creative director is rescheduled to April 22 at 11 AM", True),
+    ("What is my weekly word count target?", "I wrote 1,200 words of my essay today",
+     "My weekly word count target was adjusted to 1,350 words", False),          # the older is not about it
+    ("What is my weekly word count target?", "My weekly word count target is 1,200 words",
+     "I met my weekly word count target again, great week", False),              # no value changed
+    ("How many days are there between my call and my deadline?", "My call with the director is on April 21",
+     "The call with the director moved to April 22", False),                     # a span between two moments
+    ("What did I say my Zotero library held?", "My Zotero library has 45 sources",
+     "I've added 52 sources to my Zotero library", False),                       # what was said then
+])
+def test_what_counts_as_a_change_of_the_asked_value(question, older, newer_text, expected):
+    asked = changes.asked_words(question)
+    assert (asked is not None and changes.changed(older, newer_text, asked)) is expected
