@@ -52,6 +52,8 @@ def _sentences(text: str) -> list[str]:
 
 def says_changed(newer: str, asked: frozenset[str]) -> bool:
     """Whether a sentence of `newer` says that what the question asks about changed to a value."""
+    if not _CHANGED_TO.search(newer):  # most memories say no change at all: no sentence to read
+        return False
     return any(_CHANGED_TO.search(s) and len(all_words(s) & asked) >= ASKED_SHARED for s in _sentences(newer))
 
 

@@ -113,16 +113,21 @@ def newer_first(conn: Connection, ranked: list[Candidate], limit: int, dated: bo
         return ranked
     said, links = read(conn, [c.memory_id for c in head])
     asked = changes.asked_words(question)
-    # a change said in other words only reorders what made the cut: it brings in nothing from below
-    shown = {c.memory_id for c in head[:limit]} if asked is not None else set()
+    # a change said in other words only reorders what made the cut: it brings in nothing from below;
+    # each text read once: which say the asked value changed, which hold one
+    shown = [said[c.memory_id] for c in head[:limit] if c.memory_id in said] if asked is not None else []
+    says = [m for m in shown if asked is not None and changes.says_changed(m.text, asked)]
+    latest = max(says, key=lambda m: (m.created_at, m.memory_id), default=None)
+    holds = {m.memory_id for m in shown if latest is not None and latest.newer_than(m) and asked is not None
+             and changes.holds_value(m.text, asked)}
+    saying = {m.memory_id for m in says}
     pairs: list[tuple[int, int]] = []  # (older, newer)
     rows = [said[c.memory_id] for c in head if c.memory_id in said]
     for i, a in enumerate(rows):
         for b in rows[i + 1:]:
             earlier, later = (b, a) if a.newer_than(b) else (a, b)
             if ((earlier.memory_id, later.memory_id) in links or disagree(earlier, later)
-                    or (asked is not None and earlier.memory_id in shown and later.memory_id in shown
-                        and earlier.subject == later.subject and changes.changed(earlier.text, later.text, asked))):
+                    or (later.memory_id in saying and earlier.memory_id in holds and earlier.subject == later.subject)):
                 pairs.append((earlier.memory_id, later.memory_id))
     if not pairs:
         return ranked
