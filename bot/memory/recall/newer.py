@@ -32,6 +32,20 @@ WINDOW = 2        # x limit: how deep in the ranking disagreements are looked fo
 SHARED = 0.5      # Jaccard of content words for a changed value (Oslo / Bergen)
 SHARED_WORDS = 0.6  # and for a changed word (blue / green), of at most CHANGED words each side
 CHANGED = 2
+# Each text's content words, kept across recalls: the same memories come back recall after
+# recall, and stemming their words was most of this step's work. Emptied when full.
+WORDS_KEPT = 4096
+_words_of: dict[str, frozenset[str]] = {}
+
+
+def words_of(text: str) -> frozenset[str]:
+    """writing.rules.content_words of `text`, remembered (a pure function of the text)."""
+    words = _words_of.get(text)
+    if words is None:
+        if len(_words_of) >= WORDS_KEPT:
+            _words_of.clear()
+        words = _words_of[text] = frozenset(content_words(text))
+    return words
 
 
 @dataclass(frozen=True)
@@ -46,15 +60,15 @@ class Said:
 
     @cached_property
     def words(self) -> frozenset[str]:
-        """Its content words (writing.rules.content_words), read once per recall."""
-        return frozenset(content_words(self.text))
+        """Its content words (writing.rules.content_words)."""
+        return words_of(self.text)
 
     @cached_property
     def past(self) -> bool:
         """Whether it tells something done (clocks.lean_of)."""
         return clocks.lean_of(self.text) == clocks.PAST
 
-    @property
+    @cached_property
     def subject(self) -> tuple:
         """Who or what it is about (writing.rules.same_subject, as a key)."""
         if self.scope == "personal":
@@ -73,7 +87,7 @@ def disagree(a: Said, b: Said) -> bool:
     words_a, words_b = a.words, b.words
     if not words_a - words_b or not words_b - words_a:
         return False  # one adds to the other, or they say the same
-    shared = jaccard(set(words_a), set(words_b))
+    shared = jaccard(words_a, words_b)
     if shared < SHARED:
         return False
     if a.past and b.past:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Sequence
+from typing import AbstractSet, Sequence
 
 from bot.memory.recall.words import STOP_WORDS, tokens
 from bot.memory.records import Memory, NewMemory
@@ -74,7 +74,7 @@ def content_words(text: str) -> set[str]:
     return {_stem(word) for word in tokens(text)}
 
 
-def jaccard(a: set[str], b: set[str]) -> float:
+def jaccard(a: AbstractSet[str], b: AbstractSet[str]) -> float:
     """Jaccard similarity of two word sets (1.0 for two empty ones)."""
     return len(a & b) / len(a | b) if a or b else 1.0
 

@@ -15,6 +15,7 @@ from bot.memory.recall.dates import DateHint, SpanHint, hints
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 from bot.memory.storage import storage_of
+from bot.memory.writing.rules import content_words
 
 DAY = 86400.0
 NOW = datetime(2026, 3, 4, 18, tzinfo=UTC).timestamp()   # Wednesday 4 March 2026, evening
@@ -137,6 +138,16 @@ def test_other_subjects_never_disagree():
     assert not newer.disagree(said(1, "Alice lives in Oslo", 1.0, owner=7), said(2, "Alice lives in Bergen", 2.0, owner=8))
     assert not newer.disagree(said(1, "The quiz starts at 9", 1.0, scope="room"),
                               said(2, "The quiz starts at 10", 2.0))
+
+
+def test_content_words_are_kept_across_recalls_within_a_bound(monkeypatch):
+    monkeypatch.setattr(newer, "_words_of", {})
+    monkeypatch.setattr(newer, "WORDS_KEPT", 3)
+    texts = ["Alice lives in Oslo", "Alice lives in Bergen", "The quiz starts at 9", "The quiz starts at 10"]
+    for text in texts:
+        assert newer.words_of(text) == frozenset(content_words(text))
+    assert newer.words_of(texts[3]) is newer.words_of(texts[3])  # read once
+    assert len(newer._words_of) <= 3  # emptied when full, never past the bound
 
 
 async def test_an_event_on_the_named_date_is_found_without_a_shared_word(fts_engine: Engine):
