@@ -85,6 +85,8 @@ def disagree(a: Said, b: Said) -> bool:
     if a.subject != b.subject:
         return False
     words_a, words_b = a.words, b.words
+    if min(len(words_a), len(words_b)) < SHARED * max(len(words_a), len(words_b)):
+        return False  # too unequal in size to share SHARED of their words: no set built
     if not words_a - words_b or not words_b - words_a:
         return False  # one adds to the other, or they say the same
     shared = jaccard(words_a, words_b)

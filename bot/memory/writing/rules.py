@@ -69,9 +69,23 @@ def _stem(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("e") else word
 
 
+# Each word's stem, kept: a community's words recur, and recall stems the words of every
+# candidate it compares (recall/newer.py). Emptied when full.
+STEMS_KEPT = 1 << 16
+_stems: dict[str, str] = {}
+
+
 def content_words(text: str) -> set[str]:
     """The stemmed searchable words of a text."""
-    return {_stem(word) for word in tokens(text)}
+    stems, out = _stems, set()
+    for word in tokens(text):
+        stem = stems.get(word)
+        if stem is None:
+            if len(stems) >= STEMS_KEPT:
+                stems.clear()
+            stem = stems[word] = _stem(word)
+        out.add(stem)
+    return out
 
 
 def jaccard(a: AbstractSet[str], b: AbstractSet[str]) -> float:

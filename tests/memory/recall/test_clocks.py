@@ -12,9 +12,11 @@ from bot.memory.clocks import Span
 from bot.memory.engine import Engine
 from bot.memory.recall import newer
 from bot.memory.recall.dates import DateHint, SpanHint, hints
+from bot.memory.recall.words import tokens
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 from bot.memory.storage import storage_of
+from bot.memory.writing import rules
 from bot.memory.writing.rules import content_words
 
 DAY = 86400.0
@@ -148,6 +150,21 @@ def test_content_words_are_kept_across_recalls_within_a_bound(monkeypatch):
         assert newer.words_of(text) == frozenset(content_words(text))
     assert newer.words_of(texts[3]) is newer.words_of(texts[3])  # read once
     assert len(newer._words_of) <= 3  # emptied when full, never past the bound
+
+
+def test_stems_are_kept_within_a_bound(monkeypatch):
+    monkeypatch.setattr(rules, "_stems", {})
+    monkeypatch.setattr(rules, "STEMS_KEPT", 4)
+    for text in ["Alice lives in Oslo", "Bob lived there, living well", "Alice lives in Oslo"]:
+        assert content_words(text) == {rules._stem(word) for word in tokens(text)}
+        assert len(rules._stems) <= 4
+    assert content_words("lives living lived") == {"liv"}
+
+
+def test_words_too_unequal_in_number_never_disagree():
+    short, long = "Alice lives in Oslo", "Alice lives in Bergen with her two cats, a dog and three goldfish"
+    assert not newer.disagree(said(1, short, 1.0), said(2, long, 2.0))
+    assert newer.disagree(said(1, short, 1.0), said(2, "Alice lives in Bergen", 2.0))
 
 
 async def test_an_event_on_the_named_date_is_found_without_a_shared_word(fts_engine: Engine):
