@@ -406,20 +406,20 @@ def read_vector(conn: Connection, info: IndexInfo, memory_id: int) -> np.ndarray
 
 
 def read_vectors(conn: Connection, info: IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
-    """The stored vectors of those of `ids` that have one, as float32 arrays. Through the chunk
-    tables when their layout is known: where each vector sits in one statement, then only its
-    own bytes read from its chunk's blob (a rescoring reads dozens per search; reading each
-    whole chunk took several times as long); else one lookup each."""
+    """The stored vectors of those of `ids` that have one, as float32 arrays: where each sits, from the chunk
+    tables in one statement (a rescoring reads dozens per search), then only its own bytes from its chunk's
+    blob (reading each whole chunk took several times as long); else one lookup each."""
     if not has_chunk_tables(conn):  # pragma: no cover - a future sqlite-vec with other shadow tables
         found = {memory_id: read_vector(conn, info, memory_id) for memory_id in ids}
         return {memory_id: vector for memory_id, vector in found.items() if vector is not None}
     wanted = list(dict.fromkeys(int(memory_id) for memory_id in ids))
-    places: list[tuple[int, int, int]] = []
+    numbers: list[int] = []  # (chunk id, offset, id) of each: one row of integers, as each row is a hand-over of the GIL
     for start in range(0, len(wanted), READ_BATCH):
         batch = wanted[start:start + READ_BATCH]
-        places += conn.execute("SELECT chunk_id, chunk_offset, rowid FROM vec_memories_rowids "
-                               f"WHERE rowid IN ({','.join('?' * len(batch))})", batch).fetchall()
-    return read_at(conn, info, places)
+        (packed,), = conn.execute("SELECT group_concat(chunk_id || ' ' || chunk_offset || ' ' || rowid, ' ') FROM "
+                                  f"vec_memories_rowids WHERE rowid IN ({','.join('?' * len(batch))})", batch).fetchall()
+        numbers += map(int, (packed or "").split())
+    return read_at(conn, info, list(zip(numbers[0::3], numbers[1::3], numbers[2::3], strict=True)))
 
 
 def read_at(conn: Connection, info: IndexInfo, places: list[tuple[int, int, int]]) -> dict[int, np.ndarray]:
