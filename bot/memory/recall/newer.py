@@ -26,7 +26,7 @@ from bot.memory import clocks
 from bot.memory.connection import Connection
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.records import lenient_text
-from bot.memory.writing.rules import content_words, jaccard, values_conflict
+from bot.memory.writing.rules import content_words, values_conflict
 
 WINDOW = 2        # x limit: how deep in the ranking disagreements are looked for
 SHARED = 0.5      # Jaccard of content words for a changed value (Oslo / Bergen)
@@ -84,19 +84,22 @@ def disagree(a: Said, b: Said) -> bool:
     """Whether two memories of the same subject say the same thing with a value changed."""
     if a.subject != b.subject:
         return False
-    words_a, words_b = a.words, b.words
-    if min(len(words_a), len(words_b)) < SHARED * max(len(words_a), len(words_b)):
-        return False  # too unequal in size to share SHARED of their words: no set built
-    if not words_a - words_b or not words_b - words_a:
+    # Every pair of a recall's best candidates is compared: one intersection, its size giving the
+    # rest (writing.rules.jaccard's quotient, each side's own words) without building more sets.
+    size_a, size_b = len(a.words), len(b.words)
+    if min(size_a, size_b) < SHARED * max(size_a, size_b):
+        return False  # too unequal in size to share SHARED of their words
+    common = len(a.words & b.words)
+    if common in (size_a, size_b):
         return False  # one adds to the other, or they say the same
-    shared = jaccard(words_a, words_b)
+    shared = common / (size_a + size_b - common)
     if shared < SHARED:
         return False
     if a.past and b.past:
         return False  # two things done, both true
     if shared >= SHARED and values_conflict(a.text, b.text):
         return True
-    return shared >= SHARED_WORDS and len(words_a - words_b) <= CHANGED and len(words_b - words_a) <= CHANGED
+    return shared >= SHARED_WORDS and size_a - common <= CHANGED and size_b - common <= CHANGED
 
 
 def read(conn: Connection, ids: list[int]) -> tuple[dict[int, Said], set[tuple[int, int]]]:
