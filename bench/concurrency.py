@@ -14,7 +14,9 @@ round by round on one scratch copy of the world:
 - `x1`: one recall at a time (the reference of the p95 ratio);
 - `x20`: 20 in flight in one process, on every core of the machine (the product as it runs);
 - `x20_one_core`: the same, the process pinned to one core (`os.sched_setaffinity`);
-- `x20_two_processes`: two processes on the same file, 10 in flight each (two shard processes).
+- `x20_two_processes`: two processes on the same file, 10 in flight each (two shard processes:
+  each child runs with MUNINN_SHARD_COUNT=2 and MUNINN_SHARD_IDS its index, as the product's
+  two shard processes would, unless the configuration sets them).
 
 Each line says recalls/s, process CPU per recall, cores used, and the voluntary context switches
 per recall (`getrusage`): a Python thread that gives up the GIL for a short C call (each SQLite
@@ -57,14 +59,18 @@ VARIANTS = {  # name: (processes, recalls in flight in each, pinned to one core)
 
 
 def _recalls(scratch: str, shape: SkewShape, index: int, in_flight: int, count: int, one_core: bool,
-             ready: Any, go: Any, out: Any, env: dict[str, str] | None = None) -> None:
+             ready: Any, go: Any, out: Any, env: dict[str, str] | None = None, processes: int = 1) -> None:
     """A child process: warm, say `ready`, wait for `go` (every child is warm), then `count`
     recalls, `in_flight` at a time; puts what it measured (a dict: latencies, wall, CPU, voluntary
     switches, read jobs, the writes' latencies, which bot package and how many readers).
     `env`: settings of its configuration (bench_settings reads them), and `tree`: the checkout
-    whose `bot` package it runs instead of this one's."""
+    whose `bot` package it runs instead of this one's. `processes`: how many children run the
+    variant (more than one: each is a shard process, index `index`)."""
     env = dict(env or {})
     tree = env.pop("tree", "")
+    if processes > 1:  # what the product runs as one of several shard processes (its readers, say)
+        env.setdefault("MUNINN_SHARD_COUNT", str(processes))
+        env.setdefault("MUNINN_SHARD_IDS", str(index))
     if tree:  # nothing of bot runs yet in this fresh process: import it again, from `tree`
         for name in [n for n in sys.modules if n.split(".")[0] == "bot" or n in ("bench.world", "bench.speed")]:
             del sys.modules[name]
@@ -132,7 +138,8 @@ def measure(scratch: Path, shape: SkewShape, name: str, recalls: int, env: dict[
     ctx = multiprocessing.get_context("spawn")  # no engine state or threads inherited
     ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
     children = [ctx.Process(target=_recalls, args=(str(scratch), shape, i, in_flight, recalls // processes,
-                                                   one_core, ready, go, out, env)) for i in range(processes)]
+                                                   one_core, ready, go, out, env, processes))
+                for i in range(processes)]
     for child in children:
         child.start()
     for _ in children:

@@ -239,7 +239,7 @@ def make_world(shape, seed: int = 7) -> World:
 
 # Settings a benchmark takes from the environment (beside every MUNINN_VECTOR_*), to compare budgets,
 # paths and thread counts: `MUNINN_DB_READERS=1 .venv/bin/python -m bench.concurrency ...`
-PASSED_THROUGH = ("MUNINN_DB_READERS",)
+PASSED_THROUGH = ("MUNINN_DB_READERS", "MUNINN_SHARD_COUNT", "MUNINN_SHARD_IDS")
 
 
 def bench_settings(path: Path, ollama_url: str = "", **env: str):

@@ -71,6 +71,19 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("weekday", _rx(rf"\b(?:(this\s+coming|this|next|last|coming|past|on|every|each)\s+)?{_WEEKDAY}\b")),
     ("month", _rx(rf"\b(in|since|during|until|by|last|this|next|early|late|mid|of)\s+{_MONTH}\b")),
 )
+# What every date phrase above (and recall/dates.py's) holds, at the start of a word where it is a
+# word: a digit, a month's or a weekday's first letters, a relative day, or a unit. A text without
+# any is read no further (most questions name no date, and the patterns are many scans of it).
+_ANY_DATE = _rx(r"\d|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|mon|tue|wed|thu|fri|sat|sun|today|"
+                r"tonight|tomorrow|yesterday|morning|afternoon|evening|day|week|month|year)")
+
+
+def may_name_dates(text: str) -> bool:
+    """False when `text` cannot hold a date phrase of this module's or recall/dates.py's (True
+    does not mean it does)."""
+    return _ANY_DATE.search(text) is not None
+
+
 # Words that tell a statement's tense, for a bare weekday or date ("on Friday", "5 March").
 _FUTURE_WORDS = _rx(r"\b(will|won't|shall|going\s+to|gonna|plans?|planning|planned|scheduled|intends?|hopes?|"
                     r"wants?|upcoming|next|tomorrow|soon|is\s+\w+ing|are\s+\w+ing|has\s+an?|have\s+an?)\b|'ll\b")
@@ -322,6 +335,8 @@ def spans(text: str, today: date, lean: str | None = None, *, calendar_dates: bo
     """The dates `text` names, read against `today`, each with where it starts in the text.
     `lean`: FUTURE or PAST for a bare weekday or date ("on Friday"), None for both readings.
     `calendar_dates` False: only the relative phrases (the calendar dates are blanked unread)."""
+    if not may_name_dates(text):
+        return
     for form, pattern in _PATTERNS:
         for match in pattern.finditer(text) if calendar_dates or form not in CALENDAR_FORMS else ():
             try:

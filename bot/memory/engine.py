@@ -58,10 +58,21 @@ def read_threads(settings: Settings) -> int:
     """How many read connections (and threads) serve reads: MUNINN_DB_READERS, else by backend.
     One process's Python holds one GIL: on SQLite, where a read is CPU in this process, a third
     read thread mostly adds hand-offs of the GIL; PostgreSQL's reads wait on the server, and
-    more connections overlap those waits."""
+    more connections overlap those waits. A SQLite process serving only some of the shards
+    shares the machine's cores with the processes serving the others: one reader each leaves
+    them to those processes rather than to hand-offs of its own GIL."""
     if settings.db_readers is not None:
         return settings.db_readers
-    return 3 if settings.database_url else 2
+    if settings.database_url:
+        return 3
+    return 1 if serves_some_shards(settings) else 2
+
+
+def serves_some_shards(settings: Settings) -> bool:
+    """Whether this process serves only some of the bot's shards (MUNINN_SHARD_IDS a part of
+    MUNINN_SHARD_COUNT's): other processes serve the rest."""
+    return bool(settings.shard_count and settings.shard_ids
+                and len(set(settings.shard_ids)) < settings.shard_count)
 
 
 class Engine(NamedAccess, Embedding, Recalling):

@@ -25,6 +25,8 @@ async def test_concurrency_variants_run_in_their_own_processes(tmp_path):
         assert m["n"] == 24 and 0 < m["p50"] <= m["p95"]
         assert m["recalls_per_s"] > 0 and m["cpu_ms_per_recall"] > 0
         assert m["processes"] == (2 if name == "x20_two_processes" else 1)
+        # two processes run as two shard processes would: one read thread each, SQLite's default for them
+        assert m["readers"] == ([1] if name == "x20_two_processes" else [2])
         if name == "x20_one_core" or len(os.sched_getaffinity(0)) == 1:
             assert m["cores_used"] <= 1.05  # pinned: its threads inherit the one core
 

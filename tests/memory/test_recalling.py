@@ -64,3 +64,16 @@ async def test_read_threads_follow_the_backend_unless_set(make_settings):
     assert read_threads(one) == 1
     async with Engine(one) as engine:
         assert engine._readers is None or engine._readers._max_workers == 1
+
+
+async def test_a_sqlite_process_serving_some_of_the_shards_reads_on_one_thread(make_settings):
+    some = make_settings("", MUNINN_SHARD_COUNT="4", MUNINN_SHARD_IDS="1,2")
+    # PostgreSQL's reads wait on the server: its default stays, shards or not
+    assert read_threads(some) == (3 if some.database_url else 1)
+    assert read_threads(make_settings("", MUNINN_SHARD_COUNT="2", MUNINN_SHARD_IDS="0,1")) == read_threads(
+        make_settings(""))  # every shard in this process: as one process
+    assert read_threads(make_settings("", MUNINN_SHARD_COUNT="2")) == read_threads(make_settings(""))
+    assert read_threads(make_settings("", MUNINN_SHARD_COUNT="4", MUNINN_SHARD_IDS="3",
+                                      MUNINN_DB_READERS="2")) == 2  # a setting wins
+    async with Engine(some) as engine:
+        assert engine._readers is None or engine._readers._max_workers == read_threads(some)

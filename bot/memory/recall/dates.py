@@ -91,6 +91,8 @@ def _month(name: str) -> int:
 def hints(text: str, now: float | None = None, tz: tzinfo = UTC) -> list[DateHint]:
     """The calendar dates named in `text`, most specific first, then (when `now` is given) its
     relative dates resolved against `now` in `tz`."""
+    if not clocks.may_name_dates(text):
+        return []
     found: list[DateHint] = []
     if now is not None:
         try:

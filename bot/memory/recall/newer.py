@@ -31,12 +31,26 @@ from bot.memory.connection import Connection
 from bot.memory.recall import changes
 from bot.memory.recall.retrieval import Candidate
 from bot.memory.records import lenient_text
-from bot.memory.writing.rules import content_words, jaccard, values_conflict
+from bot.memory.writing.rules import content_words, values_conflict
 
 WINDOW = 2        # x limit: how deep in the ranking disagreements are looked for
 SHARED = 0.5      # Jaccard of content words for a changed value (Oslo / Bergen)
 SHARED_WORDS = 0.6  # and for a changed word (blue / green), of at most CHANGED words each side
 CHANGED = 2
+# Each text's content words, kept across recalls: the same memories come back recall after
+# recall, and stemming their words was most of this step's work. Emptied when full.
+WORDS_KEPT = 4096
+_words_of: dict[str, frozenset[str]] = {}
+
+
+def words_of(text: str) -> frozenset[str]:
+    """writing.rules.content_words of `text`, remembered (a pure function of the text)."""
+    words = _words_of.get(text)
+    if words is None:
+        if len(_words_of) >= WORDS_KEPT:
+            _words_of.clear()
+        words = _words_of[text] = frozenset(content_words(text))
+    return words
 
 
 @dataclass(frozen=True)
@@ -51,15 +65,15 @@ class Said:
 
     @cached_property
     def words(self) -> frozenset[str]:
-        """Its content words (writing.rules.content_words), read once per recall."""
-        return frozenset(content_words(self.text))
+        """Its content words (writing.rules.content_words)."""
+        return words_of(self.text)
 
     @cached_property
     def past(self) -> bool:
         """Whether it tells something done (clocks.lean_of)."""
         return clocks.lean_of(self.text) == clocks.PAST
 
-    @property
+    @cached_property
     def subject(self) -> tuple:
         """Who or what it is about (writing.rules.same_subject, as a key)."""
         if self.scope == "personal":
@@ -75,17 +89,22 @@ def disagree(a: Said, b: Said) -> bool:
     """Whether two memories of the same subject say the same thing with a value changed."""
     if a.subject != b.subject:
         return False
-    words_a, words_b = a.words, b.words
-    if not words_a - words_b or not words_b - words_a:
+    # Every pair of a recall's best candidates is compared: one intersection, its size giving the
+    # rest (writing.rules.jaccard's quotient, each side's own words) without building more sets.
+    size_a, size_b = len(a.words), len(b.words)
+    if min(size_a, size_b) < SHARED * max(size_a, size_b):
+        return False  # too unequal in size to share SHARED of their words
+    common = len(a.words & b.words)
+    if common in (size_a, size_b):
         return False  # one adds to the other, or they say the same
-    shared = jaccard(set(words_a), set(words_b))
+    shared = common / (size_a + size_b - common)
     if shared < SHARED:
         return False
     if a.past and b.past:
         return False  # two things done, both true
     if shared >= SHARED and values_conflict(a.text, b.text):
         return True
-    return shared >= SHARED_WORDS and len(words_a - words_b) <= CHANGED and len(words_b - words_a) <= CHANGED
+    return shared >= SHARED_WORDS and size_a - common <= CHANGED and size_b - common <= CHANGED
 
 
 def read(conn: Connection, ids: list[int]) -> tuple[dict[int, Said], set[tuple[int, int]]]:

@@ -145,8 +145,13 @@ def once_bm25(api: apsw.FTS5ExtensionApi, *documents: int) -> float:
     if len(weights) == 1:
         held = weights[0][1]  # the row matched the only phrase
     else:
-        columns = api.phrase_columns  # called for every match: one attribute lookup, not one per phrase
-        held = sum([weight for phrase, weight in weights if columns(phrase)])
+        # called for every match, holding the GIL: one attribute lookup, a plain loop (a list
+        # comprehension is a call of its own); the same sum in the same order as sum() makes
+        columns = api.phrase_columns
+        held = 0.0
+        for phrase, weight in weights:
+            if columns(phrase):
+                held += weight
     return held / (fixed + per_token * api.column_size(-1))
 
 

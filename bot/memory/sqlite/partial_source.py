@@ -2,8 +2,9 @@
 the key's sign codes, packed chunk by chunk, and a few vectors read back under their key."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, cast
 
+import apsw
 import numpy as np
 
 from bot.memory.connection import Connection
@@ -62,7 +63,39 @@ def read_key_vectors(conn: Connection, info: IndexInfo, key: str, ids: Sequence[
             "SELECT r.chunk_id, r.chunk_offset, r.rowid FROM vec_memories_rowids r "
             "JOIN vec_memories_chunks c ON c.chunk_id = r.chunk_id "
             f"WHERE r.rowid IN ({','.join('?' * len(batch))}) AND c.partition00 = ?", (*batch, key)).fetchall()
-    return vec0.read_at(conn, info, places)
+    return read_at(conn, info, places)
+
+
+def read_at(conn: Connection, info: IndexInfo, places: list[tuple[int, int, int]]) -> dict[int, np.ndarray]:
+    """The vectors at (chunk id, offset in it, memory id) `places`, each read alone from its chunk's blob."""
+    size = info.dim * 4
+    buffer = bytearray(len(places) * size)  # every vector read into one buffer: one allocation
+    rows = np.frombuffer(buffer, dtype=np.float32).reshape(len(places), info.dim)
+    out: dict[int, np.ndarray] = {}
+    sqlite = cast(apsw.Connection, conn)
+    blob = None
+    try:
+        # A chunk's slots are never reused (a replaced vector gets a new one): a write committed
+        # since the statement that found them can at most leave a stale vector here for a memory it removed
+        # or replaced, as a search made just before that write would have seen it.
+        for row, (chunk_id, offset, memory_id) in enumerate(sorted(places)):
+            try:
+                if blob is None:
+                    blob = sqlite.blob_open("main", "vec_memories_vector_chunks00", "vectors", chunk_id, False)
+                else:
+                    blob.reopen(chunk_id)
+            except apsw.Error:  # the chunk is gone (the index was re-created since): no vector there
+                if blob is not None:
+                    blob.close()
+                blob = None
+                continue
+            blob.seek(offset * size)
+            blob.read_into(buffer, row * size, size)
+            out[int(memory_id)] = rows[row]
+    finally:
+        if blob is not None:
+            blob.close()
+    return out
 
 
 class SQLitePartialSource(vec0.SQLiteVectorSource):

@@ -19,9 +19,8 @@ from __future__ import annotations
 import logging
 import struct
 import weakref
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, cast
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-import apsw
 import numpy as np
 
 from bot.logs import Throttle
@@ -406,51 +405,23 @@ def read_vector(conn: Connection, info: IndexInfo, memory_id: int) -> np.ndarray
 
 
 def read_vectors(conn: Connection, info: IndexInfo, ids: Sequence[int]) -> dict[int, np.ndarray]:
-    """The stored vectors of those of `ids` that have one, as float32 arrays. Through the chunk
-    tables when their layout is known: where each vector sits in one statement, then only its
-    own bytes read from its chunk's blob (a rescoring reads dozens per search; reading each
-    whole chunk took several times as long); else one lookup each."""
+    """The stored vectors of those of `ids` that have one, as float32 arrays; through the chunk tables when their
+    layout is known: each vector's own bytes cut out of its chunk, all in one row (both aggregates read the same
+    rows in one order; the bytes pass as they are, the file being UTF-8), as every row and every blob call hands
+    the GIL over, a wait with recalls on other threads; else one lookup each."""
     if not has_chunk_tables(conn):  # pragma: no cover - a future sqlite-vec with other shadow tables
         found = {memory_id: read_vector(conn, info, memory_id) for memory_id in ids}
         return {memory_id: vector for memory_id, vector in found.items() if vector is not None}
-    wanted = list(dict.fromkeys(int(memory_id) for memory_id in ids))
-    places: list[tuple[int, int, int]] = []
+    wanted, size = list(dict.fromkeys(int(memory_id) for memory_id in ids)), info.dim * 4
+    out: dict[int, np.ndarray] = {}
     for start in range(0, len(wanted), READ_BATCH):
         batch = wanted[start:start + READ_BATCH]
-        places += conn.execute("SELECT chunk_id, chunk_offset, rowid FROM vec_memories_rowids "
-                               f"WHERE rowid IN ({','.join('?' * len(batch))})", batch).fetchall()
-    return read_at(conn, info, places)
-
-
-def read_at(conn: Connection, info: IndexInfo, places: list[tuple[int, int, int]]) -> dict[int, np.ndarray]:
-    """The vectors at (chunk id, offset in it, memory id) `places`, each read alone from its chunk's blob."""
-    size = info.dim * 4
-    buffer = bytearray(len(places) * size)  # every vector read into one buffer: one allocation
-    rows = np.frombuffer(buffer, dtype=np.float32).reshape(len(places), info.dim)
-    out: dict[int, np.ndarray] = {}
-    sqlite = cast(apsw.Connection, conn)
-    blob = None
-    try:
-        # A chunk's slots are never reused (a replaced vector gets a new one): a write committed
-        # since the statement above can at most leave a stale vector here for a memory it removed
-        # or replaced, as a search made just before that write would have seen it.
-        for row, (chunk_id, offset, memory_id) in enumerate(sorted(places)):
-            try:
-                if blob is None:
-                    blob = sqlite.blob_open("main", "vec_memories_vector_chunks00", "vectors", chunk_id, False)
-                else:
-                    blob.reopen(chunk_id)
-            except apsw.Error:  # the chunk is gone (the index was re-created since): no vector there
-                if blob is not None:
-                    blob.close()
-                blob = None
-                continue
-            blob.seek(offset * size)
-            blob.read_into(buffer, row * size, size)
-            out[int(memory_id)] = rows[row]
-    finally:
-        if blob is not None:
-            blob.close()
+        (found_ids, packed), = conn.execute(
+            "SELECT group_concat(r.rowid, ' '), CAST(group_concat(substr(v.vectors, r.chunk_offset * ? + 1, ?), '') "
+            "AS BLOB) FROM vec_memories_rowids r JOIN vec_memories_vector_chunks00 v ON v.rowid = +r.chunk_id "
+            f"WHERE r.rowid IN ({','.join('?' * len(batch))})", (size, size, *batch)).fetchall()
+        rows = np.frombuffer(packed or b"", dtype=np.float32).reshape(-1, info.dim)
+        out.update(zip(map(int, (found_ids or "").split()), rows, strict=True))
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Sequence
+from typing import AbstractSet, Sequence
 
 from bot.memory.recall.words import STOP_WORDS, tokens
 from bot.memory.records import Memory, NewMemory
@@ -69,17 +69,32 @@ def _stem(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("e") else word
 
 
+# Each word's stem, kept: a community's words recur, and recall stems the words of every
+# candidate it compares (recall/newer.py, recall/changes.py). Emptied when full.
+STEMS_KEPT = 1 << 16
+_stems: dict[str, str] = {}
+
+
+def _kept_stem(word: str) -> str:
+    stem = _stems.get(word)
+    if stem is None:
+        if len(_stems) >= STEMS_KEPT:
+            _stems.clear()
+        stem = _stems[word] = _stem(word)
+    return stem
+
+
 def content_words(text: str) -> set[str]:
     """The stemmed searchable words of a text."""
-    return {_stem(word) for word in tokens(text)}
+    return {_kept_stem(word) for word in tokens(text)}
 
 
 def all_words(text: str) -> set[str]:
     """The stemmed words of a text but stop words, all of them (content_words keeps the first few)."""
-    return {_stem(word) for word in _WORD.findall(text.lower()) if word not in STOP_WORDS}
+    return {_kept_stem(word) for word in _WORD.findall(text.lower()) if word not in STOP_WORDS}
 
 
-def jaccard(a: set[str], b: set[str]) -> float:
+def jaccard(a: AbstractSet[str], b: AbstractSet[str]) -> float:
     """Jaccard similarity of two word sets (1.0 for two empty ones)."""
     return len(a & b) / len(a | b) if a or b else 1.0
 

@@ -7,14 +7,19 @@ from datetime import UTC, date, datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bot.memory.clocks import Span
 from bot.memory.engine import Engine
 from bot.memory.recall import changes, newer
 from bot.memory.recall.dates import DateHint, SpanHint, hints
+from bot.memory.recall.words import tokens
 from bot.memory.records import NewMemory
 from bot.memory.scope import Viewer
 from bot.memory.storage import storage_of
+from bot.memory.writing import rules
+from bot.memory.writing.rules import content_words
 
 DAY = 86400.0
 NOW = datetime(2026, 3, 4, 18, tzinfo=UTC).timestamp()   # Wednesday 4 March 2026, evening
@@ -137,6 +142,56 @@ def test_other_subjects_never_disagree():
     assert not newer.disagree(said(1, "Alice lives in Oslo", 1.0, owner=7), said(2, "Alice lives in Bergen", 2.0, owner=8))
     assert not newer.disagree(said(1, "The quiz starts at 9", 1.0, scope="room"),
                               said(2, "The quiz starts at 10", 2.0))
+
+
+def test_content_words_are_kept_across_recalls_within_a_bound(monkeypatch):
+    monkeypatch.setattr(newer, "_words_of", {})
+    monkeypatch.setattr(newer, "WORDS_KEPT", 3)
+    texts = ["Alice lives in Oslo", "Alice lives in Bergen", "The quiz starts at 9", "The quiz starts at 10"]
+    for text in texts:
+        assert newer.words_of(text) == frozenset(content_words(text))
+    assert newer.words_of(texts[3]) is newer.words_of(texts[3])  # read once
+    assert len(newer._words_of) <= 3  # emptied when full, never past the bound
+
+
+def test_stems_are_kept_within_a_bound(monkeypatch):
+    monkeypatch.setattr(rules, "_stems", {})
+    monkeypatch.setattr(rules, "STEMS_KEPT", 4)
+    for text in ["Alice lives in Oslo", "Bob lived there, living well", "Alice lives in Oslo"]:
+        assert content_words(text) == {rules._stem(word) for word in tokens(text)}
+        assert len(rules._stems) <= 4
+    assert content_words("lives living lived") == {"liv"}
+
+
+def test_words_too_unequal_in_number_never_disagree():
+    short, long = "Alice lives in Oslo", "Alice lives in Bergen with her two cats, a dog and three goldfish"
+    assert not newer.disagree(said(1, short, 1.0), said(2, long, 2.0))
+    assert newer.disagree(said(1, short, 1.0), said(2, "Alice lives in Bergen", 2.0))
+
+
+def _disagree_with_sets(a: newer.Said, b: newer.Said) -> bool:
+    """newer.disagree as sets say it, for the check below."""
+    if a.subject != b.subject or not a.words - b.words or not b.words - a.words:
+        return False
+    shared = rules.jaccard(set(a.words), set(b.words))
+    if shared < newer.SHARED or (a.past and b.past):
+        return False
+    if rules.values_conflict(a.text, b.text):
+        return True
+    return (shared >= newer.SHARED_WORDS and len(a.words - b.words) <= newer.CHANGED
+            and len(b.words - a.words) <= newer.CHANGED)
+
+
+WORDS = st.sampled_from(["Alice", "lives", "lived", "in", "Oslo", "Bergen", "blue", "green", "quiz", "at", "9", "10",
+                         "went", "hiking", "with", "Tom", "Ann", "will", "the", "cat", "dog", "Acme", "nurse"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(WORDS, max_size=6), st.lists(WORDS, max_size=3), st.lists(WORDS, max_size=3))
+def test_disagree_answers_as_the_sets_do(shared, only_a, only_b):
+    """Near texts (a common part, a few words of their own, either possibly none)."""
+    a, b = said(1, " ".join(shared + only_a), 1.0), said(2, " ".join(only_b + shared), 2.0)
+    assert newer.disagree(a, b) is _disagree_with_sets(a, b)
 
 
 async def test_an_event_on_the_named_date_is_found_without_a_shared_word(fts_engine: Engine):

@@ -270,20 +270,25 @@ def test_the_form_is_a_setting(tmp_path):
 
 
 def test_sqlite_reads_many_stored_vectors_at_once_as_one_by_one(tmp_path):
-    """vec0.read_vectors (the rescoring's read: each vector's bytes out of its chunk blob) gives
-    what a read of each vector alone gives, across chunks, leaving out ids without a vector."""
+    """vec0.read_vectors (the rescoring's read: each vector's bytes cut out of its chunk, all in
+    one row) gives what a read of each vector alone gives, across chunks, leaving out ids without
+    a vector; bytes that are zeros or no UTF-8 pass as they are."""
     conn = db.connect(tmp_path / "r.db")
     rng = np.random.default_rng(6)
+    rows = embeddings(rng, 90)
+    rows[7] = np.eye(DIM, dtype=np.float32)[0]  # all but one component 0.0: zero bytes
+    rows[8] = np.full(DIM, -1 / np.sqrt(DIM), dtype=np.float32)  # 0xbf... bytes, no UTF-8
     with conn:
         info = vectors.create_index(conn, "m", DIM)
         ids = store.insert_many(conn, [memory_for(KEYS[i % len(KEYS)], i) for i in range(90)], base_stability_days=7,
-                                vector_info=info, vectors_=embeddings(rng, 90).tolist(), now=1000.0)
+                                vector_info=info, vectors_=rows.tolist(), now=1000.0)
     store.archive(conn, ids[5], "test")
     wanted = ids[::-1] + [ids[3], 10**9]  # any order, a repeat, an unknown id
     got = vectors.read_vectors(conn, info, wanted)
     alone = {mid: vectors.read_vector(conn, info, mid) for mid in set(wanted)}
     assert set(got) == {mid for mid, vector in alone.items() if vector is not None} and ids[5] not in got
     assert all(np.array_equal(got[mid], alone[mid]) for mid in got)
+    assert np.array_equal(got[ids[7]], rows[7]) and np.array_equal(got[ids[8]], rows[8])
     conn.close()
 
 
