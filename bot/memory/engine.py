@@ -14,7 +14,7 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence, TypeVar
 
 import apsw
@@ -113,6 +113,10 @@ class Engine(NamedAccess, Embedding, Recalling):
         # the GIL while it waits for a core, and every thread of the bot with it.)
         self._background = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-background")
                             if self._shared_file else None)
+        # PostgreSQL's reads wait on the server: a recall's vector search runs on a second reader
+        # beside its keyword step (recall/beside.py). SQLite's reads are this process's CPU.
+        self.walk_beside = bool(settings.database_url) and self._readers is not None and read_threads(settings) > 1
+        self.side_reads = 0  # vector searches run beside a keyword step (for tests and benchmarks)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -243,6 +247,12 @@ class Engine(NamedAccess, Embedding, Recalling):
         everything committed when it starts; the writer's open transaction stays invisible)."""
         self.read_jobs += 1
         return await self._read_on(self._readers, fn, *args, **kwargs)
+
+    def _beside(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """`fn(conn, *args)` on another read connection, not awaited: its Future (recall/beside.py)."""
+        assert self._readers is not None
+        self.side_reads += 1
+        return self._readers.submit(self._on_live_connection, self._reader, self._drop_reader, fn, *args)
 
     async def _read_on(self, threads: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`_read` on `threads` (each thread has its own read connection); None: on the writer."""
