@@ -113,10 +113,10 @@ class Engine(NamedAccess, Embedding, Recalling):
         # the GIL while it waits for a core, and every thread of the bot with it.)
         self._background = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-background")
                             if self._shared_file else None)
+        self.side_reads = 0  # parts of recalls run on another reader (for tests and benchmarks)
         # PostgreSQL's reads wait on the server: a recall's vector search runs on a second reader
         # beside its keyword step (recall/beside.py). SQLite's reads are this process's CPU.
         self.walk_beside = bool(settings.database_url) and self._readers is not None and read_threads(settings) > 1
-        self.side_reads = 0  # vector searches run beside a keyword step (for tests and benchmarks)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -247,6 +247,18 @@ class Engine(NamedAccess, Embedding, Recalling):
         everything committed when it starts; the writer's open transaction stays invisible)."""
         self.read_jobs += 1
         return await self._read_on(self._readers, fn, *args, **kwargs)
+
+    @property
+    def walk_beside(self) -> bool:
+        """Whether a recall's reads that can overlap run on several readers at once (recall/beside.py)."""
+        return self._walk_beside
+
+    @walk_beside.setter
+    def walk_beside(self, on: bool) -> None:
+        self._walk_beside = on
+        read_beside = getattr(self.storage, "read_beside", None)  # the server's own searches (PostgreSQL)
+        if read_beside is not None:
+            read_beside(self._beside if on else None)
 
     def _beside(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """`fn(conn, *args)` on another read connection, not awaited: its Future (recall/beside.py)."""
