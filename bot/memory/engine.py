@@ -260,9 +260,12 @@ class Engine(NamedAccess, Embedding, Recalling):
         if read_beside is not None:
             read_beside(self._beside if on else None)
 
-    def _beside(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """`fn(conn, *args)` on another read connection, not awaited: its Future (recall/beside.py)."""
-        assert self._readers is not None
+    def _beside(self, fn: Callable[..., T], *args: Any) -> Future[T] | None:
+        """`fn(conn, *args)` on another read connection, not awaited: its Future (recall/beside.py);
+        None when as many recalls are in flight as there are readers: each reader is wanted by a
+        recall's own job, and a part handed over would only queue behind them."""
+        if self._readers is None or self._recalls_in_flight >= read_threads(self.settings):
+            return None
         self.side_reads += 1
         return self._readers.submit(self._on_live_connection, self._reader, self._drop_reader, fn, *args)
 

@@ -97,9 +97,9 @@ class AnnIndexes:
         self._valid: frozenset[str] = frozenset()
         self._read_at = float("-inf")
         self._ef: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # session -> its hnsw.ef_search
-        # submit(fn, *args): fn(conn, *args) on another read connection (the engine's, recall/beside.py);
-        # None: every part of a search on the caller's connection
-        self.beside: Callable[..., Future[Any]] | None = None
+        # submit(fn, *args): fn(conn, *args) on another read connection (the engine's, recall/beside.py),
+        # its Future or None (no reader to spare); None: every part of a search on the caller's connection
+        self.beside: Callable[..., Future[Any] | None] | None = None
 
     def forget(self) -> None:
         """Read the catalog again at the next search (an index was made or dropped)."""

@@ -11,7 +11,9 @@ and recall keeps its single job there.
 The search step never waits for a walk that has not started: when every reader is busy (many
 recalls in flight) the walk is still queued when the keyword step ends, it is withdrawn and the
 search step searches on its own connection, as without this. A reader therefore only ever waits
-for a walk another reader is running, never for one queued behind it.
+for a walk another reader is running, never for one queued behind it. With as many recalls in
+flight as there are readers nothing is handed over at all (Engine._beside): each reader is
+wanted by a recall's own job, and many recalls in flight run as they did on one connection each.
 
 Both reads are statements of their own, as the keyword and the vector statement were before
 (autocommit: each sees what was committed when it began); `as_of` filters both the same way.
@@ -26,8 +28,9 @@ from bot.memory.recall.retrieval import Candidate
 from bot.memory.storage import Storage
 from bot.memory.vectors.index import IndexInfo
 
-# submit(fn, *args): run fn(conn, *args) on a read connection of another reader; its Future
-Submit = Callable[..., "Future[list[Candidate]]"]
+# submit(fn, *args): run fn(conn, *args) on a read connection of another reader; its Future, or
+# None when no reader is to spare (then the search step searches on its own connection)
+Submit = Callable[..., "Future[list[Candidate]] | None"]
 
 
 def walk(conn: Any, storage: Storage[Any], info: IndexInfo, vector: list[float], keys: list[str], depth: int,
