@@ -20,6 +20,7 @@ from bot.memory.recall.retrieval import VectorStatus
 from bot.memory.scope import Viewer
 from bot.memory.sql import transactions
 from bot.memory.storage import Connection, Storage
+from bot.memory.vectors.cache import VectorCache
 from bot.settings import Settings
 from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
 
@@ -48,6 +49,7 @@ class Recalling:
     _touches: touches.TouchBatcher
     _recalls_in_flight: int
     _no_recall: asyncio.Event | None
+    vector_cache: VectorCache
     walk_beside: bool
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -98,8 +100,8 @@ class Recalling:
         started = time.perf_counter()
         hints = dates.hints(query, now, self.settings.timezone)
         embedding: asyncio.Task[steps.Question] | None = None
-        beside = (WalkBeside(self._beside, self.storage, self.settings.embed_model, limit * 3, as_of)
-                  if self.walk_beside else None)
+        beside = (WalkBeside(self._beside, self.storage, self.settings.embed_model, limit * 3, as_of,
+                             self.vector_cache.answers_alone) if self.walk_beside else None)
         if query_vector is not None:
             slot = steps.VectorSlot(_given(list(query_vector)), beside)
         else:

@@ -44,10 +44,14 @@ class WalkBeside:
     (the keyword step's first read, on a reader thread) and the question's vector (given, or
     the embedding's answer, on the event loop) are known, if the keyword step is still running."""
 
-    def __init__(self, submit: Submit, storage: Storage[Any], model: str, depth: int, as_of: float | None) -> None:
+    def __init__(self, submit: Submit, storage: Storage[Any], model: str, depth: int, as_of: float | None,
+                 in_memory: Callable[[list[str]], bool] = lambda keys: False) -> None:
         """`model`: the embedding model the index must hold for the vector to be searched at all
-        (steps.checked_vector), so the walk searches the index that check will accept."""
+        (steps.checked_vector), so the walk searches the index that check will accept.
+        `in_memory(keys)`: the vector cache answers those keys alone; then nothing is handed over
+        (a search in memory takes less than the hand-off, and would only contend with the keyword step)."""
         self._submit = submit
+        self._in_memory = in_memory
         self._storage = storage
         self._model = model
         self._depth = depth
@@ -78,6 +82,9 @@ class WalkBeside:
 
     def _start(self) -> None:
         if self._closed or self.future is not None or not self._keys or self._vector is None:
+            return
+        if self._in_memory(self._keys):
+            self._closed = True
             return
         self._info = IndexInfo(self._model, len(self._vector))
         self.future = self._submit(walk, self._storage, self._info, self._vector, self._keys, self._depth, self._as_of)

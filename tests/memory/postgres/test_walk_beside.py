@@ -21,9 +21,14 @@ QUESTIONS = ("where did the kayak trip go", "what did we eat for lunch", "the co
 SLOW_S = 0.3  # the keyword step made this much longer, by the server itself (pg_sleep)
 
 
+# No vector cache: every key is searched in the server, as a key too big for the cache is (with
+# every key held, a search is this process's own work and nothing is handed over).
+NO_CACHE = {"MUNINN_VECTOR_CACHE_MB": "0"}
+
+
 @pytest.fixture
 async def pg_engine(fake_ollama, make_settings, postgres_url):
-    async with Engine(make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url)) as engine:
+    async with Engine(make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url, **NO_CACHE)) as engine:
         for n, text in enumerate(("the kayak trip went down the river", "a kayak needs a paddle",
                                   "the trip to the lake was cold", "lunch was soup", "soup again for lunch",
                                   "the river was fast", "we ate at the lake")):
@@ -116,7 +121,8 @@ async def test_an_embedding_slower_than_the_keyword_step_adds_no_walk(pg_engine,
 
 async def test_many_recalls_in_flight_on_few_readers_finish_with_the_same_memories(
         fake_ollama, make_settings, postgres_url):
-    async with Engine(make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url, MUNINN_DB_READERS="2")) as engine:
+    async with Engine(make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url, MUNINN_DB_READERS="2",
+                                     **NO_CACHE)) as engine:
         for n in range(30):
             await engine.remember(NewMemory(f"kayak trip number {n} down the river to the lake", "global"))
         vectors = {q: fake_ollama.embed_text(q) for q in QUESTIONS}
@@ -173,3 +179,14 @@ def test_a_walk_still_queued_is_withdrawn_not_waited_for():
     finally:
         gate.set()
         pool.shutdown()
+
+
+async def test_keys_the_vector_cache_holds_are_searched_in_the_same_job(fake_ollama, make_settings, postgres_url):
+    async with Engine(make_settings(fake_ollama.url, MUNINN_DATABASE_URL=postgres_url)) as engine:
+        await engine.remember(NewMemory("the kayak trip went down the river", "personal", owner_id=7))
+        question = QUESTIONS[0]
+        vector = fake_ollama.embed_text(question)
+        await _recall(engine, question, query_vector=vector)  # the cache loads the viewer's keys
+        before = engine.side_reads
+        ids, status = await _recall(engine, question, query_vector=vector)
+        assert engine.side_reads == before and status == "ok" and ids  # searched in memory, not handed over
