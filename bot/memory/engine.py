@@ -266,8 +266,12 @@ class Engine(NamedAccess, Embedding, Recalling):
         recall's own job, and a part handed over would only queue behind them."""
         if self._readers is None or self._recalls_in_flight >= read_threads(self.settings):
             return None
+        try:
+            future = self._readers.submit(self._on_live_connection, self._reader, self._drop_reader, fn, *args)
+        except RuntimeError:  # the engine is closing: its readers take no more jobs, the caller reads itself
+            return None
         self.side_reads += 1
-        return self._readers.submit(self._on_live_connection, self._reader, self._drop_reader, fn, *args)
+        return future
 
     async def _read_on(self, threads: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`_read` on `threads` (each thread has its own read connection); None: on the writer."""
