@@ -147,10 +147,12 @@ def world_on_postgres(args: Any) -> None:
         copy_database(path, url, batch=5000)
         print(f"copied {path} into {name} in {time.perf_counter() - started:.0f} s", flush=True)
     storage = PostgresStorage(url)
-    made, dropped, seconds = build_indexes(storage, args.min, args.build_mb)
-    print(f"made {made} ANN indexes, dropped {dropped} (keys of >= {args.min:,} vectors) in {seconds:.0f} s",
-          flush=True)
-    report: dict = {"size": args.size, "min": args.min, "recall_of_indexed_keys": recall_at_10(storage, args.queries)}
+    report: dict = {"size": args.size, "min": args.min}
+    if not args.classes_only:
+        made, dropped, seconds = build_indexes(storage, args.min, args.build_mb)
+        print(f"made {made} ANN indexes, dropped {dropped} (keys of >= {args.min:,} vectors) in {seconds:.0f} s",
+              flush=True)
+        report["recall_of_indexed_keys"] = recall_at_10(storage, args.queries)
     recall = asyncio.run(measure_recall(settings_for(path, url), SkewShape(args.size), args.viewers))
     report["classes"] = recall
     print(f"  postgresql, MUNINN_VECTOR_CACHE_MB={os.environ.get('MUNINN_VECTOR_CACHE_MB', 'default')}: "
@@ -192,6 +194,8 @@ def main() -> None:
                              "recall@10 of its indexed keys and the class recalls")
     parser.add_argument("--size", type=int, default=100000, help="with --world: its size")
     parser.add_argument("--viewers", type=int, default=60, help="with --world: recalls per class")
+    parser.add_argument("--classes-only", action="store_true",
+                        help="with --world, once loaded: only the class recalls (no index build, no recall@10)")
     args = parser.parse_args()
     if args.world:
         world_on_postgres(args)

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence, TypeVar
 
 import apsw
@@ -124,6 +124,10 @@ class Engine(NamedAccess, Embedding, Recalling):
         # the GIL while it waits for a core, and every thread of the bot with it.)
         self._background = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="muninn-background")
                             if self._shared_file else None)
+        self.side_reads = 0  # parts of recalls run on another reader (for tests and benchmarks)
+        # PostgreSQL's reads wait on the server: a recall's vector search runs on a second reader
+        # beside its keyword step (recall/beside.py). SQLite's reads are this process's CPU.
+        self.walk_beside = bool(settings.database_url) and self._readers is not None and read_threads(settings) > 1
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -254,6 +258,31 @@ class Engine(NamedAccess, Embedding, Recalling):
         everything committed when it starts; the writer's open transaction stays invisible)."""
         self.read_jobs += 1
         return await self._read_on(self._readers, fn, *args, **kwargs)
+
+    @property
+    def walk_beside(self) -> bool:
+        """Whether a recall's reads that can overlap run on several readers at once (recall/beside.py)."""
+        return self._walk_beside
+
+    @walk_beside.setter
+    def walk_beside(self, on: bool) -> None:
+        self._walk_beside = on
+        read_beside = getattr(self.storage, "read_beside", None)  # the server's own searches (PostgreSQL)
+        if read_beside is not None:
+            read_beside(self._beside if on else None)
+
+    def _beside(self, fn: Callable[..., T], *args: Any) -> Future[T] | None:
+        """`fn(conn, *args)` on another read connection, not awaited: its Future (recall/beside.py);
+        None when as many recalls are in flight as there are readers: each reader is wanted by a
+        recall's own job, and a part handed over would only queue behind them."""
+        if self._readers is None or self._recalls_in_flight >= read_threads(self.settings):
+            return None
+        try:
+            future = self._readers.submit(self._on_live_connection, self._reader, self._drop_reader, fn, *args)
+        except RuntimeError:  # the engine is closing: its readers take no more jobs, the caller reads itself
+            return None
+        self.side_reads += 1
+        return future
 
     async def _read_on(self, threads: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`_read` on `threads` (each thread has its own read connection); None: on the writer."""

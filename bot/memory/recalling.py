@@ -15,10 +15,12 @@ from typing import Any, Callable, Sequence, TypeVar
 from bot.llm.ollama import usable_vector
 from bot.memory import records
 from bot.memory.recall import dates, ranking, retrieval, steps, touches
+from bot.memory.recall.beside import WalkBeside
 from bot.memory.recall.retrieval import VectorStatus
 from bot.memory.scope import Viewer
 from bot.memory.sql import transactions
 from bot.memory.storage import Connection, Storage
+from bot.memory.vectors.cache import VectorCache
 from bot.settings import Settings
 from bot.validate import FUTURE_SLACK_S, MAX_RECALL_LIMIT
 
@@ -47,6 +49,8 @@ class Recalling:
     _touches: touches.TouchBatcher
     _recalls_in_flight: int
     _no_recall: asyncio.Event | None
+    vector_cache: VectorCache
+    walk_beside: bool
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise NotImplementedError
@@ -55,6 +59,9 @@ class Recalling:
         raise NotImplementedError
 
     async def _query_vector(self, query: str) -> steps.Question:
+        raise NotImplementedError
+
+    def _beside(self, fn: Callable[..., Any], *args: Any) -> Any:
         raise NotImplementedError
 
     def _warn_once(self, key: str, message: str, every: float = 60.0) -> None:
@@ -93,10 +100,12 @@ class Recalling:
         started = time.perf_counter()
         hints = dates.hints(query, now, self.settings.timezone)
         embedding: asyncio.Task[steps.Question] | None = None
+        beside = (WalkBeside(self._beside, self.storage, self.settings.embed_model, limit * 3, as_of,
+                             self.vector_cache.answers_alone) if self.walk_beside else None)
         if query_vector is not None:
-            slot = steps.VectorSlot(_given(list(query_vector)))
+            slot = steps.VectorSlot(_given(list(query_vector)), beside)
         else:
-            slot = steps.VectorSlot()
+            slot = steps.VectorSlot(beside=beside)
             embedding = asyncio.create_task(self._query_vector(query))
             embedding.add_done_callback(slot.take)
         try:
@@ -105,6 +114,8 @@ class Recalling:
         except BaseException:
             if embedding is not None:
                 embedding.cancel()
+            if beside is not None:
+                beside.cancel()
             raise
         fts_done = embed_done = reading.keyword_done
         if reading.searched is None:  # the embedding was still under way when the keyword step ended
@@ -115,8 +126,13 @@ class Recalling:
                 # timeout it handled: the caller still asked to stop (a Ctrl-C, a shutdown)
                 raise asyncio.CancelledError
             embed_done = time.perf_counter()
-            reading = await self._read(steps.search_into, self.storage, self.settings, reading, question, limit, now,
-                                       as_of, hints, not touch)
+            try:
+                reading = await self._read(steps.search_into, self.storage, self.settings, reading, question, limit,
+                                           now, as_of, hints, not touch)
+            except BaseException:
+                if beside is not None:
+                    beside.cancel()
+                raise
         searched, vector, status = reading.searched, reading.vector, reading.status
         assert searched is not None
         if reading.warning is not None:

@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -96,6 +97,9 @@ class AnnIndexes:
         self._valid: frozenset[str] = frozenset()
         self._read_at = float("-inf")
         self._ef: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # session -> its hnsw.ef_search
+        # submit(fn, *args): fn(conn, *args) on another read connection (the engine's, recall/beside.py),
+        # its Future or None (no reader to spare); None: every part of a search on the caller's connection
+        self.beside: Callable[..., Future[Any] | None] | None = None
 
     def forget(self) -> None:
         """Read the catalog again at the next search (an index was made or dropped)."""
@@ -125,14 +129,28 @@ class AnnIndexes:
         if not indexed:
             return exact(conn, info, vector, keys, k, as_of)
         rest = [key for key in keys if key not in indexed]
-        found = exact(conn, info, vector, rest, k, as_of) if rest else []
         rescored = max(RESCORE_MIN, k + RESCORE_EXTRA)
-        self._give_ef(conn, max(EF_SEARCH, rescored))
         literal = vector_literal(vector)
-        for key in indexed:
-            found += self._one_key(conn, info, key, literal, rescored, k)
+        # The parts are statements the server answers one at a time per connection: the scan of
+        # the keys without an index (cold keys of a few thousand vectors take as long as a walk)
+        # and each walk but the last go to other readers when there are, the last walk runs here.
+        parts: list[tuple[Callable[..., list[tuple[int, float]]], tuple[Any, ...]]] = []
+        if rest:
+            parts.append((exact, (info, vector, rest, k, as_of)))
+        parts += [(self._walk, (info, key, literal, rescored, k)) for key in indexed[:-1]]
+        beside = self.beside if conn.get_autocommit() else None  # an open transaction sees its own writes
+        started = [(beside(fn, *args) if beside is not None else None, fn, args) for fn, args in parts]
+        found = self._walk(conn, info, indexed[-1], literal, rescored, k)
+        for future, fn, args in started:
+            # a part no reader has begun is withdrawn and run here: never wait for a queued job
+            found += fn(conn, *args) if future is None or future.cancel() else future.result()
         found.sort(key=lambda pair: (pair[1], pair[0]))
         return found[:k]
+
+    def _walk(self, conn: PgConnection, info: IndexInfo, key: str, literal: str, limit: int,
+              k: int) -> list[tuple[int, float]]:
+        self._give_ef(conn, max(EF_SEARCH, limit))
+        return self._one_key(conn, info, key, literal, limit, k)
 
     def _give_ef(self, conn: PgConnection, ef: int) -> None:
         """hnsw.ef_search for this session (set once per connection: a SET per search is a round trip).

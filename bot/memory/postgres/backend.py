@@ -393,6 +393,11 @@ class PostgresStorage:
             return self.vector_cache.knn(conn, info, vector, keys, k, as_of)
         return self._server_knn(conn, info, vector, keys, k, as_of)
 
+    def read_beside(self, submit: Callable[..., Any] | None) -> None:
+        """Where a search's parts may run beside it: `submit(fn, *args)` runs fn(conn, *args) on
+        another read connection (the engine's readers); None: on the searching connection only."""
+        self.ann.beside = submit
+
     def _server_knn(self, conn: PgConnection, info: IndexInfo, vector: Sequence[float], keys: list[str], k: int,
                     as_of: float | None = None) -> list[tuple[int, float]]:
         return self.ann.search(conn, info, vector, keys, k, as_of, recall_sql.server_knn)

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from bot.memory import records
 from bot.memory.recall import fair_share, fusion, happens, newer, ranking, retrieval, subqueries
+from bot.memory.recall.beside import WalkBeside
 from bot.memory.recall.dates import DateHint
 from bot.memory.recall.retrieval import Candidate, VectorStatus
 from bot.memory.scope import Viewer
@@ -50,9 +51,12 @@ class SearchStep:
 
 
 def keyword_step(conn: Any, storage: Storage[Any], query: str, viewer: Viewer, candidates: int,
-                 as_of: float | None) -> KeywordStep:
-    """The viewer's keys, their keyword hits and the vector index's state, as of one moment."""
+                 as_of: float | None, beside: WalkBeside | None = None) -> KeywordStep:
+    """The viewer's keys, their keyword hits and the vector index's state, as of one moment;
+    with `beside`, the vector search starts on another reader once the keys are known."""
     keys = storage.visible_keys(conn, viewer)
+    if beside is not None:
+        beside.keys_known(keys)
     hits, (info, partial) = storage.keyword_step(conn, query, keys, candidates, as_of)
     # names the plain query left out as too common re-rank its hits (subqueries.py)
     fused = subqueries.fuse_keyword_lists(hits, subqueries.name_hits(conn, query, hits), candidates)
@@ -61,14 +65,18 @@ def keyword_step(conn: Any, storage: Storage[Any], query: str, viewer: Viewer, c
 
 def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: KeywordStep,
                 vector: list[float] | None, limit: int, now: float, as_of: float | None,
-                date_hints: Sequence[DateHint] = ()) -> SearchStep:
-    """Vector candidates (when `vector` is usable), fused with the keyword hits, ordered, cut to
-    `limit` with no other member past their share, then the graph's linked memories (within the
-    shares too); measured against the question's vector."""
+                date_hints: Sequence[DateHint] = (), beside: WalkBeside | None = None) -> SearchStep:
+    """Vector candidates (when `vector` is usable; `beside`'s walk when it searched them), fused
+    with the keyword hits, ordered, cut to `limit` with no other member past their share, then
+    the graph's linked memories (within the shares too); measured against the question's vector."""
     t0 = time.perf_counter()
     keys, info, depth = found.keys, found.info, limit * 3
-    vector_hits = (storage.vector_candidates(conn, info, vector, keys, depth, as_of)
-                   if vector is not None and info is not None else [])
+    walked = beside.take(info, vector, keys) if beside is not None else None
+    if walked is not None:
+        vector_hits = walked
+    else:
+        vector_hits = (storage.vector_candidates(conn, info, vector, keys, depth, as_of)
+                       if vector is not None and info is not None else [])
     if vector is not None and vector_hits and found.hits and settings.fusion == fusion.SCORES:
         # score fusion weighs every keyword hit's cosine too (the vector cache has them at hand);
         # those the vector search found carry theirs already
@@ -110,16 +118,22 @@ Question = tuple[list[float] | None, VectorStatus]  # the question's vector (Non
 class VectorSlot:
     """The question's vector once the embedding is done: set on the event loop (`take`, a done
     callback of the embedding task, or `value` for a vector the caller gave), read once by the
-    reader that ends the keyword step (one attribute: no lock needed)."""
+    reader that ends the keyword step (one attribute: no lock needed). With `beside`, the vector
+    is handed to it too, which starts the vector search on another reader (beside.py)."""
 
-    def __init__(self, value: Question | None = None) -> None:
+    def __init__(self, value: Question | None = None, beside: WalkBeside | None = None) -> None:
         """`value`: ready from the start (a vector the caller gave)."""
         self.value = value
+        self.beside = beside
+        if value is not None and beside is not None:
+            beside.vector_known(value[0])
 
     def take(self, task: asyncio.Future) -> None:
         """The embedding task's answer, when it has one (a failure is for the recall to await)."""
         if not task.cancelled() and task.exception() is None:
             self.value = task.result()
+            if self.beside is not None:
+                self.beside.vector_known(self.value[0])
 
 
 def checked_vector(vector: list[float] | None, status: VectorStatus, found: KeywordStep,
@@ -153,17 +167,21 @@ class Reading:
     status: VectorStatus = VectorStatus.OK
     warning: tuple[str, str] | None = None           # checked_vector's
     loaded: dict[int, records.Memory] | None = None  # the chosen memories, when asked to load (no touch)
+    beside: WalkBeside | None = None                 # the vector search on another reader (beside.py)
 
 
 def read_steps(conn: Any, storage: Storage[Any], settings: Settings, query: str, viewer: Viewer, limit: int,
                now: float, as_of: float | None, date_hints: Sequence[DateHint], slot: VectorSlot,
                load: bool) -> Reading:
     """The keyword step, then, if `slot` holds the vector by then, `search_into` on the same
-    connection: one job instead of two (three with `load`)."""
-    found = keyword_step(conn, storage, query, viewer, limit * 3, as_of)
-    reading = Reading(found, time.perf_counter())
+    connection: one job instead of two (three with `load`). With the slot's `beside`, the vector
+    search runs on another reader while the keyword step does."""
+    found = keyword_step(conn, storage, query, viewer, limit * 3, as_of, slot.beside)
+    reading = Reading(found, time.perf_counter(), beside=slot.beside)
     ready = slot.value
     if ready is None:
+        if slot.beside is not None:  # a walk started by now is still taken by the search step's job
+            slot.beside.no_more()
         return reading
     return search_into(conn, storage, settings, reading, ready, limit, now, as_of, date_hints, load)
 
@@ -174,7 +192,7 @@ def search_into(conn: Any, storage: Storage[Any], settings: Settings, reading: R
     the chosen memories as they are too (a recall that does not touch)."""
     reading.vector, reading.status, reading.warning = checked_vector(*question, reading.found, settings.embed_model)
     reading.searched = search_step(conn, storage, settings, reading.found, reading.vector, limit, now, as_of,
-                                   date_hints)
+                                   date_hints, reading.beside)
     if load:
         reading.loaded = storage.get_many(conn, [c.memory_id for c in reading.searched.chosen])
     return reading

@@ -78,6 +78,13 @@ class VectorCache(SharedKeys):
                         self._bytes += entry.nbytes - before
                         self._evict_beside(key)
 
+    def answers_alone(self, keys: Sequence[str]) -> bool:
+        """Whether every one of `keys` is held whole (or known to hold no vector): a search of them
+        is then this process's own work, with no search in the database."""
+        with self._lock:
+            return all(key in self._keys or (self._listed is not None and key not in self._listed
+                                              and key not in self._given) for key in keys)
+
     def knn(self, conn: Connection, info: vectors.IndexInfo, query: Sequence[float], keys: list[str],
             k: int, as_of: float | None = None) -> list[tuple[int, float]]:
         """The k nearest vectors under `keys` to `query`: [(id, L2 distance)], nearest first (only those

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import numpy as np
@@ -197,3 +198,41 @@ def test_keys_the_vector_cache_holds_get_no_index(world, postgres_url):
             reader.close()
         # a big budget holds every key: no index would be searched, each would cost writes
         assert job is not None and [key for key, _ in job.plan.create] == indexed, budget
+
+
+def test_a_search_runs_its_scan_and_all_walks_but_one_on_other_readers_with_the_same_answer(world):
+    storage, conn, info, _ = world
+    assert made(storage, conn, 50) == (2, 0)  # r:1 and g; r:2 stays exact
+    local = threading.local()
+    pids: list[int] = []
+    readers: list[PgConnection] = []
+
+    def on_reader(fn, *args):
+        if getattr(local, "conn", None) is None:
+            local.conn = storage.open_reader()
+            readers.append(local.conn)
+        pids.append(local.conn.pg.info.backend_pid)
+        return fn(local.conn, *args)
+    pool = ThreadPoolExecutor(2)
+    try:
+        rng = np.random.default_rng(3)
+        keys = ["r:1", "g", "r:2"]
+        for _ in range(5):
+            q = unit(rng)
+            storage.read_beside(None)
+            alone = storage.knn(conn, info, q, keys, 10)
+            storage.read_beside(lambda fn, *args: pool.submit(on_reader, fn, *args))
+            pids.clear()
+            assert storage.knn(conn, info, q, keys, 10) == alone
+            assert len(pids) == 2 and conn.pg.info.backend_pid not in pids  # the scan of r:2 and one walk
+        gate = threading.Event()
+        busy = [pool.submit(gate.wait) for _ in range(2)]  # every reader taken: the parts run here
+        pids.clear()
+        assert storage.knn(conn, info, q, keys, 10) == alone and pids == []
+        gate.set()
+        [future.result() for future in busy]
+    finally:
+        storage.read_beside(None)
+        pool.shutdown()
+        for reader in readers:
+            reader.close()
