@@ -28,6 +28,12 @@ from bot.memory.storage import Storage
 from bot.memory.vectors.index import IndexInfo
 from bot.settings import Settings
 
+# The candidates each path brings to the fusion, per memory asked for (bench/fusion_cv.py's grid
+# can set them). A deeper keyword list scored better on SQLite but put a group under a baseline on
+# PostgreSQL (docs/performance.md, "Where hybrid trails a baseline"): both stay at the same depth.
+VECTOR_DEPTH = 3
+KEYWORD_DEPTH = 3
+
 
 @dataclass
 class KeywordStep:
@@ -66,7 +72,7 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
     `limit` with no other member past their share, then the graph's linked memories (within the
     shares too); measured against the question's vector."""
     t0 = time.perf_counter()
-    keys, info, depth = found.keys, found.info, limit * 3
+    keys, info, depth = found.keys, found.info, limit * VECTOR_DEPTH
     vector_hits = (storage.vector_candidates(conn, info, vector, keys, depth, as_of)
                    if vector is not None and info is not None else [])
     if vector is not None and vector_hits and found.hits and settings.fusion == fusion.SCORES:
@@ -88,7 +94,7 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
     fair = fair_share.FairShare(found.viewer_id, fair_share.share_of(limit))
     relevant = fair_share.relevance(fused, ranking.touch_floor(settings.embed_model, settings.touch_min_cosine))
     cut = fair_share.fair_cut(conn, fused, limit, fair, relevant)
-    keyword, semantic = len(found.hits) >= depth, len(vector_hits) >= depth
+    keyword, semantic = len(found.hits) >= limit * KEYWORD_DEPTH, len(vector_hits) >= depth
     if fair.filled and (keyword or semantic):
         # one member's memories filled the list, and a search stopped at its depth: the others' may lie deeper
         fill = fair_share.deeper(conn, storage, settings, found.query, keys, info, vector, depth, as_of, fused,
@@ -160,7 +166,7 @@ def read_steps(conn: Any, storage: Storage[Any], settings: Settings, query: str,
                load: bool) -> Reading:
     """The keyword step, then, if `slot` holds the vector by then, `search_into` on the same
     connection: one job instead of two (three with `load`)."""
-    found = keyword_step(conn, storage, query, viewer, limit * 3, as_of)
+    found = keyword_step(conn, storage, query, viewer, limit * KEYWORD_DEPTH, as_of)
     reading = Reading(found, time.perf_counter())
     ready = slot.value
     if ready is None:
