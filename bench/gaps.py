@@ -64,17 +64,30 @@ class Places(recall_stages.Watch):
                           if c.memory_id in self.evidence}
 
 
-async def ask_hybrid(corpus: quality.Corpus, url: str, env: dict, watch: Places) -> list[dict]:
-    """Hybrid rows as bench.quality's (scored on messages), with each evidence memory's places per step."""
+def memory_ids(path: Path, place: dict[str, str]) -> list[tuple[int, str]]:
+    """(id, external id) of every imported memory, read by the bench itself (SQLite file or PostgreSQL)."""
+    if place:
+        import psycopg
+        with psycopg.connect(place["MUNINN_DATABASE_URL"]) as pg:
+            return [(int(i), e or "") for i, e in pg.execute("SELECT id, external_id FROM memories")]
+    with closing(sqlite3.connect(path)) as conn:
+        return [(int(i), e or "") for i, e in conn.execute("SELECT id, external_id FROM memories")]
+
+
+async def ask_hybrid(corpus: quality.Corpus, url: str, env: dict, watch: Places,
+                     database_url: str | None = None) -> list[dict]:
+    """Hybrid rows as bench.quality's (scored on messages), with each evidence memory's places per step;
+    on the PostgreSQL server of `database_url` when given."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "asked.db"
-        await quality.import_all(corpus, path, url, env)
+        place = quality.postgres_place(database_url, f"gaps_{corpus.name}")
+        await quality.import_all(corpus, path, url, env | place)
         by_turn: dict[str, set[int]] = defaultdict(set)
-        with closing(sqlite3.connect(path)) as conn:  # the bench's own copy: which memory each turn became
-            for memory_id, external_id in conn.execute("SELECT id, external_id FROM memories"):
-                by_turn[beam.turn_of(external_id or "")].add(memory_id)
-        async with Engine(quality.mode_settings(dict(env, MUNINN_DB_PATH=str(path)), "hybrid", url)) as engine:
+        for memory_id, external_id in memory_ids(path, place):  # which memory each turn became
+            by_turn[beam.turn_of(external_id)].add(memory_id)
+        settings = quality.mode_settings(dict(env, MUNINN_DB_PATH=str(path)) | place, "hybrid", url)
+        async with Engine(settings) as engine:
             for q in corpus.asks:
                 watch.evidence = {m for turn in q["evidence"] for m in by_turn.get(turn, ())}
                 watch.ranks, watch.places, watch.paths = {}, {}, {}
@@ -91,6 +104,20 @@ async def ask_hybrid(corpus: quality.Corpus, url: str, env: dict, watch: Places)
                                          "places": [watch.places.get(step, {}).get(m) for step in STEPS]}
                                         for m in ids] for turn, ids in memories.items()}})
     return rows
+
+
+def watch_postgres(watch: Places) -> None:
+    """PostgreSQL's own neighbour loan and final order, watched as recall_stages watches SQLite's."""
+    from bot.memory.postgres.backend import PostgresStorage
+
+    for name, step in (("spread_to_neighbours", "neighbours"), ("final_order", "time")):
+        original = getattr(PostgresStorage, name)
+
+        def wrapped(self: Any, *args: Any, _original: Any = original, _step: str = step, **kwargs: Any) -> Any:
+            out = _original(self, *args, **kwargs)
+            watch.note(_step, out)
+            return out
+        setattr(PostgresStorage, name, wrapped)
 
 
 def lost_at(places: list[list[int | None]], cut: int) -> str:
@@ -144,7 +171,8 @@ def diagnose(hybrid: list[dict], bm25: list[dict], cosine: list[dict], groups: d
     return out
 
 
-async def run(corpora: dict[str, quality.Corpus], url: str, env: dict, watch: Places) -> dict:
+async def run(corpora: dict[str, quality.Corpus], url: str, env: dict, watch: Places,
+              database_url: str | None = None) -> dict:
     """Each data set's baselines and watched hybrid rows, diagnosed."""
     out = {}
     for name, corpus in corpora.items():
@@ -152,7 +180,7 @@ async def run(corpora: dict[str, quality.Corpus], url: str, env: dict, watch: Pl
             cosine = await quality.ask_cosine(corpus, Path(tmp) / "cosine.db", url, env, 10)
         n = len(corpus.asks)  # the questions with evidence come first
         bm25, cosine = quality.ask_bm25(corpus, 10)[:n], cosine[:n]
-        hybrid = await ask_hybrid(corpus, url, env, watch)
+        hybrid = await ask_hybrid(corpus, url, env, watch, database_url)
         out[name] = {"groups": diagnose(hybrid, bm25, cosine, corpus.groups),
                      "parts_shared": sum(r["parts_shared"] for r in hybrid), "questions": len(hybrid)}
     return out
@@ -180,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting (MUNINN_...) or a recall constant (@module.NAME) for this run")
     parser.add_argument("--questions", action="store_true", help="print every losing question")
+    parser.add_argument("--database-url", default=None,
+                        help="a PostgreSQL server (postgresql://...): hybrid runs there (the baselines need none)")
     parser.add_argument("--out", default=str(quality.RESULTS / "gaps.json"))
     args = parser.parse_args(argv)
     overrides = recall_stages.set_constants(dict(item.split("=", 1) for item in args.set))
@@ -189,9 +219,11 @@ def main(argv: list[str] | None = None) -> None:
                            "MUNINN_GRAPH_LIMIT": "0"} | overrides
     watch = Places()
     recall_stages.watch_steps(watch)
+    if args.database_url:
+        watch_postgres(watch)
     quality.RESULTS.mkdir(parents=True, exist_ok=True)
     with EmbedServerProcess("minilm", cache=str(quality.EMBED_CACHE)) as url:
-        results = asyncio.run(run(corpora, url, env, watch))
+        results = asyncio.run(run(corpora, url, env, watch, args.database_url))
     show(results, args.questions)
     Path(args.out).write_text(json.dumps({"settings": args.set, "results": results}, indent=1))
     print(f"saved {args.out}")
