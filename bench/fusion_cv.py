@@ -112,6 +112,21 @@ def constant_module(name: str):
     return importlib.import_module(f"bot.memory.recall.{name[1:].split('.')[0]}")
 
 
+def constant_defaults(settings: list[dict[str, str]]) -> dict:
+    """The current value of every '@module.NAME' constant that some setting of the grid sets."""
+    return {name: getattr(constant_module(name), name.split(".")[1])
+            for setting in settings for name in setting if name.startswith("@")}
+
+
+def apply_constants(setting: dict[str, str], defaults: dict) -> None:
+    """Every constant of the grid back to its default, then this setting's '@module.NAME' values."""
+    for name, value in defaults.items():
+        setattr(constant_module(name), name.split(".")[1], value)
+    for name, value in setting.items():
+        if name.startswith("@"):
+            setattr(constant_module(name), name.split(".")[1], type(defaults[name])(value))
+
+
 async def run(corpora: dict[str, quality.Corpus], settings: list[dict[str, str]], url: str, base_env: dict) -> dict:
     results: dict = {"settings": settings, "rows": {name: [] for name in corpora}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,16 +136,10 @@ async def run(corpora: dict[str, quality.Corpus], settings: list[dict[str, str]]
             await quality.import_all(corpus, templates[name], url, base_env)
         # '@module.NAME': a constant of bot/memory/recall/<module>.py; each setting starts from the
         # defaults (a grid joined by '|' must not inherit a constant the part before it set)
-        defaults = {name: getattr(constant_module(name), name.split(".")[1])
-                    for setting in settings for name in setting if name.startswith("@")}
+        defaults = constant_defaults(settings)
         for i, setting in enumerate(settings):
             started = time.perf_counter()
-            for name, value in defaults.items():
-                setattr(constant_module(name), name.split(".")[1], value)
-            for name, value in setting.items():
-                if name.startswith("@"):
-                    attr = name.split(".")[1]
-                    setattr(constant_module(name), attr, type(defaults[name])(value))
+            apply_constants(setting, defaults)
             env_setting = {k: v for k, v in setting.items() if not k.startswith("@")}
             for name, corpus in corpora.items():
                 path = Path(tmp) / f"{name}-{i}.db"
