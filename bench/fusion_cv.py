@@ -107,6 +107,26 @@ def floor_table(rows: dict[str, list[dict]], limit: int = 5) -> dict:
     return out
 
 
+def constant_module(name: str):
+    """The module of bot/memory/recall/ that an '@module.NAME' grid axis sets."""
+    return importlib.import_module(f"bot.memory.recall.{name[1:].split('.')[0]}")
+
+
+def constant_defaults(settings: list[dict[str, str]]) -> dict:
+    """The current value of every '@module.NAME' constant that some setting of the grid sets."""
+    return {name: getattr(constant_module(name), name.split(".")[1])
+            for setting in settings for name in setting if name.startswith("@")}
+
+
+def apply_constants(setting: dict[str, str], defaults: dict) -> None:
+    """Every constant of the grid back to its default, then this setting's '@module.NAME' values."""
+    for name, value in defaults.items():
+        setattr(constant_module(name), name.split(".")[1], value)
+    for name, value in setting.items():
+        if name.startswith("@"):
+            setattr(constant_module(name), name.split(".")[1], type(defaults[name])(value))
+
+
 async def run(corpora: dict[str, quality.Corpus], settings: list[dict[str, str]], url: str, base_env: dict) -> dict:
     results: dict = {"settings": settings, "rows": {name: [] for name in corpora}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,13 +134,12 @@ async def run(corpora: dict[str, quality.Corpus], settings: list[dict[str, str]]
         for name, corpus in corpora.items():
             templates[name] = Path(tmp) / f"{name}.db"
             await quality.import_all(corpus, templates[name], url, base_env)
+        # '@module.NAME': a constant of bot/memory/recall/<module>.py; each setting starts from the
+        # defaults (a grid joined by '|' must not inherit a constant the part before it set)
+        defaults = constant_defaults(settings)
         for i, setting in enumerate(settings):
             started = time.perf_counter()
-            for name, value in setting.items():  # '@module.NAME': a constant of bot/memory/recall/<module>.py
-                if name.startswith("@"):
-                    module, attr = name[1:].split(".")
-                    setattr(importlib.import_module(f"bot.memory.recall.{module}"), attr, type(
-                        getattr(importlib.import_module(f"bot.memory.recall.{module}"), attr))(value))
+            apply_constants(setting, defaults)
             env_setting = {k: v for k, v in setting.items() if not k.startswith("@")}
             for name, corpus in corpora.items():
                 path = Path(tmp) / f"{name}-{i}.db"

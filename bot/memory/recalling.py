@@ -100,7 +100,7 @@ class Recalling:
         started = time.perf_counter()
         hints = dates.hints(query, now, self.settings.timezone)
         embedding: asyncio.Task[steps.Question] | None = None
-        beside = (WalkBeside(self._beside, self.storage, self.settings.embed_model, limit * 3, as_of,
+        beside = (WalkBeside(self._beside, self.storage, self.settings.embed_model, limit * steps.VECTOR_DEPTH, as_of,
                              self.vector_cache.answers_alone) if self.walk_beside else None)
         if query_vector is not None:
             slot = steps.VectorSlot(_given(list(query_vector)), beside)

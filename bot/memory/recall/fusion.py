@@ -45,9 +45,11 @@ RANK_SHARE = 0.3   # the share of the (relative) RRF score in the fused one (0 =
 RANK_TRUST = 0.0   # how far `trust` mutes the keyword ranks in that share too (0 = not at all, 1 = as the scores)
 
 
-def agreement(pool: Sequence[Candidate], top: int = AGREEMENT_TOP) -> float:
+def agreement(pool: Sequence[Candidate], top: int | None = None) -> float:
     """How well the keyword path's best hits agree in meaning: their mean cosine over the mean
-    of the best cosines among the candidates, 0..1 (1 when either side is unknown)."""
+    of the best cosines among the candidates, 0..1 (1 when either side is unknown); `top` hits
+    and cosines compared (AGREEMENT_TOP when not given)."""
+    top = AGREEMENT_TOP if top is None else top
     hits = sorted((c for c in pool if c.fts_rank is not None), key=lambda c: c.fts_rank or 0)[:top]
     said = [cos for c in hits if (cos := c.cosine) is not None]
     near = sorted((cos for c in pool if (cos := c.cosine) is not None), reverse=True)[:top]

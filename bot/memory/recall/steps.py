@@ -29,6 +29,12 @@ from bot.memory.storage import Storage
 from bot.memory.vectors.index import IndexInfo
 from bot.settings import Settings
 
+# The candidates each path brings to the fusion, per memory asked for (bench/fusion_cv.py's grid
+# can set them). A deeper keyword list scored better on SQLite but put a group under a baseline on
+# PostgreSQL (docs/performance.md, "Where hybrid trails a baseline"): both stay at the same depth.
+VECTOR_DEPTH = 3
+KEYWORD_DEPTH = 3
+
 
 @dataclass
 class KeywordStep:
@@ -70,7 +76,7 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
     with the keyword hits, ordered, cut to `limit` with no other member past their share, then
     the graph's linked memories (within the shares too); measured against the question's vector."""
     t0 = time.perf_counter()
-    keys, info, depth = found.keys, found.info, limit * 3
+    keys, info, depth = found.keys, found.info, limit * VECTOR_DEPTH
     walked = beside.take(info, vector, keys) if beside is not None else None
     if walked is not None:
         vector_hits = walked
@@ -96,7 +102,7 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
     fair = fair_share.FairShare(found.viewer_id, fair_share.share_of(limit))
     relevant = fair_share.relevance(fused, ranking.touch_floor(settings.embed_model, settings.touch_min_cosine))
     cut = fair_share.fair_cut(conn, fused, limit, fair, relevant)
-    keyword, semantic = len(found.hits) >= depth, len(vector_hits) >= depth
+    keyword, semantic = len(found.hits) >= limit * KEYWORD_DEPTH, len(vector_hits) >= depth
     if fair.filled and (keyword or semantic):
         # one member's memories filled the list, and a search stopped at its depth: the others' may lie deeper
         fill = fair_share.deeper(conn, storage, settings, found.query, keys, info, vector, depth, as_of, fused,
@@ -176,7 +182,7 @@ def read_steps(conn: Any, storage: Storage[Any], settings: Settings, query: str,
     """The keyword step, then, if `slot` holds the vector by then, `search_into` on the same
     connection: one job instead of two (three with `load`). With the slot's `beside`, the vector
     search runs on another reader while the keyword step does."""
-    found = keyword_step(conn, storage, query, viewer, limit * 3, as_of, slot.beside)
+    found = keyword_step(conn, storage, query, viewer, limit * KEYWORD_DEPTH, as_of, slot.beside)
     reading = Reading(found, time.perf_counter(), beside=slot.beside)
     ready = slot.value
     if ready is None:
