@@ -59,7 +59,7 @@ from bot.memory.recall.words import STOP_WORDS
 from bot.memory.scope import Viewer
 from bot.memory.writing.rules import _stem, value_tokens
 
-from . import beam, quality
+from . import beam, quality, update_relation
 from .embed_server import MINILM_NAME, EmbedServerProcess
 
 WORD = re.compile(r"\w+")
@@ -247,9 +247,6 @@ def update_report(rows: list[dict]) -> dict:
     """Knowledge-update order, and candidate orderings: which pairs of a top 10 each would
     flip (newer above older), on updates and elsewhere, and the MRR they leave (applied on top
     of the order recall gave: with the product's own relation on, that order has it already)."""
-    def mrr(order: list[str], evidence: set[str]) -> float:
-        return next((1.0 / i for i, t in enumerate(order[:10], start=1) if t in evidence), 0.0)
-
     def shares(row: dict, old: dict, new: dict, least: int = 2) -> bool:
         asked = words(row["question"]) - ASKING
         both = asked & words(old["text"]) & words(new["text"])
@@ -287,27 +284,22 @@ def update_report(rows: list[dict]) -> dict:
             for row in mine:
                 top = {c["turn"]: c for c in row["recalled"]}
                 order = list(top)[:10]
-                updates = {(o, u) for o in row.get("original", []) for u in row.get("updated", [])}
                 pairs = []
                 for x, y in itertools.combinations(order, 2):
                     old, new = (x, y) if (top[x]["created_at"], x) < (top[y]["created_at"], y) else (y, x)
                     if relation(row, top[old], top[new]):
                         pairs.append((old, new))
-                moved = list(order)
-                for old, new in sorted(pairs, key=lambda p: top[p[1]]["created_at"]):
-                    at_old, at_new = moved.index(old), moved.index(new)
-                    if at_new > at_old:
-                        moved.insert(at_old, moved.pop(at_new))
-                        moves += 1
-                        on_updates += (old, new) in updates
+                said_at = {turn: cell["created_at"] for turn, cell in top.items()}
+                moved, done = update_relation.move_newer_up(order, pairs, said_at.__getitem__)
+                moves += len(done)
+                on_updates += len(set(done) & update_relation.updates_of(row))
                 evidence = set(row["evidence"])
-                before += mrr(order, evidence)
-                after += mrr(moved, evidence)
-                first = {k: min((moved.index(t) for t in row.get(k, []) if t in moved), default=None)
-                         for k in ("original", "updated")}
-                if first["original"] is not None and first["updated"] is not None:
+                before += update_relation.mrr(order, evidence)
+                after += update_relation.mrr(moved, evidence)
+                first = update_relation.updated_above(moved, row)
+                if first is not None:
                     both += 1
-                    above += first["updated"] < first["original"]
+                    above += first
             n = max(1, len(mine))
             cells[ds] = {"moves": moves, "on_updates": on_updates, "updated_first": f"{above}/{both}",
                          "mrr": [round(before / n, 4), round(after / n, 4)]}

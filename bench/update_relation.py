@@ -118,6 +118,33 @@ def mrr(ranked: list[str], evidence: set[str]) -> float:
     return next((1.0 / i for i, turn in enumerate(ranked[:10], start=1) if turn in evidence), 0.0)
 
 
+def move_newer_up(order: list[str], pairs: list[tuple[str, str]], when: Callable[[str], float]
+                  ) -> tuple[list[str], list[tuple[str, str]]]:
+    """`order` with the newer of each (older, newer) pair moved just above the older, the newest
+    last, and the pairs that moved something."""
+    moved, done = list(order), []
+    for old, new in sorted(pairs, key=lambda pair: when(pair[1])):
+        at_old, at_new = moved.index(old), moved.index(new)
+        if at_new > at_old:
+            moved.insert(at_old, moved.pop(at_new))
+            done.append((old, new))
+    return moved, done
+
+
+def updated_above(order: list[str], row: dict) -> bool | None:
+    """Whether the question's updated turn ranks above its original in `order` (None: not both there)."""
+    first = {kind: min((order.index(t) for t in row.get(kind, []) if t in order), default=None)
+             for kind in ("original", "updated")}
+    if first["original"] is None or first["updated"] is None:
+        return None
+    return first["updated"] < first["original"]
+
+
+def updates_of(row: dict) -> set[tuple[str, str]]:
+    """The question's (original, updated) turn pairs."""
+    return {(o, u) for o in row.get("original", []) for u in row.get("updated", [])}
+
+
 def apply(relation: Relation, turns: Turns, rows: list[dict], asks: list[dict]) -> dict:
     """The relation over every question's top 10: moves (on updates and not), order, MRR."""
     moves = on_updates = hurt = helped = both = above = 0
@@ -126,28 +153,22 @@ def apply(relation: Relation, turns: Turns, rows: list[dict], asks: list[dict]) 
     for row, q in asked_rows:
         asked = frozenset(content_words(q["question"]))
         top = list(row["ranked"][:10])
-        order = list(top)
-        updates = {(o, u) for o in row.get("original", []) for u in row.get("updated", [])}
         pairs = []
         for x, y in itertools.combinations(top, 2):
             old, new = (x, y) if turns.order[x] < turns.order[y] else (y, x)
             if relation(turns, asked, old, new):
                 pairs.append((old, new))
-        for old, new in sorted(pairs, key=lambda pair: turns.order[pair[1]]):
-            at_old, at_new = order.index(old), order.index(new)
-            if at_new > at_old:
-                order.insert(at_old, order.pop(at_new))
-                moves += 1
-                on_updates += (old, new) in updates
+        order, done = move_newer_up(top, pairs, turns.order.__getitem__)
+        moves += len(done)
+        on_updates += len(set(done) & updates_of(row))
         evidence = set(row["evidence"])
         was, now = mrr(top, evidence), mrr(order, evidence)
         before, after = before + was, after + now
         hurt, helped = hurt + (now < was), helped + (now > was)
-        first = {kind: min((order.index(t) for t in row.get(kind, []) if t in order), default=None)
-                 for kind in ("original", "updated")}
-        if first["original"] is not None and first["updated"] is not None:
+        first = updated_above(order, row)
+        if first is not None:
             both += 1
-            above += first["updated"] < first["original"]
+            above += first
     n = max(1, len(asked_rows))
     return {"moves": moves, "on_updates": on_updates, "elsewhere": moves - on_updates,
             "updated_first": f"{above}/{both}" if both else "-", "mrr": [round(before / n, 4), round(after / n, 4)],
