@@ -302,3 +302,14 @@ async def test_the_rarest_word_outranks_a_long_memory_repeating_a_commoner_one(p
     assert [hit.memory_id for hit in found][:2] == [short_one, long_one]
     assert found[0].fts_score is not None and found[1].fts_score is not None
     assert found[0].fts_score < found[1].fts_score < 0  # negated: lower is better, as SQLite's bm25
+
+
+def _read_back(conn, literal: str) -> list[str]:
+    return conn.pg.execute("SELECT %s::text[]", (literal,)).fetchone()[0]
+
+
+async def test_the_stems_not_counted_reach_the_count_statement_as_they_are(pg_fts_engine):
+    # the count statement takes them as one array literal: any stem must read back as itself
+    stems = ['pasta', 'a"b', "c\\d", "NULL", "", "x,y", "{z}", " sp ", "zoë", "it's"]
+    assert await pg_fts_engine.read(_read_back, keywords._array(stems)) == stems
+    assert await pg_fts_engine.read(_read_back, keywords._array([])) == []
