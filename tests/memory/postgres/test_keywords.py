@@ -302,3 +302,45 @@ async def test_the_rarest_word_outranks_a_long_memory_repeating_a_commoner_one(p
     assert [hit.memory_id for hit in found][:2] == [short_one, long_one]
     assert found[0].fts_score is not None and found[1].fts_score is not None
     assert found[0].fts_score < found[1].fts_score < 0  # negated: lower is better, as SQLite's bm25
+
+
+def _read_back(conn, literal: str) -> list[str]:
+    return conn.pg.execute("SELECT %s::text[]", (literal,)).fetchone()[0]
+
+
+async def test_the_stems_not_counted_reach_the_count_statement_as_they_are(pg_fts_engine):
+    # the count statement takes them as one array literal: any stem must read back as itself
+    stems = ['pasta', 'a"b', "c\\d", "NULL", "", "x,y", "{z}", " sp ", "zoë", "it's"]
+    assert await pg_fts_engine.read(_read_back, keywords._array(stems)) == stems
+    assert await pg_fts_engine.read(_read_back, keywords._array([])) == []
+
+
+def _statements_of_keyword_steps(conn, queries: list[str], keys: list[str]) -> list[int]:
+    """How many statements each keyword step sent, one query after the other on this connection."""
+    keywords.newest_id(conn), bm25.average_length(conn, keywords._database(conn))  # cached for minutes: read first
+    keywords.estimates(conn)
+    sent: list[object] = []
+    execute = conn.pg.execute
+
+    def counted(query, params=None, **kwargs):
+        sent.append(query)
+        return execute(query, params, **kwargs)
+    conn.pg.execute = counted
+    try:
+        made = []
+        for query in queries:
+            sent.clear()
+            keywords.keyword_step(conn, query, keys, 10, None)
+            made.append(len(sent))
+        return made
+    finally:
+        del conn.pg.execute
+
+
+async def test_a_keyword_step_sends_the_word_counts_and_the_keyword_statement_at_most(pg_fts_engine):
+    await pg_fts_engine.remember(NewMemory("Alice grows tomatoes and basil on the balcony", "personal", owner_id=ALICE))
+    keywords.forget_counts()
+    made = await pg_fts_engine.read(_statements_of_keyword_steps,
+                                    ["tomatoes balcony", "tomatoes balcony", "basil tomatoes", "the"], ["p:1:dm"])
+    # new words: counted in one statement, then the keyword statement; counted words: one statement
+    assert made == [2, 1, 2, 0]
