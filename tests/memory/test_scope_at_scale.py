@@ -248,7 +248,8 @@ def instrument(monkeypatch, paths: Paths, postgres: bool) -> None:
                     paths.hit("pg:window")
             elif "m.vis_key = ANY(%s) AND m.text_search @@" in text and "h.text_search @@" in text:
                 paths.hit("pg:rare-any-keys")
-            elif "= ANY(%(common)s)" in text and args and isinstance(args[0], dict) and args[0].get("common"):
+            elif ("= ANY(%(common)s::text[])" in text and args and isinstance(args[0], dict)
+                  and args[0].get("common") not in (None, "{}")):
                 paths.hit("pg:estimates-used")  # words the statistics call common are not counted
             return real_execute(self, query, *args, **kwargs)
         monkeypatch.setattr(psycopg.Connection, "execute", execute)
