@@ -75,6 +75,10 @@ class PostgresVectorSource:
     # server's own scan of them: a recall that loaded a heavy user's key waited far longer
     # than the scan would have taken (docs/performance.md).
     inline_load_max = 256
+    # Such a key is loaded only when met again within this many seconds (admission.SecondHit):
+    # with the budget full, loads of keys met once evicted keys met again soon, which were
+    # read back in turn, and each load contended with the recalls beside it.
+    admit_window_s = 300.0
 
     def __init__(self, server_knn: Any, server_similar: Any) -> None:
         self._server_knn = server_knn          # the backend's exact/HNSW search in the server

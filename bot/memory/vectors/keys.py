@@ -13,6 +13,7 @@ from bot.memory.connection import Connection
 from bot.memory.scope import ACTIVE
 from bot.memory.vectors import codes as vector_codes
 from bot.memory.vectors import index as vectors
+from bot.memory.vectors.admission import SecondHit
 from bot.memory.vectors.arrays import FORMS, SLACK_ROWS, KeyVectors
 from bot.memory.vectors.lookup import KeyIndex, listed
 from bot.memory.vectors.source import Changed, Overlay, VectorSource, read_with
@@ -84,6 +85,7 @@ class CachedKeys:
         self._key_of = KeyIndex(self._keys)  # memory id -> the cached key holding its vector
         self._too_big: dict[str, float] = {}  # key -> when it was found too big (_still_too_big)
         self._loading: set[str] = set()  # keys a thread is loading now (outside the lock)
+        self._second_hit = SecondHit(0.0)  # which cold keys a background load admits (the source's `admit_window_s`)
         self._packing: set[str] = set()  # keys whose codes a thread is packing now (outside the lock)
         # Keys that held vectors when a warm listed them, and keys given a vector since (applied
         # changes): once a warm has listed them, a key in neither is empty and needs no read
@@ -134,6 +136,7 @@ class CachedKeys:
         self._too_big.clear()
         self._listed = None
         self._given.clear()
+        self._second_hit.clear()
         self._bytes = 0
 
     def read_ahead(self, conn: Connection) -> tuple[Any, int, int] | None:
@@ -304,6 +307,9 @@ class CachedKeys:
             with self._lock:
                 if key in self._keys or key in self._loading:
                     return self._keys.get(key)
+                self._second_hit.window_s = getattr(self.source, "admit_window_s", 0.0)
+                if not self._second_hit.admit(key):
+                    return None  # met once: the store searches it; loaded when met again soon
                 self._loading.add(key)
             try:
                 background(lambda loader: self._load(loader, info, key, count_first=True))

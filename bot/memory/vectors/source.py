@@ -24,7 +24,9 @@ class Overlay(set):
 class VectorSource(Protocol):
     """The storage reads of the cache, per backend. A mark is opaque to the cache: where in the
     change log it has read up to. A source may say `inline_load_max`: the most vectors of a cold
-    key a search loads itself (more go to the background loader; keys.INLINE_LOAD_MAX otherwise)."""
+    key a search loads itself (more go to the background loader; keys.INLINE_LOAD_MAX otherwise),
+    and `admit_window_s`: such a key is loaded only when met again within that many seconds
+    (admission.SecondHit; 0 or absent: on its first miss)."""
 
     def poll(self, conn: Any, mark: Any) -> tuple[str | None, list[int], Any, bool, Changed | None]:
         """(the index's epoch, ids changed since `mark` (None: none, just the current mark), the

@@ -281,8 +281,10 @@ async def test_the_engine_loads_a_big_cold_key_on_its_loader_thread_on_postgresq
         await engine.remember_many([NewMemory(f"busy fact {i}", "room", channel_id=1, guild_id=1) for i in range(12)])
         await engine.remember_many([NewMemory(f"quiet fact {i}", "global", owner_id=2) for i in range(3)])
         viewer = Viewer(9, channel_id=1, guild_id=1)
-        first = await engine.recall("busy fact 3", viewer, touch=False)  # r:1 from the server meanwhile
-        assert "g" in engine.vector_cache.cached_keys()
+        first = await engine.recall("busy fact 3", viewer, touch=False)  # r:1 from the server
+        assert "g" in engine.vector_cache.cached_keys() and "r:1" not in engine.vector_cache.cached_keys()
+        # met once, not loaded (admission.SecondHit); met again soon: loaded on the loader thread
+        assert (await engine.recall("busy fact 3", viewer, touch=False)).ids == first.ids
         for _ in range(100):
             if "r:1" in engine.vector_cache.cached_keys():
                 break
