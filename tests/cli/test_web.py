@@ -20,8 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def start(tmp_path: Path, *args: str, **env: str) -> subprocess.Popen:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MUNINN_", "OLLAMA_", "DISCORD_"))}
     clean.update(MUNINN_DB_PATH=str(tmp_path / "m.db"), OLLAMA_URL="", **env)
+    # Ctrl-C is what stops it: a test run started in the background (a shell's `&`) ignores SIGINT,
+    # and a child would inherit that and never stop
     return subprocess.Popen([sys.executable, "-m", "cogs", "web", "--port", "0", *args], stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, env=clean, cwd=ROOT, text=True)
+                            stdout=subprocess.DEVNULL, env=clean, cwd=ROOT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def banner(proc: subprocess.Popen, last: str = "token") -> str:
