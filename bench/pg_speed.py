@@ -87,29 +87,57 @@ def settings_for(path: Path, database_url: str = "", ollama_url: str = "") -> An
                           "MUNINN_MAINTENANCE_HOURS": "0", "MUNINN_LEARN_PER_DAY": "1000000", **chosen})
 
 
-async def measure_recall(settings: Any, shape: SkewShape, per_class: int, warm: int = 10) -> dict:
+async def measure_recall(settings: Any, shape: SkewShape, per_class: int, warm: int = 10,
+                         embed_delay_ms: float = 0.0) -> dict:
     """Per viewer class: Engine.recall with the query vector given, touching what it recalls as
     the bot does (a write per recall: on PostgreSQL a round trip and a commit); the same viewers
     and queries for every backend (a fixed seed). The busy channel talks before every recall, as
     in bench.speed (`talk`): the vector cache applies the change log (on PostgreSQL a round trip
-    of its own), the keyword index and pages change."""
+    of its own), the keyword index and pages change.
+
+    `embed_delay_ms` > 0: the vector is not given up front but known only that long after the
+    recall starts, as the bot's embedding arriving from Ollama (`late_embedding`): the recall
+    runs its own embedding task, so the keyword step overlaps the embedding instead of the
+    vector search. `total` then includes the wait; `after_vector` is the part after the vector came."""
     world, chatter = SkewWorld(shape, seed=99), SkewWorld(shape, seed=7_777)
     out: dict = {}
     async with Engine(settings) as engine:
         await engine.warmed()
         info = await engine.write(lambda conn: storage_of(conn).index_info(conn))
+        pending: list[list[float]] = []
+        if embed_delay_ms > 0:
+            late_embedding(engine, pending, embed_delay_ms)
         for kind in VIEWER_CLASSES:
-            steps: dict[str, list[float]] = {s: [] for s in ("fts", "vector", "total")}
+            steps: dict[str, list[float]] = {s: [] for s in ("fts", "vector", "total", "after_vector")}
             for i in range(per_class + warm):
                 viewer = world.viewer_of(kind)
                 text, qvec = world.query()
                 await engine.write(said_in_busy_channel, info, chatter)
-                result = await engine.recall(text, viewer, query_vector=qvec.tolist())
+                if embed_delay_ms > 0:
+                    pending[:] = [qvec.tolist()]
+                    result = await engine.recall(text, viewer)
+                else:
+                    result = await engine.recall(text, viewer, query_vector=qvec.tolist())
                 if i >= warm:
+                    took = dict(result.timings_ms)
+                    took["after_vector"] = took["total"] - embed_delay_ms
                     for step in steps:
-                        steps[step].append(result.timings_ms[step])
+                        steps[step].append(took[step])
             out[kind] = {name: summary(values) for name, values in steps.items()}
     return out
+
+
+def late_embedding(engine: Engine, pending: list[list[float]], delay_ms: float) -> None:
+    """The engine's embedding call answered `delay_ms` after it was made, with the vector in
+    `pending` (the world's query vector): a local Ollama's embedding of a question, without the
+    HTTP and the model's CPU on this machine (the time is the model host's, not ours)."""
+    from bot.memory.recall.retrieval import VectorStatus
+
+    async def embedded(query: str) -> tuple[list[float] | None, VectorStatus]:
+        vector = pending[0]
+        await asyncio.sleep(delay_ms / 1000)
+        return vector, VectorStatus.OK
+    engine._query_vector = embedded  # type: ignore[method-assign]
 
 
 def writer_facts(mode: str, count: int, seed: int) -> list[Any]:

@@ -29,6 +29,21 @@ async def test_side_by_side_recall_and_writer_processes(tmp_path, postgres_url):
     assert after.get("room", 0) > before.get("room", 0) and after.get("personal", 0) > before.get("personal", 0)
 
 
+async def test_a_late_vector_waits_as_the_embedding_would_and_searches_after_it(tmp_path, postgres_url):
+    # --embed-delay-ms: the recall embeds (no vector given), the answer comes that late; the
+    # vector's search runs after it, and `after_vector` is the recall's time past the wait
+    shape = SkewShape(300, users=20, channels=8, guilds=2, vocab=1000)
+    path = tmp_path / "skew.db"
+    await build(path, shape)
+    assert copy_database(path, postgres_url).ok
+    classes = await pg_speed.measure_recall(pg_speed.settings_for(path, postgres_url), shape, per_class=3, warm=1,
+                                            embed_delay_ms=60)
+    for c in classes.values():
+        assert c["total"]["n"] == 3 and c["total"]["median"] >= 60
+        assert abs(c["after_vector"]["median"] - (c["total"]["median"] - 60)) < 0.01
+        assert c["vector"]["median"] > 0
+
+
 def test_shared_writer_facts_meet_in_the_same_keys():
     one, other = (pg_speed.writer_facts("shared", 6, seed) for seed in (10, 11))
     keys = {fact.to_new_memory().vis_key for fact in one}
