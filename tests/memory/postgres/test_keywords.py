@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -344,3 +345,94 @@ async def test_a_keyword_step_sends_the_word_counts_and_the_keyword_statement_at
                                     ["tomatoes balcony", "tomatoes balcony", "basil tomatoes", "the"], ["p:1:dm"])
     # new words: counted in one statement, then the keyword statement; counted words: one statement
     assert made == [2, 1, 2, 0]
+
+
+def _keyword_statement(conn, query: str, keys: list[str]) -> tuple[bytes, list]:
+    """The keyword statement a keyword step sends for `query` (after the counts it needs)."""
+    sent: list[tuple[bytes, list]] = []
+    execute = conn.pg.execute
+
+    def kept(statement, params=None, **kwargs):
+        sent.append((statement, params))
+        return execute(statement, params, **kwargs)
+    conn.pg.execute = kept
+    try:
+        keywords.keyword_step(conn, query, keys, 10, None)
+    finally:
+        del conn.pg.execute
+    return next((s, p) for s, p in sent if b"score" in (s if isinstance(s, bytes) else s.encode()))
+
+
+def _hits(conn, query: str, keys: list[str]) -> list[tuple[int, float | None]]:
+    return [(hit.memory_id, hit.fts_score) for hit in keywords.fts_candidates(conn, query, keys, 10, None)]
+
+
+async def test_a_common_word_of_few_known_matches_is_read_from_the_word_index_with_the_same_hits(
+        pg_fts_engine, monkeypatch):
+    # "pizza" is common (over COMMON_MIN_DOCS): its newest matches in the window are ranked. With
+    # its count known and small (WORD_INDEX_MATCHES), the key's matches come from the word index;
+    # else the key's newest memories are walked. The same hits and scores either way.
+    await crowd(pg_fts_engine, "Bob ate pizza", 600)
+    mine = await pg_fts_engine.remember_many([NewMemory(f"Alice baked pizza {i}", "personal", owner_id=ALICE)
+                                              for i in range(5)])
+    await pg_fts_engine.remember(NewMemory(longest_text("pizza"), "personal", owner_id=ALICE))
+    keys = [f"p:{ALICE}:dm", f"p:{BOB}:dm"]
+    keywords.forget_counts()
+    for query in ("pizza ate", "pizza number", "ate pizza number"):  # only common words: counted exactly
+        statement, _ = await pg_fts_engine.read(_keyword_statement, query, keys)
+        assert b"OFFSET 0" in statement and b"> 1500" not in statement  # the word index, no walk
+        by_index = await pg_fts_engine.read(_hits, query, keys)
+        monkeypatch.setattr(keywords, "WORD_INDEX_MATCHES", 100)  # fewer than the word kept: the walk
+        statement, _ = await pg_fts_engine.read(_keyword_statement, query, keys)
+        assert b"> 1500" in statement and b"OFFSET 0" not in statement
+        assert await pg_fts_engine.read(_hits, query, keys) == by_index
+        monkeypatch.undo()
+        assert by_index
+    assert set(mine) <= {memory_id for memory_id, _ in await pg_fts_engine.read(_hits, "pizza baked", keys)}
+
+
+async def test_a_common_word_counted_only_past_its_limit_is_walked(pg_fts_engine):
+    # a count that stopped at its limit says nothing of how many match: the walk's cost is the bounded one
+    await crowd(pg_fts_engine, "Bob ate pizza", 600)
+    keywords.forget_counts()
+    statement, _ = await pg_fts_engine.read(_keyword_statement, "pizza", [f"p:{BOB}:dm"])  # counted to 501
+    assert b"> 1500" in statement and b"OFFSET 0" not in statement
+    assert await pg_fts_engine.read(keywords.matches_known, ["pizza"]) is None
+
+
+def _analyse(conn) -> None:
+    conn.pg.execute("ANALYZE memories")
+
+
+def _long_walk_plan(conn, query: str, keys: list[str]) -> list[str]:
+    """The indexes read under the long memories' walk of the keyword statement, as planned."""
+    statement, params = _keyword_statement(conn, query, keys)
+    plan = conn.pg.execute(b"EXPLAIN (FORMAT JSON) " + statement, params, prepare=False).fetchone()[0]
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    found: list[str] = []
+
+    def indexes(node: dict) -> list[str]:
+        own = [node["Index Name"]] if "Index Name" in node else []
+        return own + [name for child in node.get("Plans", []) for name in indexes(child)]
+
+    def walk(node: dict) -> None:
+        if "> 1500" in node.get("Filter", "") + node.get("Recheck Cond", ""):
+            found.extend(indexes(node))
+        for child in node.get("Plans", []):
+            walk(child)
+    walk(plan[0]["Plan"])
+    return found
+
+
+async def test_the_long_memories_walk_never_reads_the_word_index(pg_fts_engine, monkeypatch):
+    # the planner read every match of the common word in the key from the word index (a bitmap
+    # of thousands of rows, each one's tsvector cast to text) to find the few long memories
+    await crowd(pg_fts_engine, "Bob walked the dog", 2000)  # a big key that seldom says it
+    await pg_fts_engine.read(_analyse)  # the statistics have not seen it yet (sampled, or old): a rare word
+    await pg_fts_engine.remember_many([NewMemory(f"Alice ate pizza number {i}", "personal", owner_id=ALICE)
+                                       for i in range(600)])  # pizza: a common word
+    await pg_fts_engine.remember(NewMemory(longest_text("pizza"), "personal", owner_id=BOB))
+    monkeypatch.setattr(keywords, "WORD_INDEX_MATCHES", -1)  # the walk
+    keywords.forget_counts()
+    read = await pg_fts_engine.read(_long_walk_plan, "pizza", [f"p:{BOB}:dm"])
+    assert read and "memories_text_search" not in read
