@@ -264,9 +264,10 @@ def searched_words(conn: PgConnection, words: list[str], limit: int | None = Non
 # the viewer's keys newest first reads every memory of the window (COMMON_WINDOW of them in a
 # busy channel, each a heap visit on pages still being written), found or not; the word index
 # reads each memory holding a searched word in the viewer's keys, of any age, one heap visit
-# each (about twice a walked row's cost). Up to WORD_INDEX_MATCHES matches in the whole database
-# by the words' known counts, the word index reads less; past it, or with a count known only to
-# be over its limit, the walk's cost is the bounded one. The same rows either way.
+# each (about twice a walked row's cost with the table in memory; older pages may not be).
+# Up to WORD_INDEX_MATCHES matches in the whole database by the words' known counts, the word
+# index reads less; past it, or with a count known only to be over its limit, the walk's cost
+# is the bounded one. The same rows either way.
 WORD_INDEX_MATCHES = shared.COMMON_WINDOW // 2
 
 

@@ -363,8 +363,8 @@ def _keyword_statement(conn, query: str, keys: list[str]) -> tuple[bytes, list]:
     return next((s, p) for s, p in sent if b"score" in (s if isinstance(s, bytes) else s.encode()))
 
 
-def _hits(conn, query: str, keys: list[str]) -> list[tuple[int, float | None]]:
-    return [(hit.memory_id, hit.fts_score) for hit in keywords.fts_candidates(conn, query, keys, 10, None)]
+def _hits(conn, query: str, keys: list[str], as_of: float | None = None) -> list[tuple[int, float | None]]:
+    return [(hit.memory_id, hit.fts_score) for hit in keywords.fts_candidates(conn, query, keys, 10, as_of)]
 
 
 async def test_a_common_word_of_few_known_matches_is_read_from_the_word_index_with_the_same_hits(
@@ -382,10 +382,13 @@ async def test_a_common_word_of_few_known_matches_is_read_from_the_word_index_wi
         statement, _ = await pg_fts_engine.read(_keyword_statement, query, keys)
         assert b"OFFSET 0" in statement and b"> 1500" not in statement  # the word index, no walk
         by_index = await pg_fts_engine.read(_hits, query, keys)
+        then = time.time() + 60
+        as_of_by_index = await pg_fts_engine.read(_hits, query, keys, then)  # no window: as of a moment
         monkeypatch.setattr(keywords, "WORD_INDEX_MATCHES", 100)  # fewer than the word kept: the walk
         statement, _ = await pg_fts_engine.read(_keyword_statement, query, keys)
         assert b"> 1500" in statement and b"OFFSET 0" not in statement
         assert await pg_fts_engine.read(_hits, query, keys) == by_index
+        assert await pg_fts_engine.read(_hits, query, keys, then) == as_of_by_index and as_of_by_index
         monkeypatch.undo()
         assert by_index
     assert set(mine) <= {memory_id for memory_id, _ in await pg_fts_engine.read(_hits, "pizza baked", keys)}
