@@ -7,9 +7,7 @@ or more is not counted, its estimate stands in (where the choice can differ from
 How much is ranked: when a searched word is common (over
 shared.common_limit), only the newest shared.COMMON_HITS visible matches among the newest
 shared.COMMON_WINDOW memories are ranked, as on SQLite; scoring every visible match of a very
-common word dominated the keyword step's cost in a busy channel. Those are found by walking the
-viewer's newest memories, or, when the words' counts say they are in few memories
-(WORD_INDEX_MATCHES), from the word index: the same rows, whichever reads less. The score: bm25.py.
+common word dominated the keyword step's cost in a busy channel. The score: bm25.py.
 """
 from __future__ import annotations
 
@@ -260,30 +258,6 @@ def searched_words(conn: PgConnection, words: list[str], limit: int | None = Non
     return shared.selective(conn, words, lambda c, ws, cap: {w: doc_count(c, w, cap) for w in ws}, limit=limit)
 
 
-# A query with a common word ranks the newest matches in the newest memories (below): walking
-# the viewer's keys newest first reads every memory of the window (COMMON_WINDOW of them in a
-# busy channel, each a heap visit on pages still being written), found or not; the word index
-# reads each memory holding a searched word in the viewer's keys, of any age, one heap visit
-# each (about twice a walked row's cost with the table in memory; older pages may not be).
-# Up to WORD_INDEX_MATCHES matches in the whole database by the words' known counts, the word
-# index reads less; past it, or with a count known only to be over its limit, the walk's cost
-# is the bounded one. The same rows either way.
-WORD_INDEX_MATCHES = shared.COMMON_WINDOW // 2
-
-
-def matches_known(conn: PgConnection, words: list[str]) -> int | None:
-    """How many memories hold each of `words`, summed, from the counts and estimates cached for
-    them; None when one of them is known only to be over the limit it was counted to."""
-    cache = _counts.get(_database(conn), {})
-    total = 0
-    for word in words:
-        hit = cache.get(word)
-        if hit is None or hit[0] > hit[1]:
-            return None
-        total += hit[0]
-    return total
-
-
 def _tsquery(words: list[str]) -> str:
     return " || ".join(["plainto_tsquery('muninn', %s)"] * len(words))
 
@@ -323,21 +297,11 @@ def keyword_step(conn: PgConnection, query: str, keys: list[str], limit: int,
             return ("(SELECT m.id, m.text_search FROM memories m WHERE m.vis_key = k.key AND m.archived_at IS NULL "
                     f"AND m.id > 0 AND octet_length(m.text_search::text) {size}{window}{since} "
                     f"AND {matched} ORDER BY m.id DESC LIMIT %s)")
+        hits = (f"SELECT w.id, w.text_search FROM unnest(%s::text[]) k(key) CROSS JOIN LATERAL "
+                f"({newest('<= 1500', f'm.text_search @@ ({match})')} "
+                f"UNION ALL {newest('> 1500', f'(m.text_search @@ ({match})) IS TRUE')}) w ORDER BY w.id DESC LIMIT %s")
         one_walk = [*after, *words, shared.COMMON_HITS]
-        few = matches_known(conn, words)
-        if few is not None and few <= WORD_INDEX_MATCHES:
-            # the key's matches from the word index, then the window and the newest first (OFFSET 0:
-            # the planner may not turn it back into the walk of the window)
-            per_key = ("(SELECT f.id, f.text_search FROM (SELECT m.id, m.text_search FROM memories m "
-                       f"WHERE m.vis_key = k.key AND m.archived_at IS NULL AND m.id > 0{window}{since} "
-                       f"AND m.text_search @@ ({match}) OFFSET 0) f ORDER BY f.id DESC LIMIT %s)")
-            hit_params = [keys, *one_walk, shared.COMMON_HITS]
-        else:
-            per_key = (f"{newest('<= 1500', f'm.text_search @@ ({match})')} "
-                       f"UNION ALL {newest('> 1500', f'(m.text_search @@ ({match})) IS TRUE')}")
-            hit_params = [keys, *one_walk, *one_walk, shared.COMMON_HITS]
-        hits = (f"SELECT w.id, w.text_search FROM unnest(%s::text[]) k(key) CROSS JOIN LATERAL ({per_key}) w "
-                "ORDER BY w.id DESC LIMIT %s")
+        hit_params = [keys, *one_walk, *one_walk, shared.COMMON_HITS]
     else:
         # The match is written out here, not read from a CTE: from a CTE the planner cannot see
         # the words and guesses 500 matches for any of them, so it led with the GIN index for a

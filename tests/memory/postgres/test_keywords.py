@@ -363,46 +363,6 @@ def _keyword_statement(conn, query: str, keys: list[str]) -> tuple[bytes, list]:
     return next((s, p) for s, p in sent if b"score" in (s if isinstance(s, bytes) else s.encode()))
 
 
-def _hits(conn, query: str, keys: list[str], as_of: float | None = None) -> list[tuple[int, float | None]]:
-    return [(hit.memory_id, hit.fts_score) for hit in keywords.fts_candidates(conn, query, keys, 10, as_of)]
-
-
-async def test_a_common_word_of_few_known_matches_is_read_from_the_word_index_with_the_same_hits(
-        pg_fts_engine, monkeypatch):
-    # "pizza" is common (over COMMON_MIN_DOCS): its newest matches in the window are ranked. With
-    # its count known and small (WORD_INDEX_MATCHES), the key's matches come from the word index;
-    # else the key's newest memories are walked. The same hits and scores either way.
-    await crowd(pg_fts_engine, "Bob ate pizza", 600)
-    mine = await pg_fts_engine.remember_many([NewMemory(f"Alice baked pizza {i}", "personal", owner_id=ALICE)
-                                              for i in range(5)])
-    await pg_fts_engine.remember(NewMemory(longest_text("pizza"), "personal", owner_id=ALICE))
-    keys = [f"p:{ALICE}:dm", f"p:{BOB}:dm"]
-    keywords.forget_counts()
-    for query in ("pizza ate", "pizza number", "ate pizza number"):  # only common words: counted exactly
-        statement, _ = await pg_fts_engine.read(_keyword_statement, query, keys)
-        assert b"OFFSET 0" in statement and b"> 1500" not in statement  # the word index, no walk
-        by_index = await pg_fts_engine.read(_hits, query, keys)
-        then = time.time() + 60
-        as_of_by_index = await pg_fts_engine.read(_hits, query, keys, then)  # no window: as of a moment
-        monkeypatch.setattr(keywords, "WORD_INDEX_MATCHES", 100)  # fewer than the word kept: the walk
-        statement, _ = await pg_fts_engine.read(_keyword_statement, query, keys)
-        assert b"> 1500" in statement and b"OFFSET 0" not in statement
-        assert await pg_fts_engine.read(_hits, query, keys) == by_index
-        assert await pg_fts_engine.read(_hits, query, keys, then) == as_of_by_index and as_of_by_index
-        monkeypatch.undo()
-        assert by_index
-    assert set(mine) <= {memory_id for memory_id, _ in await pg_fts_engine.read(_hits, "pizza baked", keys)}
-
-
-async def test_a_common_word_counted_only_past_its_limit_is_walked(pg_fts_engine):
-    # a count that stopped at its limit says nothing of how many match: the walk's cost is the bounded one
-    await crowd(pg_fts_engine, "Bob ate pizza", 600)
-    keywords.forget_counts()
-    statement, _ = await pg_fts_engine.read(_keyword_statement, "pizza", [f"p:{BOB}:dm"])  # counted to 501
-    assert b"> 1500" in statement and b"OFFSET 0" not in statement
-    assert await pg_fts_engine.read(keywords.matches_known, ["pizza"]) is None
-
-
 def _analyse(conn) -> None:
     conn.pg.execute("ANALYZE memories")
 
@@ -427,15 +387,16 @@ def _long_walk_plan(conn, query: str, keys: list[str]) -> list[str]:
     return found
 
 
-async def test_the_long_memories_walk_never_reads_the_word_index(pg_fts_engine, monkeypatch):
+async def test_the_long_memories_walk_never_reads_the_word_index(pg_fts_engine):
     # the planner read every match of the common word in the key from the word index (a bitmap
     # of thousands of rows, each one's tsvector cast to text) to find the few long memories
     await crowd(pg_fts_engine, "Bob walked the dog", 2000)  # a big key that seldom says it
-    await pg_fts_engine.read(_analyse)  # the statistics have not seen it yet (sampled, or old): a rare word
+    await pg_fts_engine.read(_analyse)  # before "pizza" is said: the statistics (sampled, or old) call it rare
     await pg_fts_engine.remember_many([NewMemory(f"Alice ate pizza number {i}", "personal", owner_id=ALICE)
                                        for i in range(600)])  # pizza: a common word
-    await pg_fts_engine.remember(NewMemory(longest_text("pizza"), "personal", owner_id=BOB))
-    monkeypatch.setattr(keywords, "WORD_INDEX_MATCHES", -1)  # the walk
+    long_id = await pg_fts_engine.remember(NewMemory(longest_text("pizza"), "personal", owner_id=BOB))
     keywords.forget_counts()
     read = await pg_fts_engine.read(_long_walk_plan, "pizza", [f"p:{BOB}:dm"])
     assert read and "memories_text_search" not in read
+    found = await pg_fts_engine.read(keywords.fts_candidates, "pizza", [f"p:{BOB}:dm"], 10, None)
+    assert [hit.memory_id for hit in found] == [long_id]
