@@ -15,6 +15,10 @@ when the signal is under t, else b", leaving one conversation out over both data
 conversations (each set weighted the same, objective (R@10 + MRR) / 2, as bench.fusion_cv),
 and prints, per signal, the held-out score against the fixed share, and the best rule's
 per-group R@10 / MRR. Rows (scores and signals only, no texts) go to bench/results/path-share.json.
+`--rows a.json,b.json` fits again from saved runs, every rule scored as the mean over them (one
+run per backend: `--database-url` asks a PostgreSQL server). A rule found here is checked for
+real, every mode and baseline in one run, with `bench.quality --question-share SIGNAL:T:A:B`
+(`install`: the fusion patched for that run only).
 """
 from __future__ import annotations
 
@@ -47,6 +51,25 @@ def signals(pool: list[Candidate]) -> dict[str, float]:
             "both": float(sum(1 for c in hits[:10] if c.vector_rank is not None))}
 
 
+def install(rule: str) -> None:
+    """Give every recall of this process a per-question vector share: 'SIGNAL:T:A:B' = share A
+    when the signal (SIGNALS, from the fusion's candidates) is under T, else B; a share of 0 or 1
+    (one path only: bench.quality's keyword and vector modes) stays as it is. A patch of
+    fusion.fuse_scores for measuring (bench.quality --question-share), not in the product."""
+    signal, threshold, low, high = rule.split(":")
+    if signal not in SIGNALS:
+        raise ValueError(f"unknown signal {signal!r}: one of {', '.join(SIGNALS)}")
+    original = fusion.fuse_scores
+
+    def fuse_scores(fts_hits: Any, vector_hits: Any, *, share: float, limit: int,
+                    sharpness: float | None = None) -> list[Candidate]:
+        if 0.0 < share < 1.0:
+            seen = signals(original(fts_hits, vector_hits, share=share, limit=limit, sharpness=sharpness))
+            share = float(low) if seen[signal] < float(threshold) else float(high)
+        return original(fts_hits, vector_hits, share=share, limit=limit, sharpness=sharpness)
+    fusion.fuse_scores = fuse_scores  # type: ignore[assignment]
+
+
 class Seen:
     """The first fusion of each recall: its signals (fusion.fuse wrapped, its answer unchanged)."""
 
@@ -64,7 +87,6 @@ class Seen:
 async def ask_all(corpora: dict[str, quality.Corpus], shares: list[str], url: str, env: dict,
                   seen: Seen, database_url: str | None) -> dict:
     out: dict = {"shares": shares, "data": {}}
-    fusion.WEAK_KEYWORD_COSINES = {}  # every question at the share asked: the rules are fitted from these runs
     with tempfile.TemporaryDirectory() as tmp:
         for name, corpus in corpora.items():
             template = Path(tmp) / f"{name}.db"

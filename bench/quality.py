@@ -622,6 +622,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--url", default=None, help="an Ollama-compatible server to use instead of starting one")
     parser.add_argument("--database-url", default=None,
                         help="a PostgreSQL server (postgresql://...): the engine's modes run there (no shared worlds)")
+    parser.add_argument("--question-share", default=None, metavar="SIGNAL:T:A:B",
+                        help="a per-question vector share for this run (bench/path_share.py's rules)")
     parser.add_argument("--label", default="quality")
     parser.add_argument("--out", default=None, help="JSON file (default bench/results/<label>.json)")
     args = parser.parse_args(argv)
@@ -639,6 +641,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in overrides:
         if name not in known_env:
             parser.error(f"unknown setting {name}")
+    if args.question_share:
+        from .path_share import install
+        install(args.question_share)
     modes = tuple(m for m in args.modes.split(",") if m)
     protocols = {p: PROTOCOLS[p] for p in args.protocols.split(",") if p}
     worlds = {w: WORLDS[w] for w in args.worlds.split(",") if w}
