@@ -18,7 +18,7 @@ per-group R@10 / MRR. Rows (scores and signals only, no texts) go to bench/resul
 `--rows a.json,b.json` fits again from saved runs, every rule scored as the mean over them (one
 run per backend: `--database-url` asks a PostgreSQL server). A rule found here is checked for
 real, every mode and baseline in one run, with `bench.quality --question-share SIGNAL:T:A:B`
-(`install`: the fusion patched for that run only).
+(bench/question_share.py: the fusion patched for that run only).
 """
 from __future__ import annotations
 
@@ -34,40 +34,7 @@ from bot.memory.recall.retrieval import Candidate
 
 from . import beam, quality
 from .embed_server import MINILM_NAME, EmbedServerProcess
-
-SIGNALS = ("agree", "cos1", "gap10", "kwcos", "kwn", "peak", "both")
-
-
-def signals(pool: list[Candidate]) -> dict[str, float]:
-    """What the fusion saw for one question, before scoring."""
-    cos = sorted((c for c in (x.cosine for x in pool) if c is not None), reverse=True)
-    hits = sorted((c for c in pool if c.fts_rank is not None), key=lambda c: c.fts_rank or 0)
-    bm = sorted((-(c.fts_score or 0.0) for c in hits), reverse=True)
-    said = [c.cosine for c in hits[:3] if c.cosine is not None]
-    return {"agree": fusion.agreement(pool), "cos1": cos[0] if cos else 0.0,
-            "gap10": cos[0] - cos[min(9, len(cos) - 1)] if cos else 0.0,
-            "kwcos": sum(said) / len(said) if said else 0.0, "kwn": float(len(hits)),
-            "peak": bm[0] / bm[2] if len(bm) > 2 and bm[2] > 0 else 2.0,
-            "both": float(sum(1 for c in hits[:10] if c.vector_rank is not None))}
-
-
-def install(rule: str) -> None:
-    """Give every recall of this process a per-question vector share: 'SIGNAL:T:A:B' = share A
-    when the signal (SIGNALS, from the fusion's candidates) is under T, else B; a share of 0 or 1
-    (one path only: bench.quality's keyword and vector modes) stays as it is. A patch of
-    fusion.fuse_scores for measuring (bench.quality --question-share), not in the product."""
-    signal, threshold, low, high = rule.split(":")
-    if signal not in SIGNALS:
-        raise ValueError(f"unknown signal {signal!r}: one of {', '.join(SIGNALS)}")
-    original = fusion.fuse_scores
-
-    def fuse_scores(fts_hits: Any, vector_hits: Any, *, share: float, limit: int,
-                    sharpness: float | None = None) -> list[Candidate]:
-        if 0.0 < share < 1.0:
-            seen = signals(original(fts_hits, vector_hits, share=share, limit=limit, sharpness=sharpness))
-            share = float(low) if seen[signal] < float(threshold) else float(high)
-        return original(fts_hits, vector_hits, share=share, limit=limit, sharpness=sharpness)
-    fusion.fuse_scores = fuse_scores  # type: ignore[assignment]
+from .question_share import SIGNALS, signals
 
 
 class Seen:

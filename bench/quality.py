@@ -642,7 +642,7 @@ def main(argv: list[str] | None = None) -> None:
         if name not in known_env:
             parser.error(f"unknown setting {name}")
     if args.question_share:
-        from .path_share import install
+        from .question_share import install
         install(args.question_share)
     modes = tuple(m for m in args.modes.split(",") if m)
     protocols = {p: PROTOCOLS[p] for p in args.protocols.split(",") if p}

@@ -1,7 +1,7 @@
 """bench.path_share: per-question rules fitted leaving one conversation out, and the patch that checks one."""
 from __future__ import annotations
 
-from bench import path_share
+from bench import path_share, question_share
 from bot.memory.recall import fusion
 from bot.memory.recall.retrieval import Candidate
 
@@ -14,7 +14,7 @@ def questions() -> tuple[list[dict], list[list[float]]]:
         for conv in range(3):
             for i in range(10):
                 low = i % 2 == 0
-                sig = {name: 0.0 for name in path_share.SIGNALS} | {"kwcos": 0.3 if low else 0.7, "words": 5.0}
+                sig = {name: 0.0 for name in question_share.SIGNALS} | {"kwcos": 0.3 if low else 0.7, "words": 5.0}
                 qs.append({"conversation": f"{dataset}{conv}", "dataset": dataset, "category": "c", "signals": sig})
                 scores.append([1.0, 0.0] if low else [0.0, 1.0])
     return qs, scores
@@ -48,7 +48,7 @@ def test_install_gives_each_question_the_share_its_signal_picks(monkeypatch):
     def fused(fuse, keyword_cosine: float, share: float) -> dict[int, float]:
         return {c.memory_id: c.fused for c in fuse(*pools(keyword_cosine), share=share, limit=10)}
 
-    path_share.install("kwcos:0.44:0.3:0.7")
+    question_share.install("kwcos:0.44:0.3:0.7")
     assert fused(fusion.fuse_scores, 0.2, 0.6) == fused(original, 0.2, 0.3)   # keyword hits far in meaning
     assert fused(fusion.fuse_scores, 0.6, 0.6) == fused(original, 0.6, 0.7)
     assert fused(fusion.fuse_scores, 0.2, 1.0) == fused(original, 0.2, 1.0)   # the vector path alone stays so
