@@ -52,3 +52,17 @@ def test_install_gives_each_question_the_share_its_signal_picks(monkeypatch):
     assert fused(fusion.fuse_scores, 0.2, 0.6) == fused(original, 0.2, 0.3)   # keyword hits far in meaning
     assert fused(fusion.fuse_scores, 0.6, 0.6) == fused(original, 0.6, 0.7)
     assert fused(fusion.fuse_scores, 0.2, 1.0) == fused(original, 0.2, 1.0)   # the vector path alone stays so
+
+
+def test_spread_pushes_a_memory_of_the_same_sitting_down_and_keeps_the_order_otherwise():
+    from bench import spread
+
+    def at(memory_id: int, when: float, fused: float = 0.0) -> Candidate:
+        return Candidate(memory_id, fused=fused, vitals=(when, 1.0, 0.5, when))
+    # the order the earlier steps made is the base, not the fused score
+    ranked = [at(1, 0.0, fused=0.1), at(2, 0.0, fused=0.9), at(3, 9000.0), at(4, 20000.0), at(5, 50000.0)]
+    assert [c.memory_id for c in spread.spread(ranked, 0.0, 3600)] == [1, 2, 3, 4, 5]
+    assert [c.memory_id for c in spread.spread(ranked, 2.5, 3600)] == [1, 3, 4, 2, 5]   # pushed past the next two
+    assert [c.memory_id for c in spread.spread(ranked, 10.0, 0)] == [1, 3, 4, 5, 2]     # the same moment only
+    unknown = Candidate(6)  # no time read: never pushed down
+    assert spread.spread([ranked[0], unknown], 10.0, 3600)[1] is unknown
