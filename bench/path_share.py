@@ -18,7 +18,7 @@ per-group R@10 / MRR. Rows (scores and signals only, no texts) go to bench/resul
 `--rows a.json,b.json` fits again from saved runs, every rule scored as the mean over them (one
 run per backend: `--database-url` asks a PostgreSQL server). A rule found here is checked for
 real, every mode and baseline in one run, with `bench.quality --question-share SIGNAL:T:A:B`
-(bench/question_share.py: the fusion patched for that run only).
+(bench/patches.py: the fusion patched for that run only).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from bot.memory.recall.retrieval import Candidate
 
 from . import beam, quality
 from .embed_server import MINILM_NAME, EmbedServerProcess
-from .question_share import SIGNALS, signals
+from .patches import SIGNALS, signals
 
 
 class Seen:

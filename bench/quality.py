@@ -624,6 +624,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="a PostgreSQL server (postgresql://...): the engine's modes run there (no shared worlds)")
     parser.add_argument("--question-share", default=None, metavar="SIGNAL:T:A:B",
                         help="a per-question vector share for this run (bench/path_share.py's rules)")
+    parser.add_argument("--spread", default=None, metavar="PENALTY:WINDOW",
+                        help="re-order recall's final list for this run (bench/spread.py)")
     parser.add_argument("--label", default="quality")
     parser.add_argument("--out", default=None, help="JSON file (default bench/results/<label>.json)")
     args = parser.parse_args(argv)
@@ -642,8 +644,11 @@ def main(argv: list[str] | None = None) -> None:
         if name not in known_env:
             parser.error(f"unknown setting {name}")
     if args.question_share:
-        from .question_share import install
-        install(args.question_share)
+        from .patches import install_share
+        install_share(args.question_share)
+    if args.spread:
+        from .patches import install_spread
+        install_spread(args.spread)
     modes = tuple(m for m in args.modes.split(",") if m)
     protocols = {p: PROTOCOLS[p] for p in args.protocols.split(",") if p}
     worlds = {w: WORLDS[w] for w in args.worlds.split(",") if w}

@@ -9,7 +9,7 @@ re-orders the final list, best first, as maximal marginal relevance over time: e
 goes to the candidate whose place, pushed down `penalty` places for each memory already placed
 that was stored within `window` seconds of it, is best (the first `depth` candidates; the rest
 follow as they were). Nothing of it is in the product: a patch of newer.newer_first's output
-(the last step before the cut) for one run (docs/performance.md, "A per-question vector share").
+(the last step before the cut) for one run (bench/patches.py) (docs/performance.md, "A per-question vector share").
 """
 from __future__ import annotations
 
@@ -24,44 +24,7 @@ from bot.memory.recall.retrieval import Candidate
 
 from . import beam, quality
 from .embed_server import MINILM_NAME, EmbedServerProcess
-
-DEPTH = 30
-
-
-def spread(ranked: list[Candidate], penalty: float, window: float, depth: int = DEPTH) -> list[Candidate]:
-    """`ranked` re-ordered as the module doc says: a candidate's value is minus its place, less
-    `penalty` places for each memory already placed within `window` seconds of it (the order the
-    earlier steps made, keyword lead and newer-first included, is the base; a candidate without a
-    known time is never penalised)."""
-    head = list(enumerate(ranked[:depth]))
-    tail = ranked[depth:]
-    placed: list[Candidate] = []
-    times: list[float] = []
-    while head:
-        def value(item: tuple[int, Candidate]) -> float:
-            place, c = item
-            if c.vitals is None:
-                return -place
-            t = c.vitals[3]
-            return -place - penalty * sum(1 for u in times if abs(u - t) <= window)
-        best = max(head, key=value)
-        head.remove(best)
-        placed.append(best[1])
-        if best[1].vitals is not None:
-            times.append(best[1].vitals[3])
-    return placed + tail
-
-
-def install(spec: str) -> None:
-    """'PENALTY:WINDOW' for every recall of this process (0 penalty: no change)."""
-    penalty, window = (float(x) for x in spec.split(":"))
-    original = newer.newer_first
-
-    def newer_first(conn: Any, ranked: list[Candidate], limit: int, dated: bool = False,
-                    question: str = "") -> list[Candidate]:
-        out = original(conn, ranked, limit, dated, question)
-        return spread(out, penalty, window) if penalty > 0 else out
-    newer.newer_first = newer_first  # type: ignore[assignment]
+from .patches import spread
 
 
 async def ask(corpora: dict[str, quality.Corpus], grid: list[float], window: float, url: str, env: dict,
