@@ -1,7 +1,7 @@
 """bench.path_share: per-question rules fitted leaving one conversation out, and the patch that checks one."""
 from __future__ import annotations
 
-from bench import path_share, question_share
+from bench import patches, path_share
 from bot.memory.recall import fusion
 from bot.memory.recall.retrieval import Candidate
 
@@ -14,7 +14,7 @@ def questions() -> tuple[list[dict], list[list[float]]]:
         for conv in range(3):
             for i in range(10):
                 low = i % 2 == 0
-                sig = {name: 0.0 for name in question_share.SIGNALS} | {"kwcos": 0.3 if low else 0.7, "words": 5.0}
+                sig = {name: 0.0 for name in patches.SIGNALS} | {"kwcos": 0.3 if low else 0.7, "words": 5.0}
                 qs.append({"conversation": f"{dataset}{conv}", "dataset": dataset, "category": "c", "signals": sig})
                 scores.append([1.0, 0.0] if low else [0.0, 1.0])
     return qs, scores
@@ -48,21 +48,20 @@ def test_install_gives_each_question_the_share_its_signal_picks(monkeypatch):
     def fused(fuse, keyword_cosine: float, share: float) -> dict[int, float]:
         return {c.memory_id: c.fused for c in fuse(*pools(keyword_cosine), share=share, limit=10)}
 
-    question_share.install("kwcos:0.44:0.3:0.7")
+    patches.install_share("kwcos:0.44:0.3:0.7")
     assert fused(fusion.fuse_scores, 0.2, 0.6) == fused(original, 0.2, 0.3)   # keyword hits far in meaning
     assert fused(fusion.fuse_scores, 0.6, 0.6) == fused(original, 0.6, 0.7)
     assert fused(fusion.fuse_scores, 0.2, 1.0) == fused(original, 0.2, 1.0)   # the vector path alone stays so
 
 
 def test_spread_pushes_a_memory_of_the_same_sitting_down_and_keeps_the_order_otherwise():
-    from bench import spread
 
     def at(memory_id: int, when: float, fused: float = 0.0) -> Candidate:
         return Candidate(memory_id, fused=fused, vitals=(when, 1.0, 0.5, when))
     # the order the earlier steps made is the base, not the fused score
     ranked = [at(1, 0.0, fused=0.1), at(2, 0.0, fused=0.9), at(3, 9000.0), at(4, 20000.0), at(5, 50000.0)]
-    assert [c.memory_id for c in spread.spread(ranked, 0.0, 3600)] == [1, 2, 3, 4, 5]
-    assert [c.memory_id for c in spread.spread(ranked, 2.5, 3600)] == [1, 3, 4, 2, 5]   # pushed past the next two
-    assert [c.memory_id for c in spread.spread(ranked, 10.0, 0)] == [1, 3, 4, 5, 2]     # the same moment only
+    assert [c.memory_id for c in patches.spread(ranked, 0.0, 3600)] == [1, 2, 3, 4, 5]
+    assert [c.memory_id for c in patches.spread(ranked, 2.5, 3600)] == [1, 3, 4, 2, 5]   # pushed past the next two
+    assert [c.memory_id for c in patches.spread(ranked, 10.0, 0)] == [1, 3, 4, 5, 2]     # the same moment only
     unknown = Candidate(6)  # no time read: never pushed down
-    assert spread.spread([ranked[0], unknown], 10.0, 3600)[1] is unknown
+    assert patches.spread([ranked[0], unknown], 10.0, 3600)[1] is unknown
