@@ -4,16 +4,12 @@ A bad line (not UTF-8, not JSON, or a value `bot.validate` refuses) is reported 
 its number and reason and skipped; every other line is imported. If the database refuses
 a batch, its lines are stored one by one so only the offending line is lost, and reported.
 Lines whose external_id is already in the database are skipped, so re-running an import
-is safe. A line without `created_at` is stored at the import's start plus its line number in
-microseconds: the file's order is the memories' order in time, and no two lines share a moment
-(memories of one moment and key are taken for parts of one text by recall, recall/moments.py).
+is safe.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -116,10 +112,7 @@ async def import_lines(engine: Engine, lines: Iterable[bytes | str], *, batch: i
             on_progress(len(pending))
         pending.clear()
 
-    started = time.time()
     for number, memory in parse_lines(lines, report):
-        if memory.created_at is None:
-            memory = dataclasses.replace(memory, created_at=started + number * 1e-6)
         pending.append((number, memory))
         if len(pending) >= batch:
             await flush()

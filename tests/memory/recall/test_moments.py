@@ -65,19 +65,3 @@ def test_one_each_reads_nothing_when_no_two_candidates_share_a_moment():
             raise AssertionError("read")
     ranked = [Candidate(i, vitals=(T0 + i, 1.0, 0.5, T0 + i)) for i in range(5)]
     assert moments.one_each(NoReads(), ranked, 3) == ranked
-
-
-async def test_import_lines_without_a_time_are_not_one_moment(make_settings):
-    import json
-
-    from bot.cli.importer import import_lines
-    async with Engine(make_settings("")) as engine:
-        lines = [json.dumps({"text": text, "scope": "personal", "user_id": 1}) for text in PARTS]
-        lines += [json.dumps({"text": text, "scope": "personal", "user_id": 1, "created_at": T0 + 86400 * (i + 1)})
-                  for i, text in enumerate(OTHERS)]
-        report = await import_lines(engine, lines)
-        top = await engine.recall(QUESTION, ALICE, limit=3, touch=False)
-    assert report.imported == 7
-    times = [r.memory.created_at for r in top.memories]
-    assert sorted(top.texts) == sorted(PARTS)  # three lines, three moments: none waits below the cut
-    assert len(set(times)) == 3
