@@ -10,9 +10,10 @@ DIR/<n>/probing_questions/probing_questions.json for every numbered chat folder 
 Each message becomes one memory of the chat's owner, "User: ..." or "Assistant: ...",
 stamped with its batch's time anchor (the first message of a batch carries it) + its
 index in the chat as seconds, the way LoCoMo's turns get their session's date. A
-message longer than a memory may be is stored in parts (at paragraph breaks); a part
-found counts as its message found. Each question's evidence is its `source_chat_ids`
-(message ids); knowledge-update questions keep which ids hold the original and which the
+message longer than a memory may be is stored in parts (at paragraph breaks), each naming the
+message as its source, as the product's own writers do; a part found counts as its message
+found. Each question's evidence is its `source_chat_ids` (message ids); knowledge-update
+questions keep which ids hold the original and which the
 updated information; abstention questions have no evidence (the no-evidence set).
 """
 from __future__ import annotations
@@ -100,7 +101,8 @@ def load(chat: Path, owner_id: int) -> tuple[str, list[dict], list[dict]]:
                 for n, piece in enumerate(pieces):
                     external_id = f"{sid}:{message['id']}" + (f"#{n}" if len(pieces) > 1 else "")
                     records.append({"text": f"{speaker}: {piece}", "scope": "personal", "user_id": owner_id,
-                                    "created_at": when + index, "external_id": external_id})
+                                    "created_at": when + index, "external_id": external_id,
+                                    "source_message_ids": [f"{sid}:{message['id']}"]})
                 index += 1
     known = {turn_of(r["external_id"]) for r in records}
     probing = json.loads((chat / "probing_questions" / "probing_questions.json").read_text())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import re
 import shutil
@@ -616,10 +617,15 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"hard protocols (one shared database): any of {', '.join(WORLDS)}")
     parser.add_argument("--no-touch", action="store_true", help="ask with touch off (rankings never change)")
     parser.add_argument("--set", action="append", default=[], metavar="ENV=VALUE",
-                        help="a setting for this run, e.g. --set MUNINN_RRF_K=20 (repeatable)")
+                        help="a setting for this run, e.g. --set MUNINN_RRF_K=20, or a recall constant, "
+                        "e.g. --set @fusion.WEAK_SHARE=1 (repeatable)")
     parser.add_argument("--url", default=None, help="an Ollama-compatible server to use instead of starting one")
     parser.add_argument("--database-url", default=None,
                         help="a PostgreSQL server (postgresql://...): the engine's modes run there (no shared worlds)")
+    parser.add_argument("--question-share", default=None, metavar="SIGNAL:T:A:B",
+                        help="a per-question vector share for this run (bench/path_share.py's rules)")
+    parser.add_argument("--spread", default=None, metavar="PENALTY:WINDOW",
+                        help="re-order recall's final list for this run (bench/spread.py)")
     parser.add_argument("--label", default="quality")
     parser.add_argument("--out", default=None, help="JSON file (default bench/results/<label>.json)")
     args = parser.parse_args(argv)
@@ -629,10 +635,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.conversations:
         data = data[: args.conversations]
     overrides = dict(item.split("=", 1) for item in args.set)
+    for name in [n for n in overrides if n.startswith("@")]:  # a recall constant: bot/memory/recall/<module>.py
+        module, attr = name[1:].split(".")
+        target = importlib.import_module(f"bot.memory.recall.{module}")
+        setattr(target, attr, type(getattr(target, attr))(overrides.pop(name)))
     known_env = {spec.env for spec in SETTINGS.values()}
     for name in overrides:
         if name not in known_env:
             parser.error(f"unknown setting {name}")
+    if args.question_share:
+        from .patches import install_share
+        install_share(args.question_share)
+    if args.spread:
+        from .patches import install_spread
+        install_spread(args.spread)
     modes = tuple(m for m in args.modes.split(",") if m)
     protocols = {p: PROTOCOLS[p] for p in args.protocols.split(",") if p}
     worlds = {w: WORLDS[w] for w in args.worlds.split(",") if w}

@@ -253,6 +253,7 @@ def test_beam_chats_are_imported_with_their_dates_in_parts_a_memory_may_hold(tmp
     assert stored[0]["text"] == "User: My garden planner uses Django."  # BEAM's plan marker left out
     parts = [r for r in stored if r["external_id"].startswith("beam-1:1#")]
     assert len(parts) > 1 and all(len(r["text"]) <= records.MAX_TEXT_CHARS for r in parts)
+    assert {tuple(r["source_message_ids"]) for r in parts} == {("beam-1:1",)}  # the parts of one message
     assert stored[0]["created_at"] == beam.anchor_time("March-15-2024")
     assert stored[-1]["created_at"] == beam.anchor_time("April-05-2024") + 4  # the anchor + the message's index
     assert [q["category"] for q in corpus.asks] == ["information_extraction", "knowledge_update"]

@@ -90,6 +90,7 @@ def final_order(conn: Connection, candidates: Iterable[Candidate], now: float, *
                 f"SELECT {DECAY_COLUMNS}, {TEACHER_COLUMN} FROM memories WHERE id IN ({','.join('?' * len(unread))})",
                 list(unread)):
             rows.append((memory_id, *vitals))
+            unread[memory_id].vitals = (vitals[0], vitals[1], vitals[2], vitals[3])
             unread[memory_id].teacher, unread[memory_id].teacher_read = teacher, True
     factor = {}
     for memory_id, last_seen, stability, importance, created_at in rows:

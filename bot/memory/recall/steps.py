@@ -4,7 +4,8 @@ The keyword step runs while the question is being embedded: the viewer's visibil
 keyword hits (re-ranked by the names the plain query left out) and the vector index's state.
 The search step takes the embedding: vector candidates, fusion, the neighbour loan, the final
 order (fusion.py; with events on a date the question names: happens.py; newer before older where
-two disagree: newer.py), the fair share of each member (fair_share.py), the graph walk, and each chosen memory's
+two disagree: newer.py; one memory of a moment in the top list: moments.py), the fair share of
+each member (fair_share.py), the graph walk, and each chosen memory's
 cosine to the question.
 
 `read_steps` runs both as one job when the question's vector is ready by the time the keyword
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from bot.memory import records
-from bot.memory.recall import fair_share, fusion, happens, newer, ranking, retrieval, subqueries
+from bot.memory.recall import fair_share, fusion, happens, moments, newer, ranking, retrieval, subqueries
 from bot.memory.recall.beside import WalkBeside
 from bot.memory.recall.dates import DateHint
 from bot.memory.recall.retrieval import Candidate, VectorStatus
@@ -99,6 +100,7 @@ def search_step(conn: Any, storage: Storage[Any], settings: Settings, found: Key
         fused = ranking.keyword_winner_first(fused, settings.keyword_lead)
     fused = newer.newer_first(conn, fused, limit, dated=bool(date_hints),
                               question=found.query if settings.changed_value_first else "")
+    fused = moments.one_each(conn, fused, limit)
     fair = fair_share.FairShare(found.viewer_id, fair_share.share_of(limit))
     relevant = fair_share.relevance(fused, ranking.touch_floor(settings.embed_model, settings.touch_min_cosine))
     cut = fair_share.fair_cut(conn, fused, limit, fair, relevant)
