@@ -39,8 +39,11 @@ def test_the_world_run_copies_builds_and_measures(tmp_path, postgres_url, monkey
     out = tmp_path / "ann.json"
     monkeypatch.setattr("bench.ann.SkewShape", lambda size: shape)
     ann.world_on_postgres(argparse.Namespace(world=str(path), database_url=server, size=400, min=100, build_mb=0,
-                                             queries=2, viewers=2, out=str(out), classes_only=False))
+                                             queries=2, viewers=2, out=str(out), classes_only=False,
+                                             embed_delay_ms=0.0))
     assert '"classes"' in out.read_text() and '"recall_of_indexed_keys"' in out.read_text()
     ann.world_on_postgres(argparse.Namespace(world=str(path), database_url=server, size=400, min=100, build_mb=0,
-                                             queries=2, viewers=2, out=str(out), classes_only=True))
+                                             queries=2, viewers=2, out=str(out), classes_only=True,
+                                             embed_delay_ms=5.0))
     assert '"classes"' in out.read_text() and '"recall_of_indexed_keys"' not in out.read_text()  # loaded: only the recalls
+    assert '"classes_late_vector"' in out.read_text()  # and again with the vector known late
