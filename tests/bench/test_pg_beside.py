@@ -18,7 +18,8 @@ def test_each_mode_is_measured_per_class_and_in_flight(tmp_path, postgres_url, m
     monkeypatch.setattr("bench.ann.SkewShape", lambda size: shape)
     monkeypatch.setattr("bench.pg_beside.SkewShape", lambda size: shape)
     ann.world_on_postgres(argparse.Namespace(world=str(path), database_url=server, size=400, min=100, build_mb=0,
-                                             queries=1, viewers=1, out=str(tmp_path / "ann.json"), classes_only=False))
+                                             queries=1, viewers=1, out=str(tmp_path / "ann.json"), classes_only=False,
+                                             embed_delay_ms=0.0))
     out = tmp_path / "beside.json"
     url = server.rsplit("/", 1)[0] + f"/{server.rsplit('/', 1)[1]}_ann_400"
     monkeypatch.setattr("sys.argv", ["pg_beside", "--database-url", url, "--world", str(path), "--size", "400",
