@@ -4,14 +4,13 @@ A text longer than a memory may be is stored in parts (an import's long message,
 its own memory, stored at the same moment under the same visibility key, all naming the same source
 message. The parts share most of their words and meaning and lend to each other (the neighbour
 loan), so two or three of them climb together and take places in the top list that other memories
-would hold: on BEAM's long messages, more than half of the top-10 lists held two parts of one
-message. Here, among the candidates up to the cut, a memory stored at exactly the same moment,
+would hold. Here, among the candidates up to the cut, a memory stored at exactly the same moment,
 under the same key and from a source message of one ranked above it moves just below the cut (in
 its order), where it still fills the list when too few others are there. Distinct facts of one
 exchange (linked `co_extracted` when extraction wrote them) keep their places; so do memories of
 one moment without a shared source (an import whose lines carry only a date, say) and every memory
-no better part shares a text with. Measured on LoCoMo and BEAM dev, both backends
-(docs/performance.md, "One memory of a moment"): it has no parameter.
+no better part shares a text with. No parameter; measured in docs/performance.md, "One memory of a
+moment in the top list".
 """
 from __future__ import annotations
 
