@@ -2,7 +2,7 @@
 
     python -m bench.pg_index_plan postgresql://HOST:PORT/DB [--size 1000000] [--share 0.5]
                                   [--order A,B,B,A,A,B,A] [--per-class 200] [--delay-ms 20]
-                                  [--settle-s 0] [--plan-only] [--out FILE]
+                                  [--settle-s 0] [--plan-only] [--workdir DIR] [--out FILE]
 
 On a loaded database (bench.speed or bench.ann with `--database-url`), with the environment's
 MUNINN_VECTOR_* (the cache's budget and form). `--plan-only` prints each key of at least 1,000
@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -105,12 +106,13 @@ def plan_table(conn: Any) -> list[dict]:
 
 
 async def run(url: str, size: int, share: float, order: list[str], per_class: int, delay: float,
-              plan_only: bool, settle_s: float = 0.0) -> dict:
+              plan_only: bool, settle_s: float = 0.0, workdir: str = "") -> dict:
     """The plan table, then (unless `plan_only`) the blocks of `order`; every recall's record."""
     trace = None if plan_only else Trace()
     shares = {"A": vector_indexes.HELD_SHARE, "B": share}
     world, chatter = SkewWorld(SkewShape(size), seed=99), SkewWorld(SkewShape(size), seed=7_777)
-    settings = settings_for(Path(f"/nonexistent/skew-{size}-world.db"), url)
+    # the cache's snapshot goes beside the world's path (bench.ann's --world): never opened here
+    settings = settings_for(Path(workdir or tempfile.gettempdir()) / f"skew-{size}-world.db", url)
     out: dict = {"shares": shares, "builds": [], "recalls": []}
     async with Engine(settings) as engine:
         await engine.warmed()
@@ -153,6 +155,8 @@ async def run(url: str, size: int, share: float, order: list[str], per_class: in
                                            "fts": took["fts"], "load": os.getloadavg()[0],
                                            **trace.since(index, began)})
             busy = [r for r in out["recalls"] if r["block"] == block and r["kind"] == "busy"]
+            if not busy:  # --per-class 0: only the switch
+                continue
             print(f"block {block} {arm} (load {os.getloadavg()[0]:.1f}) busy after the vector: " + "; ".join(
                 f"{mode} {np.median(v):.1f} / {np.percentile(v, 95):.1f}" for mode in ("given", "late")
                 for v in [[r["after"] for r in busy if r["mode"] == mode]]), flush=True)
@@ -170,10 +174,11 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=20.0)
     parser.add_argument("--settle-s", type=float, default=0.0, help="a pause after each switch of the indexes")
     parser.add_argument("--plan-only", action="store_true")
+    parser.add_argument("--workdir", default=tempfile.gettempdir(), help="where the vector cache keeps its snapshot")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     out = asyncio.run(run(args.url, args.size, args.share, args.order.split(","), args.per_class,
-                          args.delay_ms, args.plan_only, args.settle_s))
+                          args.delay_ms, args.plan_only, args.settle_s, args.workdir))
     print("key, vectors, indexed, held at shares 1 / 0.75 / 0.5 / 0.25")
     for row in out["plan"]:
         print(f"  {row['key']:24s} {row['n']:7d} {int(row['indexed'])} " +
