@@ -20,8 +20,10 @@ from bot.memory.vectors.keys import CODES_KEY_MIN
 log = logging.getLogger(__name__)
 
 # The share of the cache's budget that the keys counted as held may fill: a key near the edge of
-# the budget is held after the start-up warm, but loads of other keys evict it now and then.
-HELD_SHARE = 0.75
+# the budget is held after the start-up warm, but the keys that other viewers' recalls load evict
+# it, and a recall that then finds it cold scans all of its vectors in the server, the slowest part
+# of a busy recall's tail; counted at half the budget, such keys get an index instead.
+HELD_SHARE = 0.5
 
 
 @dataclass

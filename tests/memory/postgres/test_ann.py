@@ -188,8 +188,10 @@ def test_keys_the_vector_cache_holds_get_no_index(world, postgres_url):
     from bot.memory.vectors.cache import VectorCache
     _, conn, info, _ = world
     row = 8 + 4 + 16  # an int8 row of 8 dimensions with its scale, id and time
-    # held: the biggest keys that fit three quarters of the budget, r:1 (240) skipped when it does not
-    for budget, indexed in ((10 << 20, []), (row * 200, ["r:1"]), (row * 40, ["r:1", "g"])):
+    # held: the biggest keys that fit half the budget, r:1 (240) skipped when it does not; g (60)
+    # fits three quarters of row * 100 but not half: a key at the budget's edge gets its index
+    for budget, indexed in ((10 << 20, []), (row * 200, ["r:1"]), (row * 100, ["r:1", "g"]),
+                            (row * 40, ["r:1", "g"])):
         cached = PostgresStorage(postgres_url, VectorCache(budget, form="int8"))
         reader = cached.open_reader()
         try:
