@@ -7,7 +7,7 @@
 On a loaded database (bench.speed or bench.ann with `--database-url`), with the environment's
 MUNINN_VECTOR_* (the cache's budget and form). `--plan-only` prints each key of at least 1,000
 vectors: its size, whether it has an index now, and whether the plan counts it as held by the
-cache at shares 1, 0.75 (the product's), 0.5 and 0.25 of the budget. Otherwise one engine runs
+cache at shares 1, 0.75, 0.5 (the product's) and 0.25 of the budget. Otherwise one engine runs
 blocks of class recalls (each class in turn, as bench.ann; vector given and `--delay-ms` late
 alternating recall by recall), arm A the product's share, arm B `--share`, switching between
 blocks through the product's `engine.upkeep.vector_indexes` (timed: the builds' cost). Each
