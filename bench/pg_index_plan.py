@@ -1,6 +1,6 @@
 """The PostgreSQL key-index plan's cache share, A/B in one engine (bench/README.md):
 
-    python -m bench.pg_index_plan postgresql://HOST:PORT/DB [--size 1000000] [--share 0.5]
+    python -m bench.pg_index_plan postgresql://HOST:PORT/DB [--size 1000000] [--share 0.75]
                                   [--order A,B,B,A,A,B,A] [--per-class 200] [--delay-ms 20]
                                   [--settle-s 0] [--plan-only] [--workdir DIR] [--out FILE]
 
@@ -119,48 +119,57 @@ async def run(url: str, size: int, share: float, order: list[str], per_class: in
         out["plan"] = await engine.read(plan_table)
         if trace is None:
             return out
-        info = await engine.write(lambda conn: storage_of(conn).index_info(conn))
-        pending: list[list[float]] = []
-        late_embedding(engine, pending, delay)
-        current = None
-        for block, arm in enumerate(order):
-            if arm != current:
-                vector_indexes.HELD_SHARE = shares[arm]
-                began = time.perf_counter()
-                made, dropped = await engine.upkeep.vector_indexes(settings.vector_index_min,
-                                                                   settings.vector_index_build_mb)
-                out["builds"].append({"to": arm, "made": made, "dropped": dropped,
-                                      "s": time.perf_counter() - began, "load": os.getloadavg()[0]})
-                print(f"to {arm} (share {shares[arm]}): made {made}, dropped {dropped} in "
-                      f"{out['builds'][-1]['s']:.1f} s", flush=True)
-                current = arm
-                await asyncio.sleep(settle_s)  # the build's CPU out of the load the block sees
-            for kind in VIEWER_CLASSES:
-                for i in range(per_class + 10):
-                    late = i % 2 == 1
-                    viewer = world.viewer_of(kind)
-                    text, qvec = world.query()
-                    await engine.write(said_in_busy_channel, info, chatter)
-                    index, began = len(trace.events), time.perf_counter()
-                    if late:
-                        pending[:] = [qvec.tolist()]
-                        result = await engine.recall(text, viewer)
-                    else:
-                        result = await engine.recall(text, viewer, query_vector=qvec.tolist())
-                    if i < 10:
-                        continue
-                    took = dict(result.timings_ms)
-                    out["recalls"].append({"arm": arm, "block": block, "kind": kind, "mode": "late" if late else "given",
-                                           "after": took["total"] - (delay if late else 0), "vector": took["vector"],
-                                           "fts": took["fts"], "load": os.getloadavg()[0],
-                                           **trace.since(index, began)})
-            busy = [r for r in out["recalls"] if r["block"] == block and r["kind"] == "busy"]
-            if not busy:  # --per-class 0: only the switch
-                continue
-            print(f"block {block} {arm} (load {os.getloadavg()[0]:.1f}) busy after the vector: " + "; ".join(
-                f"{mode} {np.median(v):.1f} / {np.percentile(v, 95):.1f}" for mode in ("given", "late")
-                for v in [[r["after"] for r in busy if r["mode"] == mode]]), flush=True)
+        try:
+            await _blocks(engine, settings, trace, out, world, chatter, order, shares, per_class, delay, settle_s)
+        finally:
+            vector_indexes.HELD_SHARE = shares["A"]  # the product's again, whichever arm ran last
     return out
+
+
+async def _blocks(engine: Engine, settings: Any, trace: Trace, out: dict, world: SkewWorld, chatter: SkewWorld,
+                  order: list[str], shares: dict[str, float], per_class: int, delay: float, settle_s: float) -> None:
+    """The blocks of `order`, each arm's index plan made before its first block; into `out`."""
+    info = await engine.write(lambda conn: storage_of(conn).index_info(conn))
+    pending: list[list[float]] = []
+    late_embedding(engine, pending, delay)
+    current = None
+    for block, arm in enumerate(order):
+        if arm != current:
+            vector_indexes.HELD_SHARE = shares[arm]
+            began = time.perf_counter()
+            made, dropped = await engine.upkeep.vector_indexes(settings.vector_index_min,
+                                                               settings.vector_index_build_mb)
+            out["builds"].append({"to": arm, "made": made, "dropped": dropped,
+                                  "s": time.perf_counter() - began, "load": os.getloadavg()[0]})
+            print(f"to {arm} (share {shares[arm]}): made {made}, dropped {dropped} in "
+                  f"{out['builds'][-1]['s']:.1f} s", flush=True)
+            current = arm
+            await asyncio.sleep(settle_s)  # the build's CPU out of the load the block sees
+        for kind in VIEWER_CLASSES:
+            for i in range(per_class + 10):
+                late = i % 2 == 1
+                viewer = world.viewer_of(kind)
+                text, qvec = world.query()
+                await engine.write(said_in_busy_channel, info, chatter)
+                index, began = len(trace.events), time.perf_counter()
+                if late:
+                    pending[:] = [qvec.tolist()]
+                    result = await engine.recall(text, viewer)
+                else:
+                    result = await engine.recall(text, viewer, query_vector=qvec.tolist())
+                if i < 10:
+                    continue
+                took = dict(result.timings_ms)
+                out["recalls"].append({"arm": arm, "block": block, "kind": kind, "mode": "late" if late else "given",
+                                       "after": took["total"] - (delay if late else 0), "vector": took["vector"],
+                                       "fts": took["fts"], "load": os.getloadavg()[0],
+                                       **trace.since(index, began)})
+        busy = [r for r in out["recalls"] if r["block"] == block and r["kind"] == "busy"]
+        if not busy:  # --per-class 0: only the switch
+            continue
+        print(f"block {block} {arm} (load {os.getloadavg()[0]:.1f}) busy after the vector: " + "; ".join(
+            f"{mode} {np.median(v):.1f} / {np.percentile(v, 95):.1f}" for mode in ("given", "late")
+            for v in [[r["after"] for r in busy if r["mode"] == mode]]), flush=True)
 
 
 def main() -> None:
@@ -168,7 +177,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("url")
     parser.add_argument("--size", type=int, default=1_000_000)
-    parser.add_argument("--share", type=float, default=0.5, help="arm B's share of the cache budget")
+    parser.add_argument("--share", type=float, default=0.75, help="arm B's share of the cache budget")
     parser.add_argument("--order", default="A,B,B,A,A,B,A")
     parser.add_argument("--per-class", type=int, default=200, help="recalls per class per block (half given, half late)")
     parser.add_argument("--delay-ms", type=float, default=20.0)
