@@ -24,7 +24,7 @@ time: the step leaves its order alone (the date lift decides, ranking.py and hap
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from bot.memory import clocks
 from bot.memory.connection import Connection
@@ -38,19 +38,14 @@ SHARED = 0.5      # Jaccard of content words for a changed value (Oslo / Bergen)
 SHARED_WORDS = 0.6  # and for a changed word (blue / green), of at most CHANGED words each side
 CHANGED = 2
 # Each text's content words, kept across recalls: the same memories come back recall after
-# recall, and stemming their words was most of this step's work. Emptied when full.
+# recall, and stemming their words was most of this step's work.
 WORDS_KEPT = 4096
-_words_of: dict[str, frozenset[str]] = {}
 
 
+@lru_cache(maxsize=WORDS_KEPT)
 def words_of(text: str) -> frozenset[str]:
     """writing.rules.content_words of `text`, remembered (a pure function of the text)."""
-    words = _words_of.get(text)
-    if words is None:
-        if len(_words_of) >= WORDS_KEPT:
-            _words_of.clear()
-        words = _words_of[text] = frozenset(content_words(text))
-    return words
+    return frozenset(content_words(text))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import AbstractSet, Sequence
 
 from bot.memory.recall.words import STOP_WORDS, tokens
@@ -70,18 +71,9 @@ def _stem(word: str) -> str:
 
 
 # Each word's stem, kept: a community's words recur, and recall stems the words of every
-# candidate it compares (recall/newer.py, recall/changes.py). Emptied when full.
+# candidate it compares (recall/newer.py, recall/changes.py).
 STEMS_KEPT = 1 << 16
-_stems: dict[str, str] = {}
-
-
-def _kept_stem(word: str) -> str:
-    stem = _stems.get(word)
-    if stem is None:
-        if len(_stems) >= STEMS_KEPT:
-            _stems.clear()
-        stem = _stems[word] = _stem(word)
-    return stem
+_kept_stem = lru_cache(maxsize=STEMS_KEPT)(_stem)
 
 
 def content_words(text: str) -> set[str]:

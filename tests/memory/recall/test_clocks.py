@@ -144,22 +144,20 @@ def test_other_subjects_never_disagree():
                               said(2, "The quiz starts at 10", 2.0))
 
 
-def test_content_words_are_kept_across_recalls_within_a_bound(monkeypatch):
-    monkeypatch.setattr(newer, "_words_of", {})
-    monkeypatch.setattr(newer, "WORDS_KEPT", 3)
+def test_content_words_are_kept_across_recalls_within_a_bound():
     texts = ["Alice lives in Oslo", "Alice lives in Bergen", "The quiz starts at 9", "The quiz starts at 10"]
     for text in texts:
         assert newer.words_of(text) == frozenset(content_words(text))
     assert newer.words_of(texts[3]) is newer.words_of(texts[3])  # read once
-    assert len(newer._words_of) <= 3  # emptied when full, never past the bound
+    info = newer.words_of.cache_info()
+    assert info.maxsize == newer.WORDS_KEPT and info.currsize <= newer.WORDS_KEPT  # never past the bound
 
 
-def test_stems_are_kept_within_a_bound(monkeypatch):
-    monkeypatch.setattr(rules, "_stems", {})
-    monkeypatch.setattr(rules, "STEMS_KEPT", 4)
+def test_stems_are_kept_within_a_bound():
     for text in ["Alice lives in Oslo", "Bob lived there, living well", "Alice lives in Oslo"]:
         assert content_words(text) == {rules._stem(word) for word in tokens(text)}
-        assert len(rules._stems) <= 4
+    info = rules._kept_stem.cache_info()
+    assert info.hits and info.maxsize == rules.STEMS_KEPT and info.currsize <= rules.STEMS_KEPT
     assert content_words("lives living lived") == {"liv"}
 
 
