@@ -33,12 +33,6 @@ from bot.memory.vectors.index import IndexInfo
 Submit = Callable[..., "Future[list[Candidate]] | None"]
 
 
-def walk(conn: Any, storage: Storage[Any], info: IndexInfo, vector: list[float], keys: list[str], depth: int,
-         as_of: float | None) -> list[Candidate]:
-    """The search step's vector candidates (storage.vector_candidates), on a connection of its own."""
-    return storage.vector_candidates(conn, info, vector, keys, depth, as_of)
-
-
 class WalkBeside:
     """One recall's vector search, started on another reader as soon as both the viewer's keys
     (the keyword step's first read, on a reader thread) and the question's vector (given, or
@@ -87,7 +81,8 @@ class WalkBeside:
             self._closed = True
             return
         self._info = IndexInfo(self._model, len(self._vector))
-        self.future = self._submit(walk, self._storage, self._info, self._vector, self._keys, self._depth, self._as_of)
+        self.future = self._submit(self._storage.vector_candidates, self._info, self._vector, self._keys,
+                                   self._depth, self._as_of)
 
     def take(self, info: IndexInfo | None, vector: list[float] | None, keys: list[str]) -> list[Candidate] | None:
         """The walk's hits if it searched this very index, vector and keys; None: search here

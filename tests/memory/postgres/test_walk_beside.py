@@ -138,28 +138,36 @@ def _index(dim: int = 3) -> IndexInfo:
     return IndexInfo("m", dim)
 
 
+class Searches:
+    """What WalkBeside hands over: the storage's search, never run by these tests' submit."""
+
+    def vector_candidates(self, *args):
+        raise AssertionError("the test's submit runs nothing")
+
+
 def test_a_walk_is_taken_only_for_the_index_vector_and_keys_it_searched():
     pool = ThreadPoolExecutor(1)
     try:
         submitted: list[tuple] = []
 
         def submit(fn, *args) -> Future:
-            submitted.append(args)
+            submitted.append((fn, *args))
             return pool.submit(lambda: ["hits"])
         vector, keys = [0.1, 0.2, 0.3], ["g"]
-        walk = WalkBeside(submit, storage=None, model="m", depth=30, as_of=None)  # type: ignore[arg-type]
+        storage = Searches()
+        walk = WalkBeside(submit, storage=storage, model="m", depth=30, as_of=None)  # type: ignore[arg-type]
         walk.vector_known(vector)
         assert walk.future is None  # the keys are not known yet
         walk.keys_known(keys)
         walk.future.result()
-        assert submitted == [(None, _index(), vector, keys, 30, None)]
+        assert submitted == [(storage.vector_candidates, _index(), vector, keys, 30, None)]
         assert walk.take(_index(), vector, keys) == ["hits"]
-        other = WalkBeside(submit, None, "m", 30, None)  # type: ignore[arg-type]
+        other = WalkBeside(submit, storage, "m", 30, None)  # type: ignore[arg-type]
         other.keys_known(keys)
         other.vector_known(vector)
         other.future.result()
         assert other.take(IndexInfo("another model", 3), vector, keys) is None  # the check dropped the vector
-        late = WalkBeside(submit, None, "m", 30, None)  # type: ignore[arg-type]
+        late = WalkBeside(submit, storage, "m", 30, None)  # type: ignore[arg-type]
         late.keys_known(keys)
         late.no_more()
         late.vector_known(vector)
@@ -172,7 +180,7 @@ def test_a_walk_still_queued_is_withdrawn_not_waited_for():
     pool, gate = ThreadPoolExecutor(1), threading.Event()
     try:
         pool.submit(gate.wait)  # the only reader is busy
-        walk = WalkBeside(lambda fn, *args: pool.submit(lambda: ["hits"]), None, "m", 30, None)  # type: ignore[arg-type]
+        walk = WalkBeside(lambda fn, *args: pool.submit(lambda: ["hits"]), Searches(), "m", 30, None)  # type: ignore[arg-type]
         walk.keys_known(["g"])
         walk.vector_known([0.1, 0.2, 0.3])
         assert walk.take(_index(), walk._vector, ["g"]) is None and walk.future.cancelled()
