@@ -54,8 +54,19 @@ class Page:
         from selenium.webdriver.support.wait import WebDriverWait
 
         def click() -> None:
-            element = self.driver.find_element(By.CSS_SELECTOR, css)
-            element.click()
+            from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+            for attempt in range(5):
+                element = self.driver.find_element(By.CSS_SELECTOR, css)
+                try:
+                    element.click()
+                    break
+                except (StaleElementReferenceException, WebDriverException) as exc:
+                    # the page replaced the node between finding and clicking it (Chrome says
+                    # "does not belong to the document"): find it again
+                    if attempt == 4 or not isinstance(exc, StaleElementReferenceException) \
+                            and "does not belong to the document" not in str(exc):
+                        raise
+                    time.sleep(0.1)
             WebDriverWait(self.driver, 30).until(expected_conditions.staleness_of(element))
             self._loaded()
         await self.run(click)
