@@ -99,7 +99,8 @@ class Engine(NamedAccess, Embedding, Recalling):
         self.console = Console(self)    # the operator's console (bot/web/)
         # Readers need a database that other connections can open; ":memory:" is one per connection.
         self._shared_file = self.storage.shares_readers()
-        self._readers = (ThreadPoolExecutor(max_workers=read_threads(settings), thread_name_prefix="muninn-read")
+        self._reader_count = read_threads(settings)  # the readers' threads, and the recalls in flight that fill them
+        self._readers = (ThreadPoolExecutor(max_workers=self._reader_count, thread_name_prefix="muninn-read")
                          if self._shared_file else None)
         self._reader_local = threading.local()
         self._reader_conns: list[Connection] = []
@@ -127,7 +128,7 @@ class Engine(NamedAccess, Embedding, Recalling):
         self.side_reads = 0  # parts of recalls run on another reader (for tests and benchmarks)
         # PostgreSQL's reads wait on the server: a recall's vector search runs on a second reader
         # beside its keyword step (recall/beside.py). SQLite's reads are this process's CPU.
-        self.walk_beside = bool(settings.database_url) and self._readers is not None and read_threads(settings) > 1
+        self.walk_beside = bool(settings.database_url) and self._readers is not None and self._reader_count > 1
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -275,7 +276,7 @@ class Engine(NamedAccess, Embedding, Recalling):
         """`fn(conn, *args)` on another read connection, not awaited: its Future (recall/beside.py);
         None when as many recalls are in flight as there are readers: each reader is wanted by a
         recall's own job, and a part handed over would only queue behind them."""
-        if self._readers is None or self._recalls_in_flight >= read_threads(self.settings):
+        if self._readers is None or self._recalls_in_flight >= self._reader_count:
             return None
         try:
             future = self._readers.submit(self._on_live_connection, self._reader, self._drop_reader, fn, *args)

@@ -75,8 +75,9 @@ class CachedKeys:
         # How keys hold their rows (arrays.py): float32 as stored, or int8 with a scale per row,
         # whose search results the cache rescores exactly from the source (VectorCache.knn).
         self.form = form
+        self._second_hit = SecondHit(0.0)  # which cold keys a background load admits (the source's `admit_window_s`)
         # where the vectors come from: the backend sets it (SQLite: vec0.attach_cache; PostgreSQL: its storage)
-        self.source: VectorSource = source or _NoSource()
+        self.source = source or _NoSource()
         # A search over at least this many vectors (all the viewer's keys) shortlists them by sign
         # code, then rescores exactly (vector_codes.py); 0: never.
         self.codes_min = codes_min
@@ -85,7 +86,6 @@ class CachedKeys:
         self._key_of = KeyIndex(self._keys)  # memory id -> the cached key holding its vector
         self._too_big: dict[str, float] = {}  # key -> when it was found too big (_still_too_big)
         self._loading: set[str] = set()  # keys a thread is loading now (outside the lock)
-        self._second_hit = SecondHit(0.0)  # which cold keys a background load admits (the source's `admit_window_s`)
         self._packing: set[str] = set()  # keys whose codes a thread is packing now (outside the lock)
         # Keys that held vectors when a warm listed them, and keys given a vector since (applied
         # changes): once a warm has listed them, a key in neither is empty and needs no read
@@ -100,6 +100,17 @@ class CachedKeys:
         self._applied = 0  # how many polls' changes were applied (_sync: did one land meanwhile?)
         self._bytes = 0
         self._reads = threading.local()  # one_log_read: this thread's block, and whether it read the log
+
+    @property
+    def source(self) -> VectorSource:
+        """Where the vectors come from (the backend's VectorSource)."""
+        return self._source
+
+    @source.setter
+    def source(self, source: VectorSource) -> None:
+        self._source = source
+        held = not isinstance(source, _NoSource)  # which raises on any attribute read
+        self._second_hit.window_s = getattr(source, "admit_window_s", 0.0) if held else 0.0
 
     def has_source(self) -> bool:
         """Whether a backend has given this cache the source of its vectors."""
@@ -307,7 +318,6 @@ class CachedKeys:
             with self._lock:
                 if key in self._keys or key in self._loading:
                     return self._keys.get(key)
-                self._second_hit.window_s = getattr(self.source, "admit_window_s", 0.0)
                 if not self._second_hit.admit(key):
                     return None  # met once: the store searches it; loaded when met again soon
                 self._loading.add(key)
