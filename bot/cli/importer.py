@@ -118,6 +118,8 @@ async def import_lines(engine: Engine, lines: Iterable[bytes | str], *, batch: i
             await flush()
     if pending:
         await flush()
+    if report.imported:  # recall's view of the database (PostgreSQL's word statistics) includes them now
+        await engine.refresh_statistics()
     report.errors.sort()
     return report
 

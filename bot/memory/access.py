@@ -71,6 +71,10 @@ class NamedAccess:
         """Which of these imported external ids are stored already."""
         return await self._run(self.storage.existing_external_ids, list(ids))
 
+    async def refresh_statistics(self) -> None:
+        """After an import: the database's statistics of the memories read afresh (storage.refresh_statistics)."""
+        await self._run(self.storage.refresh_statistics)
+
     async def stats(self) -> dict:
         """The counts `muninn stats` shows."""
         return await self._run(self.storage.stats)

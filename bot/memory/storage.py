@@ -179,6 +179,9 @@ class Storage(Protocol[ConnT]):
         taught), archived ones included, oldest first: what forget-all and export cover."""
     def existing_external_ids(self, conn: ConnT, ids: Sequence[str]) -> set[str]:
         """Which of these external ids (of an imported data set) are stored already."""
+    def refresh_statistics(self, conn: ConnT) -> None:
+        """After a bulk write (an import): the database's statistics of the memories read afresh,
+        and what recall keeps of them forgotten, so that recall sees the new memories at once."""
     def unembedded(self, conn: ConnT, limit: int) -> list[tuple[int, str]]:
         """Up to `limit` active memories without a vector, as (id, text), lowest id first: the backfill's work."""
     def count_active(self, conn: ConnT) -> int:

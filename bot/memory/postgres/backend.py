@@ -324,6 +324,15 @@ class PostgresStorage:
         found = store.existing_external_ids(conn, ids)
         return {x.decode() if isinstance(x, bytes) else x for x in found}
 
+    def refresh_statistics(self, conn: PgConnection) -> None:
+        """ANALYZE the memories and their vectors now rather than when autovacuum gets to it: the
+        keyword step reads its common words' shares from these statistics (keywords.read_estimates),
+        and statistics autovacuum took halfway through an import described another table. The
+        counts and estimates this process keeps for the database go too."""
+        conn.pg.execute("ANALYZE memories")
+        conn.pg.execute("ANALYZE memory_vectors")
+        keywords.forget_counts(conn)
+
     def unembedded(self, conn: PgConnection, limit: int) -> list[tuple[int, str]]:
         """Up to `limit` active memories without a vector, as (id, text), lowest id first."""
         return store.unembedded_ids(conn, limit)

@@ -102,8 +102,10 @@ def forget_counts(conn: PgConnection | None = None, removed: int | None = None) 
 # step); words of 500-1,500 memories were the count statement's remaining cost. Rarer words,
 # words of several stems and databases never analysed are counted. The statistics (PostgreSQL
 # migration 14) are of active memories only and sample 120,000 rows: at 100k every row, so the
-# estimates are the counts as of the last ANALYZE; past it they come from a sample: close, not exact.
-# Near MATCH_BUDGET or the common limit a word's class can therefore differ from SQLite's.
+# estimates are the counts as of the last ANALYZE (scaled to the active memories now); past it they
+# come from a sample: close, not exact. Near MATCH_BUDGET or the common limit a word's class can
+# therefore differ from SQLite's. Statistics taken while an import was under way described another
+# table: `muninn import` ANALYZEs at its end (storage.refresh_statistics).
 ESTIMATE_MIN = 250
 # Per database URL: (stem -> estimated active memories holding it, when read). Read again
 # after shared.COUNT_TTL_S (autovacuum's ANALYZE renews the statistics as the table changes) in
@@ -139,15 +141,18 @@ _WORD_ROW = ("SELECT %(i{n})s::int, w.stems, CASE WHEN cardinality(w.stems) = 1 
 
 
 def read_estimates(conn: PgConnection) -> dict[str, int]:
-    """The statistics' most common stems of active memories and how many hold each (empty before
-    the first ANALYZE and while they are off: STATS_DRIFT)."""
+    """The statistics' most common stems of active memories and how many hold each now: each stem's
+    share of the memories at the last ANALYZE times the active memories now (the shares of a bot
+    that grew since hold; the counts of then were too low by its growth). Empty before the first
+    ANALYZE and while they are off (STATS_DRIFT)."""
     row = conn.pg.execute(_STATS).fetchone()
     if row is None or row[0] is None or row[1] is None:
         return {}
     active_then = max(float(row[3] or 0), 0.0) * (1.0 - float(row[2] or 0.0))
-    if float(row[4] or 0) < (1.0 - STATS_DRIFT) * active_then:
+    active_now = float(row[4] or 0)
+    if active_now < (1.0 - STATS_DRIFT) * active_then:
         return {}
-    return {stem: round(share * active_then) for stem, share in zip(row[0], row[1], strict=False)}
+    return {stem: round(share * active_now) for stem, share in zip(row[0], row[1], strict=False)}
 
 
 def _array(values: list[str]) -> str:

@@ -329,6 +329,10 @@ class SQLiteStorage:
         """Which of these external ids are stored already."""
         return store.existing_external_ids(conn, ids)
 
+    def refresh_statistics(self, conn: apsw.Connection) -> None:
+        """Nothing to do: SQLite's keyword step counts words in FTS5's index itself, and its
+        statements are planned without sqlite_stat tables (none is ever made)."""
+
     def unembedded(self, conn: apsw.Connection, limit: int) -> list[tuple[int, str]]:
         """Up to `limit` active memories without a vector, as (id, text), lowest id first."""
         return store.unembedded_ids(conn, limit)

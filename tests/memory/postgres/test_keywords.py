@@ -400,3 +400,49 @@ async def test_the_long_memories_walk_never_reads_the_word_index(pg_fts_engine):
     assert read and "memories_text_search" not in read
     found = await pg_fts_engine.read(keywords.fts_candidates, "pizza", [f"p:{BOB}:dm"], 10, None)
     assert [hit.memory_id for hit in found] == [long_id]
+
+
+async def test_estimates_follow_a_bot_that_grew_since_the_last_analyse(make_settings, postgres_server, monkeypatch):
+    # the statistics give each stem's share of the memories at the last ANALYZE: times the active
+    # memories now, not then (a bot that doubled since would see its words at half their counts)
+    monkeypatch.setattr(keywords, "ESTIMATE_MIN", 30)
+    url = postgres_server.create_database("muninn_estimate_growth", template=TEMPLATE)
+    try:
+        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
+            await crowd(engine, "Bob cooked pasta", 60)
+            await crowd(engine, "Bob had soup", 60)
+            assert (await engine.read(_estimates_after_analyse))["pasta"] == 60
+            await crowd(engine, "Bob cooked pasta again", 60)
+            await crowd(engine, "Bob had soup again", 60)
+            found = await engine.read(keywords.refresh_estimates)  # the same statistics, twice the memories
+            assert (found["pasta"], found["soup"], found["bob"]) == (120, 120, 240)
+    finally:
+        keywords.forget_counts()
+        postgres_server.drop_database("muninn_estimate_growth")
+
+
+def _analysed_rows(conn) -> float:
+    row = conn.pg.execute("SELECT reltuples FROM pg_class WHERE oid = 'memories'::regclass").fetchone()
+    return float(row[0])
+
+
+async def test_an_import_leaves_statistics_of_every_memory_it_stored(make_settings, postgres_server, monkeypatch):
+    # statistics autovacuum takes halfway through an import describe a smaller table with other
+    # words: the import ANALYZEs at its end, and recall's estimates are read from that
+    from bot.cli.importer import import_lines
+    monkeypatch.setattr(keywords, "ESTIMATE_MIN", 30)
+    url = postgres_server.create_database("muninn_import_stats", template=TEMPLATE)
+    try:
+        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
+            await crowd(engine, "Bob cooked pasta", 40)
+            assert (await engine.read(_estimates_after_analyse))["pasta"] == 40  # read and kept for a while
+            lines = [json.dumps({"text": f"Bob had soup number {i}", "scope": "global"}) for i in range(90)]
+            report = await import_lines(engine, lines, batch=25)
+            assert report.imported == 90
+            assert await engine.read(_analysed_rows) == 130
+            assert url not in keywords._estimates  # the kept read was dropped: the next recall reads anew
+            found = await engine.read(keywords.refresh_estimates)
+            assert (found["soup"], found["pasta"]) == (90, 40)
+    finally:
+        keywords.forget_counts()
+        postgres_server.drop_database("muninn_import_stats")
