@@ -218,6 +218,12 @@ class MuninnBot(commands.Bot):
         await asyncio.shield(self._closing)
 
     async def _close_everything(self) -> None:
+        # discord.py announces `ready` guild_ready_timeout after the last server arrives, in a task
+        # its close leaves running: a stop within that time let it wake on the closed client and
+        # fail, logged at exit as a task exception nobody retrieved. Nothing will be ready now.
+        ready = getattr(self._connection, "_ready_task", None)
+        if ready is not None and not ready.done():
+            ready.cancel()
         await super().close()
         if self.maintenance is not None:
             self.maintenance.cancel()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
+import logging
 
 import pytest
 
@@ -42,6 +44,25 @@ async def stop(bot: MuninnBot, task: asyncio.Task) -> None:
         if not events:
             return
         await asyncio.wait(events, timeout=1)
+
+
+async def test_a_bot_stopped_before_its_servers_are_ready_leaves_no_task_behind(
+        discord_world, fake_ollama, make_settings, caplog):
+    """discord.py announces `ready` guild_ready_timeout after the last server arrives; a stop in
+    that time left the announcing task to wake on the closed client and fail (logged as a task
+    exception nobody retrieved). The bot cancels it when it closes."""
+    fake, alice, guild = discord_world
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    bot = MuninnBot(make_settings(fake_ollama.url), guild_ready_timeout=0.5)
+    task = asyncio.create_task(bot.start("fake-token"))
+    await fake.wait_for(lambda: getattr(bot._connection, "_ready_task", None) is not None)
+    ready = bot._connection._ready_task
+    assert ready is not None and not ready.done()  # the servers are in: `ready` is still to come
+    await stop(bot, task)
+    await asyncio.sleep(0.7)  # past guild_ready_timeout
+    assert ready.done() and ready.exception() is None  # cancelled (discord.py's task returns quietly then)
+    gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
 async def test_the_bot_talks_over_the_wire_and_learns_from_a_dm(discord_world, fake_ollama, make_settings):
