@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from typing import AsyncIterator
 
 import pytest
 
@@ -21,6 +23,19 @@ ALICE, BOB = 1, 2
 async def pg_fts_engine(make_settings, postgres_url):
     async with Engine(make_settings("", MUNINN_DATABASE_URL=postgres_url)) as engine:
         yield engine
+
+
+@contextlib.asynccontextmanager
+async def own_database(make_settings, postgres_server, name: str) -> AsyncIterator[tuple[Engine, str]]:
+    """An engine on a database of its own (the statistics would outlive the shared test database's
+    TRUNCATE), and its URL; this process's counts and estimates are dropped after, and the database."""
+    url = postgres_server.create_database(name, template=TEMPLATE)
+    try:
+        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
+            yield engine, url
+    finally:
+        keywords.forget_counts()
+        postgres_server.drop_database(name)
 
 
 async def crowd(engine: Engine, text: str, count: int) -> list[int]:
@@ -103,21 +118,16 @@ async def test_a_word_the_statistics_put_in_many_memories_is_not_counted(make_se
     # its own: the statistics would outlive the shared test database's TRUNCATE.
     monkeypatch.setattr(shared_keywords, "COMMON_MIN_DOCS", 40)  # common limit 40
     monkeypatch.setattr(keywords, "ESTIMATE_MIN", 80)
-    url = postgres_server.create_database("muninn_estimates", template=TEMPLATE)
-    try:
-        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
-            await crowd(engine, "Bob ate pizza", 150)
-            await crowd(engine, "Bob cooked pasta", 300)
-            await crowd(engine, "Bob had soup", 60)  # common, yet under ESTIMATE_MIN: counted
-            chosen, pizza, limit = await engine.read(_analyse_and_choose, ["pasta", "pizza", "soup", "nowhere"])
-            assert pizza == 150  # the estimate (every row sampled: exact); a count stops at the limit + 1
-            assert limit + 1 < 150
-            assert chosen == ["soup", "nowhere"]  # only common words: the rarest, by estimate or count
-            chosen, _, _ = await engine.read(_analyse_and_choose, ["pasta", "pizza", "nowhere"])
-            assert chosen == ["pizza", "nowhere"]  # ordered by their estimates
-    finally:
-        keywords.forget_counts()
-        postgres_server.drop_database("muninn_estimates")
+    async with own_database(make_settings, postgres_server, "muninn_estimates") as (engine, _):
+        await crowd(engine, "Bob ate pizza", 150)
+        await crowd(engine, "Bob cooked pasta", 300)
+        await crowd(engine, "Bob had soup", 60)  # common, yet under ESTIMATE_MIN: counted
+        chosen, pizza, limit = await engine.read(_analyse_and_choose, ["pasta", "pizza", "soup", "nowhere"])
+        assert pizza == 150  # the estimate (every row sampled: exact); a count stops at the limit + 1
+        assert limit + 1 < 150
+        assert chosen == ["soup", "nowhere"]  # only common words: the rarest, by estimate or count
+        chosen, _, _ = await engine.read(_analyse_and_choose, ["pasta", "pizza", "nowhere"])
+        assert chosen == ["pizza", "nowhere"]  # ordered by their estimates
 
 
 def _how_known(conn, words: list[str]) -> dict[str, tuple[int, int]]:
@@ -131,18 +141,13 @@ def _how_known(conn, words: list[str]) -> dict[str, tuple[int, int]]:
 
 
 async def test_words_from_250_memories_on_are_estimated_rarer_ones_counted(make_settings, postgres_server):
-    url = postgres_server.create_database("muninn_estimate_floor", template=TEMPLATE)
-    try:
-        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
-            await crowd(engine, "Bob cooked pasta", keywords.ESTIMATE_MIN)
-            await crowd(engine, "Bob had soup", keywords.ESTIMATE_MIN - 1)
-            known = await engine.read(_how_known, ["pasta", "soup"])
-            limit = shared_keywords.common_limit(None, keywords.ESTIMATE_MIN * 2)
-            assert known["pasta"] == (keywords.ESTIMATE_MIN, shared_keywords.COMMON_EXACT)  # the estimate: never counted
-            assert known["soup"] == (keywords.ESTIMATE_MIN - 1, limit)  # counted up to the limit
-    finally:
-        keywords.forget_counts()
-        postgres_server.drop_database("muninn_estimate_floor")
+    async with own_database(make_settings, postgres_server, "muninn_estimate_floor") as (engine, _):
+        await crowd(engine, "Bob cooked pasta", keywords.ESTIMATE_MIN)
+        await crowd(engine, "Bob had soup", keywords.ESTIMATE_MIN - 1)
+        known = await engine.read(_how_known, ["pasta", "soup"])
+        limit = shared_keywords.common_limit(None, keywords.ESTIMATE_MIN * 2)
+        assert known["pasta"] == (keywords.ESTIMATE_MIN, shared_keywords.COMMON_EXACT)  # the estimate: never counted
+        assert known["soup"] == (keywords.ESTIMATE_MIN - 1, limit)  # counted up to the limit
 
 
 def _choose_after(conn, words: list[str], analyse: bool) -> list[str]:
@@ -164,22 +169,17 @@ async def test_estimates_are_of_active_memories_and_off_after_a_mass_delete(make
     # memories gone, pizza's estimate (150) would make it common and drop it for soup (60)
     monkeypatch.setattr(shared_keywords, "COMMON_MIN_DOCS", 40)
     monkeypatch.setattr(keywords, "ESTIMATE_MIN", 50)
-    url = postgres_server.create_database("muninn_drift", template=TEMPLATE)
-    try:
-        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
-            pizza = await crowd(engine, "Bob ate pizza", 150)
-            pasta = await crowd(engine, "Bob cooked pasta", 300)
-            await crowd(engine, "Bob had soup", 60)
-            assert await engine.read(_choose_after, ["pizza", "soup"], True) == ["soup"]  # both common
-            for memory_id in pasta[:100]:  # a fifth of all memories archived
-                await engine.archive(memory_id, "faded")
-            found = await engine.read(_estimates_after_analyse)
-            assert (found["pasta"], found["pizza"], found["soup"]) == (200, 150, 60)
-            await engine.forget(pizza[:140])
-            assert await engine.read(_choose_after, ["pizza", "soup"], False) == ["pizza"]
-    finally:
-        keywords.forget_counts()
-        postgres_server.drop_database("muninn_drift")
+    async with own_database(make_settings, postgres_server, "muninn_drift") as (engine, _):
+        pizza = await crowd(engine, "Bob ate pizza", 150)
+        pasta = await crowd(engine, "Bob cooked pasta", 300)
+        await crowd(engine, "Bob had soup", 60)
+        assert await engine.read(_choose_after, ["pizza", "soup"], True) == ["soup"]  # both common
+        for memory_id in pasta[:100]:  # a fifth of all memories archived
+            await engine.archive(memory_id, "faded")
+        found = await engine.read(_estimates_after_analyse)
+        assert (found["pasta"], found["pizza"], found["soup"]) == (200, 150, 60)
+        await engine.forget(pizza[:140])
+        assert await engine.read(_choose_after, ["pizza", "soup"], False) == ["pizza"]
 
 
 def _stale_estimates(conn) -> None:
@@ -191,22 +191,17 @@ def _stale_estimates(conn) -> None:
 async def test_a_recall_uses_the_last_estimates_and_the_loader_reads_new_ones(make_settings, postgres_server):
     # the statistics read (~65 ms at 100k, 300 at 1M) is off the recall: the engine's loader
     # thread reads them on a connection of its own while recalls use the last ones
-    url = postgres_server.create_database("muninn_estimate_refresh", template=TEMPLATE)
-    try:
-        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
-            await crowd(engine, "Bob cooked pasta", keywords.ESTIMATE_MIN)
-            await engine.read(_stale_estimates)
-            assert await engine.read(keywords.estimates) == {}  # the last read, stale: a new one started
-            for _ in range(200):
-                fresh = keywords._estimates[url]
-                if fresh[0]:
-                    break
-                await asyncio.sleep(0.02)
-            assert fresh[0]["pasta"] == keywords.ESTIMATE_MIN
-            assert await engine.read(keywords.estimates) == fresh[0]
-    finally:
-        keywords.forget_counts()
-        postgres_server.drop_database("muninn_estimate_refresh")
+    async with own_database(make_settings, postgres_server, "muninn_estimate_refresh") as (engine, url):
+        await crowd(engine, "Bob cooked pasta", keywords.ESTIMATE_MIN)
+        await engine.read(_stale_estimates)
+        assert await engine.read(keywords.estimates) == {}  # the last read, stale: a new one started
+        for _ in range(200):
+            fresh = keywords._estimates[url]
+            if fresh[0]:
+                break
+            await asyncio.sleep(0.02)
+        assert fresh[0]["pasta"] == keywords.ESTIMATE_MIN
+        assert await engine.read(keywords.estimates) == fresh[0]
 
 
 def _hits_and_words(conn, queries: list[str], keys: list[str]) -> list[tuple[list[str], list[tuple[int, float]]]]:
@@ -225,44 +220,34 @@ async def test_estimates_choose_and_find_as_exact_counts_do(make_settings, postg
     monkeypatch.setattr(shared_keywords, "COMMON_MIN_DOCS", 40)
     monkeypatch.setattr(shared_keywords, "MATCH_BUDGET", 150)
     monkeypatch.setattr(keywords, "ESTIMATE_MIN", 30)
-    url = postgres_server.create_database("muninn_estimate_same", template=TEMPLATE)
-    try:
-        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
-            for word, count in (("pizza", 150), ("pasta", 90), ("soup", 45), ("salad", 35), ("bread", 20)):
-                await engine.remember_many([NewMemory(f"Bob ate {word} with friend {i % 7}", "personal", owner_id=BOB)
-                                            for i in range(count)])
-            await engine.read(lambda conn: conn.pg.execute("ANALYZE memories"))
-            queries = ["pizza pasta", "soup salad bread", "pizza soup", "pasta salad", "pizza", "pasta soup friend"]
-            estimated = await engine.read(_hits_and_words, queries, [f"p:{BOB}:dm"])
-            monkeypatch.setattr(keywords, "ESTIMATE_MIN", 10**9)
-            counted = await engine.read(_hits_and_words, queries, [f"p:{BOB}:dm"])
-            assert estimated == counted
-            assert any(len(words) > 1 for words, _ in counted)
-    finally:
-        keywords.forget_counts()
-        postgres_server.drop_database("muninn_estimate_same")
+    async with own_database(make_settings, postgres_server, "muninn_estimate_same") as (engine, _):
+        for word, count in (("pizza", 150), ("pasta", 90), ("soup", 45), ("salad", 35), ("bread", 20)):
+            await engine.remember_many([NewMemory(f"Bob ate {word} with friend {i % 7}", "personal", owner_id=BOB)
+                                        for i in range(count)])
+        await engine.read(lambda conn: conn.pg.execute("ANALYZE memories"))
+        queries = ["pizza pasta", "soup salad bread", "pizza soup", "pasta salad", "pizza", "pasta soup friend"]
+        estimated = await engine.read(_hits_and_words, queries, [f"p:{BOB}:dm"])
+        monkeypatch.setattr(keywords, "ESTIMATE_MIN", 10**9)
+        counted = await engine.read(_hits_and_words, queries, [f"p:{BOB}:dm"])
+        assert estimated == counted
+        assert any(len(words) > 1 for words, _ in counted)
 
 
 async def test_estimates_read_while_memories_left_are_not_kept(make_settings, postgres_server, monkeypatch):
     # a background read that began before a mass delete may have counted the memories it removed:
     # the delete's forget wins, and the next recall reads them again
-    url = postgres_server.create_database("muninn_estimate_race", template=TEMPLATE)
-    try:
-        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
-            await crowd(engine, "Bob cooked pasta", keywords.ESTIMATE_MIN)
-            await engine.read(lambda conn: conn.pg.execute("ANALYZE memories"))
-            read = keywords.read_estimates
+    async with own_database(make_settings, postgres_server, "muninn_estimate_race") as (engine, url):
+        await crowd(engine, "Bob cooked pasta", keywords.ESTIMATE_MIN)
+        await engine.read(lambda conn: conn.pg.execute("ANALYZE memories"))
+        read = keywords.read_estimates
 
-            def read_then_forget(conn):
-                found = read(conn)
-                keywords.forget_counts(conn)  # as a delete committing meanwhile does
-                return found
-            monkeypatch.setattr(keywords, "read_estimates", read_then_forget)
-            assert (await engine.read(keywords.refresh_estimates))["pasta"] == keywords.ESTIMATE_MIN
-            assert url not in keywords._estimates
-    finally:
-        keywords.forget_counts()
-        postgres_server.drop_database("muninn_estimate_race")
+        def read_then_forget(conn):
+            found = read(conn)
+            keywords.forget_counts(conn)  # as a delete committing meanwhile does
+            return found
+        monkeypatch.setattr(keywords, "read_estimates", read_then_forget)
+        assert (await engine.read(keywords.refresh_estimates))["pasta"] == keywords.ESTIMATE_MIN
+        assert url not in keywords._estimates
 
 
 def longest_text(seed: str) -> str:
@@ -406,19 +391,14 @@ async def test_estimates_follow_a_bot_that_grew_since_the_last_analyse(make_sett
     # the statistics give each stem's share of the memories at the last ANALYZE: times the active
     # memories now, not then (a bot that doubled since would see its words at half their counts)
     monkeypatch.setattr(keywords, "ESTIMATE_MIN", 30)
-    url = postgres_server.create_database("muninn_estimate_growth", template=TEMPLATE)
-    try:
-        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
-            await crowd(engine, "Bob cooked pasta", 60)
-            await crowd(engine, "Bob had soup", 60)
-            assert (await engine.read(_estimates_after_analyse))["pasta"] == 60
-            await crowd(engine, "Bob cooked pasta again", 60)
-            await crowd(engine, "Bob had soup again", 60)
-            found = await engine.read(keywords.refresh_estimates)  # the same statistics, twice the memories
-            assert (found["pasta"], found["soup"], found["bob"]) == (120, 120, 240)
-    finally:
-        keywords.forget_counts()
-        postgres_server.drop_database("muninn_estimate_growth")
+    async with own_database(make_settings, postgres_server, "muninn_estimate_growth") as (engine, _):
+        await crowd(engine, "Bob cooked pasta", 60)
+        await crowd(engine, "Bob had soup", 60)
+        assert (await engine.read(_estimates_after_analyse))["pasta"] == 60
+        await crowd(engine, "Bob cooked pasta again", 60)
+        await crowd(engine, "Bob had soup again", 60)
+        found = await engine.read(keywords.refresh_estimates)  # the same statistics, twice the memories
+        assert (found["pasta"], found["soup"], found["bob"]) == (120, 120, 240)
 
 
 def _analysed_rows(conn) -> float:
@@ -431,18 +411,13 @@ async def test_an_import_leaves_statistics_of_every_memory_it_stored(make_settin
     # words: the import ANALYZEs at its end, and recall's estimates are read from that
     from bot.cli.importer import import_lines
     monkeypatch.setattr(keywords, "ESTIMATE_MIN", 30)
-    url = postgres_server.create_database("muninn_import_stats", template=TEMPLATE)
-    try:
-        async with Engine(make_settings("", MUNINN_DATABASE_URL=url)) as engine:
-            await crowd(engine, "Bob cooked pasta", 40)
-            assert (await engine.read(_estimates_after_analyse))["pasta"] == 40  # read and kept for a while
-            lines = [json.dumps({"text": f"Bob had soup number {i}", "scope": "global"}) for i in range(90)]
-            report = await import_lines(engine, lines, batch=25)
-            assert report.imported == 90
-            assert await engine.read(_analysed_rows) == 130
-            assert url not in keywords._estimates  # the kept read was dropped: the next recall reads anew
-            found = await engine.read(keywords.refresh_estimates)
-            assert (found["soup"], found["pasta"]) == (90, 40)
-    finally:
-        keywords.forget_counts()
-        postgres_server.drop_database("muninn_import_stats")
+    async with own_database(make_settings, postgres_server, "muninn_import_stats") as (engine, url):
+        await crowd(engine, "Bob cooked pasta", 40)
+        assert (await engine.read(_estimates_after_analyse))["pasta"] == 40  # read and kept for a while
+        lines = [json.dumps({"text": f"Bob had soup number {i}", "scope": "global"}) for i in range(90)]
+        report = await import_lines(engine, lines, batch=25)
+        assert report.imported == 90
+        assert await engine.read(_analysed_rows) == 130
+        assert url not in keywords._estimates  # the kept read was dropped: the next recall reads anew
+        found = await engine.read(keywords.refresh_estimates)
+        assert (found["soup"], found["pasta"]) == (90, 40)
