@@ -109,8 +109,8 @@ class CachedKeys:
     @source.setter
     def source(self, source: VectorSource) -> None:
         self._source = source
-        held = not isinstance(source, _NoSource)  # which raises on any attribute read
-        self._second_hit.window_s = getattr(source, "admit_window_s", 0.0) if held else 0.0
+        given = not isinstance(source, _NoSource)  # a _NoSource raises on any attribute read
+        self._second_hit.window_s = getattr(source, "admit_window_s", 0.0) if given else 0.0
 
     def has_source(self) -> bool:
         """Whether a backend has given this cache the source of its vectors."""
