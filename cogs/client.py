@@ -221,7 +221,8 @@ class MuninnBot(commands.Bot):
         # discord.py announces `ready` guild_ready_timeout after the last server arrives, in a task
         # its close leaves running: a stop within that time let it wake on the closed client and
         # fail, logged at exit as a task exception nobody retrieved. Nothing will be ready now.
-        ready = getattr(self._connection, "_ready_task", None)
+        # (both names are discord.py's private ones: read with getattr, a version without them skips this)
+        ready = getattr(getattr(self, "_connection", None), "_ready_task", None)
         if ready is not None and not ready.done():
             ready.cancel()
         await super().close()
