@@ -62,12 +62,11 @@ def _texts(conn: Connection, ids: list[int], stored: dict[int, float]) -> tuple[
     message with another, each with the texts it is a part of; and the pairs among them linked
     `co_extracted` (distinct facts of one exchange, not parts)."""
     marks = ",".join("?" * len(ids))
-    keys = dict(conn.execute(f"SELECT id, vis_key FROM memories WHERE id IN ({marks})", ids))
     holders: dict[Text, list[int]] = {}
-    for memory_id, message_id in conn.execute(
-            f"SELECT memory_id, message_id FROM memory_sources WHERE memory_id IN ({marks})", ids):
-        if memory_id in keys:
-            holders.setdefault((float(stored[memory_id]), keys[memory_id], str(message_id)), []).append(memory_id)
+    for memory_id, key, message_id in conn.execute(
+            "SELECT s.memory_id, m.vis_key, s.message_id FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
+            f"WHERE s.memory_id IN ({marks})", ids):
+        holders.setdefault((float(stored[memory_id]), key, str(message_id)), []).append(memory_id)
     texts: dict[int, list[Text]] = {}
     for text, members in holders.items():
         if len(members) > 1:

@@ -79,3 +79,23 @@ async def test_lines_of_one_moment_from_no_shared_message_keep_their_places(make
         top = (await engine.recall(QUESTION, ALICE, limit=5, touch=False)).ids
     assert set(lines) <= set(top)
     assert len([i for i in top if i in apart]) == 2  # story-2's two parts count once, story-3's apart
+
+
+async def test_parts_of_one_text_are_found_in_two_statements(make_settings):
+    # a bot's facts of one exchange share a moment: this step reads the candidates' sources with
+    # their keys in one statement, then their co_extracted links (on PostgreSQL each a round trip)
+    async with Engine(make_settings("")) as engine:
+        parts = await remember(engine, PARTS, [T0] * 3, source="story-1")
+        ranked = [Candidate(i, vitals=(T0, 1.0, 0.5, T0)) for i in parts]
+
+        def counted(conn):
+            sent: list[str] = []
+
+            class Counting:
+                def execute(self, sql, params=()):
+                    sent.append(sql)
+                    return conn.execute(sql, params)
+            return moments.one_each(Counting(), ranked, 1), sent
+        out, sent = await engine.read(counted)
+    assert [c.memory_id for c in out] == parts  # the first part placed, the others just below the cut
+    assert len(sent) == 2
