@@ -60,7 +60,7 @@ from bot.memory.scope import Viewer
 from bot.memory.writing.rules import _stem, value_tokens
 
 from . import beam, quality, update_relation
-from .embed_server import MINILM_NAME, EmbedServerProcess
+from .embed_server import EmbedServerProcess
 
 WORD = re.compile(r"\w+")
 # Words of a question that ask, not say what about: never evidence of a subject
@@ -356,8 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.rows:
         rows = json.loads(rows_path.read_text())
     else:
-        env = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
-               "MUNINN_GRAPH_LIMIT": "0"}
+        env = dict(quality.ENGINE_ENV)
         quality.RESULTS.mkdir(parents=True, exist_ok=True)
         with EmbedServerProcess("minilm", cache=str(quality.EMBED_CACHE)) as url:
             rows = [row for corpus in corpora.values() for row in asyncio.run(ask(corpus, url, env))]

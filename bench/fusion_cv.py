@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from . import beam, quality
-from .embed_server import MINILM_NAME, EmbedServerProcess
+from .embed_server import EmbedServerProcess
 
 DEFAULT_GRID = ("MUNINN_FUSION_VECTOR_SHARE=0.5,0.6;@fusion.AGREEMENT=0,2,4;@fusion.RANK_SHARE=0,0.15,0.3,0.5;"
                 "MUNINN_KEYWORD_LEAD=0,1.1|MUNINN_FUSION=ranks")
@@ -167,8 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     beam_corpus.foreign(quality.Corpus(json.loads(Path(args.data).read_text())), args.foreign)
     corpora = {"locomo": locomo, "beam": beam_corpus}
     settings = grid(args.grid)
-    env = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
-           "MUNINN_GRAPH_LIMIT": "0", "MUNINN_INJECT_MIN_COSINE": "-1"}
+    env = quality.ENGINE_ENV | {"MUNINN_INJECT_MIN_COSINE": "-1"}
     if args.url:
         found = asyncio.run(run(corpora, settings, args.url, env))
     else:

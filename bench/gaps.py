@@ -41,7 +41,7 @@ from bot.memory.recall.retrieval import Candidate
 from bot.memory.scope import Viewer
 
 from . import beam, quality, recall_stages
-from .embed_server import MINILM_NAME, EmbedServerProcess
+from .embed_server import EmbedServerProcess
 
 STEPS = recall_stages.STEPS
 
@@ -212,11 +212,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="a PostgreSQL server (postgresql://...): hybrid runs there (the baselines need none)")
     parser.add_argument("--out", default=str(quality.RESULTS / "gaps.json"))
     args = parser.parse_args(argv)
-    overrides = recall_stages.set_constants(dict(item.split("=", 1) for item in args.set))
+    overrides = quality.set_constants(dict(item.split("=", 1) for item in args.set))
     corpora = {"LoCoMo dev": quality.Corpus(json.loads(Path(args.data).read_text())),
                "BEAM dev": quality.Corpus.beam(beam.folder(args.beam))}
-    env: dict[str, Any] = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
-                           "MUNINN_GRAPH_LIMIT": "0"} | overrides
+    env: dict[str, Any] = quality.ENGINE_ENV | overrides
     watch = Places()
     recall_stages.watch_steps(watch)
     if args.database_url:

@@ -75,13 +75,19 @@ def spread(ranked: list[Candidate], penalty: float, window: float, depth: int = 
     return placed + tail
 
 
-def install_spread(spec: str) -> None:
-    """'PENALTY:WINDOW' for every recall of this process (0 penalty: no change)."""
-    penalty, window = (float(x) for x in spec.split(":"))
-    original = newer.newer_first
+_spread: dict[str, float] = {}  # the penalty and window of the installed patch
 
-    def newer_first(conn: Any, ranked: list[Candidate], limit: int, dated: bool = False,
-                    question: str = "") -> list[Candidate]:
-        out = original(conn, ranked, limit, dated, question)
-        return spread(out, penalty, window) if penalty > 0 else out
-    newer.newer_first = newer_first  # type: ignore[assignment]
+
+def install_spread(spec: str) -> None:
+    """'PENALTY:WINDOW' for every recall of this process from now on (0 penalty: no change);
+    installed once, a later call changes the values (bench.spread's grid)."""
+    penalty, window = (float(x) for x in spec.split(":"))
+    if not _spread:
+        original = newer.newer_first
+
+        def newer_first(conn: Any, ranked: list[Candidate], limit: int, dated: bool = False,
+                        question: str = "") -> list[Candidate]:
+            out = original(conn, ranked, limit, dated, question)
+            return spread(out, _spread["penalty"], _spread["window"]) if _spread["penalty"] > 0 else out
+        newer.newer_first = newer_first  # type: ignore[assignment]
+    _spread.update(penalty=penalty, window=window)

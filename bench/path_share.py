@@ -33,7 +33,7 @@ from bot.memory.recall import fusion
 from bot.memory.recall.retrieval import Candidate
 
 from . import beam, quality
-from .embed_server import MINILM_NAME, EmbedServerProcess
+from .embed_server import EmbedServerProcess
 from .patches import SIGNALS, signals
 
 
@@ -227,8 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         corpora = {"locomo": quality.Corpus(json.loads(Path(args.data).read_text())),
                    "beam": quality.Corpus.beam(beam.folder(args.beam))}
-        env = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
-               "MUNINN_GRAPH_LIMIT": "0"}
+        env = dict(quality.ENGINE_ENV)
         seen = Seen()
         with EmbedServerProcess("minilm", cache=str(quality.EMBED_CACHE)) as url:
             found = [asyncio.run(ask_all(corpora, args.shares.split(","), url, env, seen, args.database_url))]

@@ -263,6 +263,27 @@ async def import_groups(groups: dict[str, list[dict]], path: Path, url: str, env
             raise RuntimeError(f"{missing} memories have no vector: is the embed server answering?")
 
 
+# The engine's settings in every quality run: MiniLM from the local embed server (bench/embed_server.py),
+# no cool-down after a failed call, a minute for an embedding, and no graph links in the top list
+# (the data sets score ranked turns; linked memories would take their places).
+ENGINE_ENV = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
+              "MUNINN_GRAPH_LIMIT": "0"}
+
+
+def set_constants(pairs: dict[str, str]) -> dict[str, str]:
+    """Apply the '@module.NAME' pairs to bot/memory/recall/<module>.py (each value cast to the
+    constant's type); the settings that remain."""
+    env = {}
+    for name, value in pairs.items():
+        if name.startswith("@"):
+            module, attr = name[1:].split(".")
+            target = importlib.import_module(f"bot.memory.recall.{module}")
+            setattr(target, attr, type(getattr(target, attr))(value))
+        else:
+            env[name] = value
+    return env
+
+
 def postgres_place(server_url: str | None, name: str, template: str | None = None) -> dict[str, str]:
     """The setting that puts an engine on a new PostgreSQL database `name` (a copy of `template`)
     on the server of `server_url`; nothing (SQLite) without a server."""
@@ -634,11 +655,7 @@ def main(argv: list[str] | None = None) -> None:
     data = json.loads(Path(args.data).read_text())
     if args.conversations:
         data = data[: args.conversations]
-    overrides = dict(item.split("=", 1) for item in args.set)
-    for name in [n for n in overrides if n.startswith("@")]:  # a recall constant: bot/memory/recall/<module>.py
-        module, attr = name[1:].split(".")
-        target = importlib.import_module(f"bot.memory.recall.{module}")
-        setattr(target, attr, type(getattr(target, attr))(overrides.pop(name)))
+    overrides = set_constants(dict(item.split("=", 1) for item in args.set))
     known_env = {spec.env for spec in SETTINGS.values()}
     for name in overrides:
         if name not in known_env:
@@ -666,8 +683,7 @@ def main(argv: list[str] | None = None) -> None:
         corpora["locomo"].foreign(corpora["beam"], args.foreign)
         corpora["beam"].foreign(Corpus(data), args.foreign)
     started = time.perf_counter()
-    env = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
-           "MUNINN_GRAPH_LIMIT": "0"} | overrides
+    env = ENGINE_ENV | overrides
 
     async def run(url: str) -> dict:
         return {name: await evaluate_corpus(corpora[name], url, env, modes, 10, protocols, not args.no_touch,

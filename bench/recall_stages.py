@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import sqlite3
 import tempfile
@@ -36,7 +35,7 @@ from bot.memory.scope import Viewer
 from bot.memory.sqlite.backend import SQLiteStorage
 
 from . import beam, quality
-from .embed_server import MINILM_NAME, EmbedServerProcess
+from .embed_server import EmbedServerProcess
 
 STEPS = ("fuse", "neighbours", "time", "lead", "newer")
 
@@ -90,18 +89,6 @@ def watch_steps(watch: Watch) -> None:
     around(newer, "newer_first", "newer")
 
 
-def set_constants(pairs: dict[str, str]) -> dict[str, str]:
-    """Apply the '@module.NAME' pairs to bot/memory/recall/<module>.py; the settings that remain."""
-    env = {}
-    for name, value in pairs.items():
-        if name.startswith("@"):
-            module, attr = name[1:].split(".")
-            target = importlib.import_module(f"bot.memory.recall.{module}")
-            setattr(target, attr, type(getattr(target, attr))(value))
-        else:
-            env[name] = value
-    return env
-
 
 async def ask(corpus: quality.Corpus, url: str, env: dict, watch: Watch) -> list[dict]:
     """Import `corpus`, ask its questions with evidence in order; a row per question."""
@@ -147,11 +134,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="a setting (MUNINN_...) or a recall constant (@module.NAME) for this run")
     parser.add_argument("--out", default=str(quality.RESULTS / "recall-stages.json"))
     args = parser.parse_args(argv)
-    overrides = set_constants(dict(item.split("=", 1) for item in args.set))
+    overrides = quality.set_constants(dict(item.split("=", 1) for item in args.set))
     corpora = {"LoCoMo dev": quality.Corpus(json.loads(Path(args.data).read_text())),
                "BEAM dev": quality.Corpus.beam(beam.folder(args.beam))}
-    env = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
-           "MUNINN_GRAPH_LIMIT": "0"} | overrides
+    env = quality.ENGINE_ENV | overrides
     watch = Watch()
     watch_steps(watch)
 

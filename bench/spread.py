@@ -17,28 +17,16 @@ import argparse
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
-
-from bot.memory.recall import newer
-from bot.memory.recall.retrieval import Candidate
 
 from . import beam, quality
-from .embed_server import MINILM_NAME, EmbedServerProcess
-from .patches import spread
+from .embed_server import EmbedServerProcess
+from .patches import install_spread
 
 
 async def ask(corpora: dict[str, quality.Corpus], grid: list[float], window: float, url: str, env: dict,
               database_url: str | None) -> dict:
     import tempfile
     out: dict = {}
-    settings: dict[str, float] = {"penalty": 0.0}
-    original = newer.newer_first
-
-    def newer_first(conn: Any, ranked: list[Candidate], limit: int, dated: bool = False,
-                    question: str = "") -> list[Candidate]:
-        got = original(conn, ranked, limit, dated, question)
-        return spread(got, settings["penalty"], window) if settings["penalty"] > 0 else got
-    newer.newer_first = newer_first  # type: ignore[assignment]
     with tempfile.TemporaryDirectory() as tmp:
         for name, corpus in corpora.items():
             template = Path(tmp) / f"{name}.db"
@@ -46,7 +34,7 @@ async def ask(corpora: dict[str, quality.Corpus], grid: list[float], window: flo
             await quality.import_all(corpus, template, url, env | place)
             out[name] = {}
             for i, penalty in enumerate(grid):
-                settings["penalty"] = penalty
+                install_spread(f"{penalty}:{window}")
                 path = Path(tmp) / f"{name}-{i}.db"
                 if database_url:
                     place = quality.postgres_place(database_url, f"spread_{name}_{i}", f"spread_{name}")
@@ -67,8 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     corpora = {"locomo": quality.Corpus(json.loads(Path(quality.DATA).read_text())),
                "beam": quality.Corpus.beam(beam.folder(None))}
-    env = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
-           "MUNINN_GRAPH_LIMIT": "0"}
+    env = dict(quality.ENGINE_ENV)
     with EmbedServerProcess("minilm", cache=str(quality.EMBED_CACHE)) as url:
         found = asyncio.run(ask(corpora, [float(x) for x in args.grid.split(",")], args.window, url, env,
                                 args.database_url))

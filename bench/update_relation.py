@@ -45,7 +45,7 @@ from bot.memory import clocks
 from bot.memory.writing.rules import content_words, values_conflict
 
 from . import beam, quality
-from .embed_server import MINILM_NAME, EmbedServerProcess
+from .embed_server import EmbedServerProcess
 
 SENTENCE = re.compile(r"(?<=[.!?;])\s+|\n+")
 NUMBER = re.compile(r"\b\d+(?:[.,]\d+)?%?")
@@ -194,8 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     corpora = {"beam": quality.Corpus.beam(beam.folder(args.beam)),
                "locomo": quality.Corpus(json.loads(Path(args.data).read_text()))}
-    env = {"OLLAMA_EMBED_MODEL": MINILM_NAME, "OLLAMA_COOLDOWN": "0", "OLLAMA_EMBED_TIMEOUT": "60",
-           "MUNINN_GRAPH_LIMIT": "0"}
+    env = dict(quality.ENGINE_ENV)
     quality.RESULTS.mkdir(parents=True, exist_ok=True)
     with EmbedServerProcess("minilm", cache=str(quality.EMBED_CACHE)) as url:
         found = asyncio.run(asked(corpora, url, env))

@@ -65,3 +65,19 @@ def test_spread_pushes_a_memory_of_the_same_sitting_down_and_keeps_the_order_oth
     assert [c.memory_id for c in patches.spread(ranked, 10.0, 0)] == [1, 3, 4, 5, 2]     # the same moment only
     unknown = Candidate(6)  # no time read: never pushed down
     assert patches.spread([ranked[0], unknown], 10.0, 3600)[1] is unknown
+
+
+def test_the_spread_patch_is_installed_once_and_its_values_change(monkeypatch):
+    from bot.memory.recall import newer
+    monkeypatch.setattr(newer, "newer_first", lambda conn, ranked, limit, dated=False, question="": ranked)
+    monkeypatch.setattr(patches, "_spread", {})
+
+    def at(memory_id: int, when: float) -> Candidate:
+        return Candidate(memory_id, vitals=(when, 1.0, 0.5, when))
+    ranked = [at(1, 0.0), at(2, 0.0), at(3, 9000.0)]
+    patches.install_spread("0:3600")
+    wrapped = newer.newer_first
+    assert [c.memory_id for c in newer.newer_first(None, ranked, 3)] == [1, 2, 3]  # penalty 0: as it was
+    patches.install_spread("10:3600")  # bench.spread's next grid value
+    assert newer.newer_first is wrapped  # wrapped once, not once per value
+    assert [c.memory_id for c in newer.newer_first(None, ranked, 3)] == [1, 3, 2]
