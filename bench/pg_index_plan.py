@@ -93,13 +93,7 @@ def plan_table(conn: Any) -> list[dict]:
     sizes = [(str(key), int(n)) for key, n in conn.pg.execute(
         "SELECT vis_key, count(*) FROM memory_vectors GROUP BY vis_key HAVING count(*) >= 1000").fetchall()]
     valid = {row.name for row in ann.listed(conn) if row.valid}
-    shipped, held = vector_indexes.HELD_SHARE, {}
-    try:
-        for share in (1.0, 0.75, 0.5, 0.25):
-            vector_indexes.HELD_SHARE = share
-            held[share] = vector_indexes.held_by_cache(cache, info.dim, sizes)
-    finally:
-        vector_indexes.HELD_SHARE = shipped
+    held = {share: vector_indexes.held_by_cache(cache, info.dim, sizes, share) for share in (1.0, 0.75, 0.5, 0.25)}
     return [{"key": key, "n": n, "indexed": ann.index_name(key, info.dim) in valid,
              **{f"held {share}": key in keys for share, keys in held.items()}}
             for key, n in sorted(sizes, key=lambda item: -item[1])]

@@ -54,15 +54,15 @@ class IndexJob:
                 log.debug("cancelling a vector index build: %s", exc)
 
 
-def held_by_cache(cache: Any, dim: int, sizes: list[tuple[str, int]]) -> set[str]:
+def held_by_cache(cache: Any, dim: int, sizes: list[tuple[str, int]], share: float | None = None) -> set[str]:
     """The keys a vector cache with `cache`'s budget and form would hold after its start-up warm
-    (biggest first, each that still fits: VectorCache.warm), within HELD_SHARE of the budget (a key
-    at its edge is evicted now and then); none without a cache."""
+    (biggest first, each that still fits: VectorCache.warm), within `share` of the budget (HELD_SHARE
+    unless given: a key at its edge is evicted now and then); none without a cache."""
     if cache is None:
         return set()
     row = KeyVectors.row_bytes(dim, cache.form)
     coded = min(CODES_KEY_MIN, cache.codes_min) if cache.codes_min > 0 else None
-    budget, used, held = cache.budget_bytes * HELD_SHARE, 0, set()
+    budget, used, held = cache.budget_bytes * (HELD_SHARE if share is None else share), 0, set()
     for key, count in sorted(sizes, key=lambda item: (-item[1], item[0])):
         need = count * (row + (vector_codes.words_for(dim) * 8 if coded is not None and count >= coded else 0))
         if used + need <= budget:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from psycopg import sql
 
+from bot.memory import vector_indexes
 from bot.memory.postgres import ann, recall_sql
 from bot.memory.postgres.backend import PostgresStorage
 from bot.memory.postgres.connection import PgConnection
@@ -200,6 +201,17 @@ def test_keys_the_vector_cache_holds_get_no_index(world, postgres_url):
             reader.close()
         # a big budget holds every key: no index would be searched, each would cost writes
         assert job is not None and [key for key, _ in job.plan.create] == indexed, budget
+
+
+def test_the_keys_held_at_another_share_are_counted_without_changing_the_shipped_one():
+    from bot.memory.vectors.cache import VectorCache
+    cache = VectorCache((8 + 4 + 16) * 100, form="int8")  # room for 100 int8 rows of 8 dimensions
+    sizes = [("r:1", 240), ("g", 60), ("r:2", 10)]
+    shipped = vector_indexes.HELD_SHARE
+    assert vector_indexes.held_by_cache(cache, DIM, sizes) == {"r:2"}  # half the budget: g does not fit
+    assert vector_indexes.held_by_cache(cache, DIM, sizes, 0.75) == {"g", "r:2"}  # bench.pg_index_plan's table
+    assert vector_indexes.held_by_cache(cache, DIM, sizes, shipped) == {"r:2"}
+    assert vector_indexes.HELD_SHARE == shipped
 
 
 def test_a_search_runs_its_scan_and_all_walks_but_one_on_other_readers_with_the_same_answer(world):
